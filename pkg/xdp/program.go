@@ -1,0 +1,295 @@
+package xdp
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/xdpq/xdpq/bpf"
+)
+
+// Kind says which of xdpq's programs a Program is.
+type Kind int
+
+const (
+	// Direct redirects every frame to the socket of its queue.
+	Direct Kind = iota
+	// Filter redirects only frames of flows in its flow map.
+	Filter
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Direct:
+		return "direct"
+	case Filter:
+		return "filter"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Program names as the kernel reports them.
+const (
+	DirectName = "xdpq_direct"
+	FilterName = "xdpq_filter"
+)
+
+// DefaultMaxFlows is the size of the filter program's flow map.
+const DefaultMaxFlows = 4096
+
+// LoadOptions size a program's maps at load time.
+type LoadOptions struct {
+	// Queues is the netdev's queue count: the size of the XSKMAP and the
+	// counters. Required.
+	Queues int
+	// MaxFlows sizes the filter program's flow map; 0 means DefaultMaxFlows.
+	MaxFlows int
+}
+
+// Program is a loaded direct or filter program with its maps.
+type Program struct {
+	kind     Kind
+	prog     *ebpf.Program
+	xsks     *ebpf.Map
+	flows    *ebpf.Map // Filter only
+	counters *ebpf.Map // Filter only
+}
+
+func spec(kind Kind) (*ebpf.CollectionSpec, string, error) {
+	switch kind {
+	case Direct:
+		s, err := bpf.LoadDirect()
+		return s, DirectName, err
+	case Filter:
+		s, err := bpf.LoadFilter()
+		return s, FilterName, err
+	}
+	return nil, "", fmt.Errorf("unknown program kind %d", int(kind))
+}
+
+// Load loads the program of the given kind with its maps sized by opts.
+func Load(kind Kind, opts LoadOptions) (*Program, error) {
+	if opts.Queues < 1 || opts.Queues > 1<<16 {
+		return nil, fmt.Errorf("load %s program: queue count %d out of range 1..65536", kind, opts.Queues)
+	}
+	cs, name, err := spec(kind)
+	if err != nil {
+		return nil, fmt.Errorf("load %s program: %w", kind, err)
+	}
+	cs.Maps["xsks"].MaxEntries = uint32(opts.Queues)
+	if kind == Filter {
+		cs.Maps["counters"].MaxEntries = uint32(opts.Queues)
+		if opts.MaxFlows > 0 {
+			cs.Maps["flows"].MaxEntries = uint32(opts.MaxFlows)
+		}
+	}
+	coll, err := ebpf.NewCollection(cs)
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load %s program: %+v", kind, ve)
+		}
+		return nil, fmt.Errorf("load %s program: %w", kind, err)
+	}
+	p := &Program{
+		kind:     kind,
+		prog:     coll.DetachProgram(name),
+		xsks:     coll.DetachMap("xsks"),
+		flows:    coll.DetachMap("flows"),
+		counters: coll.DetachMap("counters"),
+	}
+	coll.Close()
+	return p, nil
+}
+
+// Kind returns the program's kind.
+func (p *Program) Kind() Kind { return p.kind }
+
+// Prog returns the loaded program, for Attach.
+func (p *Program) Prog() *ebpf.Program { return p.prog }
+
+// XSKMap returns the program's XSKMAP (queue index to socket).
+func (p *Program) XSKMap() *ebpf.Map { return p.xsks }
+
+// SetSocket puts the AF_XDP socket fd at the queue's slot of the XSKMAP;
+// from then on frames the program redirects on that queue go to it.
+func (p *Program) SetSocket(queue uint32, fd int) error {
+	if err := p.xsks.Update(queue, uint32(fd), ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("xskmap: set queue %d: %w", queue, err)
+	}
+	return nil
+}
+
+// DeleteSocket empties the queue's slot of the XSKMAP. An empty slot is
+// not an error. The kernel also empties the slot when the socket closes.
+func (p *Program) DeleteSocket(queue uint32) error {
+	if err := p.xsks.Delete(queue); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("xskmap: delete queue %d: %w", queue, err)
+	}
+	return nil
+}
+
+// Protocol is an L4 protocol a flow matches.
+type Protocol uint8
+
+// Protocols the filter program matches.
+const (
+	TCP Protocol = 6
+	UDP Protocol = 17
+)
+
+func (p Protocol) String() string {
+	switch p {
+	case TCP:
+		return "tcp"
+	case UDP:
+		return "udp"
+	}
+	return fmt.Sprintf("proto %d", uint8(p))
+}
+
+// Flow is what the filter program matches: frames on Queue, with VLAN id
+// VLAN (0: untagged), of Protocol to Dst, port Port (0: any port).
+type Flow struct {
+	Queue    uint32
+	VLAN     uint16
+	Protocol Protocol
+	Dst      netip.Addr
+	Port     uint16
+}
+
+func (f Flow) String() string {
+	s := fmt.Sprintf("q%d %s %s", f.Queue, f.Protocol, netip.AddrPortFrom(f.Dst, f.Port))
+	if f.VLAN != 0 {
+		s += fmt.Sprintf(" vlan %d", f.VLAN)
+	}
+	return s
+}
+
+func (f Flow) key() (bpf.FilterXdpqFlow, error) {
+	var k bpf.FilterXdpqFlow
+	if f.Protocol != TCP && f.Protocol != UDP {
+		return k, fmt.Errorf("flow %v: protocol must be tcp or udp", f)
+	}
+	if f.VLAN > 4094 {
+		return k, fmt.Errorf("flow %v: vlan %d out of range 0..4094", f, f.VLAN)
+	}
+	k.Queue, k.Vlan, k.Proto, k.Port = f.Queue, f.VLAN, uint8(f.Protocol), f.Port
+	switch {
+	case f.Dst.Is4() || f.Dst.Is4In6():
+		k.Family = 4
+		a := f.Dst.Unmap().As4()
+		copy(k.Addr[:], a[:])
+	case f.Dst.Is6():
+		k.Family = 6
+		k.Addr = f.Dst.As16()
+	default:
+		return k, fmt.Errorf("flow %v: no destination address", f)
+	}
+	return k, nil
+}
+
+// AddFlow steers f to its queue's socket. cookie is stored with the flow
+// for its owner's bookkeeping.
+func (p *Program) AddFlow(f Flow, cookie uint32) error {
+	if p.flows == nil {
+		return fmt.Errorf("add flow %v: the %s program has no flow map", f, p.kind)
+	}
+	k, err := f.key()
+	if err != nil {
+		return err
+	}
+	if err := p.flows.Update(&k, cookie, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("add flow %v: %w", f, err)
+	}
+	return nil
+}
+
+// DeleteFlow removes f; a flow that is not there is not an error.
+func (p *Program) DeleteFlow(f Flow) error {
+	if p.flows == nil {
+		return fmt.Errorf("delete flow %v: the %s program has no flow map", f, p.kind)
+	}
+	k, err := f.key()
+	if err != nil {
+		return err
+	}
+	if err := p.flows.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete flow %v: %w", f, err)
+	}
+	return nil
+}
+
+// Counters are the filter program's per-queue counters, summed over CPUs.
+type Counters struct {
+	Redirected     uint64 // flow matched, frame handed to the socket
+	Passed         uint64 // no flow matched, frame given to the kernel
+	RedirectFailed uint64 // flow matched, but the queue had no socket
+}
+
+// Counters returns the queue's counters.
+func (p *Program) Counters(queue uint32) (Counters, error) {
+	if p.counters == nil {
+		return Counters{}, fmt.Errorf("counters q%d: the %s program has none", queue, p.kind)
+	}
+	var per []bpf.FilterXdpqCounters
+	if err := p.counters.Lookup(queue, &per); err != nil {
+		return Counters{}, fmt.Errorf("counters q%d: %w", queue, err)
+	}
+	var c Counters
+	for _, v := range per {
+		c.Redirected += v.Redirected
+		c.Passed += v.Passed
+		c.RedirectFailed += v.RedirectFailed
+	}
+	return c, nil
+}
+
+// Pin pins the program's maps in dir (on a bpffs), creating it: the
+// XSKMAP as dir/xsks, and for the filter program dir/flows and
+// dir/counters. Another program (an operator's own) can redirect into a
+// pinned XSKMAP.
+func (p *Program) Pin(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("pin maps: %w", err)
+	}
+	for name, m := range map[string]*ebpf.Map{"xsks": p.xsks, "flows": p.flows, "counters": p.counters} {
+		if m == nil {
+			continue
+		}
+		if err := m.Pin(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("pin %s map: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// Unpin removes the pins of the program's maps.
+func (p *Program) Unpin() error {
+	var errs []error
+	for _, m := range []*ebpf.Map{p.xsks, p.flows, p.counters} {
+		if m != nil {
+			errs = append(errs, m.Unpin())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Close releases the program and its maps. What is attached or pinned
+// stays in the kernel.
+func (p *Program) Close() error {
+	var errs []error
+	if p.prog != nil {
+		errs = append(errs, p.prog.Close())
+	}
+	for _, m := range []*ebpf.Map{p.xsks, p.flows, p.counters} {
+		if m != nil {
+			errs = append(errs, m.Close())
+		}
+	}
+	return errors.Join(errs...)
+}

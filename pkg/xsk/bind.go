@@ -1,0 +1,287 @@
+package xsk
+
+import (
+	"errors"
+	"fmt"
+	"time"
+	"unsafe"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
+)
+
+// Mode chooses between copy and zero-copy binding.
+type Mode int
+
+const (
+	// ModeAuto lets the kernel try zero-copy and fall back to copy mode.
+	ModeAuto Mode = iota
+	// ModeCopy always copies frames between the driver and the UMEM.
+	ModeCopy
+	// ModeZeroCopy fails unless the driver supports zero-copy.
+	ModeZeroCopy
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ModeAuto:
+		return "auto"
+	case ModeCopy:
+		return "copy"
+	case ModeZeroCopy:
+		return "zero-copy"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+func (m Mode) flags() (uint16, error) {
+	switch m {
+	case ModeAuto:
+		return 0, nil
+	case ModeCopy:
+		return unix.XDP_COPY, nil
+	case ModeZeroCopy:
+		return unix.XDP_ZEROCOPY, nil
+	}
+	return 0, fmt.Errorf("unknown bind mode %d", int(m))
+}
+
+// Netdev names the network device a socket binds to.
+type Netdev struct {
+	Name    string // for error messages
+	Ifindex int
+	// NetNS is the path of the network namespace the netdev lives in
+	// (for example /run/netns/node); empty for the caller's own.
+	NetNS string
+}
+
+func (d Netdev) String() string {
+	if d.Name != "" {
+		return d.Name
+	}
+	return fmt.Sprintf("ifindex %d", d.Ifindex)
+}
+
+// Config describes the sockets the privileged side creates.
+type Config struct {
+	UMEM  UMEMConfig
+	Rings Rings
+	Mode  Mode
+	// BusyRetry bounds how long a bind retries while the queue is busy: a
+	// queue stays busy for tens of milliseconds after its previous socket
+	// closed. Zero means 100ms.
+	BusyRetry time.Duration
+}
+
+// Bound is a socket bound to a queue. Its fd belongs to the caller.
+type Bound struct {
+	FD       int
+	Queue    uint32
+	ZeroCopy bool
+}
+
+// Bind creates one AF_XDP socket per queue of dev, in dev's network
+// namespace; registers memfd (sealed against shrink and grow) as the UMEM
+// they share, each socket with its own fill and completion ring; binds each
+// socket to its queue with need_wakeup; and returns them in the order of
+// queues. The memfd is mapped only while it is registered. On error no
+// socket is left open.
+func Bind(dev Netdev, memfd int, queues []uint32, cfg Config) ([]Bound, error) {
+	if len(queues) == 0 {
+		return nil, fmt.Errorf("bind xsk %s: no queues", dev)
+	}
+	seen := map[uint32]bool{}
+	for _, q := range queues {
+		if seen[q] {
+			return nil, fmt.Errorf("bind xsk %s: queue %d given twice", dev, q)
+		}
+		seen[q] = true
+	}
+	if err := cfg.Rings.Validate(); err != nil {
+		return nil, fmt.Errorf("bind xsk %s: %w", dev, err)
+	}
+	modeFlags, err := cfg.Mode.flags()
+	if err != nil {
+		return nil, fmt.Errorf("bind xsk %s: %w", dev, err)
+	}
+	size, err := CheckMemfd(memfd)
+	if err != nil {
+		return nil, fmt.Errorf("bind xsk %s: %w", dev, err)
+	}
+	if err := cfg.UMEM.Validate(size); err != nil {
+		return nil, fmt.Errorf("bind xsk %s: umem: %w", dev, err)
+	}
+
+	fds, err := sockets(dev.NetNS, len(queues))
+	if err != nil {
+		return nil, fmt.Errorf("bind xsk %s: %w", dev, err)
+	}
+	bound := make([]Bound, len(queues))
+	ok := false
+	defer func() {
+		if !ok {
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+		}
+	}()
+
+	if err := registerUMEM(fds[0], memfd, size, cfg.UMEM); err != nil {
+		return nil, fmt.Errorf("bind xsk %s/q%d: register umem: %w", dev, queues[0], err)
+	}
+	retry := cfg.BusyRetry
+	if retry == 0 {
+		retry = 100 * time.Millisecond
+	}
+	for i, q := range queues {
+		if err := setRings(fds[i], cfg.Rings); err != nil {
+			return nil, fmt.Errorf("bind xsk %s/q%d: %w", dev, q, err)
+		}
+		sa := &unix.SockaddrXDP{Ifindex: uint32(dev.Ifindex), QueueID: q}
+		if i == 0 {
+			sa.Flags = modeFlags | unix.XDP_USE_NEED_WAKEUP
+		} else {
+			// The other sockets inherit mode and need_wakeup from the first.
+			sa.Flags = unix.XDP_SHARED_UMEM
+			sa.SharedUmemFD = uint32(fds[0])
+		}
+		if err := bindRetry(fds[i], sa, retry); err != nil {
+			return nil, fmt.Errorf("bind xsk %s/q%d (%s): %w", dev, q, cfg.Mode, err)
+		}
+		zc, err := zeroCopy(fds[i])
+		if err != nil {
+			return nil, fmt.Errorf("bind xsk %s/q%d: %w", dev, q, err)
+		}
+		bound[i] = Bound{FD: fds[i], Queue: q, ZeroCopy: zc}
+	}
+	ok = true
+	return bound, nil
+}
+
+// sockets creates n AF_XDP sockets in the network namespace at nsPath.
+// A socket binds to a netdev of the namespace it was created in.
+func sockets(nsPath string, n int) ([]int, error) {
+	var fds []int
+	create := func(ns.NetNS) error {
+		for range n {
+			fd, err := unix.Socket(unix.AF_XDP, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				return fmt.Errorf("create AF_XDP socket: %w", err)
+			}
+			fds = append(fds, fd)
+		}
+		return nil
+	}
+	var err error
+	if nsPath == "" {
+		err = create(nil)
+	} else {
+		err = ns.WithNetNSPath(nsPath, create)
+	}
+	if err != nil {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return nil, err
+	}
+	return fds, nil
+}
+
+func registerUMEM(fd, memfd int, size int64, cfg UMEMConfig) error {
+	mem, err := unix.Mmap(memfd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("mmap memfd: %w", err)
+	}
+	// The kernel pins the pages at registration; the mapping is not needed after.
+	defer unix.Munmap(mem)
+	reg := unix.XDPUmemReg{
+		Addr:     uint64(uintptr(unsafe.Pointer(&mem[0]))),
+		Len:      uint64(size),
+		Size:     cfg.FrameSize,
+		Headroom: cfg.Headroom,
+	}
+	if err := setsockopt(fd, unix.XDP_UMEM_REG, unsafe.Pointer(&reg), unsafe.Sizeof(reg)); err != nil {
+		if errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.ENOBUFS) {
+			return fmt.Errorf("%w (RLIMIT_MEMLOCK too low for %d bytes?)", err, size)
+		}
+		return err
+	}
+	return nil
+}
+
+func setRings(fd int, r Rings) error {
+	set := func(name string, opt int, n uint32) error {
+		if n == 0 {
+			return nil
+		}
+		if err := setsockoptInt(fd, opt, int(n)); err != nil {
+			return fmt.Errorf("set %s ring size %d: %w", name, n, err)
+		}
+		return nil
+	}
+	return errors.Join(
+		set("fill", unix.XDP_UMEM_FILL_RING, r.Fill),
+		set("completion", unix.XDP_UMEM_COMPLETION_RING, r.Completion),
+		set("rx", unix.XDP_RX_RING, r.RX),
+		set("tx", unix.XDP_TX_RING, r.TX),
+	)
+}
+
+// bindRetry binds, retrying while the queue is still held by a socket that
+// is being torn down (EBUSY) until the deadline.
+func bindRetry(fd int, sa *unix.SockaddrXDP, retry time.Duration) error {
+	deadline := time.Now().Add(retry)
+	wait := time.Millisecond
+	for {
+		err := unix.Bind(fd, sa)
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			if errors.Is(err, unix.EBUSY) {
+				return fmt.Errorf("%w: queue still in use after %v", err, retry)
+			}
+			return err
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, 10*time.Millisecond)
+	}
+}
+
+// Open is Bind and Adopt in one process: it creates a UMEM of frames frames
+// backed by a new memfd, binds one socket per queue of dev and maps them.
+// It serves the daemon's own tests and benchmarks and applications that
+// run privileged; pods receive their sockets through the broker instead.
+func Open(dev Netdev, queues []uint32, frames int, cfg Config) (*UMEM, []*Socket, error) {
+	size := int64(frames) * int64(cfg.UMEM.FrameSize)
+	if err := cfg.UMEM.Validate(size); err != nil {
+		return nil, nil, fmt.Errorf("open xsk %s: umem: %w", dev, err)
+	}
+	mf, err := NewMemfd("xdpq-umem", size, false)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open xsk %s: %w", dev, err)
+	}
+	defer mf.Close()
+	umem, err := MapUMEM(int(mf.Fd()), cfg.UMEM)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open xsk %s: %w", dev, err)
+	}
+	bound, err := Bind(dev, int(mf.Fd()), queues, cfg)
+	if err != nil {
+		umem.Close()
+		return nil, nil, err
+	}
+	socks := make([]*Socket, 0, len(bound))
+	for i, b := range bound {
+		s, err := Adopt(b.FD, umem, cfg.Rings)
+		if err != nil {
+			for _, s := range socks {
+				s.Close()
+			}
+			for _, b := range bound[i:] {
+				unix.Close(b.FD)
+			}
+			umem.Close()
+			return nil, nil, fmt.Errorf("open xsk %s/q%d: %w", dev, b.Queue, err)
+		}
+		socks = append(socks, s)
+	}
+	return umem, socks, nil
+}

@@ -1,0 +1,60 @@
+package xsk
+
+import (
+	"fmt"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+func setsockoptInt(fd, opt, v int) error {
+	return unix.SetsockoptInt(fd, unix.SOL_XDP, opt, v)
+}
+
+func setsockopt(fd, opt int, p unsafe.Pointer, size uintptr) error {
+	_, _, errno := unix.Syscall6(unix.SYS_SETSOCKOPT, uintptr(fd), unix.SOL_XDP, uintptr(opt), uintptr(p), size, 0)
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// getsockopt reads a SOL_XDP option of exactly size bytes.
+func getsockopt(fd, opt int, p unsafe.Pointer, size uintptr) error {
+	n := uint32(size)
+	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_XDP, uintptr(opt), uintptr(p), uintptr(unsafe.Pointer(&n)), 0)
+	if errno != 0 {
+		return errno
+	}
+	if uintptr(n) != size {
+		return fmt.Errorf("kernel returned %d bytes, want %d", n, size)
+	}
+	return nil
+}
+
+func mmapOffsets(fd int) (unix.XDPMmapOffsets, error) {
+	var off unix.XDPMmapOffsets
+	err := getsockopt(fd, unix.XDP_MMAP_OFFSETS, unsafe.Pointer(&off), unsafe.Sizeof(off))
+	return off, err
+}
+
+// kick wakes the kernel for TX (sendto) without blocking. The errors the
+// kernel returns for a transient condition are not errors here.
+func kickTX(fd int) error {
+	_, _, errno := unix.Syscall6(unix.SYS_SENDTO, uintptr(fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+	switch errno {
+	case 0, unix.EAGAIN, unix.EBUSY, unix.ENOBUFS, unix.ENETDOWN:
+		return nil
+	}
+	return errno
+}
+
+// kickRX wakes the kernel to process the fill ring (recvfrom) without blocking.
+func kickRX(fd int) error {
+	_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, uintptr(fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+	switch errno {
+	case 0, unix.EAGAIN, unix.EBUSY, unix.ENOBUFS, unix.ENETDOWN:
+		return nil
+	}
+	return errno
+}
