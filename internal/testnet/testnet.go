@@ -1,0 +1,147 @@
+// Package testnet gives tests a veth pair in a fresh network namespace,
+// and the checks that privileged tests share: run as root (and never skip
+// under CI=true), and leak no file descriptors.
+package testnet
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
+)
+
+// RequireRoot skips a test that needs root and the kernel, except under
+// CI=true, where it fails: CI runs every such test.
+func RequireRoot(tb testing.TB) {
+	tb.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		tb.Fatal("this test needs root and a kernel with AF_XDP; CI=true runs it as root")
+	}
+	tb.Skip("needs root (runs under CI=true)")
+}
+
+// Link is one end of the pair.
+type Link struct {
+	Name  string
+	Index int
+	MAC   net.HardwareAddr
+	Addr  netip.Addr // IPv4 address on the link
+}
+
+// Pair is a veth pair in its own network namespace. Frames B transmits on
+// its tx queue k arrive on A's rx queue k (native XDP on A). IPv6 is off in
+// the namespace, so no stray neighbour discovery frames appear.
+type Pair struct {
+	NS ns.NetNS
+	A  Link
+	B  Link
+}
+
+// NSPath returns the path of the pair's network namespace.
+func (p *Pair) NSPath() string { return p.NS.Path() }
+
+// NewPair creates a namespace holding veth A and B with queues rx and tx
+// queues each, up, with 10.99.0.1/24 on A and 10.99.0.2/24 on B, and
+// removes it all when the test ends.
+func NewPair(tb testing.TB, queues int) *Pair {
+	tb.Helper()
+	RequireRoot(tb)
+	netns, err := testutils.NewNS()
+	if err != nil {
+		tb.Fatalf("new netns: %v", err)
+	}
+	tb.Cleanup(func() {
+		netns.Close()
+		testutils.UnmountNS(netns)
+	})
+	p := &Pair{NS: netns}
+	err = netns.Do(func(ns.NetNS) error {
+		for _, k := range []string{"all", "default"} {
+			if err := os.WriteFile(filepath.Join("/proc/sys/net/ipv6/conf", k, "disable_ipv6"), []byte("1"), 0o644); err != nil {
+				return err
+			}
+		}
+		veth := &netlink.Veth{
+			LinkAttrs: netlink.LinkAttrs{Name: "xa", NumTxQueues: queues, NumRxQueues: queues,
+				HardwareAddr: net.HardwareAddr{0x02, 0x58, 0x44, 0x50, 0x51, 0x01}},
+			PeerName: "xb", PeerNumTxQueues: uint32(queues), PeerNumRxQueues: uint32(queues),
+			PeerHardwareAddr: net.HardwareAddr{0x02, 0x58, 0x44, 0x50, 0x51, 0x02},
+		}
+		if err := netlink.LinkAdd(veth); err != nil {
+			return fmt.Errorf("add veth: %w", err)
+		}
+		for i, l := range []*Link{&p.A, &p.B} {
+			name := []string{"xa", "xb"}[i]
+			link, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			addr := netip.AddrFrom4([4]byte{10, 99, 0, byte(i + 1)})
+			nlAddr, _ := netlink.ParseAddr(addr.String() + "/24")
+			if err := netlink.AddrAdd(link, nlAddr); err != nil {
+				return fmt.Errorf("address %s: %w", name, err)
+			}
+			if err := netlink.LinkSetUp(link); err != nil {
+				return fmt.Errorf("up %s: %w", name, err)
+			}
+			*l = Link{Name: name, Index: link.Attrs().Index, MAC: link.Attrs().HardwareAddr, Addr: addr}
+		}
+		return nil
+	})
+	if err != nil {
+		tb.Fatalf("veth pair: %v", err)
+	}
+	return p
+}
+
+// OpenFDs returns this process's open descriptors with what they point to.
+func OpenFDs() map[string]string {
+	out := map[string]string{}
+	ents, _ := os.ReadDir("/proc/self/fd")
+	for _, e := range ents {
+		target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
+		if err != nil {
+			continue // the directory's own fd, closed by now
+		}
+		out[e.Name()] = target
+	}
+	return out
+}
+
+// MainWithLeakCheck runs the tests and fails the package when it ends
+// with descriptors open that were not open before, naming them. Use it as
+// `func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }`.
+func MainWithLeakCheck(m *testing.M) int {
+	// Open the runtime's poller first, so its descriptors are in the baseline.
+	if r, w, err := os.Pipe(); err == nil {
+		r.Close()
+		w.Close()
+	}
+	before := OpenFDs()
+	code := m.Run()
+	var leaked []string
+	for fd, target := range OpenFDs() {
+		if before[fd] != target {
+			leaked = append(leaked, fd+" -> "+target)
+		}
+	}
+	if len(leaked) > 0 {
+		sort.Strings(leaked)
+		fmt.Fprintf(os.Stderr, "FAIL: tests leaked %d file descriptors:\n  %s\n", len(leaked), strings.Join(leaked, "\n  "))
+		if code == 0 {
+			code = 1
+		}
+	}
+	return code
+}

@@ -1,0 +1,138 @@
+// Package traffic holds the send and receive loops over an xsk.Socket that
+// the tests, the benchmark and the demo share.
+package traffic
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/xdpq/xdpq/pkg/xsk"
+)
+
+// Batch is how many descriptors a loop moves per ring operation.
+const Batch = 64
+
+// Sender transmits frames from a socket using the UMEM frames it was given.
+type Sender struct {
+	s     *xsk.Socket
+	free  []uint64
+	descs []xsk.Desc
+	comp  []uint64
+	batch int
+}
+
+// NewSender returns a Sender that owns the UMEM frames at addrs and
+// transmits in batches of batch frames (Batch if 0).
+func NewSender(s *xsk.Socket, addrs []uint64, batch int) *Sender {
+	if batch <= 0 {
+		batch = Batch
+	}
+	return &Sender{s: s, free: append([]uint64(nil), addrs...), descs: make([]xsk.Desc, 0, batch),
+		comp: make([]uint64, batch), batch: batch}
+}
+
+// Send transmits each frame in order and returns once the kernel has
+// completed all of them, or an error at the deadline.
+func (t *Sender) Send(frames [][]byte, deadline time.Time) error {
+	i, inflight := 0, 0
+	for i < len(frames) || inflight > 0 {
+		n := t.s.Complete(t.comp)
+		t.free = append(t.free, t.comp[:n]...)
+		inflight -= n
+
+		t.descs = t.descs[:0]
+		for i < len(frames) && len(t.free) > 0 && len(t.descs) < t.batch {
+			addr := t.free[len(t.free)-1]
+			buf := t.s.UMEM().Bytes(addr, uint32(len(frames[i])))
+			if buf == nil {
+				return fmt.Errorf("send: frame %d of %d bytes does not fit the umem at %#x", i, len(frames[i]), addr)
+			}
+			copy(buf, frames[i])
+			t.free = t.free[:len(t.free)-1]
+			t.descs = append(t.descs, xsk.Desc{Addr: addr, Len: uint32(len(frames[i]))})
+			i++
+		}
+		sent, err := t.s.Transmit(t.descs)
+		if err != nil {
+			return fmt.Errorf("send: %w", err)
+		}
+		// Frames that did not fit the TX ring go back to the free list.
+		for _, d := range t.descs[sent:] {
+			t.free = append(t.free, d.Addr)
+			i--
+		}
+		inflight += sent
+		if err := t.s.Kick(); err != nil {
+			return fmt.Errorf("send: %w", err)
+		}
+		if n == 0 && sent == 0 && time.Now().After(deadline) {
+			return fmt.Errorf("send: %d of %d frames sent, %d not completed at the deadline", i, len(frames), inflight)
+		}
+	}
+	return nil
+}
+
+// Receiver receives frames on a socket and returns each frame to the fill
+// ring after the callback saw it.
+type Receiver struct {
+	s     *xsk.Socket
+	descs []xsk.Desc
+	fill  []uint64
+	mask  uint64
+}
+
+// NewReceiver gives the UMEM frames at addrs to the socket's fill ring.
+func NewReceiver(s *xsk.Socket, addrs []uint64) (*Receiver, error) {
+	if n := s.Fill(addrs); n != len(addrs) {
+		return nil, fmt.Errorf("receiver: fill ring took %d of %d frames", n, len(addrs))
+	}
+	return &Receiver{s: s, descs: make([]xsk.Desc, Batch), fill: make([]uint64, 0, Batch),
+		mask: ^uint64(s.UMEM().Config().FrameSize - 1)}, nil
+}
+
+// ErrStop, returned by a callback, ends Receive without an error.
+var ErrStop = errors.New("stop")
+
+// Receive calls fn for each received frame until it has seen n frames
+// (n < 0: no limit), fn returns an error, or the deadline passes, and
+// returns how many frames it saw. Reaching the deadline is not an error.
+func (r *Receiver) Receive(n int, deadline time.Time, fn func(frame []byte) error) (int, error) {
+	seen := 0
+	for n < 0 || seen < n {
+		want := len(r.descs)
+		if n >= 0 {
+			want = min(want, n-seen)
+		}
+		got := r.s.Receive(r.descs[:want])
+		if got == 0 {
+			if time.Now().After(deadline) {
+				return seen, nil
+			}
+			if _, err := r.s.Poll(10 * time.Millisecond); err != nil {
+				return seen, err
+			}
+			continue
+		}
+		r.fill = r.fill[:0]
+		var stop error
+		for _, d := range r.descs[:got] {
+			if stop == nil {
+				if err := fn(r.s.UMEM().Bytes(d.Addr, d.Len)); err != nil {
+					stop = err
+				}
+			}
+			r.fill = append(r.fill, d.Addr&r.mask)
+		}
+		seen += got
+		// The fill ring has room: every frame on it now came from it.
+		r.s.Fill(r.fill)
+		if stop != nil {
+			if errors.Is(stop, ErrStop) {
+				return seen, nil
+			}
+			return seen, stop
+		}
+	}
+	return seen, nil
+}
