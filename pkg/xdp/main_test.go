@@ -1,0 +1,10 @@
+package xdp_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/xdpq/xdpq/internal/testnet"
+)
+
+func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
