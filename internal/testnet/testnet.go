@@ -36,7 +36,9 @@ type Link struct {
 	Name  string
 	Index int
 	MAC   net.HardwareAddr
-	Addr  netip.Addr // IPv4 address on the link
+	// Addr is A's IPv4 address; for B, the source address its frames
+	// carry, assigned to nothing (a local source would be a martian).
+	Addr netip.Addr
 }
 
 // Pair is a veth pair in its own network namespace. Frames B transmits on
@@ -88,9 +90,11 @@ func NewPair(tb testing.TB, queues int) *Pair {
 				return err
 			}
 			addr := netip.AddrFrom4([4]byte{10, 99, 0, byte(i + 1)})
-			nlAddr, _ := netlink.ParseAddr(addr.String() + "/24")
-			if err := netlink.AddrAdd(link, nlAddr); err != nil {
-				return fmt.Errorf("address %s: %w", name, err)
+			if i == 0 {
+				nlAddr, _ := netlink.ParseAddr(addr.String() + "/24")
+				if err := netlink.AddrAdd(link, nlAddr); err != nil {
+					return fmt.Errorf("address %s: %w", name, err)
+				}
 			}
 			if err := netlink.LinkSetUp(link); err != nil {
 				return fmt.Errorf("up %s: %w", name, err)

@@ -169,20 +169,22 @@ func Query(netns string, ifindex int) (*Attached, error) {
 
 type progID struct{ name, tag string }
 
-// ourTags are the names and instruction tags of xdpq's programs; the tag
-// does not depend on map sizes or fds.
+// ourTags are the names and instruction tags of xdpq's programs. The
+// tag of a spec is not the kernel's until map loads are resolved, so it is
+// read from a copy loaded once. Map sizes do not change it.
 var ourTags = sync.OnceValues(func() (map[Kind]progID, error) {
 	out := map[Kind]progID{}
 	for _, k := range []Kind{Direct, Filter} {
-		cs, name, err := spec(k)
+		p, err := Load(k, LoadOptions{Queues: 1, MaxFlows: 1})
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("learn the tag of the %v program: %w", k, err)
 		}
-		tag, err := cs.Programs[name].Tag()
+		info, err := p.prog.Info()
+		p.Close()
 		if err != nil {
-			return nil, fmt.Errorf("tag of %s: %w", name, err)
+			return nil, fmt.Errorf("learn the tag of the %v program: %w", k, err)
 		}
-		out[k] = progID{name, tag}
+		out[k] = progID{info.Name, info.Tag}
 	}
 	return out, nil
 })
