@@ -1,0 +1,256 @@
+package xsk_test
+
+import (
+	"errors"
+	"net"
+	"os"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/pkg/xsk"
+)
+
+func TestMemfd(t *testing.T) {
+	f, err := xsk.NewMemfd("test", 1<<20, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	size, err := xsk.CheckMemfd(int(f.Fd()))
+	if err != nil || size != 1<<20 {
+		t.Fatalf("CheckMemfd: %d, %v", size, err)
+	}
+	// The seals hold against both sides.
+	if err := unix.Ftruncate(int(f.Fd()), 1<<19); !errors.Is(err, unix.EPERM) {
+		t.Errorf("shrink a sealed memfd: %v, want EPERM", err)
+	}
+	if err := unix.Ftruncate(int(f.Fd()), 1<<21); !errors.Is(err, unix.EPERM) {
+		t.Errorf("grow a sealed memfd: %v, want EPERM", err)
+	}
+
+	unsealed, err := unix.MemfdCreate("unsealed", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(unsealed)
+	unix.Ftruncate(unsealed, 1<<20)
+	if _, err := xsk.CheckMemfd(unsealed); err == nil || !strings.Contains(err.Error(), "not sealed") {
+		t.Errorf("unsealed memfd: %v", err)
+	}
+	regular, err := os.CreateTemp(t.TempDir(), "umem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer regular.Close()
+	if _, err := xsk.CheckMemfd(int(regular.Fd())); err == nil {
+		t.Error("a regular file passed as a memfd")
+	}
+	if _, err := xsk.NewMemfd("zero", 0, false); err == nil {
+		t.Error("zero-sized memfd accepted")
+	}
+}
+
+func TestUMEMConfigValidate(t *testing.T) {
+	for _, c := range []struct {
+		cfg  xsk.UMEMConfig
+		size int64
+		ok   bool
+	}{
+		{xsk.UMEMConfig{FrameSize: 2048}, 1 << 20, true},
+		{xsk.UMEMConfig{FrameSize: 4096, Headroom: 256}, 1 << 20, true},
+		{xsk.UMEMConfig{FrameSize: 2048, Headroom: 768}, 1 << 20, true},
+		{xsk.UMEMConfig{FrameSize: 2048, Headroom: 769}, 1 << 20, false},
+		{xsk.UMEMConfig{FrameSize: 1024}, 1 << 20, false},
+		{xsk.UMEMConfig{FrameSize: 3000}, 1 << 20, false},
+		{xsk.UMEMConfig{FrameSize: 2048}, 2048, false}, // not a page multiple
+		{xsk.UMEMConfig{FrameSize: 4096}, 6144, false},
+		{xsk.UMEMConfig{FrameSize: 2048}, 0, false},
+	} {
+		if err := c.cfg.Validate(c.size); (err == nil) != c.ok {
+			t.Errorf("%+v size %d: %v, want ok=%v", c.cfg, c.size, err, c.ok)
+		}
+	}
+}
+
+func TestRingsValidate(t *testing.T) {
+	for _, c := range []struct {
+		r  xsk.Rings
+		ok bool
+	}{
+		{xsk.DefaultRings, true},
+		{xsk.Rings{Fill: 64, Completion: 64, RX: 64}, true},
+		{xsk.Rings{Fill: 64, Completion: 64, TX: 64}, true},
+		{xsk.Rings{Fill: 64, Completion: 64}, false},
+		{xsk.Rings{Fill: 100, Completion: 64, RX: 64}, false},
+		{xsk.Rings{Fill: 64, Completion: 0, RX: 64}, false},
+		{xsk.Rings{Fill: 64, Completion: 64, RX: 1 << 21}, false},
+	} {
+		if err := c.r.Validate(); (err == nil) != c.ok {
+			t.Errorf("%+v: %v, want ok=%v", c.r, err, c.ok)
+		}
+	}
+}
+
+func seqpacketPair(t *testing.T) (*net.UnixConn, *net.UnixConn) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := func(fd int) *net.UnixConn {
+		f := os.NewFile(uintptr(fd), "seqpacket")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c.(*net.UnixConn)
+	}
+	return conn(fds[0]), conn(fds[1])
+}
+
+func TestFDPassing(t *testing.T) {
+	a, b := seqpacketPair(t)
+	files := make([]*os.File, 3)
+	fds := make([]int, 3)
+	for i := range files {
+		f, err := xsk.NewMemfd("pass", 4096, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		files[i], fds[i] = f, int(f.Fd())
+	}
+	if err := xsk.SendFDs(a, []byte("three"), fds); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	n, got, err := xsk.RecvFDs(b, buf, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, fd := range got {
+			unix.Close(fd)
+		}
+	}()
+	if string(buf[:n]) != "three" || len(got) != 3 {
+		t.Fatalf("got %q with %d fds", buf[:n], len(got))
+	}
+	for i := range got {
+		var want, have unix.Stat_t
+		unix.Fstat(fds[i], &want)
+		unix.Fstat(got[i], &have)
+		if want.Ino != have.Ino {
+			t.Errorf("fd %d: inode %d, want %d", i, have.Ino, want.Ino)
+		}
+		flags, _ := unix.FcntlInt(uintptr(got[i]), unix.F_GETFD, 0)
+		if flags&unix.FD_CLOEXEC == 0 {
+			t.Errorf("fd %d: received without close-on-exec", i)
+		}
+	}
+
+	// More fds than the receiver takes: refused, and nothing leaks (the
+	// package's TestMain counts descriptors).
+	if err := xsk.SendFDs(a, []byte("too many"), fds); err != nil {
+		t.Fatal(err)
+	}
+	if _, got, err := xsk.RecvFDs(b, buf, 1); !errors.Is(err, xsk.ErrTruncated) || got != nil {
+		t.Errorf("too many fds: %v, %v", got, err)
+	}
+	// A message longer than the buffer: refused.
+	if err := xsk.SendFDs(a, make([]byte, 100), fds[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if _, got, err := xsk.RecvFDs(b, buf, 1); !errors.Is(err, xsk.ErrTruncated) || got != nil {
+		t.Errorf("long message: %v, %v", got, err)
+	}
+	if err := xsk.SendFDs(a, nil, make([]int, xsk.MaxFDs+1)); err == nil {
+		t.Error("SendFDs accepted more than MaxFDs")
+	}
+}
+
+func TestBindRefuses(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	dev := xsk.Netdev{Name: p.A.Name, Ifindex: p.A.Index, NetNS: p.NSPath()}
+	cfg := xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: xsk.Rings{Fill: 64, Completion: 64, RX: 64}}
+	mf, err := xsk.NewMemfd("umem", 1<<20, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mf.Close()
+	unsealed, _ := unix.MemfdCreate("unsealed", unix.MFD_CLOEXEC)
+	defer unix.Close(unsealed)
+	unix.Ftruncate(unsealed, 1<<20)
+
+	for _, c := range []struct {
+		name   string
+		memfd  int
+		queues []uint32
+		cfg    xsk.Config
+		want   string
+	}{
+		{"unsealed memfd", unsealed, []uint32{0}, cfg, "not sealed against shrink and grow"},
+		{"no queues", int(mf.Fd()), nil, cfg, "no queues"},
+		{"queue twice", int(mf.Fd()), []uint32{1, 1}, cfg, "queue 1 given twice"},
+		{"queue out of range", int(mf.Fd()), []uint32{0, 9}, cfg, "xa/q9"},
+		{"bad frame size", int(mf.Fd()), []uint32{0}, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 1000}, Rings: cfg.Rings}, "frame size 1000"},
+		{"zero-copy on veth", int(mf.Fd()), []uint32{0}, xsk.Config{UMEM: cfg.UMEM, Rings: cfg.Rings, Mode: xsk.ModeZeroCopy}, "zero-copy"},
+	} {
+		bound, err := xsk.Bind(dev, c.memfd, c.queues, c.cfg)
+		if err == nil {
+			for _, b := range bound {
+				unix.Close(b.FD)
+			}
+			t.Errorf("%s: bound", c.name)
+			continue
+		}
+		if !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %q does not say %q", c.name, err, c.want)
+		}
+	}
+	// After all those failures the queues are still free.
+	bound, err := xsk.Bind(dev, int(mf.Fd()), []uint32{0, 3}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range bound {
+		if b.ZeroCopy {
+			t.Error("veth granted zero-copy")
+		}
+		unix.Close(b.FD)
+	}
+}
+
+// TestNoTXRing: a socket bound without a TX ring cannot transmit, and its
+// holder cannot add one: the kernel refuses the mapping, the wakeup and a
+// TX ring set after bind.
+func TestNoTXRing(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	dev := xsk.Netdev{Name: p.A.Name, Ifindex: p.A.Index, NetNS: p.NSPath()}
+	cfg := xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: xsk.Rings{Fill: 64, Completion: 64, RX: 64}}
+	umem, socks, err := xsk.Open(dev, []uint32{0}, 64, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer umem.Close()
+	s := socks[0]
+	defer s.Close()
+	if _, err := s.Transmit([]xsk.Desc{{Addr: 0, Len: 60}}); !errors.Is(err, xsk.ErrNoTXRing) {
+		t.Errorf("Transmit: %v, want ErrNoTXRing", err)
+	}
+	if m, err := unix.Mmap(s.FD(), unix.XDP_PGOFF_TX_RING, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err == nil {
+		unix.Munmap(m)
+		t.Error("kernel mapped a TX ring that was never set")
+	}
+	if err := unix.Sendto(s.FD(), nil, unix.MSG_DONTWAIT, nil); !errors.Is(err, unix.ENOBUFS) {
+		t.Errorf("sendto: %v, want ENOBUFS", err)
+	}
+	if err := unix.SetsockoptInt(s.FD(), unix.SOL_XDP, unix.XDP_TX_RING, 64); !errors.Is(err, unix.EBUSY) {
+		t.Errorf("add a TX ring after bind: %v, want EBUSY", err)
+	}
+}
