@@ -1,0 +1,33 @@
+# xdpq. Everything that touches the kernel needs root.
+GO          ?= go
+STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
+
+.PHONY: all build test bench generate lint demo tools
+
+all: build
+
+build:
+	$(GO) build ./...
+
+# The test command of the README; CI runs it as root with CI=true.
+test:
+	$(GO) test -count=1 ./...
+
+# Receive rates side by side on one veth pair: a table, not a test.
+bench:
+	$(GO) run ./cmd/xdpqbench
+
+# Regenerate the BPF objects and their Go bindings (needs clang-14).
+generate:
+	$(GO) generate ./bpf
+
+lint: tools
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(STATICCHECK) ./...
+
+demo:
+	$(GO) run ./cmd/xdpqdemo
+
+tools:
+	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2
