@@ -53,20 +53,26 @@ type Pair struct {
 // NSPath returns the path of the pair's network namespace.
 func (p *Pair) NSPath() string { return p.NS.Path() }
 
-// NewPair creates a namespace holding veth A and B with queues rx and tx
-// queues each, up, with 10.99.0.1/24 on A and 10.99.0.2/24 on B, and
-// removes it all when the test ends.
+// NewPair creates a pair (see Create) that is removed when the test ends.
 func NewPair(tb testing.TB, queues int) *Pair {
 	tb.Helper()
 	RequireRoot(tb)
+	p, err := Create(queues)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(p.Close)
+	return p
+}
+
+// Create makes a network namespace holding veth A and B with queues rx
+// and tx queues each, both up, with 10.99.0.1/24 on A (B has no address).
+// Close removes it.
+func Create(queues int) (*Pair, error) {
 	netns, err := testutils.NewNS()
 	if err != nil {
-		tb.Fatalf("new netns: %v", err)
+		return nil, fmt.Errorf("new netns: %w", err)
 	}
-	tb.Cleanup(func() {
-		netns.Close()
-		testutils.UnmountNS(netns)
-	})
 	p := &Pair{NS: netns}
 	err = netns.Do(func(ns.NetNS) error {
 		for _, k := range []string{"all", "default"} {
@@ -104,9 +110,16 @@ func NewPair(tb testing.TB, queues int) *Pair {
 		return nil
 	})
 	if err != nil {
-		tb.Fatalf("veth pair: %v", err)
+		p.Close()
+		return nil, fmt.Errorf("veth pair: %w", err)
 	}
-	return p
+	return p, nil
+}
+
+// Close removes the namespace and with it the veth pair.
+func (p *Pair) Close() {
+	p.NS.Close()
+	testutils.UnmountNS(p.NS)
 }
 
 // OpenFDs returns this process's open descriptors with what they point to.

@@ -78,17 +78,31 @@ func (t *Sender) Send(frames [][]byte, deadline time.Time) error {
 type Receiver struct {
 	s     *xsk.Socket
 	descs []xsk.Desc
-	fill  []uint64
-	mask  uint64
+	// refill holds frames for the fill ring. The kernel publishes its
+	// consumer index lazily, so the ring may briefly look full although it
+	// has taken frames; the rest wait here for the next round.
+	refill []uint64
+	mask   uint64
 }
 
 // NewReceiver gives the UMEM frames at addrs to the socket's fill ring.
 func NewReceiver(s *xsk.Socket, addrs []uint64) (*Receiver, error) {
-	if n := s.Fill(addrs); n != len(addrs) {
-		return nil, fmt.Errorf("receiver: fill ring took %d of %d frames", n, len(addrs))
+	if len(addrs) > int(s.Rings().Fill) {
+		return nil, fmt.Errorf("receiver: %d frames for a fill ring of %d", len(addrs), s.Rings().Fill)
 	}
-	return &Receiver{s: s, descs: make([]xsk.Desc, Batch), fill: make([]uint64, 0, Batch),
-		mask: ^uint64(s.UMEM().Config().FrameSize - 1)}, nil
+	r := &Receiver{s: s, descs: make([]xsk.Desc, Batch), refill: make([]uint64, 0, len(addrs)),
+		mask: ^uint64(s.UMEM().Config().FrameSize - 1)}
+	r.refill = append(r.refill, addrs...)
+	r.fill()
+	return r, nil
+}
+
+func (r *Receiver) fill() {
+	if len(r.refill) == 0 {
+		return
+	}
+	n := r.s.Fill(r.refill)
+	r.refill = r.refill[:copy(r.refill, r.refill[n:])]
 }
 
 // ErrStop, returned by a callback, ends Receive without an error.
@@ -104,6 +118,7 @@ func (r *Receiver) Receive(n int, deadline time.Time, fn func(frame []byte) erro
 		if n >= 0 {
 			want = min(want, n-seen)
 		}
+		r.fill()
 		got := r.s.Receive(r.descs[:want])
 		if got == 0 {
 			if time.Now().After(deadline) {
@@ -114,7 +129,6 @@ func (r *Receiver) Receive(n int, deadline time.Time, fn func(frame []byte) erro
 			}
 			continue
 		}
-		r.fill = r.fill[:0]
 		var stop error
 		for _, d := range r.descs[:got] {
 			if stop == nil {
@@ -122,11 +136,10 @@ func (r *Receiver) Receive(n int, deadline time.Time, fn func(frame []byte) erro
 					stop = err
 				}
 			}
-			r.fill = append(r.fill, d.Addr&r.mask)
+			r.refill = append(r.refill, d.Addr&r.mask)
 		}
 		seen += got
-		// The fill ring has room: every frame on it now came from it.
-		r.s.Fill(r.fill)
+		r.fill()
 		if stop != nil {
 			if errors.Is(stop, ErrStop) {
 				return seen, nil
