@@ -32,6 +32,7 @@ import (
 
 	"github.com/xdpq/xdpq/internal/frame"
 	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/xdp"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
@@ -254,44 +255,13 @@ func (s *sender) run(d time.Duration) (uint64, error) {
 			return
 		}
 		defer runtime.UnlockOSThread()
-		size := uint32(s.cfg.FrameSize)
-		free := make([]uint64, 0, s.umem.NumFrames())
-		for i := range s.umem.NumFrames() {
-			free = append(free, s.umem.FrameAddr(i))
+		addrs := make([]uint64, s.umem.NumFrames())
+		for i := range addrs {
+			addrs[i] = s.umem.FrameAddr(i)
 		}
-		descs := make([]xsk.Desc, s.cfg.TXBatch)
-		comp := make([]uint64, 4096)
-		inflight := 0
 		deadline := time.Now().Add(d)
-		for i := 0; ; i++ {
-			n := s.sock.Complete(comp)
-			free = append(free, comp[:n]...)
-			inflight -= n
-			sent += uint64(n)
-			if i&63 == 0 && time.Now().After(deadline) {
-				break
-			}
-			k := min(len(free), len(descs))
-			for j := range k {
-				descs[j] = xsk.Desc{Addr: free[len(free)-1-j], Len: size}
-			}
-			m, terr := s.sock.Transmit(descs[:k])
-			if terr != nil {
-				err = terr
-				return
-			}
-			free = free[:len(free)-m]
-			inflight += m
-			if m == 0 {
-				s.sock.Kick()
-			}
-		}
-		// Wait for the frames in flight so the next run starts clean.
-		for end := time.Now().Add(time.Second); inflight > 0 && time.Now().Before(end); {
-			s.sock.Kick()
-			n := s.sock.Complete(comp)
-			inflight -= n
-		}
+		sent, err = traffic.Flood(s.sock, addrs, uint32(s.cfg.FrameSize), s.cfg.TXBatch,
+			func() bool { return time.Now().After(deadline) })
 	}()
 	<-done
 	return sent, err

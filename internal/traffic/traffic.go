@@ -149,3 +149,45 @@ func (r *Receiver) Receive(n int, deadline time.Time, fn func(frame []byte) erro
 	}
 	return seen, nil
 }
+
+// Flood transmits the frame at each of addrs (already written to the UMEM,
+// len bytes) over and over, batch descriptors per submission, until stop
+// returns true (checked every 64 rounds), and returns how many frames the
+// kernel completed. Frames still in flight at the end are waited for, up
+// to a second, so the socket can be used again.
+func Flood(s *xsk.Socket, addrs []uint64, size uint32, batch int, stop func() bool) (uint64, error) {
+	free := append(make([]uint64, 0, len(addrs)), addrs...)
+	descs := make([]xsk.Desc, batch)
+	comp := make([]uint64, s.Rings().Completion)
+	var sent uint64
+	inflight := 0
+	for i := 0; ; i++ {
+		n := s.Complete(comp)
+		free = append(free, comp[:n]...)
+		inflight -= n
+		sent += uint64(n)
+		if i&63 == 0 && stop() {
+			break
+		}
+		k := min(len(free), len(descs))
+		for j := range k {
+			descs[j] = xsk.Desc{Addr: free[len(free)-1-j], Len: size}
+		}
+		m, err := s.Transmit(descs[:k])
+		if err != nil {
+			return sent, err
+		}
+		free = free[:len(free)-m]
+		inflight += m
+		if m == 0 {
+			if err := s.Kick(); err != nil {
+				return sent, err
+			}
+		}
+	}
+	for end := time.Now().Add(time.Second); inflight > 0 && time.Now().Before(end); {
+		s.Kick()
+		inflight -= s.Complete(comp)
+	}
+	return sent, nil
+}

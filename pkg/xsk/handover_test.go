@@ -2,17 +2,12 @@ package xsk_test
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpq/xdpq/internal/frame"
+	"github.com/xdpq/xdpq/internal/handover"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/xdp"
@@ -39,50 +35,6 @@ const (
 
 var childRings = xsk.Rings{Fill: 1024, Completion: 1024, RX: 1024, TX: 1024}
 
-// handoverMsg is the test's own little protocol; the real one is the
-// broker's (pkg/broker).
-type handoverMsg struct {
-	Step   string
-	Queues []uint32  `json:",omitempty"`
-	Rings  xsk.Rings `json:",omitempty"`
-	// Addressing of the frames each way.
-	AMAC, BMAC   net.HardwareAddr `json:",omitempty"`
-	AAddr, BAddr netip.Addr       `json:",omitempty"`
-	Received     []int            `json:",omitempty"`
-	RebindErr    string           `json:",omitempty"`
-	SocketErr    string           `json:",omitempty"`
-	CapEff, Uid  string           `json:",omitempty"`
-	Links        []string         `json:",omitempty"`
-	Error        string           `json:",omitempty"`
-}
-
-func send(c *net.UnixConn, m handoverMsg, fds ...int) error {
-	b, err := json.Marshal(m)
-	if err != nil {
-		return err
-	}
-	return xsk.SendFDs(c, b, fds)
-}
-
-func recv(c *net.UnixConn, maxFDs int) (handoverMsg, []int, error) {
-	buf := make([]byte, 64<<10)
-	n, fds, err := xsk.RecvFDs(c, buf, maxFDs)
-	if err != nil {
-		return handoverMsg{}, nil, err
-	}
-	var m handoverMsg
-	if err := json.Unmarshal(buf[:n], &m); err != nil {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-		return m, nil, fmt.Errorf("decode %q: %w", buf[:n], err)
-	}
-	if m.Error != "" {
-		return m, fds, fmt.Errorf("peer: %s", m.Error)
-	}
-	return m, fds, nil
-}
-
 func pattern(src, dst net.HardwareAddr, s, d netip.Addr, id uint32, n int) [][]byte {
 	out := make([][]byte, n)
 	for i := range out {
@@ -94,41 +46,6 @@ func pattern(src, dst net.HardwareAddr, s, d netip.Addr, id uint32, n int) [][]b
 		out[i] = b
 	}
 	return out
-}
-
-// childExecutable copies the test binary where uid 65534 may run it: the
-// go tool builds it in a directory only root can enter.
-func childExecutable(t *testing.T) string {
-	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "xdpq-child-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	in, err := os.Open(self)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	exe := filepath.Join(dir, "child.test")
-	out, err := os.OpenFile(exe, os.O_CREATE|os.O_WRONLY, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		t.Fatal(err)
-	}
-	if err := out.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return exe
 }
 
 // TestHandoverToUnprivilegedProcess is the core promise of xdpq: a process
@@ -179,39 +96,13 @@ func TestHandoverToUnprivilegedProcess(t *testing.T) {
 	}
 
 	// Start the pod.
-	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	parentFile, childFile := os.NewFile(uintptr(sp[0]), "parent"), os.NewFile(uintptr(sp[1]), "child")
-	fc, err := net.FileConn(parentFile)
-	parentFile.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := fc.(*net.UnixConn)
-	defer conn.Close()
 	var stderr bytes.Buffer
-	cmd := exec.Command(childExecutable(t), "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=pod")
-	cmd.ExtraFiles = []*os.File{childFile}
-	cmd.Stderr = &stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWNET,
-		Credential: &syscall.Credential{Uid: 65534, Gid: 65534},
-		Pdeathsig:  syscall.SIGKILL,
-	}
-	if err := cmd.Start(); err != nil {
+	pod, err := handover.StartPod([]string{"-test.run=^$"}, childEnv+"=pod", nil, &stderr)
+	if err != nil {
 		t.Fatal(err)
 	}
-	childFile.Close()
-	waited := false
-	defer func() {
-		if !waited {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	}()
+	defer pod.Kill()
+	conn := pod.Conn
 	conn.SetDeadline(time.Now().Add(30 * time.Second))
 	fail := func(format string, args ...any) {
 		t.Helper()
@@ -219,9 +110,9 @@ func TestHandoverToUnprivilegedProcess(t *testing.T) {
 	}
 
 	// 1. The pod sends the memfd it allocated.
-	hello, fds, err := recv(conn, 1)
-	if err != nil || hello.Step != "umem" || len(fds) != 1 {
-		fail("hello: %+v %v %v", hello, fds, err)
+	_, fds, err := handover.Expect(conn, "umem", 1)
+	if err != nil || len(fds) != 1 {
+		fail("umem: %d fds, %v", len(fds), err)
 	}
 	memfd := fds[0]
 	// 2. The privileged side binds and hands over the sockets.
@@ -234,14 +125,14 @@ func TestHandoverToUnprivilegedProcess(t *testing.T) {
 	for _, b := range bound {
 		sockFDs = append(sockFDs, b.FD)
 	}
-	err = send(conn, handoverMsg{Step: "sockets", Queues: queues, Rings: childRings,
+	err = handover.Send(conn, handover.Msg{Step: "sockets", Queues: queues, Rings: childRings,
 		AMAC: p.A.MAC, BMAC: p.B.MAC, AAddr: p.A.Addr, BAddr: p.B.Addr}, sockFDs...)
 	if err != nil {
 		fail("send sockets: %v", err)
 	}
 	// 3. Only once its fill rings are filled do the sockets go in the XSKMAP.
-	if m, _, err := recv(conn, 0); err != nil || m.Step != "ready" {
-		fail("ready: %+v %v", m, err)
+	if _, _, err := handover.Expect(conn, "ready", 0); err != nil {
+		fail("%v", err)
 	}
 	for _, b := range bound {
 		if err := progs[p.A.Index].SetSocket(b.Queue, b.FD); err != nil {
@@ -255,21 +146,24 @@ func TestHandoverToUnprivilegedProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := send(conn, handoverMsg{Step: "sent"}); err != nil {
+	if err := handover.Send(conn, handover.Msg{Step: "sent"}); err != nil {
 		fail("%v", err)
 	}
 	// 5. The pod reports what it received and transmits back.
-	report, _, err := recv(conn, 0)
-	if err != nil || report.Step != "report" {
-		fail("report: %+v %v", report, err)
+	report, _, err := handover.Expect(conn, "report", 0)
+	if err != nil {
+		fail("%v", err)
 	}
-	if report.Uid != "65534" || strings.Trim(report.CapEff, "0") != "" {
-		t.Errorf("the pod was not unprivileged: uid %s, CapEff %s", report.Uid, report.CapEff)
+	if report.UID != "65534" || strings.Trim(report.CapEff, "0") != "" {
+		t.Errorf("the pod was not unprivileged: uid %s, CapEff %s", report.UID, report.CapEff)
 	}
 	if len(report.Links) != 1 || report.Links[0] != "lo" {
 		t.Errorf("the pod's netns holds %v, want only lo", report.Links)
 	}
-	for i, n := range report.Received {
+	if len(report.Counts) != len(queues) {
+		t.Errorf("pod reported %d queues", len(report.Counts))
+	}
+	for i, n := range report.Counts {
 		if n != perQueue {
 			t.Errorf("pod queue %d: received %d of %d byte-exact frames", queues[i], n, perQueue)
 		}
@@ -284,12 +178,10 @@ func TestHandoverToUnprivilegedProcess(t *testing.T) {
 		expectFrames(t, brecv[i], pattern(p.A.MAC, p.B.MAC, p.A.Addr, p.B.Addr, 100+q, perQueue))
 	}
 	// 6. The pod exits; its sockets close.
-	if err := send(conn, handoverMsg{Step: "exit"}); err != nil {
+	if err := handover.Send(conn, handover.Msg{Step: "exit"}); err != nil {
 		fail("%v", err)
 	}
-	err = cmd.Wait()
-	waited = true
-	if err != nil {
+	if err := pod.Wait(); err != nil {
 		fail("pod: %v", err)
 	}
 
@@ -361,19 +253,16 @@ func expectFrames(t *testing.T, r *traffic.Receiver, want [][]byte) {
 
 // childMain is the pod. It reports failures to the parent and by exit code.
 func childMain(string) int {
-	f := os.NewFile(3, "conn")
-	fc, err := net.FileConn(f)
-	f.Close()
+	conn, err := handover.PodConn()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	conn := fc.(*net.UnixConn)
 	defer conn.Close()
 	conn.SetDeadline(time.Now().Add(30 * time.Second))
 	if err := pod(conn); err != nil {
 		fmt.Fprintln(os.Stderr, "pod:", err)
-		send(conn, handoverMsg{Error: err.Error()})
+		handover.Send(conn, handover.Msg{Error: err.Error()})
 		return 1
 	}
 	return 0
@@ -390,16 +279,16 @@ func pod(conn *net.UnixConn) error {
 		return err
 	}
 	defer umem.Close()
-	if err := send(conn, handoverMsg{Step: "umem"}, int(mf.Fd())); err != nil {
+	if err := handover.Send(conn, handover.Msg{Step: "umem"}, int(mf.Fd())); err != nil {
 		return err
 	}
 	mf.Close()
 
-	m, fds, err := recv(conn, 2)
+	m, fds, err := handover.Expect(conn, "sockets", 2)
 	if err != nil {
 		return err
 	}
-	if m.Step != "sockets" || len(fds) != len(m.Queues) {
+	if len(fds) != len(m.Queues) {
 		return fmt.Errorf("want sockets for %v, got %+v with %d fds", m.Queues, m, len(fds))
 	}
 	var socks []*xsk.Socket
@@ -419,14 +308,14 @@ func pod(conn *net.UnixConn) error {
 		recvs = append(recvs, r)
 		sends = append(sends, traffic.NewSender(s, frameRange(umem, (2*i+1)*framesPerQueue, framesPerQueue), 0))
 	}
-	if err := send(conn, handoverMsg{Step: "ready"}); err != nil {
+	if err := handover.Send(conn, handover.Msg{Step: "ready"}); err != nil {
 		return err
 	}
-	if m, _, err := recv(conn, 0); err != nil || m.Step != "sent" {
-		return fmt.Errorf("want sent: %+v %v", m, err)
+	if _, _, err := handover.Expect(conn, "sent", 0); err != nil {
+		return err
 	}
 
-	rep := handoverMsg{Step: "report"}
+	rep := handover.Msg{Step: "report"}
 	for i, q := range m.Queues {
 		want := pattern(m.BMAC, m.AMAC, m.BAddr, m.AAddr, q, perQueue)
 		good := 0
@@ -436,7 +325,7 @@ func pod(conn *net.UnixConn) error {
 			}
 			return nil
 		})
-		rep.Received = append(rep.Received, good)
+		rep.Counts = append(rep.Counts, uint64(good))
 		if err := sends[i].Send(pattern(m.AMAC, m.BMAC, m.AAddr, m.BAddr, 100+q, perQueue), time.Now().Add(5*time.Second)); err != nil {
 			return err
 		}
@@ -447,30 +336,14 @@ func pod(conn *net.UnixConn) error {
 		unix.Close(fd)
 	}
 	rep.SocketErr = errString(err)
-	status, err := os.ReadFile("/proc/self/status")
-	if err != nil {
+	if err := handover.Identity(&rep); err != nil {
 		return err
 	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
-			rep.CapEff = strings.TrimSpace(v)
-		}
-	}
-	rep.Uid = fmt.Sprint(os.Getuid())
-	ifs, err := net.Interfaces()
-	if err != nil {
+	if err := handover.Send(conn, rep); err != nil {
 		return err
 	}
-	for _, i := range ifs {
-		rep.Links = append(rep.Links, i.Name)
-	}
-	if err := send(conn, rep); err != nil {
-		return err
-	}
-	if m, _, err := recv(conn, 0); err != nil || m.Step != "exit" {
-		return fmt.Errorf("want exit: %+v %v", m, err)
-	}
-	return nil
+	_, _, err = handover.Expect(conn, "exit", 0)
+	return err
 }
 
 func errString(err error) string {

@@ -1,0 +1,223 @@
+// Package handover is the small exchange the datapath test and demo use
+// to hand bound AF_XDP sockets to an unprivileged "pod" process: JSON
+// messages with descriptors over SOCK_SEQPACKET, and starting the pod as
+// uid 65534 with no capabilities in a network namespace holding only lo.
+// The product's protocol is the broker's (pkg/broker); this is the least
+// that shows the mechanism.
+package handover
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xdpq/xdpq/pkg/xsk"
+)
+
+// Msg is every message of the exchange; Step says which.
+type Msg struct {
+	Step   string
+	Queues []uint32  `json:",omitempty"`
+	Rings  xsk.Rings `json:",omitempty"`
+	// Addressing of the test traffic, both ways.
+	AMAC, BMAC   net.HardwareAddr `json:",omitempty"`
+	AAddr, BAddr netip.Addr       `json:",omitempty"`
+	Counts       []uint64         `json:",omitempty"`
+	Dropped      []uint64         `json:",omitempty"` // XDP_STATISTICS rx_ring_full + rx_dropped
+	RebindErr    string           `json:",omitempty"`
+	SocketErr    string           `json:",omitempty"`
+	CapEff, UID  string           `json:",omitempty"`
+	Links        []string         `json:",omitempty"`
+	Error        string           `json:",omitempty"`
+}
+
+// Send sends m with fds attached.
+func Send(c *net.UnixConn, m Msg, fds ...int) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return xsk.SendFDs(c, b, fds)
+}
+
+// Recv receives one message with at most maxFDs descriptors. A message
+// carrying Error is returned as an error (with its descriptors closed).
+func Recv(c *net.UnixConn, maxFDs int) (Msg, []int, error) {
+	buf := make([]byte, 64<<10)
+	n, fds, err := xsk.RecvFDs(c, buf, maxFDs)
+	if err != nil {
+		return Msg{}, nil, err
+	}
+	var m Msg
+	err = json.Unmarshal(buf[:n], &m)
+	if err == nil && m.Error != "" {
+		err = fmt.Errorf("peer: %s", m.Error)
+	} else if err != nil {
+		err = fmt.Errorf("decode %q: %w", buf[:n], err)
+	}
+	if err != nil {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return m, nil, err
+	}
+	return m, fds, nil
+}
+
+// Expect receives a message and checks its step.
+func Expect(c *net.UnixConn, step string, maxFDs int) (Msg, []int, error) {
+	m, fds, err := Recv(c, maxFDs)
+	if err != nil {
+		return m, nil, fmt.Errorf("waiting for %q: %w", step, err)
+	}
+	if m.Step != step {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return m, nil, fmt.Errorf("got %q, want %q", m.Step, step)
+	}
+	return m, fds, nil
+}
+
+// Pod is a running pod process and the parent's end of its connection.
+type Pod struct {
+	Cmd  *exec.Cmd
+	Conn *net.UnixConn
+	dir  string
+}
+
+// StartPod runs this program again as the pod: uid and gid 65534, no
+// capabilities, in a new network namespace, with env set (to tell it to
+// act as the pod) and its end of the connection on fd 3.
+func StartPod(args []string, env string, stdout, stderr io.Writer) (*Pod, error) {
+	// The go tool builds binaries where only root may enter: copy it.
+	dir, err := os.MkdirTemp("", "xdpq-pod-")
+	if err != nil {
+		return nil, err
+	}
+	p := &Pod{dir: dir}
+	exe, err := p.copySelf()
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	parent, child := os.NewFile(uintptr(sp[0]), "pod-conn"), os.NewFile(uintptr(sp[1]), "pod-conn")
+	defer child.Close()
+	fc, err := net.FileConn(parent)
+	parent.Close()
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	p.Conn = fc.(*net.UnixConn)
+	p.Cmd = exec.Command(exe, args...)
+	p.Cmd.Env = append(os.Environ(), env)
+	p.Cmd.ExtraFiles = []*os.File{child}
+	p.Cmd.Stdout, p.Cmd.Stderr = stdout, stderr
+	p.Cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWNET,
+		Credential: &syscall.Credential{Uid: 65534, Gid: 65534},
+		Pdeathsig:  syscall.SIGKILL,
+	}
+	if err := p.Cmd.Start(); err != nil {
+		p.Conn.Close()
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("start pod: %w", err)
+	}
+	return p, nil
+}
+
+func (p *Pod) copySelf() (string, error) {
+	if err := os.Chmod(p.dir, 0o755); err != nil {
+		return "", err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	in, err := os.Open(self)
+	if err != nil {
+		return "", err
+	}
+	defer in.Close()
+	exe := filepath.Join(p.dir, filepath.Base(self))
+	out, err := os.OpenFile(exe, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		return "", err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return "", err
+	}
+	return exe, out.Close()
+}
+
+// Wait waits for the pod to exit and cleans up.
+func (p *Pod) Wait() error {
+	err := p.Cmd.Wait()
+	p.Conn.Close()
+	os.RemoveAll(p.dir)
+	return err
+}
+
+// Kill ends the pod if it still runs, and cleans up.
+func (p *Pod) Kill() {
+	if p.Cmd.ProcessState == nil {
+		p.Cmd.Process.Kill()
+		p.Wait()
+	}
+}
+
+// PodConn returns the pod's end of the connection (fd 3).
+func PodConn() (*net.UnixConn, error) {
+	f := os.NewFile(3, "pod-conn")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, fmt.Errorf("pod connection on fd 3: %w", err)
+	}
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		c.Close()
+		return nil, fmt.Errorf("fd 3 is not a unix socket")
+	}
+	return uc, nil
+}
+
+// Identity fills in who the pod runs as: uid, effective capabilities and
+// the links of its network namespace.
+func Identity(m *Msg) error {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			m.CapEff = strings.TrimSpace(v)
+		}
+	}
+	m.UID = fmt.Sprint(os.Getuid())
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return err
+	}
+	m.Links = nil
+	for _, i := range ifs {
+		m.Links = append(m.Links, i.Name)
+	}
+	return nil
+}
