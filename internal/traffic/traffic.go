@@ -187,7 +187,9 @@ func Flood(s *xsk.Socket, addrs []uint64, size uint32, batch int, stop func() bo
 	}
 	for end := time.Now().Add(time.Second); inflight > 0 && time.Now().Before(end); {
 		s.Kick()
-		inflight -= s.Complete(comp)
+		n := s.Complete(comp)
+		inflight -= n
+		sent += uint64(n)
 	}
 	return sent, nil
 }
