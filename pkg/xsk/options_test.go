@@ -1,0 +1,172 @@
+package xsk_test
+
+import (
+	"bytes"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/traffic"
+	"github.com/xdpq/xdpq/pkg/xdp"
+	"github.com/xdpq/xdpq/pkg/xsk"
+)
+
+// receiveWith binds A's queue 0 with cfg on the memfd, sends frames from
+// B's queue 0 through the direct program, and returns the descriptors and
+// bytes received.
+func receiveWith(t *testing.T, p *testnet.Pair, memfd int, cfg xsk.Config, frames [][]byte) ([]xsk.Desc, [][]byte) {
+	t.Helper()
+	prog, err := xdp.Load(xdp.Direct, xdp.LoadOptions{Queues: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	if _, err := xdp.Attach(p.NSPath(), p.A.Index, prog.Prog(), xdp.ModeNative); err != nil {
+		t.Fatal(err)
+	}
+	defer xdp.Detach(p.NSPath(), p.A.Index, xdp.ModeNative, prog.Prog())
+	umem, err := xsk.MapUMEM(memfd, cfg.UMEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer umem.Close()
+	bound, err := xsk.Bind(xsk.Netdev{Name: p.A.Name, Ifindex: p.A.Index, NetNS: p.NSPath()}, memfd, []uint32{0}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := xsk.Adopt(bound[0].FD, umem, cfg.Rings)
+	if err != nil {
+		unix.Close(bound[0].FD)
+		t.Fatal(err)
+	}
+	defer s.Close()
+	addrs := make([]uint64, cfg.Rings.Fill)
+	for i := range addrs {
+		addrs[i] = umem.FrameAddr(i)
+	}
+	if s.Fill(addrs) != len(addrs) {
+		t.Fatal("fill ring did not take its frames")
+	}
+	if err := prog.SetSocket(0, s.FD()); err != nil {
+		t.Fatal(err)
+	}
+	tumem, tsocks, err := xsk.Open(xsk.Netdev{Name: p.B.Name, Ifindex: p.B.Index, NetNS: p.NSPath()}, []uint32{0}, 64, txConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tumem.Close()
+	defer tsocks[0].Close()
+	if err := traffic.NewSender(tsocks[0], frameRange(tumem, 0, 64), 0).Send(frames, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	var descs []xsk.Desc
+	var data [][]byte
+	buf := make([]xsk.Desc, 64)
+	for deadline := time.Now().Add(5 * time.Second); len(descs) < len(frames) && time.Now().Before(deadline); {
+		n := s.Receive(buf)
+		for _, d := range buf[:n] {
+			descs = append(descs, d)
+			data = append(data, bytes.Clone(umem.Bytes(d.Addr, d.Len)))
+		}
+		if n == 0 {
+			s.Poll(10 * time.Millisecond)
+		}
+	}
+	return descs, data
+}
+
+var txConfig = xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: xsk.Rings{Fill: 64, Completion: 64, TX: 64}}
+
+// TestHeadroom: with 4 KiB frames and 256 bytes of headroom, the kernel
+// leaves the headroom free in front of every received frame.
+func TestHeadroom(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	cfg := xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 4096, Headroom: 256}, Rings: xsk.Rings{Fill: 64, Completion: 64, RX: 64}}
+	mf, err := xsk.NewMemfd("headroom", 64*4096, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mf.Close()
+	want := pattern(p.B.MAC, p.A.MAC, p.B.Addr, p.A.Addr, 3, 20)
+	descs, data := receiveWith(t, p, int(mf.Fd()), cfg, want)
+	if len(descs) != len(want) {
+		t.Fatalf("received %d of %d", len(descs), len(want))
+	}
+	for i, d := range descs {
+		if off := d.Addr % 4096; off < 256 {
+			t.Errorf("frame %d at offset %d of its chunk, inside the 256-byte headroom", i, off)
+		}
+		if !bytes.Equal(data[i], want[i]) {
+			t.Errorf("frame %d differs", i)
+		}
+	}
+}
+
+// TestHugeTLB backs a UMEM with huge pages (MFD_HUGETLB), reserving them
+// for the test if the machine has none free.
+func TestHugeTLB(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	const path = "/proc/sys/vm/nr_hugepages"
+	old, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(old)))
+	if err := os.WriteFile(path, []byte(strconv.Itoa(n+4)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer os.WriteFile(path, old, 0o644)
+	size := int64(2 << 20) // one default (2 MiB) huge page
+	mf, err := xsk.NewMemfd("huge", size, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mf.Close()
+	cfg := xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: xsk.Rings{Fill: 64, Completion: 64, RX: 64}}
+	want := pattern(p.B.MAC, p.A.MAC, p.B.Addr, p.A.Addr, 4, 20)
+	descs, data := receiveWith(t, p, int(mf.Fd()), cfg, want)
+	if len(descs) != len(want) {
+		t.Fatalf("received %d of %d", len(descs), len(want))
+	}
+	for i := range data {
+		if !bytes.Equal(data[i], want[i]) {
+			t.Errorf("frame %d differs", i)
+		}
+	}
+}
+
+// TestRebindRetriesBusyQueue: a queue stays busy for a while after its
+// socket closed; Bind retries, and gives up with a clear error while the
+// queue is really taken.
+func TestRebindRetriesBusyQueue(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	dev := xsk.Netdev{Name: p.A.Name, Ifindex: p.A.Index, NetNS: p.NSPath()}
+	cfg := xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: xsk.Rings{Fill: 64, Completion: 64, RX: 64}}
+	mf, err := xsk.NewMemfd("rebind", 1<<20, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mf.Close()
+	for i := range 5 {
+		bound, err := xsk.Bind(dev, int(mf.Fd()), []uint32{2}, cfg)
+		if err != nil {
+			t.Fatalf("bind %d right after the previous socket closed: %v", i, err)
+		}
+		unix.Close(bound[0].FD)
+	}
+	held, err := xsk.Bind(dev, int(mf.Fd()), []uint32{3}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(held[0].FD)
+	cfg.BusyRetry = 20 * time.Millisecond
+	_, err = xsk.Bind(dev, int(mf.Fd()), []uint32{3}, cfg)
+	if err == nil || !strings.Contains(err.Error(), "xa/q3") || !strings.Contains(err.Error(), "still in use") {
+		t.Fatalf("bind a held queue: %v", err)
+	}
+}
