@@ -11,7 +11,7 @@ build:
 
 # The test command of the README; CI runs it as root with CI=true.
 test:
-	$(GO) test -count=1 ./...
+	$(GO) test -count=1 -race ./...
 
 # Receive rates side by side on one veth pair: a table, not a test.
 bench:

@@ -82,7 +82,7 @@ func Run(out io.Writer, seconds int) (err error) {
 	say("[2/6] %s attached to %s: %s", xdp.DirectName, p.A.Name, describe(nsPath, p.A.Index))
 
 	var podErr bytes.Buffer
-	pod, err := handover.StartPod(nil, PodEnv, out, &podErr)
+	pod, err := handover.StartPod(nil, PodEnv, nil, &podErr)
 	if err != nil {
 		return err
 	}
@@ -90,6 +90,7 @@ func Run(out io.Writer, seconds int) (err error) {
 	conn := pod.Conn
 	conn.SetDeadline(time.Now().Add(time.Duration(seconds+30) * time.Second))
 	podFail := func(err error) error {
+		pod.Kill() // waits, so podErr is complete and no longer written
 		return fmt.Errorf("%w\npod stderr:\n%s", err, podErr.String())
 	}
 	_, fds, err := handover.Expect(conn, "umem", 1)
