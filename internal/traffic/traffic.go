@@ -3,6 +3,7 @@
 package traffic
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"time"
@@ -192,4 +193,24 @@ func Flood(s *xsk.Socket, addrs []uint64, size uint32, batch int, stop func() bo
 		sent += uint64(n)
 	}
 	return sent, nil
+}
+
+// Expect receives exactly the frames of want, in order, byte for byte,
+// and fails on the first difference or at the deadline.
+func (r *Receiver) Expect(want [][]byte, deadline time.Time) error {
+	i := 0
+	n, err := r.Receive(len(want), deadline, func(b []byte) error {
+		if !bytes.Equal(b, want[i]) {
+			return fmt.Errorf("frame %d of %d differs:\n got % x\nwant % x", i, len(want), b, want[i])
+		}
+		i++
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if n != len(want) {
+		return fmt.Errorf("received %d of %d frames", n, len(want))
+	}
+	return nil
 }

@@ -1,7 +1,6 @@
 package xdp_test
 
 import (
-	"bytes"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -98,25 +97,6 @@ func udpFrames(p *testnet.Pair, id uint32, dst netip.Addr, port uint16, n, size 
 	return out
 }
 
-// expectFrames receives exactly want on r, in order, byte for byte.
-func expectFrames(t *testing.T, r *traffic.Receiver, want [][]byte) {
-	t.Helper()
-	i := 0
-	n, err := r.Receive(len(want), time.Now().Add(5*time.Second), func(b []byte) error {
-		if !bytes.Equal(b, want[i]) {
-			return fmt.Errorf("frame %d differs:\n got % x\nwant % x", i, b, want[i])
-		}
-		i++
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n != len(want) {
-		t.Fatalf("received %d of %d frames", n, len(want))
-	}
-}
-
 // expectNone checks that r has nothing queued.
 func expectNone(t *testing.T, r *traffic.Receiver, what string) {
 	t.Helper()
@@ -161,7 +141,9 @@ func TestQueueToSocket(t *testing.T) {
 					if err := send[k].Send(want, time.Now().Add(5*time.Second)); err != nil {
 						t.Fatal(err)
 					}
-					expectFrames(t, recv[rq], want)
+					if err := recv[rq].Expect(want, time.Now().Add(5*time.Second)); err != nil {
+						t.Fatal(err)
+					}
 					for j := range queues {
 						if j != rq {
 							expectNone(t, recv[j], fmt.Sprintf("queue %d after sending on %d", j, k))

@@ -117,7 +117,9 @@ func TestFilterPassesOtherTraffic(t *testing.T) {
 	for _, fs := range [][][]byte{matched, matchedVLAN, matchedTCP, matched6} {
 		toSocket = append(toSocket, fs...)
 	}
-	expectFrames(t, recv[0], toSocket)
+	if err := recv[0].Expect(toSocket, deadline); err != nil {
+		t.Fatal(err)
+	}
 	expectDatagrams(t, kernel6000, payloads(otherPort, 14+20+8))
 
 	// A flow whose queue has no socket: the redirect fails and the frames go

@@ -175,7 +175,9 @@ func TestHandoverToUnprivilegedProcess(t *testing.T) {
 		t.Errorf("pod creating an AF_XDP socket: %q, want EPERM", report.SocketErr)
 	}
 	for i, q := range queues {
-		expectFrames(t, brecv[i], pattern(p.A.MAC, p.B.MAC, p.A.Addr, p.B.Addr, 100+q, perQueue))
+		if err := brecv[i].Expect(pattern(p.A.MAC, p.B.MAC, p.A.Addr, p.B.Addr, 100+q, perQueue), time.Now().Add(5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// 6. The pod exits; its sockets close.
 	if err := handover.Send(conn, handover.Msg{Step: "exit"}); err != nil {
@@ -231,24 +233,6 @@ func frameRange(u *xsk.UMEM, first, n int) []uint64 {
 		out[i] = u.FrameAddr(first + i)
 	}
 	return out
-}
-
-func expectFrames(t *testing.T, r *traffic.Receiver, want [][]byte) {
-	t.Helper()
-	i := 0
-	n, err := r.Receive(len(want), time.Now().Add(5*time.Second), func(b []byte) error {
-		if !bytes.Equal(b, want[i]) {
-			return fmt.Errorf("frame %d differs:\n got % x\nwant % x", i, b, want[i])
-		}
-		i++
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n != len(want) {
-		t.Fatalf("received %d of %d frames", n, len(want))
-	}
 }
 
 // childMain is the pod. It reports failures to the parent and by exit code.

@@ -38,20 +38,17 @@ func mmapOffsets(fd int) (unix.XDPMmapOffsets, error) {
 	return off, err
 }
 
-// kick wakes the kernel for TX (sendto) without blocking. The errors the
-// kernel returns for a transient condition are not errors here.
-func kickTX(fd int) error {
-	_, _, errno := unix.Syscall6(unix.SYS_SENDTO, uintptr(fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
-	switch errno {
-	case 0, unix.EAGAIN, unix.EBUSY, unix.ENOBUFS, unix.ENETDOWN:
-		return nil
-	}
-	return errno
-}
+// kickTX wakes the kernel to transmit what the TX ring holds (sendto).
+func kickTX(fd int) error { return wakeup(unix.SYS_SENDTO, fd) }
 
-// kickRX wakes the kernel to process the fill ring (recvfrom) without blocking.
-func kickRX(fd int) error {
-	_, _, errno := unix.Syscall6(unix.SYS_RECVFROM, uintptr(fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+// kickRX wakes the kernel to process the fill ring (recvfrom).
+func kickRX(fd int) error { return wakeup(unix.SYS_RECVFROM, fd) }
+
+// wakeup makes the empty, non-blocking sendto or recvfrom that wakes an
+// AF_XDP socket. The errors the kernel returns for a transient condition
+// (ring full, device busy or down) are not errors here.
+func wakeup(nr uintptr, fd int) error {
+	_, _, errno := unix.Syscall6(nr, uintptr(fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
 	switch errno {
 	case 0, unix.EAGAIN, unix.EBUSY, unix.ENOBUFS, unix.ENETDOWN:
 		return nil
