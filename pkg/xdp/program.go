@@ -73,6 +73,68 @@ func spec(kind Kind) (*ebpf.CollectionSpec, string, error) {
 
 // Load loads the program of the given kind with its maps sized by opts.
 func Load(kind Kind, opts LoadOptions) (*Program, error) {
+	return load(kind, opts, nil)
+}
+
+// ErrPinsIncompatible is returned by LoadPinned when the maps pinned in
+// the directory do not fit the program (another kind, or sized for a
+// different queue count).
+var ErrPinsIncompatible = errors.New("pinned maps do not fit the program")
+
+// LoadPinned loads the program of the given kind on the maps pinned in
+// dir, pinning new maps there first if dir holds none. A program loaded
+// this way by a restarted process shares the XSKMAP (and the sockets in
+// it), the flows and the counters of the one loaded before.
+func LoadPinned(kind Kind, dir string, opts LoadOptions) (*Program, error) {
+	names := []string{"xsks"}
+	if kind == Filter {
+		names = append(names, "flows", "counters")
+	}
+	pinned := map[string]*ebpf.Map{}
+	closeAll := func() {
+		for _, m := range pinned {
+			m.Close()
+		}
+	}
+	for _, n := range names {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, n), nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("load pinned %s map: %w", n, err)
+		}
+		pinned[n] = m
+	}
+	if len(pinned) == 0 {
+		p, err := Load(kind, opts)
+		if err != nil {
+			return nil, err
+		}
+		if err := p.Pin(dir); err != nil {
+			p.Unpin()
+			p.Close()
+			return nil, err
+		}
+		return p, nil
+	}
+	if len(pinned) != len(names) {
+		closeAll()
+		return nil, fmt.Errorf("load %s program from %s: %w (some maps missing)", kind, dir, ErrPinsIncompatible)
+	}
+	p, err := load(kind, opts, pinned)
+	closeAll() // the program holds its own references
+	if err != nil {
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return nil, fmt.Errorf("load %s program from %s: %w: %w", kind, dir, ErrPinsIncompatible, err)
+		}
+		return nil, err
+	}
+	return p, nil
+}
+
+func load(kind Kind, opts LoadOptions, replace map[string]*ebpf.Map) (*Program, error) {
 	if opts.Queues < 1 || opts.Queues > 1<<16 {
 		return nil, fmt.Errorf("load %s program: queue count %d out of range 1..65536", kind, opts.Queues)
 	}
@@ -87,7 +149,7 @@ func Load(kind Kind, opts LoadOptions) (*Program, error) {
 			cs.Maps["flows"].MaxEntries = uint32(opts.MaxFlows)
 		}
 	}
-	coll, err := ebpf.NewCollection(cs)
+	coll, err := ebpf.NewCollectionWithOptions(cs, ebpf.CollectionOptions{MapReplacements: replace})
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {

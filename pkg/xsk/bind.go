@@ -3,6 +3,7 @@ package xsk
 import (
 	"errors"
 	"fmt"
+	"os"
 	"time"
 	"unsafe"
 
@@ -69,7 +70,7 @@ type Config struct {
 	Mode  Mode
 	// BusyRetry bounds how long a bind retries while the queue is busy: a
 	// queue stays busy for tens of milliseconds after its previous socket
-	// closed. Zero means 100ms.
+	// closed. Zero means 100ms; negative, no retry.
 	BusyRetry time.Duration
 }
 
@@ -133,6 +134,7 @@ func Bind(dev Netdev, memfd int, queues []uint32, cfg Config) ([]Bound, error) {
 	if retry == 0 {
 		retry = 100 * time.Millisecond
 	}
+	retry = max(retry, 0)
 	for i, q := range queues {
 		if err := setRings(fds[i], cfg.Rings); err != nil {
 			return nil, fmt.Errorf("bind xsk %s/q%d: %w", dev, q, err)
@@ -284,4 +286,28 @@ func Open(dev Netdev, queues []uint32, frames int, cfg Config) (*UMEM, []*Socket
 		socks = append(socks, s)
 	}
 	return umem, socks, nil
+}
+
+// QueueBusy reports whether an AF_XDP socket is bound to queue of dev. The
+// kernel offers no listing of AF_XDP sockets without CONFIG_XDP_SOCKETS_DIAG,
+// so it tries: a small copy-mode socket that binds means the queue was
+// free, and is closed at once (the queue then stays busy for some tens of
+// milliseconds, which Bind's retry absorbs); EBUSY means it is taken.
+func QueueBusy(dev Netdev, queue uint32) (bool, error) {
+	mf, err := NewMemfd("xdpq-probe", int64(os.Getpagesize()), false)
+	if err != nil {
+		return false, err
+	}
+	defer mf.Close()
+	cfg := Config{UMEM: UMEMConfig{FrameSize: FrameSize2K}, Rings: Rings{Fill: 2, Completion: 2, RX: 2},
+		Mode: ModeCopy, BusyRetry: -1}
+	bound, err := Bind(dev, int(mf.Fd()), []uint32{queue}, cfg)
+	if errors.Is(err, unix.EBUSY) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("probe %s/q%d: %w", dev, queue, err)
+	}
+	unix.Close(bound[0].FD)
+	return false, nil
 }

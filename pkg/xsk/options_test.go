@@ -170,3 +170,43 @@ func TestRebindRetriesBusyQueue(t *testing.T) {
 		t.Fatalf("bind a held queue: %v", err)
 	}
 }
+
+func TestQueueBusy(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	dev := xsk.Netdev{Name: p.A.Name, Ifindex: p.A.Index, NetNS: p.NSPath()}
+	cfg := xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: xsk.Rings{Fill: 64, Completion: 64, RX: 64}}
+	umem, socks, err := xsk.Open(dev, []uint32{1}, 64, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer umem.Close()
+	for q, want := range []bool{false, true, false, false} {
+		busy, err := xsk.QueueBusy(dev, uint32(q))
+		if err != nil || busy != want {
+			t.Errorf("queue %d: busy %v, %v; want %v", q, busy, err, want)
+		}
+	}
+	socks[0].Close()
+	// Once its socket is gone (after the kernel's deferred release) the
+	// queue is free again, and a probe does not keep it.
+	deadline := time.Now().Add(time.Second)
+	for {
+		busy, err := xsk.QueueBusy(dev, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !busy {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("queue 1 still busy a second after its socket closed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := xsk.Bind(dev, -1, []uint32{1}, cfg); err == nil {
+		t.Fatal("bind with a bad memfd succeeded")
+	}
+	if _, err := xsk.QueueBusy(dev, 9); err == nil || !strings.Contains(err.Error(), "xa/q9") {
+		t.Errorf("probe of a queue the netdev lacks: %v", err)
+	}
+}
