@@ -19,7 +19,7 @@ bench:
 
 # Regenerate the BPF objects and their Go bindings (needs clang-14).
 generate:
-	$(GO) generate ./bpf
+	$(GO) generate ./...
 
 lint: tools
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

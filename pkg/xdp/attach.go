@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
@@ -294,4 +295,40 @@ func le32(b []byte) uint32 {
 		return 0
 	}
 	return binary.NativeEndian.Uint32(b)
+}
+
+// AttachLink attaches prog through a bpf_link (BPF_LINK_CREATE) instead of
+// netlink. While the link exists the kernel refuses any other XDP program
+// on the netdev, even one attached with force; closing the last reference
+// to the link (its fd, or its pin) detaches the program. ModeAuto tries
+// native, then generic.
+func AttachLink(netns string, ifindex int, prog *ebpf.Program, mode Mode) (link.Link, Mode, error) {
+	try := []Mode{mode}
+	if mode == ModeAuto {
+		try = []Mode{ModeNative, ModeGeneric}
+	}
+	var err error
+	for _, m := range try {
+		flags := link.XDPDriverMode
+		if m == ModeGeneric {
+			flags = link.XDPGenericMode
+		} else if m != ModeNative {
+			return nil, ModeNone, fmt.Errorf("attach link to ifindex %d: mode %v cannot be attached", ifindex, m)
+		}
+		var l link.Link
+		err = inNetNS(netns, func() (err error) {
+			l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifindex, Flags: flags})
+			return err
+		})
+		switch {
+		case err == nil:
+			return l, m, nil
+		case errors.Is(err, unix.EBUSY), errors.Is(err, unix.EEXIST):
+			return nil, ModeNone, fmt.Errorf("attach link to ifindex %d (%v): %w", ifindex, m, ErrOccupied)
+		case mode == ModeAuto && errors.Is(err, unix.EOPNOTSUPP):
+			continue
+		}
+		return nil, ModeNone, fmt.Errorf("attach link to ifindex %d (%v): %w", ifindex, m, err)
+	}
+	return nil, ModeNone, fmt.Errorf("attach link to ifindex %d: %w", ifindex, err)
 }

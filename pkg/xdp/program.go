@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/cilium/ebpf"
 
@@ -354,4 +355,25 @@ func (p *Program) Close() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// UsesMap reports whether prog uses the map m (by map id).
+func UsesMap(prog *ebpf.Program, m *ebpf.Map) (bool, error) {
+	pi, err := prog.Info()
+	if err != nil {
+		return false, fmt.Errorf("program info: %w", err)
+	}
+	ids, ok := pi.MapIDs()
+	if !ok {
+		return false, errors.New("the kernel does not report a program's maps")
+	}
+	mi, err := m.Info()
+	if err != nil {
+		return false, fmt.Errorf("map info: %w", err)
+	}
+	id, ok := mi.ID()
+	if !ok {
+		return false, errors.New("the kernel does not report map ids")
+	}
+	return slices.Contains(ids, id), nil
 }

@@ -1,0 +1,558 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/xdpq/xdpq/pkg/xdp"
+	"github.com/xdpq/xdpq/pkg/xsk"
+)
+
+// State is what a managed netdev has on its XDP hook.
+type State string
+
+// States a netdev is reported in.
+const (
+	StateNone       State = "None"       // no xdpq program (no bound socket)
+	StateDirect     State = "Direct"     // xdpq's direct program
+	StateFilter     State = "Filter"     // xdpq's filter program
+	StateOverridden State = "Overridden" // a foreign program owns the hook
+	StateMissing    State = "Missing"    // the netdev does not exist
+)
+
+// Policy is how a netdev is managed; it comes from its pool.
+type Policy struct {
+	// Kind is Direct where hardware steers, Filter for software steering.
+	Kind xdp.Kind
+	// Mode is where the program runs; ModeAuto (or zero): native, else generic.
+	Mode xdp.Mode
+	// AttachAlways keeps the program attached while the netdev is managed.
+	AttachAlways bool
+	// Exclusive attaches through a pinned bpf_link that refuses foreign programs.
+	Exclusive bool
+}
+
+// Config configures an Agent.
+type Config struct {
+	// NetNS is the path of the network namespace of the netdevs; empty for
+	// the agent's own.
+	NetNS string
+	// PinDir is where maps (and exclusive links) are pinned, per netdev.
+	PinDir string
+	// Linger is how long the program stays after the last socket went.
+	Linger time.Duration
+	// Resync is the period of the safety-net reconcile of every netdev.
+	Resync time.Duration
+	Logger *slog.Logger
+}
+
+// DefaultPinDir is where the agent pins under the default bpffs.
+const DefaultPinDir = "/sys/fs/bpf/xdpq"
+
+// Status reports a managed netdev.
+type Status struct {
+	Netdev  string
+	Ifindex int
+	State   State
+	Mode    xdp.Mode // where the attached program runs
+	Program ebpf.ProgramID
+	Foreign string   // the foreign program's name, when Overridden
+	Sockets []uint32 // queues with an xdpq socket
+	Reason  string   // why the netdev is in this state, or the last error
+}
+
+// Agent reconciles the managed netdevs. Create it with New, manage netdevs
+// with Manage, and run its event loop with Run.
+type Agent struct {
+	cfg  Config
+	log  *slog.Logger
+	kick chan struct{}
+
+	mu      sync.Mutex // guards netdevs and every netdev in it
+	netdevs map[string]*netdev
+}
+
+type netdev struct {
+	name    string
+	ifindex int
+	queues  int
+	policy  Policy
+	pins    string
+	prog    *xdp.Program  // ours, on the pinned maps
+	running *ebpf.Program // the xdpq program attached: prog's, or an adopted earlier instance
+	link    link.Link     // Exclusive only
+	sockets map[uint32]bool
+	// orphans are queues found busy on start whose sockets the agent did
+	// not hand out in this life; they are probed again on every resync.
+	orphans   map[uint32]bool
+	lastEmpty time.Time // when the last socket went
+	lingerT   *time.Timer
+	status    Status
+}
+
+// New returns an agent; it mounts bpffs under PinDir's parent if needed.
+func New(cfg Config) (*Agent, error) {
+	if cfg.PinDir == "" {
+		cfg.PinDir = DefaultPinDir
+	}
+	if cfg.Linger == 0 {
+		cfg.Linger = 5 * time.Second
+	}
+	if cfg.Resync == 0 {
+		cfg.Resync = 30 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if err := xdp.MountBPFFS(filepath.Dir(cfg.PinDir)); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.PinDir, 0o700); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	return &Agent{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), netdevs: map[string]*netdev{}}, nil
+}
+
+func (a *Agent) dev(d *netdev) xsk.Netdev {
+	return xsk.Netdev{Name: d.name, Ifindex: d.ifindex, NetNS: a.cfg.NetNS}
+}
+
+// Manage takes a netdev under management: it loads xdpq's program on the
+// maps pinned for it (pinning new ones the first time), adopts what a
+// previous agent left attached, finds the queues that still have sockets,
+// and reconciles.
+func (a *Agent) Manage(name string, p Policy) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.netdevs[name]; ok {
+		return fmt.Errorf("agent: %s is managed already", name)
+	}
+	l, err := a.linkByName(name)
+	if err != nil {
+		return fmt.Errorf("agent: manage %s: %w", name, err)
+	}
+	if p.Mode == xdp.ModeNone {
+		p.Mode = xdp.ModeAuto
+	}
+	queues := l.Attrs().NumRxQueues
+	d := &netdev{name: name, ifindex: l.Attrs().Index, queues: queues, policy: p,
+		pins: filepath.Join(a.cfg.PinDir, name), sockets: map[uint32]bool{}, orphans: map[uint32]bool{}}
+	if d.prog, err = a.loadProgram(d); err != nil {
+		return fmt.Errorf("agent: manage %s: %w", name, err)
+	}
+	for q := range queues {
+		busy, err := xsk.QueueBusy(a.dev(d), uint32(q))
+		if err != nil {
+			a.log.Warn("probe queue", "netdev", name, "queue", q, "err", err)
+			continue
+		}
+		if busy {
+			d.orphans[uint32(q)] = true
+		}
+	}
+	if p.Exclusive {
+		if l, err := link.LoadPinnedLink(filepath.Join(d.pins, "link"), nil); err == nil {
+			d.link = l
+		}
+	}
+	a.netdevs[name] = d
+	a.log.Info("managing netdev", "netdev", name, "ifindex", d.ifindex, "queues", queues,
+		"program", p.Kind, "busy_queues", slices.Sorted(maps.Keys(d.orphans)))
+	a.reconcile(d)
+	return nil
+}
+
+func (a *Agent) loadProgram(d *netdev) (*xdp.Program, error) {
+	opts := xdp.LoadOptions{Queues: d.queues}
+	prog, err := xdp.LoadPinned(d.policy.Kind, d.pins, opts)
+	if errors.Is(err, xdp.ErrPinsIncompatible) {
+		// Pinned for another program kind or queue count: nothing can be
+		// using them with this program, so start afresh.
+		a.log.Warn("replacing incompatible pinned maps", "netdev", d.name, "err", err)
+		for _, n := range []string{"xsks", "flows", "counters"} {
+			os.Remove(filepath.Join(d.pins, n))
+		}
+		prog, err = xdp.LoadPinned(d.policy.Kind, d.pins, opts)
+	}
+	return prog, err
+}
+
+// Unmanage stops managing a netdev: its program is detached (if ours) and
+// its pins removed.
+func (a *Agent) Unmanage(name string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	d, ok := a.netdevs[name]
+	if !ok {
+		return fmt.Errorf("agent: %s is not managed", name)
+	}
+	delete(a.netdevs, name)
+	var errs []error
+	if d.lingerT != nil {
+		d.lingerT.Stop()
+	}
+	if d.link != nil {
+		errs = append(errs, d.link.Unpin(), d.link.Close())
+	} else if d.running != nil {
+		if err := xdp.Detach(a.cfg.NetNS, d.ifindex, d.status.Mode, d.running); err != nil && !errors.Is(err, xdp.ErrOccupied) {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, d.setRunning(nil), d.prog.Unpin(), d.prog.Close(), os.Remove(d.pins))
+	return errors.Join(errs...)
+}
+
+// AddSocket puts the socket fd, bound to queue of the netdev, into the
+// XSKMAP and attaches the program if the netdev needs it.
+func (a *Agent) AddSocket(name string, queue uint32, fd int) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	d, ok := a.netdevs[name]
+	if !ok {
+		return fmt.Errorf("agent: add socket: %s is not managed", name)
+	}
+	if int(queue) >= d.queues {
+		return fmt.Errorf("agent: add socket: %s has %d queues, no queue %d", name, d.queues, queue)
+	}
+	if err := d.prog.SetSocket(queue, fd); err != nil {
+		return fmt.Errorf("agent: %s: %w", name, err)
+	}
+	d.sockets[queue] = true
+	delete(d.orphans, queue)
+	a.reconcile(d)
+	return nil
+}
+
+// RemoveSocket forgets the socket of queue (the kernel drops it from the
+// XSKMAP when it closes). The program goes after the linger period once no
+// socket is left.
+func (a *Agent) RemoveSocket(name string, queue uint32) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	d, ok := a.netdevs[name]
+	if !ok {
+		return fmt.Errorf("agent: remove socket: %s is not managed", name)
+	}
+	if !d.sockets[queue] {
+		return nil
+	}
+	delete(d.sockets, queue)
+	if err := d.prog.DeleteSocket(queue); err != nil {
+		a.log.Warn("delete socket from xskmap", "netdev", name, "queue", queue, "err", err)
+	}
+	if len(d.sockets)+len(d.orphans) == 0 {
+		a.startLinger(d)
+	}
+	a.reconcile(d)
+	return nil
+}
+
+// Program returns the netdev's program, for its flow map and counters.
+func (a *Agent) Program(name string) (*xdp.Program, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	d, ok := a.netdevs[name]
+	if !ok {
+		return nil, fmt.Errorf("agent: %s is not managed", name)
+	}
+	return d.prog, nil
+}
+
+// Status reports every managed netdev, by name.
+func (a *Agent) Status() []Status {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]Status, 0, len(a.netdevs))
+	for _, d := range a.netdevs {
+		s := d.status
+		s.Sockets = slices.Sorted(maps.Keys(d.sockets))
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(x, y Status) int { return strings.Compare(x.Netdev, y.Netdev) })
+	return out
+}
+
+// Close releases the agent's handles. What is attached and pinned stays:
+// the datapath does not depend on the daemon.
+func (a *Agent) Close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var errs []error
+	for _, d := range a.netdevs {
+		if d.lingerT != nil {
+			d.lingerT.Stop()
+		}
+		if d.link != nil {
+			errs = append(errs, d.link.Close())
+		}
+		errs = append(errs, d.setRunning(nil), d.prog.Close())
+	}
+	a.netdevs = map[string]*netdev{}
+	return errors.Join(errs...)
+}
+
+func (a *Agent) startLinger(d *netdev) {
+	d.lastEmpty = time.Now()
+	if d.lingerT != nil {
+		d.lingerT.Stop()
+	}
+	d.lingerT = time.AfterFunc(a.cfg.Linger, a.Kick)
+}
+
+// Kick asks the event loop for a reconcile of every netdev.
+func (a *Agent) Kick() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run follows link notifications of the netdevs' namespace and reconciles
+// on each, on kicks and on every resync period, until ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	ch := make(chan netlink.LinkUpdate, 64)
+	done := make(chan struct{})
+	defer close(done)
+	opts := netlink.LinkSubscribeOptions{
+		ErrorCallback: func(err error) {
+			if ctx.Err() == nil { // closing the subscription makes it fail
+				a.log.Error("link notifications", "err", err)
+			}
+		},
+	}
+	if a.cfg.NetNS != "" {
+		h, err := netns.GetFromPath(a.cfg.NetNS)
+		if err != nil {
+			return fmt.Errorf("agent: netns %s: %w", a.cfg.NetNS, err)
+		}
+		defer h.Close()
+		opts.Namespace = &h
+	}
+	if err := netlink.LinkSubscribeWithOptions(ch, done, opts); err != nil {
+		return fmt.Errorf("agent: subscribe to link notifications: %w", err)
+	}
+	// Whatever changed before the subscription is caught by this pass.
+	a.reconcileAll(false)
+	tick := time.NewTicker(a.cfg.Resync)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case u, ok := <-ch:
+			if !ok {
+				return errors.New("agent: link notifications ended")
+			}
+			a.onLink(u)
+		case <-a.kick:
+			a.reconcileAll(false)
+		case <-tick.C:
+			a.reconcileAll(true)
+		}
+	}
+}
+
+func (a *Agent) onLink(u netlink.LinkUpdate) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	attrs := u.Attrs()
+	for _, d := range a.netdevs {
+		if d.ifindex != attrs.Index && d.name != attrs.Name {
+			continue
+		}
+		if d.ifindex == attrs.Index && d.name != attrs.Name && attrs.Name != "" {
+			a.log.Warn("managed netdev renamed", "netdev", d.name, "new_name", attrs.Name)
+		}
+		a.reconcile(d)
+	}
+}
+
+func (a *Agent) reconcileAll(probe bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, d := range a.netdevs {
+		if probe {
+			a.probeOrphans(d)
+		}
+		a.reconcile(d)
+	}
+}
+
+// probeOrphans drops the queues found busy at start whose sockets are gone.
+func (a *Agent) probeOrphans(d *netdev) {
+	for q := range d.orphans {
+		busy, err := xsk.QueueBusy(a.dev(d), q)
+		if err == nil && !busy {
+			delete(d.orphans, q)
+			if len(d.sockets)+len(d.orphans) == 0 {
+				a.startLinger(d)
+			}
+		}
+	}
+}
+
+// reconcile converges one netdev. Called with a.mu held.
+func (a *Agent) reconcile(d *netdev) {
+	prev := d.status
+	defer func() {
+		if d.status.State != prev.State || d.status.Reason != prev.Reason {
+			a.log.Info("netdev state", "netdev", d.name, "state", d.status.State, "mode", d.status.Mode,
+				"program", d.status.Program, "foreign", d.status.Foreign, "reason", d.status.Reason)
+		}
+	}()
+	d.status = Status{Netdev: d.name, Ifindex: d.ifindex}
+	l, err := a.linkByIndex(d.ifindex)
+	if err != nil {
+		d.status.State, d.status.Reason = StateMissing, err.Error()
+		d.setRunning(nil)
+		return
+	}
+	d.status.Netdev = l.Attrs().Name
+	att, err := xdp.Query(a.cfg.NetNS, d.ifindex)
+	if err != nil {
+		d.status.State, d.status.Reason = StateNone, err.Error()
+		return
+	}
+	want := len(d.sockets) > 0 || len(d.orphans) > 0 || d.policy.AttachAlways ||
+		(!d.lastEmpty.IsZero() && time.Since(d.lastEmpty) < a.cfg.Linger)
+	ours := d.policy.Kind == xdp.Direct
+	state := map[bool]State{true: StateDirect, false: StateFilter}[ours]
+
+	switch {
+	case att != nil && a.isOurs(d, att):
+		if !want && d.link == nil {
+			if err := xdp.Detach(a.cfg.NetNS, d.ifindex, att.Mode, d.running); err != nil {
+				d.status.State, d.status.Reason = state, "detach: "+err.Error()
+				return
+			}
+			d.setRunning(nil)
+			d.status.State, d.status.Reason = StateNone, "no socket bound"
+			return
+		}
+		d.status.State, d.status.Mode, d.status.Program = state, att.Mode, att.ID
+	case att != nil:
+		d.setRunning(nil)
+		d.status.State, d.status.Mode, d.status.Program, d.status.Foreign = StateOverridden, att.Mode, att.ID, att.Name
+		d.status.Reason = fmt.Sprintf("foreign program %q (id %d) has precedence; xsks pinned at %s", att.Name, att.ID, filepath.Join(d.pins, "xsks"))
+	case want:
+		mode, err := a.attach(d)
+		if errors.Is(err, xdp.ErrOccupied) {
+			// A program appeared since the query; its notification follows.
+			d.status.State, d.status.Reason = StateOverridden, "a program appeared while attaching"
+			return
+		}
+		if err != nil {
+			d.status.State, d.status.Reason = StateNone, "attach: "+err.Error()
+			return
+		}
+		d.setRunning(d.prog.Prog())
+		info, _ := d.running.Info()
+		id, _ := info.ID()
+		d.status.State, d.status.Mode, d.status.Program = state, mode, id
+	default:
+		d.status.State, d.status.Reason = StateNone, "no socket bound"
+	}
+}
+
+func (a *Agent) attach(d *netdev) (xdp.Mode, error) {
+	if !d.policy.Exclusive {
+		return xdp.Attach(a.cfg.NetNS, d.ifindex, d.prog.Prog(), d.policy.Mode)
+	}
+	l, mode, err := xdp.AttachLink(a.cfg.NetNS, d.ifindex, d.prog.Prog(), d.policy.Mode)
+	if err != nil {
+		return xdp.ModeNone, err
+	}
+	if err := l.Pin(filepath.Join(d.pins, "link")); err != nil {
+		l.Close()
+		return xdp.ModeNone, fmt.Errorf("pin link: %w", err)
+	}
+	d.link = l
+	return mode, nil
+}
+
+// isOurs tells whether the attached program is this agent's: the program
+// it loaded, or an xdpq program (a predecessor's) that uses its XSKMAP.
+// Another xdpq program, with other maps, is treated as foreign.
+func (a *Agent) isOurs(d *netdev, att *xdp.Attached) bool {
+	if d.running != nil {
+		if info, err := d.running.Info(); err == nil {
+			if id, _ := info.ID(); id == att.ID {
+				return true
+			}
+		}
+	}
+	if !att.Ours || att.Kind != d.policy.Kind {
+		return false
+	}
+	prog, err := ebpf.NewProgramFromID(att.ID)
+	if err != nil {
+		return false
+	}
+	if uses, err := xdp.UsesMap(prog, d.prog.XSKMap()); err != nil || !uses {
+		prog.Close()
+		return false
+	}
+	d.setRunning(prog)
+	a.log.Info("adopted attached program", "netdev", d.name, "program", att.ID)
+	return true
+}
+
+func (a *Agent) linkByName(name string) (netlink.Link, error) {
+	var l netlink.Link
+	err := a.inNetNS(func(h *netlink.Handle) (err error) { l, err = h.LinkByName(name); return err })
+	return l, err
+}
+
+func (a *Agent) linkByIndex(ifindex int) (netlink.Link, error) {
+	var l netlink.Link
+	err := a.inNetNS(func(h *netlink.Handle) (err error) { l, err = h.LinkByIndex(ifindex); return err })
+	return l, err
+}
+
+func (a *Agent) inNetNS(f func(*netlink.Handle) error) error {
+	ns := netns.None()
+	if a.cfg.NetNS != "" {
+		var err error
+		if ns, err = netns.GetFromPath(a.cfg.NetNS); err != nil {
+			return err
+		}
+		defer ns.Close()
+	}
+	var h *netlink.Handle
+	var err error
+	if ns.IsOpen() {
+		h, err = netlink.NewHandleAt(ns)
+	} else {
+		h, err = netlink.NewHandle()
+	}
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	return f(h)
+}
+
+// setRunning records what runs on the netdev, closing an adopted
+// predecessor's program it replaces (never the agent's own).
+func (d *netdev) setRunning(p *ebpf.Program) error {
+	var err error
+	if d.running != nil && d.running != d.prog.Prog() && d.running != p {
+		err = d.running.Close()
+	}
+	d.running = p
+	return err
+}

@@ -1,0 +1,332 @@
+package agent_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/xdpq/xdpq/internal/frame"
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/traffic"
+	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/xdp"
+	"github.com/xdpq/xdpq/pkg/xsk"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(daemonEnv) != "" {
+		os.Exit(daemonMain())
+	}
+	os.Exit(testnet.MainWithLeakCheck(m))
+}
+
+const operatorObj = "testdata/operator.o"
+
+// pinDir returns a fresh directory on bpffs for a test's pins.
+func pinDir(t testing.TB) string {
+	t.Helper()
+	if err := xdp.MountBPFFS(xdp.DefaultBPFFS); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return filepath.Join(dir, "xdpq")
+}
+
+// start runs an agent for the pair's namespace until the test ends.
+func start(t testing.TB, p *testnet.Pair, linger time.Duration) *agent.Agent {
+	t.Helper()
+	a, err := agent.New(agent.Config{NetNS: p.NSPath(), PinDir: pinDir(t), Linger: linger, Resync: time.Hour,
+		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := a.Run(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		a.Close()
+	})
+	return a
+}
+
+func status(a *agent.Agent, netdev string) agent.Status {
+	for _, s := range a.Status() {
+		if s.Netdev == netdev {
+			return s
+		}
+	}
+	return agent.Status{}
+}
+
+// waitState polls the agent's report until the netdev is in state.
+func waitState(t testing.TB, a *agent.Agent, netdev string, state agent.State) agent.Status {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s := status(a, netdev)
+		if s.State == state {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: state %s (%s), want %s", netdev, s.State, s.Reason, state)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// ip runs ip(8) in the pair's namespace, as an operator would.
+func ip(t testing.TB, p *testnet.Pair, args ...string) {
+	t.Helper()
+	out, err := exec.Command("ip", append([]string{"-n", filepath.Base(p.NSPath())}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// socket opens a receiving socket on the queue of A.
+func socket(t testing.TB, p *testnet.Pair, queue uint32) (*xsk.Socket, *traffic.Receiver) {
+	t.Helper()
+	dev := xsk.Netdev{Name: p.A.Name, Ifindex: p.A.Index, NetNS: p.NSPath()}
+	umem, socks, err := xsk.Open(dev, []uint32{queue}, 256, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048},
+		Rings: xsk.Rings{Fill: 256, Completion: 64, RX: 256}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { socks[0].Close(); umem.Close() })
+	addrs := make([]uint64, 256)
+	for i := range addrs {
+		addrs[i] = umem.FrameAddr(i)
+	}
+	r, err := traffic.NewReceiver(socks[0], addrs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return socks[0], r
+}
+
+// sender returns a function that sends n frames from B's queue.
+func sender(t testing.TB, p *testnet.Pair, queue uint32) func(n int) [][]byte {
+	t.Helper()
+	dev := xsk.Netdev{Name: p.B.Name, Ifindex: p.B.Index, NetNS: p.NSPath()}
+	umem, socks, err := xsk.Open(dev, []uint32{queue}, 256, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048},
+		Rings: xsk.Rings{Fill: 64, Completion: 256, TX: 256}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { socks[0].Close(); umem.Close() })
+	addrs := make([]uint64, 256)
+	for i := range addrs {
+		addrs[i] = umem.FrameAddr(i)
+	}
+	s := traffic.NewSender(socks[0], addrs, 0)
+	seq := uint64(0)
+	return func(n int) [][]byte {
+		frames := make([][]byte, n)
+		for i := range frames {
+			f, err := frame.Spec{SrcMAC: p.B.MAC, DstMAC: p.A.MAC, Src: p.B.Addr, Dst: p.A.Addr, Protocol: 17,
+				SrcPort: 1, DstPort: 5000, Payload: frame.Payload(queue, seq, 32)}.Build()
+			if err != nil {
+				t.Fatal(err)
+			}
+			frames[i] = f
+			seq++
+		}
+		if err := s.Send(frames, time.Now().Add(5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		return frames
+	}
+}
+
+// TestProgramFollowsSockets: no socket, no program; the first socket
+// brings the program; after the last one goes, it stays for the linger
+// period, then goes.
+func TestProgramFollowsSockets(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	a := start(t, p, 300*time.Millisecond)
+	if err := a.Manage(p.A.Name, agent.Policy{Kind: xdp.Direct}); err != nil {
+		t.Fatal(err)
+	}
+	if s := status(a, p.A.Name); s.State != agent.StateNone {
+		t.Fatalf("managed without sockets: %+v", s)
+	}
+	if att, _ := xdp.Query(p.NSPath(), p.A.Index); att != nil {
+		t.Fatalf("program attached without sockets: %+v", att)
+	}
+	s1, r1 := socket(t, p, 1)
+	if err := a.AddSocket(p.A.Name, 1, s1.FD()); err != nil {
+		t.Fatal(err)
+	}
+	st := status(a, p.A.Name)
+	if st.State != agent.StateDirect || st.Mode != xdp.ModeNative || len(st.Sockets) != 1 {
+		t.Fatalf("after the first socket: %+v", st)
+	}
+	send := sender(t, p, 1)
+	if err := r1.Expect(send(100), time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.AddSocket(p.A.Name, 9, s1.FD()); err == nil || !strings.Contains(err.Error(), "no queue 9") {
+		t.Errorf("socket on a queue the netdev lacks: %v", err)
+	}
+	if err := a.RemoveSocket(p.A.Name, 1); err != nil {
+		t.Fatal(err)
+	}
+	removed := time.Now()
+	if s := status(a, p.A.Name); s.State != agent.StateDirect {
+		t.Fatalf("program gone before the linger period: %+v", s)
+	}
+	waitState(t, a, p.A.Name, agent.StateNone)
+	if d := time.Since(removed); d < 300*time.Millisecond {
+		t.Errorf("detached after %v, before the 300ms linger", d)
+	}
+	if att, _ := xdp.Query(p.NSPath(), p.A.Index); att != nil {
+		t.Fatalf("program still attached: %+v", att)
+	}
+}
+
+// TestForeignProgramPrecedence50: an operator's program, attached with
+// ip(8) over xdpq's and removed again 50 times: each time the agent steps
+// aside, and each time it comes back; the socket receives afterwards.
+func TestForeignProgramPrecedence50(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	a := start(t, p, time.Second)
+	if err := a.Manage(p.A.Name, agent.Policy{Kind: xdp.Direct}); err != nil {
+		t.Fatal(err)
+	}
+	s0, r0 := socket(t, p, 0)
+	if err := a.AddSocket(p.A.Name, 0, s0.FD()); err != nil {
+		t.Fatal(err)
+	}
+	ours := waitState(t, a, p.A.Name, agent.StateDirect).Program
+	send := sender(t, p, 0)
+	for i := range 50 {
+		ip(t, p, "-force", "link", "set", "dev", p.A.Name, "xdpdrv", "obj", operatorObj, "sec", "xdp")
+		st := waitState(t, a, p.A.Name, agent.StateOverridden)
+		if st.Foreign != "operator_pass" {
+			t.Fatalf("round %d: overridden by %q", i, st.Foreign)
+		}
+		if att, _ := xdp.Query(p.NSPath(), p.A.Index); att == nil || att.Name != "operator_pass" {
+			t.Fatalf("round %d: the agent touched the operator's program: %+v", i, att)
+		}
+		ip(t, p, "link", "set", "dev", p.A.Name, "xdpdrv", "off")
+		st = waitState(t, a, p.A.Name, agent.StateDirect)
+		if st.Program != ours {
+			t.Fatalf("round %d: came back with program %d, want %d", i, st.Program, ours)
+		}
+	}
+	if err := r0.Expect(send(100), time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestXDPLoaderHasPrecedence: a program loaded with xdp-loader while xdpq
+// has none keeps the hook when sockets come, and xdpq attaches only once
+// it is unloaded. The XSKMAP stays pinned for the operator meanwhile.
+func TestXDPLoaderHasPrecedence(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	a := start(t, p, time.Second)
+	if err := a.Manage(p.A.Name, agent.Policy{Kind: xdp.Direct}); err != nil {
+		t.Fatal(err)
+	}
+	loader := func(args ...string) {
+		t.Helper()
+		out, err := exec.Command("ip", append([]string{"netns", "exec", filepath.Base(p.NSPath()), "xdp-loader"}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("xdp-loader %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	loader("load", "-m", "native", p.A.Name, operatorObj)
+	waitState(t, a, p.A.Name, agent.StateOverridden)
+	s0, r0 := socket(t, p, 0)
+	if err := a.AddSocket(p.A.Name, 0, s0.FD()); err != nil {
+		t.Fatal(err)
+	}
+	st := status(a, p.A.Name)
+	if st.State != agent.StateOverridden || !strings.Contains(st.Reason, "xsks pinned at") {
+		t.Fatalf("a socket came: %+v", st)
+	}
+	if _, err := os.Stat(strings.TrimSpace(st.Reason[strings.LastIndex(st.Reason, " ")+1:])); err != nil {
+		t.Errorf("the XSKMAP is not pinned where the report says: %v", err)
+	}
+	loader("unload", p.A.Name, "--all")
+	waitState(t, a, p.A.Name, agent.StateDirect)
+	send := sender(t, p, 0)
+	if err := r0.Expect(send(50), time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestExclusive: with a pinned bpf_link the kernel refuses the operator's
+// program, even forced.
+func TestExclusive(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	a := start(t, p, time.Second)
+	if err := a.Manage(p.A.Name, agent.Policy{Kind: xdp.Direct, Exclusive: true}); err != nil {
+		t.Fatal(err)
+	}
+	s0, _ := socket(t, p, 0)
+	if err := a.AddSocket(p.A.Name, 0, s0.FD()); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, a, p.A.Name, agent.StateDirect)
+	out, err := exec.Command("ip", "-n", filepath.Base(p.NSPath()), "-force", "link", "set", "dev", p.A.Name,
+		"xdpdrv", "obj", operatorObj, "sec", "xdp").CombinedOutput()
+	if err == nil {
+		t.Fatalf("the kernel took a foreign program over the exclusive link:\n%s", out)
+	}
+	if att, _ := xdp.Query(p.NSPath(), p.A.Index); att == nil || !att.Ours {
+		t.Fatalf("after the refused attach: %+v", att)
+	}
+	if err := a.Unmanage(p.A.Name); err != nil {
+		t.Fatal(err)
+	}
+	if att, _ := xdp.Query(p.NSPath(), p.A.Index); att != nil {
+		t.Fatalf("unmanaged, the link's program stays: %+v", att)
+	}
+}
+
+// TestFilterPolicy: a software-steered netdev gets the filter program.
+func TestFilterPolicy(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	a := start(t, p, time.Second)
+	if err := a.Manage(p.A.Name, agent.Policy{Kind: xdp.Filter, Mode: xdp.ModeGeneric}); err != nil {
+		t.Fatal(err)
+	}
+	s0, r0 := socket(t, p, 0)
+	prog, err := a.Program(p.A.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := prog.AddFlow(xdp.Flow{Queue: 0, Protocol: xdp.UDP, Dst: p.A.Addr, Port: 5000}, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.AddSocket(p.A.Name, 0, s0.FD()); err != nil {
+		t.Fatal(err)
+	}
+	st := waitState(t, a, p.A.Name, agent.StateFilter)
+	if st.Mode != xdp.ModeGeneric {
+		t.Errorf("mode %v, want generic", st.Mode)
+	}
+	send := sender(t, p, 0)
+	if err := r0.Expect(send(20), time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+}
