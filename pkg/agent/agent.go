@@ -305,12 +305,9 @@ func (a *Agent) Close() error {
 	return errors.Join(errs...)
 }
 
+// startLinger starts the linger period; reconcile arms its timer.
 func (a *Agent) startLinger(d *netdev) {
 	d.lastEmpty = time.Now()
-	if d.lingerT != nil {
-		d.lingerT.Stop()
-	}
-	d.lingerT = time.AfterFunc(a.cfg.Linger, a.Kick)
 }
 
 // Kick asks the event loop for a reconcile of every netdev.
@@ -427,8 +424,15 @@ func (a *Agent) reconcile(d *netdev) {
 		d.status.State, d.status.Reason = StateNone, err.Error()
 		return
 	}
-	want := len(d.sockets) > 0 || len(d.orphans) > 0 || d.policy.AttachAlways ||
-		(!d.lastEmpty.IsZero() && time.Since(d.lastEmpty) < a.cfg.Linger)
+	lingering := !d.lastEmpty.IsZero() && time.Since(d.lastEmpty) < a.cfg.Linger
+	want := len(d.sockets) > 0 || len(d.orphans) > 0 || d.policy.AttachAlways || lingering
+	if lingering {
+		// Come back when the linger period ends.
+		if d.lingerT != nil {
+			d.lingerT.Stop()
+		}
+		d.lingerT = time.AfterFunc(time.Until(d.lastEmpty.Add(a.cfg.Linger))+time.Millisecond, a.Kick)
+	}
 	ours := d.policy.Kind == xdp.Direct
 	state := map[bool]State{true: StateDirect, false: StateFilter}[ours]
 

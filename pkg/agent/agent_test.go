@@ -186,10 +186,10 @@ func TestProgramFollowsSockets(t *testing.T) {
 	if err := a.AddSocket(p.A.Name, 9, s1.FD()); err == nil || !strings.Contains(err.Error(), "no queue 9") {
 		t.Errorf("socket on a queue the netdev lacks: %v", err)
 	}
+	removed := time.Now()
 	if err := a.RemoveSocket(p.A.Name, 1); err != nil {
 		t.Fatal(err)
 	}
-	removed := time.Now()
 	if s := status(a, p.A.Name); s.State != agent.StateDirect {
 		t.Fatalf("program gone before the linger period: %+v", s)
 	}
