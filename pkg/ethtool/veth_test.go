@@ -1,0 +1,11 @@
+package ethtool
+
+import (
+	"testing"
+
+	"github.com/xdpq/xdpq/internal/testnet"
+)
+
+func newVeth(t *testing.T) string {
+	return testnet.NewPair(t, 4).NSPath()
+}
