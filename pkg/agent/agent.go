@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"os"
@@ -18,6 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/xdpq/xdpq/pkg/ethtool"
 	"github.com/xdpq/xdpq/pkg/xdp"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
@@ -36,8 +38,16 @@ const (
 
 // Policy is how a netdev is managed; it comes from its pool.
 type Policy struct {
-	// Kind is Direct where hardware steers, Filter for software steering.
-	Kind xdp.Kind
+	// Steering picks the program: hardware steering gets the direct
+	// program, software steering the filter program; auto (or empty)
+	// probes the NIC for ntuple filters.
+	Steering Steering
+	// Rules is the block of ntuple locations xdpq owns (hardware steering);
+	// zero means DefaultRules.
+	Rules RuleRange
+	// Reserved are queues to keep RSS off (hardware steering), so that the
+	// host's own traffic never lands on a queue handed to a pod.
+	Reserved []uint32
 	// Mode is where the program runs; ModeAuto (or zero): native, else generic.
 	Mode xdp.Mode
 	// AttachAlways keeps the program attached while the netdev is managed.
@@ -57,22 +67,31 @@ type Config struct {
 	Linger time.Duration
 	// Resync is the period of the safety-net reconcile of every netdev.
 	Resync time.Duration
+	// StateDir holds what the agent must put back later (RSS tables).
+	StateDir string
+	// NIC steers in hardware; nil means ethtool in NetNS.
+	NIC    NtupleDevice
 	Logger *slog.Logger
 }
+
+// DefaultStateDir is where the agent keeps its state files.
+const DefaultStateDir = "/run/xdpq/agent"
 
 // DefaultPinDir is where the agent pins under the default bpffs.
 const DefaultPinDir = "/sys/fs/bpf/xdpq"
 
 // Status reports a managed netdev.
 type Status struct {
-	Netdev  string
-	Ifindex int
-	State   State
-	Mode    xdp.Mode // where the attached program runs
-	Program ebpf.ProgramID
-	Foreign string   // the foreign program's name, when Overridden
-	Sockets []uint32 // queues with an xdpq socket
-	Reason  string   // why the netdev is in this state, or the last error
+	Netdev   string
+	Ifindex  int
+	State    State
+	Steering Steering // hardware or software, as resolved
+	Flows    int      // flows xdpq steers on the netdev
+	Mode     xdp.Mode // where the attached program runs
+	Program  ebpf.ProgramID
+	Foreign  string   // the foreign program's name, when Overridden
+	Sockets  []uint32 // queues with an xdpq socket
+	Reason   string   // why the netdev is in this state, or the last error
 }
 
 // Agent reconciles the managed netdevs. Create it with New, manage netdevs
@@ -81,6 +100,8 @@ type Agent struct {
 	cfg  Config
 	log  *slog.Logger
 	kick chan struct{}
+	nic  NtupleDevice
+	own  io.Closer // the ethtool handle the agent opened, if any
 
 	mu      sync.Mutex // guards netdevs and every netdev in it
 	netdevs map[string]*netdev
@@ -91,6 +112,8 @@ type netdev struct {
 	ifindex int
 	queues  int
 	policy  Policy
+	kind    xdp.Kind
+	steer   *steering
 	pins    string
 	prog    *xdp.Program  // ours, on the pinned maps
 	running *ebpf.Program // the xdpq program attached: prog's, or an adopted earlier instance
@@ -118,13 +141,24 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = DefaultStateDir
+	}
 	if err := xdp.MountBPFFS(filepath.Dir(cfg.PinDir)); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(cfg.PinDir, 0o700); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
-	return &Agent{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), netdevs: map[string]*netdev{}}, nil
+	a := &Agent{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), netdevs: map[string]*netdev{}, nic: cfg.NIC}
+	if a.nic == nil {
+		h, err := ethtool.Open(cfg.NetNS)
+		if err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		a.nic, a.own = h, h
+	}
+	return a, nil
 }
 
 func (a *Agent) dev(d *netdev) xsk.Netdev {
@@ -148,11 +182,27 @@ func (a *Agent) Manage(name string, p Policy) error {
 	if p.Mode == xdp.ModeNone {
 		p.Mode = xdp.ModeAuto
 	}
+	if p.Rules.Count == 0 {
+		p.Rules = DefaultRules
+	}
 	queues := l.Attrs().NumRxQueues
 	d := &netdev{name: name, ifindex: l.Attrs().Index, queues: queues, policy: p,
 		pins: filepath.Join(a.cfg.PinDir, name), sockets: map[uint32]bool{}, orphans: map[uint32]bool{}}
+	mode, err := a.resolveSteering(name, p.Steering)
+	if err != nil {
+		return fmt.Errorf("agent: manage %s: %w", name, err)
+	}
+	d.kind = map[Steering]xdp.Kind{SteerHardware: xdp.Direct, SteerSoftware: xdp.Filter}[mode]
 	if d.prog, err = a.loadProgram(d); err != nil {
 		return fmt.Errorf("agent: manage %s: %w", name, err)
+	}
+	d.steer = &steering{mode: mode, dev: a.nic, ifname: name, rules: p.Rules, prog: d.prog, queues: queues,
+		owners: map[string][]installed{}}
+	if mode == SteerHardware {
+		if err := reserveRSS(a.nic, name, a.rssFile(name), p.Reserved); err != nil {
+			d.prog.Close()
+			return fmt.Errorf("agent: manage %s: %w", name, err)
+		}
 	}
 	for q := range queues {
 		busy, err := xsk.QueueBusy(a.dev(d), uint32(q))
@@ -171,14 +221,37 @@ func (a *Agent) Manage(name string, p Policy) error {
 	}
 	a.netdevs[name] = d
 	a.log.Info("managing netdev", "netdev", name, "ifindex", d.ifindex, "queues", queues,
-		"program", p.Kind, "busy_queues", slices.Sorted(maps.Keys(d.orphans)))
+		"steering", mode, "program", d.kind, "busy_queues", slices.Sorted(maps.Keys(d.orphans)))
 	a.reconcile(d)
 	return nil
 }
 
+// resolveSteering turns auto into hardware when the NIC has ntuple
+// filters and into software when it answers that it has none.
+func (a *Agent) resolveSteering(name string, s Steering) (Steering, error) {
+	switch s {
+	case SteerHardware, SteerSoftware:
+		return s, nil
+	case SteerAuto, "":
+		_, _, err := a.nic.RuleTable(name)
+		if errors.Is(err, ethtool.ErrNotSupported) {
+			return SteerSoftware, nil
+		}
+		if err != nil {
+			return "", fmt.Errorf("probe ntuple filters: %w", err)
+		}
+		return SteerHardware, nil
+	}
+	return "", fmt.Errorf("steering %q: want hardware, software or auto", s)
+}
+
+func (a *Agent) rssFile(name string) string {
+	return filepath.Join(a.cfg.StateDir, name+".rss.json")
+}
+
 func (a *Agent) loadProgram(d *netdev) (*xdp.Program, error) {
 	opts := xdp.LoadOptions{Queues: d.queues}
-	prog, err := xdp.LoadPinned(d.policy.Kind, d.pins, opts)
+	prog, err := xdp.LoadPinned(d.kind, d.pins, opts)
 	if errors.Is(err, xdp.ErrPinsIncompatible) {
 		// Pinned for another program kind or queue count: nothing can be
 		// using them with this program, so start afresh.
@@ -186,7 +259,7 @@ func (a *Agent) loadProgram(d *netdev) (*xdp.Program, error) {
 		for _, n := range []string{"xsks", "flows", "counters"} {
 			os.Remove(filepath.Join(d.pins, n))
 		}
-		prog, err = xdp.LoadPinned(d.policy.Kind, d.pins, opts)
+		prog, err = xdp.LoadPinned(d.kind, d.pins, opts)
 	}
 	return prog, err
 }
@@ -204,6 +277,12 @@ func (a *Agent) Unmanage(name string) error {
 	var errs []error
 	if d.lingerT != nil {
 		d.lingerT.Stop()
+	}
+	for owner := range d.steer.owners {
+		errs = append(errs, d.steer.removeOwner(owner))
+	}
+	if d.steer.mode == SteerHardware {
+		errs = append(errs, restoreRSS(a.nic, name, a.rssFile(name)))
 	}
 	if d.link != nil {
 		errs = append(errs, d.link.Unpin(), d.link.Close())
@@ -261,6 +340,48 @@ func (a *Agent) RemoveSocket(name string, queue uint32) error {
 	return nil
 }
 
+// Steer installs the owner's flows on the netdev, all or none: ntuple
+// rules in the policy's rule range with hardware steering, entries of the
+// filter program's flow map with software steering. A flow that overlaps
+// another owner's is refused with an error that names that owner.
+func (a *Agent) Steer(name, owner string, flows []Flow) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	d, ok := a.netdevs[name]
+	if !ok {
+		return fmt.Errorf("agent: steer: %s is not managed", name)
+	}
+	return d.steer.add(owner, flows)
+}
+
+// Unsteer removes every flow of the owner from the netdev.
+func (a *Agent) Unsteer(name, owner string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	d, ok := a.netdevs[name]
+	if !ok {
+		return fmt.Errorf("agent: unsteer: %s is not managed", name)
+	}
+	return d.steer.removeOwner(owner)
+}
+
+// SyncSteering is for a restarted daemon: it takes ownership of the flows
+// in keep that are installed, and removes every other flow xdpq installed
+// on the netdev. It returns how many it removed.
+func (a *Agent) SyncSteering(name string, keep map[string][]Flow) (int, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	d, ok := a.netdevs[name]
+	if !ok {
+		return 0, fmt.Errorf("agent: sync steering: %s is not managed", name)
+	}
+	n, err := d.steer.sync(keep)
+	if n > 0 {
+		a.log.Info("removed stale flows", "netdev", name, "count", n)
+	}
+	return n, err
+}
+
 // Program returns the netdev's program, for its flow map and counters.
 func (a *Agent) Program(name string) (*xdp.Program, error) {
 	a.mu.Lock()
@@ -280,6 +401,7 @@ func (a *Agent) Status() []Status {
 	for _, d := range a.netdevs {
 		s := d.status
 		s.Sockets = slices.Sorted(maps.Keys(d.sockets))
+		s.Steering, s.Flows = d.steer.mode, d.steer.count()
 		out = append(out, s)
 	}
 	slices.SortFunc(out, func(x, y Status) int { return strings.Compare(x.Netdev, y.Netdev) })
@@ -302,6 +424,10 @@ func (a *Agent) Close() error {
 		errs = append(errs, d.setRunning(nil), d.prog.Close())
 	}
 	a.netdevs = map[string]*netdev{}
+	if a.own != nil {
+		errs = append(errs, a.own.Close())
+		a.own = nil
+	}
 	return errors.Join(errs...)
 }
 
@@ -433,7 +559,7 @@ func (a *Agent) reconcile(d *netdev) {
 		}
 		d.lingerT = time.AfterFunc(time.Until(d.lastEmpty.Add(a.cfg.Linger))+time.Millisecond, a.Kick)
 	}
-	ours := d.policy.Kind == xdp.Direct
+	ours := d.kind == xdp.Direct
 	state := map[bool]State{true: StateDirect, false: StateFilter}[ours]
 
 	switch {
@@ -499,7 +625,7 @@ func (a *Agent) isOurs(d *netdev, att *xdp.Attached) bool {
 			}
 		}
 	}
-	if !att.Ours || att.Kind != d.policy.Kind {
+	if !att.Ours || att.Kind != d.kind {
 		return false
 	}
 	prog, err := ebpf.NewProgramFromID(att.ID)

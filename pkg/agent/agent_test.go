@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,7 +47,7 @@ func pinDir(t testing.TB) string {
 func start(t testing.TB, p *testnet.Pair, linger time.Duration) *agent.Agent {
 	t.Helper()
 	a, err := agent.New(agent.Config{NetNS: p.NSPath(), PinDir: pinDir(t), Linger: linger, Resync: time.Hour,
-		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
+		StateDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,8 +123,16 @@ func socket(t testing.TB, p *testnet.Pair, queue uint32) (*xsk.Socket, *traffic.
 	return socks[0], r
 }
 
-// sender returns a function that sends n frames from B's queue.
-func sender(t testing.TB, p *testnet.Pair, queue uint32) func(n int) [][]byte {
+// peer sends from one of B's queues.
+type peer struct {
+	t     testing.TB
+	p     *testnet.Pair
+	queue uint32
+	s     *traffic.Sender
+	seq   uint64
+}
+
+func sender(t testing.TB, p *testnet.Pair, queue uint32) *peer {
 	t.Helper()
 	dev := xsk.Netdev{Name: p.B.Name, Ifindex: p.B.Index, NetNS: p.NSPath()}
 	umem, socks, err := xsk.Open(dev, []uint32{queue}, 256, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048},
@@ -136,24 +145,32 @@ func sender(t testing.TB, p *testnet.Pair, queue uint32) func(n int) [][]byte {
 	for i := range addrs {
 		addrs[i] = umem.FrameAddr(i)
 	}
-	s := traffic.NewSender(socks[0], addrs, 0)
-	seq := uint64(0)
-	return func(n int) [][]byte {
-		frames := make([][]byte, n)
-		for i := range frames {
-			f, err := frame.Spec{SrcMAC: p.B.MAC, DstMAC: p.A.MAC, Src: p.B.Addr, Dst: p.A.Addr, Protocol: 17,
-				SrcPort: 1, DstPort: 5000, Payload: frame.Payload(queue, seq, 32)}.Build()
-			if err != nil {
-				t.Fatal(err)
-			}
-			frames[i] = f
-			seq++
-		}
-		if err := s.Send(frames, time.Now().Add(5*time.Second)); err != nil {
-			t.Fatal(err)
-		}
-		return frames
+	return &peer{t: t, p: p, queue: queue, s: traffic.NewSender(socks[0], addrs, 0)}
+}
+
+// Raw sends frames.
+func (x *peer) Raw(frames [][]byte) {
+	x.t.Helper()
+	if err := x.s.Send(frames, time.Now().Add(5*time.Second)); err != nil {
+		x.t.Fatal(err)
 	}
+}
+
+// UDP sends n numbered UDP frames to A's port 5000 and returns them.
+func (x *peer) UDP(n int) [][]byte {
+	x.t.Helper()
+	frames := make([][]byte, n)
+	for i := range frames {
+		f, err := frame.Spec{SrcMAC: x.p.B.MAC, DstMAC: x.p.A.MAC, Src: x.p.B.Addr, Dst: x.p.A.Addr, Protocol: 17,
+			SrcPort: 1, DstPort: 5000, Payload: frame.Payload(x.queue, x.seq, 32)}.Build()
+		if err != nil {
+			x.t.Fatal(err)
+		}
+		frames[i] = f
+		x.seq++
+	}
+	x.Raw(frames)
+	return frames
 }
 
 // TestProgramFollowsSockets: no socket, no program; the first socket
@@ -162,7 +179,7 @@ func sender(t testing.TB, p *testnet.Pair, queue uint32) func(n int) [][]byte {
 func TestProgramFollowsSockets(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	a := start(t, p, 300*time.Millisecond)
-	if err := a.Manage(p.A.Name, agent.Policy{Kind: xdp.Direct}); err != nil {
+	if err := a.Manage(p.A.Name, agent.Policy{Steering: agent.SteerHardware}); err != nil {
 		t.Fatal(err)
 	}
 	if s := status(a, p.A.Name); s.State != agent.StateNone {
@@ -180,7 +197,7 @@ func TestProgramFollowsSockets(t *testing.T) {
 		t.Fatalf("after the first socket: %+v", st)
 	}
 	send := sender(t, p, 1)
-	if err := r1.Expect(send(100), time.Now().Add(5*time.Second)); err != nil {
+	if err := r1.Expect(send.UDP(100), time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.AddSocket(p.A.Name, 9, s1.FD()); err == nil || !strings.Contains(err.Error(), "no queue 9") {
@@ -208,7 +225,7 @@ func TestProgramFollowsSockets(t *testing.T) {
 func TestForeignProgramPrecedence50(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	a := start(t, p, time.Second)
-	if err := a.Manage(p.A.Name, agent.Policy{Kind: xdp.Direct}); err != nil {
+	if err := a.Manage(p.A.Name, agent.Policy{Steering: agent.SteerHardware}); err != nil {
 		t.Fatal(err)
 	}
 	s0, r0 := socket(t, p, 0)
@@ -232,7 +249,7 @@ func TestForeignProgramPrecedence50(t *testing.T) {
 			t.Fatalf("round %d: came back with program %d, want %d", i, st.Program, ours)
 		}
 	}
-	if err := r0.Expect(send(100), time.Now().Add(5*time.Second)); err != nil {
+	if err := r0.Expect(send.UDP(100), time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -243,7 +260,7 @@ func TestForeignProgramPrecedence50(t *testing.T) {
 func TestXDPLoaderHasPrecedence(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	a := start(t, p, time.Second)
-	if err := a.Manage(p.A.Name, agent.Policy{Kind: xdp.Direct}); err != nil {
+	if err := a.Manage(p.A.Name, agent.Policy{Steering: agent.SteerHardware}); err != nil {
 		t.Fatal(err)
 	}
 	loader := func(args ...string) {
@@ -269,7 +286,7 @@ func TestXDPLoaderHasPrecedence(t *testing.T) {
 	loader("unload", p.A.Name, "--all")
 	waitState(t, a, p.A.Name, agent.StateDirect)
 	send := sender(t, p, 0)
-	if err := r0.Expect(send(50), time.Now().Add(5*time.Second)); err != nil {
+	if err := r0.Expect(send.UDP(50), time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -279,7 +296,7 @@ func TestXDPLoaderHasPrecedence(t *testing.T) {
 func TestExclusive(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	a := start(t, p, time.Second)
-	if err := a.Manage(p.A.Name, agent.Policy{Kind: xdp.Direct, Exclusive: true}); err != nil {
+	if err := a.Manage(p.A.Name, agent.Policy{Steering: agent.SteerHardware, Exclusive: true}); err != nil {
 		t.Fatal(err)
 	}
 	s0, _ := socket(t, p, 0)
@@ -307,15 +324,12 @@ func TestExclusive(t *testing.T) {
 func TestFilterPolicy(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	a := start(t, p, time.Second)
-	if err := a.Manage(p.A.Name, agent.Policy{Kind: xdp.Filter, Mode: xdp.ModeGeneric}); err != nil {
+	if err := a.Manage(p.A.Name, agent.Policy{Steering: agent.SteerSoftware, Mode: xdp.ModeGeneric}); err != nil {
 		t.Fatal(err)
 	}
 	s0, r0 := socket(t, p, 0)
-	prog, err := a.Program(p.A.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := prog.AddFlow(xdp.Flow{Queue: 0, Protocol: xdp.UDP, Dst: p.A.Addr, Port: 5000}, 1); err != nil {
+	flow := agent.Flow{Protocol: xdp.UDP, Dst: netip.PrefixFrom(p.A.Addr, 32), DstPort: 5000, Queue: 0}
+	if err := a.Steer(p.A.Name, "pod-a", []agent.Flow{flow}); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.AddSocket(p.A.Name, 0, s0.FD()); err != nil {
@@ -326,7 +340,15 @@ func TestFilterPolicy(t *testing.T) {
 		t.Errorf("mode %v, want generic", st.Mode)
 	}
 	send := sender(t, p, 0)
-	if err := r0.Expect(send(20), time.Now().Add(5*time.Second)); err != nil {
+	if err := r0.Expect(send.UDP(20), time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// expectNothing checks that r has no frame queued.
+func expectNothing(t testing.TB, r *traffic.Receiver) {
+	t.Helper()
+	if n, _ := r.Receive(-1, time.Now(), func([]byte) error { return nil }); n != 0 {
+		t.Errorf("%d unexpected frames on the socket", n)
 	}
 }

@@ -35,7 +35,7 @@ import (
 const daemonEnv = "XDPQ_AGENT_TEST_DAEMON"
 
 func daemonMain() int {
-	cfg := strings.Split(os.Getenv(daemonEnv), ";") // netns;pindir;netdev,netdev
+	cfg := strings.Split(os.Getenv(daemonEnv), ";") // netns;pindir;statedir;netdev,netdev
 	f := os.NewFile(3, "ctl")
 	c, err := net.FileConn(f)
 	f.Close()
@@ -44,14 +44,14 @@ func daemonMain() int {
 		return 2
 	}
 	conn := c.(*net.UnixConn)
-	a, err := agent.New(agent.Config{NetNS: cfg[0], PinDir: cfg[1], Linger: 200 * time.Millisecond,
+	a, err := agent.New(agent.Config{NetNS: cfg[0], PinDir: cfg[1], StateDir: cfg[2], Linger: 200 * time.Millisecond,
 		Resync: 100 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	for _, n := range strings.Split(cfg[2], ",") {
-		if err := a.Manage(n, agent.Policy{Kind: xdp.Direct}); err != nil {
+	for _, n := range strings.Split(cfg[3], ",") {
+		if err := a.Manage(n, agent.Policy{Steering: agent.SteerHardware}); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 2
 		}
@@ -86,7 +86,7 @@ type daemon struct {
 	mu   sync.Mutex
 }
 
-func startDaemon(t *testing.T, nsPath, pins, netdevs string) *daemon {
+func startDaemon(t *testing.T, nsPath, pins, state, netdevs string) *daemon {
 	t.Helper()
 	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -101,7 +101,7 @@ func startDaemon(t *testing.T, nsPath, pins, netdevs string) *daemon {
 	}
 	d := &daemon{conn: c.(*net.UnixConn), log: &strings.Builder{}}
 	d.cmd = exec.Command(os.Args[0], "-test.run=^$")
-	d.cmd.Env = append(os.Environ(), daemonEnv+"="+nsPath+";"+pins+";"+netdevs)
+	d.cmd.Env = append(os.Environ(), daemonEnv+"="+nsPath+";"+pins+";"+state+";"+netdevs)
 	d.cmd.ExtraFiles = []*os.File{child}
 	d.cmd.Stderr = &lockedWriter{d: d}
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -212,7 +212,8 @@ func TestDaemonCrash(t *testing.T) {
 	ip(t, p, "link", "set", "dev", p.B.Name, "xdpdrv", "obj", operatorObj, "sec", "xdp")
 	operator, _ := xdp.Query(p.NSPath(), p.B.Index)
 
-	d1 := startDaemon(t, p.NSPath(), pins, "xa,xs")
+	state := t.TempDir()
+	d1 := startDaemon(t, p.NSPath(), pins, state, "xa,xs")
 	sA, rA := socket(t, p, 0)
 	umemS, sockS, err := xsk.Open(xsk.Netdev{Name: "xs", Ifindex: xs, NetNS: p.NSPath()}, []uint32{0}, 64,
 		xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: xsk.Rings{Fill: 64, Completion: 64, RX: 64}})
@@ -263,7 +264,7 @@ func TestDaemonCrash(t *testing.T) {
 	waitCount("with the daemon killed", received.Load())
 	sockS[0].Close() // xs loses its socket while no daemon watches
 
-	d2 := startDaemon(t, p.NSPath(), pins, "xa,xs")
+	d2 := startDaemon(t, p.NSPath(), pins, state, "xa,xs")
 	after := d2.waitState(t, "xa", agent.StateDirect)
 	if after.Program != before.Program {
 		t.Errorf("xa: program %d after the restart, want the adopted %d", after.Program, before.Program)

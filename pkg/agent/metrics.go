@@ -18,6 +18,9 @@ var (
 	socketsDesc = prometheus.NewDesc("xdpq_agent_netdev_sockets",
 		"Queues of the netdev with an xdpq socket in the XSKMAP.",
 		[]string{"netdev"}, nil)
+	flowsDesc = prometheus.NewDesc("xdpq_agent_steered_flows",
+		"Flows xdpq steers on the netdev: ntuple rules it owns (hardware) or flow map entries (software).",
+		[]string{"netdev", "steering"}, nil)
 	packetsDesc = prometheus.NewDesc("xdpq_agent_program_packets_total",
 		"Frames the filter program saw, per queue and result: redirected to the socket, passed to the kernel, or redirect_failed (the flow's queue had no socket).",
 		[]string{"netdev", "queue", "result"}, nil)
@@ -35,7 +38,7 @@ func (a *Agent) Collector() prometheus.Collector { return collector{a} }
 type collector struct{ a *Agent }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{stateDesc, modeDesc, socketsDesc, packetsDesc} {
+	for _, d := range []*prometheus.Desc{stateDesc, modeDesc, socketsDesc, flowsDesc, packetsDesc} {
 		ch <- d
 	}
 }
@@ -56,7 +59,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(modeDesc, prometheus.GaugeValue, b2f(d.status.Mode == m), name, m.String())
 		}
 		ch <- prometheus.MustNewConstMetric(socketsDesc, prometheus.GaugeValue, float64(len(d.sockets)), name)
-		if d.policy.Kind == xdp.Filter {
+		ch <- prometheus.MustNewConstMetric(flowsDesc, prometheus.GaugeValue, float64(d.steer.count()), name, string(d.steer.mode))
+		if d.kind == xdp.Filter {
 			filters = append(filters, counted{name, d.queues, d.prog})
 		}
 	}

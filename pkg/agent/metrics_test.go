@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -16,7 +17,7 @@ import (
 func TestMetrics(t *testing.T) {
 	p := testnet.NewPair(t, 2)
 	a := start(t, p, time.Second)
-	if err := a.Manage(p.A.Name, agent.Policy{Kind: xdp.Filter}); err != nil {
+	if err := a.Manage(p.A.Name, agent.Policy{Steering: agent.SteerSoftware}); err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewPedanticRegistry()
@@ -24,15 +25,15 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	s0, r0 := socket(t, p, 0)
-	prog, _ := a.Program(p.A.Name)
-	if err := prog.AddFlow(xdp.Flow{Queue: 0, Protocol: xdp.UDP, Dst: p.A.Addr, Port: 5000}, 1); err != nil {
+	flow := agent.Flow{Protocol: xdp.UDP, Dst: netip.PrefixFrom(p.A.Addr, 32), DstPort: 5000, Queue: 0}
+	if err := a.Steer(p.A.Name, "pod-a", []agent.Flow{flow}); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.AddSocket(p.A.Name, 0, s0.FD()); err != nil {
 		t.Fatal(err)
 	}
 	waitState(t, a, p.A.Name, agent.StateFilter)
-	if err := r0.Expect(sender(t, p, 0)(25), time.Now().Add(5*time.Second)); err != nil {
+	if err := r0.Expect(sender(t, p, 0).UDP(25), time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	want := `
@@ -51,6 +52,9 @@ xdpq_agent_netdev_state{netdev="xa",state="Overridden"} 0
 xdpq_agent_netdev_xdp_mode{mode="generic",netdev="xa"} 0
 xdpq_agent_netdev_xdp_mode{mode="native",netdev="xa"} 1
 xdpq_agent_netdev_xdp_mode{mode="offload",netdev="xa"} 0
+# HELP xdpq_agent_steered_flows Flows xdpq steers on the netdev: ntuple rules it owns (hardware) or flow map entries (software).
+# TYPE xdpq_agent_steered_flows gauge
+xdpq_agent_steered_flows{netdev="xa",steering="software"} 1
 # HELP xdpq_agent_program_packets_total Frames the filter program saw, per queue and result: redirected to the socket, passed to the kernel, or redirect_failed (the flow's queue had no socket).
 # TYPE xdpq_agent_program_packets_total counter
 xdpq_agent_program_packets_total{netdev="xa",queue="0",result="passed"} 0

@@ -6,7 +6,6 @@ import (
 
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/agent"
-	"github.com/xdpq/xdpq/pkg/xdp"
 )
 
 // TestNetdevChanges: down and up, rename, delete. The agent notices each
@@ -14,7 +13,7 @@ import (
 func TestNetdevChanges(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	a := start(t, p, time.Second)
-	if err := a.Manage(p.A.Name, agent.Policy{Kind: xdp.Direct}); err != nil {
+	if err := a.Manage(p.A.Name, agent.Policy{Steering: agent.SteerHardware}); err != nil {
 		t.Fatal(err)
 	}
 	s0, r0 := socket(t, p, 0)
@@ -30,7 +29,7 @@ func TestNetdevChanges(t *testing.T) {
 	if st := waitState(t, a, p.A.Name, agent.StateDirect); st.Program != prog {
 		t.Errorf("after down/up: program %d, want %d", st.Program, prog)
 	}
-	if err := r0.Expect(send(20), time.Now().Add(5*time.Second)); err != nil {
+	if err := r0.Expect(send.UDP(20), time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 
@@ -45,7 +44,7 @@ func TestNetdevChanges(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if err := r0.Expect(send(20), time.Now().Add(5*time.Second)); err != nil {
+	if err := r0.Expect(send.UDP(20), time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 

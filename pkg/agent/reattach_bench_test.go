@@ -12,7 +12,6 @@ import (
 
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/agent"
-	"github.com/xdpq/xdpq/pkg/xdp"
 )
 
 // BenchmarkReattach measures the time from the removal of a foreign
@@ -22,7 +21,7 @@ import (
 func BenchmarkReattach(b *testing.B) {
 	p := testnet.NewPair(b, 4)
 	a := start(b, p, time.Second)
-	if err := a.Manage(p.A.Name, agent.Policy{Kind: xdp.Direct}); err != nil {
+	if err := a.Manage(p.A.Name, agent.Policy{Steering: agent.SteerHardware}); err != nil {
 		b.Fatal(err)
 	}
 	s0, _ := socket(b, p, 0)

@@ -58,6 +58,7 @@ type Program struct {
 	xsks     *ebpf.Map
 	flows    *ebpf.Map // Filter only
 	counters *ebpf.Map // Filter only
+	pinDir   string    // where the maps are pinned, if they are
 }
 
 func spec(kind Kind) (*ebpf.CollectionSpec, string, error) {
@@ -126,6 +127,9 @@ func LoadPinned(kind Kind, dir string, opts LoadOptions) (*Program, error) {
 	}
 	p, err := load(kind, opts, pinned)
 	closeAll() // the program holds its own references
+	if p != nil {
+		p.pinDir = dir
+	}
 	if err != nil {
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
 			return nil, fmt.Errorf("load %s program from %s: %w: %w", kind, dir, ErrPinsIncompatible, err)
@@ -320,25 +324,36 @@ func (p *Program) Pin(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("pin maps: %w", err)
 	}
-	for name, m := range map[string]*ebpf.Map{"xsks": p.xsks, "flows": p.flows, "counters": p.counters} {
-		if m == nil {
-			continue
-		}
+	for name, m := range p.maps() {
 		if err := m.Pin(filepath.Join(dir, name)); err != nil {
 			return fmt.Errorf("pin %s map: %w", name, err)
 		}
 	}
+	p.pinDir = dir
 	return nil
 }
 
-// Unpin removes the pins of the program's maps.
+func (p *Program) maps() map[string]*ebpf.Map {
+	out := map[string]*ebpf.Map{"xsks": p.xsks}
+	if p.flows != nil {
+		out["flows"], out["counters"] = p.flows, p.counters
+	}
+	return out
+}
+
+// Unpin removes the pins of the program's maps, made by Pin or found by
+// LoadPinned.
 func (p *Program) Unpin() error {
+	if p.pinDir == "" {
+		return nil
+	}
 	var errs []error
-	for _, m := range []*ebpf.Map{p.xsks, p.flows, p.counters} {
-		if m != nil {
-			errs = append(errs, m.Unpin())
+	for name := range p.maps() {
+		if err := os.Remove(filepath.Join(p.pinDir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("unpin %s map: %w", name, err))
 		}
 	}
+	p.pinDir = ""
 	return errors.Join(errs...)
 }
 
@@ -376,4 +391,28 @@ func UsesMap(prog *ebpf.Program, m *ebpf.Map) (bool, error) {
 		return false, errors.New("the kernel does not report map ids")
 	}
 	return slices.Contains(ids, id), nil
+}
+
+// Flows returns the filter program's flows with their cookies.
+func (p *Program) Flows() (map[Flow]uint32, error) {
+	if p.flows == nil {
+		return nil, fmt.Errorf("list flows: the %s program has no flow map", p.kind)
+	}
+	out := map[Flow]uint32{}
+	var k bpf.FilterXdpqFlow
+	var cookie uint32
+	it := p.flows.Iterate()
+	for it.Next(&k, &cookie) {
+		f := Flow{Queue: k.Queue, VLAN: k.Vlan, Protocol: Protocol(k.Proto), Port: k.Port}
+		if k.Family == 4 {
+			f.Dst = netip.AddrFrom4([4]byte(k.Addr[:4]))
+		} else {
+			f.Dst = netip.AddrFrom16(k.Addr)
+		}
+		out[f] = cookie
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list flows: %w", err)
+	}
+	return out, nil
 }

@@ -1,0 +1,396 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/xdpq/xdpq/pkg/ethtool"
+	"github.com/xdpq/xdpq/pkg/xdp"
+)
+
+// Steering says how a netdev's flows reach their queues.
+type Steering string
+
+// Steering modes of a pool.
+const (
+	// SteerAuto uses ntuple rules where the NIC has them, else software.
+	SteerAuto Steering = "auto"
+	// SteerHardware uses ntuple rules and the direct program; a NIC without
+	// ntuple rules is an error.
+	SteerHardware Steering = "hardware"
+	// SteerSoftware uses the filter program's flow map.
+	SteerSoftware Steering = "software"
+)
+
+// RuleRange is the block of ntuple rule locations xdpq owns on a NIC.
+// xdpq never touches a rule outside it.
+type RuleRange struct {
+	First, Count uint32
+}
+
+// DefaultRules is the rule range used when a policy names none.
+var DefaultRules = RuleRange{First: 0, Count: 256}
+
+// NtupleDevice is what steering needs of a NIC; *ethtool.Handle is one.
+type NtupleDevice interface {
+	RuleTable(ifname string) (size uint32, special bool, err error)
+	AddRule(ifname string, r ethtool.Rule) error
+	DeleteRule(ifname string, loc uint32) error
+	Rules(ifname string) ([]ethtool.Rule, error)
+	Indirection(ifname string) ([]uint32, error)
+	SetIndirection(ifname string, table []uint32) error
+}
+
+var _ NtupleDevice = (*ethtool.Handle)(nil)
+
+// Flow is traffic a pod wants on one of its queues.
+type Flow struct {
+	Protocol xdp.Protocol // TCP or UDP
+	Dst      netip.Prefix // a destination address (software steering) or prefix
+	DstPort  uint16       // 0: any port
+	Src      netip.Prefix // hardware steering only; zero: any
+	SrcPort  uint16       // hardware steering only; 0: any
+	VLAN     uint16       // 0: untagged (software) or any (hardware)
+	Queue    uint32
+}
+
+func (f Flow) String() string {
+	s := fmt.Sprintf("%v %v port %d", f.Protocol, f.Dst, f.DstPort)
+	if f.Src.IsValid() || f.SrcPort != 0 {
+		s += fmt.Sprintf(" from %v port %d", f.Src, f.SrcPort)
+	}
+	if f.VLAN != 0 {
+		s += fmt.Sprintf(" vlan %d", f.VLAN)
+	}
+	return s + fmt.Sprintf(" -> q%d", f.Queue)
+}
+
+// overlaps reports whether some frame could match both flows.
+func (f Flow) overlaps(g Flow) bool {
+	anyOr := func(a, b uint16) bool { return a == 0 || b == 0 || a == b }
+	prefixes := func(a, b netip.Prefix) bool { return !a.IsValid() || !b.IsValid() || a.Overlaps(b) }
+	return f.Protocol == g.Protocol && anyOr(f.VLAN, g.VLAN) && anyOr(f.DstPort, g.DstPort) &&
+		anyOr(f.SrcPort, g.SrcPort) && prefixes(f.Dst, g.Dst) && prefixes(f.Src, g.Src)
+}
+
+func (f Flow) rule(loc uint32) (ethtool.Rule, error) {
+	r := ethtool.Rule{Location: loc, Dst: f.Dst, Src: f.Src, DstPort: f.DstPort, SrcPort: f.SrcPort,
+		VLAN: f.VLAN, Queue: f.Queue}
+	v6 := f.Dst.Addr().Is6()
+	switch {
+	case f.Protocol == xdp.UDP && !v6:
+		r.Type = ethtool.UDP4
+	case f.Protocol == xdp.TCP && !v6:
+		r.Type = ethtool.TCP4
+	case f.Protocol == xdp.UDP:
+		r.Type = ethtool.UDP6
+	case f.Protocol == xdp.TCP:
+		r.Type = ethtool.TCP6
+	default:
+		return r, fmt.Errorf("flow %v: protocol must be tcp or udp", f)
+	}
+	return r, nil
+}
+
+// softFlow is the filter program's form of f, when it has one.
+func (f Flow) softFlow() (xdp.Flow, error) {
+	if f.Src.IsValid() || f.SrcPort != 0 {
+		return xdp.Flow{}, fmt.Errorf("flow %v: software steering matches destination address and port only, not the source", f)
+	}
+	if !f.Dst.IsSingleIP() {
+		return xdp.Flow{}, fmt.Errorf("flow %v: software steering needs one destination address, not a prefix", f)
+	}
+	return xdp.Flow{Queue: f.Queue, VLAN: f.VLAN, Protocol: f.Protocol, Dst: f.Dst.Addr(), Port: f.DstPort}, nil
+}
+
+func (f Flow) validate(queues int) error {
+	if f.Protocol != xdp.TCP && f.Protocol != xdp.UDP {
+		return fmt.Errorf("flow %v: protocol must be tcp or udp", f)
+	}
+	if !f.Dst.IsValid() {
+		return fmt.Errorf("flow %v: no destination address", f)
+	}
+	if f.Src.IsValid() && f.Src.Addr().Is4() != f.Dst.Addr().Is4() {
+		return fmt.Errorf("flow %v: source and destination of different IP versions", f)
+	}
+	if f.VLAN > 4094 {
+		return fmt.Errorf("flow %v: vlan out of range 1..4094", f)
+	}
+	if int(f.Queue) >= queues {
+		return fmt.Errorf("flow %v: the netdev has %d queues", f, queues)
+	}
+	return nil
+}
+
+type installed struct {
+	flow Flow
+	loc  uint32 // hardware steering
+}
+
+// steering holds what xdpq installed on one netdev, by owner.
+type steering struct {
+	mode   Steering // resolved: hardware or software
+	dev    NtupleDevice
+	ifname string
+	rules  RuleRange
+	prog   *xdp.Program
+	queues int
+	owners map[string][]installed
+}
+
+func (s *steering) count() int {
+	n := 0
+	for _, fs := range s.owners {
+		n += len(fs)
+	}
+	return n
+}
+
+func (s *steering) usedLocs() map[uint32]bool {
+	used := map[uint32]bool{}
+	for _, fs := range s.owners {
+		for _, f := range fs {
+			used[f.loc] = true
+		}
+	}
+	return used
+}
+
+// add installs the owner's flows, all or none.
+func (s *steering) add(owner string, flows []Flow) error {
+	if owner == "" {
+		return errors.New("steer: no owner")
+	}
+	for i, f := range flows {
+		if err := f.validate(s.queues); err != nil {
+			return fmt.Errorf("steer %s on %s: %w", owner, s.ifname, err)
+		}
+		if s.mode == SteerSoftware {
+			if _, err := f.softFlow(); err != nil {
+				return fmt.Errorf("steer %s on %s: %w", owner, s.ifname, err)
+			}
+		}
+		for other, fs := range s.owners {
+			if other == owner {
+				continue
+			}
+			for _, g := range fs {
+				if f.overlaps(g.flow) {
+					return fmt.Errorf("steer %s on %s: flow %v overlaps flow %v of %s", owner, s.ifname, f, g.flow, other)
+				}
+			}
+		}
+		for _, g := range flows[:i] {
+			if f.overlaps(g) && f.Queue != g.Queue {
+				return fmt.Errorf("steer %s on %s: flows %v and %v overlap on different queues", owner, s.ifname, g, f)
+			}
+		}
+	}
+	var done []installed
+	rollback := func() {
+		for _, in := range done {
+			s.remove(in)
+		}
+	}
+	used := s.usedLocs()
+	next := s.rules.First
+	for _, f := range flows {
+		in := installed{flow: f}
+		switch s.mode {
+		case SteerHardware:
+			for used[next] && next < s.rules.First+s.rules.Count {
+				next++
+			}
+			if next >= s.rules.First+s.rules.Count {
+				rollback()
+				return fmt.Errorf("steer %s on %s: all %d rule locations from %d are in use", owner, s.ifname, s.rules.Count, s.rules.First)
+			}
+			r, err := f.rule(next)
+			if err == nil {
+				err = s.dev.AddRule(s.ifname, r)
+			}
+			if err != nil {
+				rollback()
+				if errors.Is(err, ethtool.ErrNotSupported) {
+					return fmt.Errorf("steer %s on %s: %w (the NIC has no ntuple filters; a pool with steering software or auto uses xdpq's filter program)", owner, s.ifname, err)
+				}
+				return fmt.Errorf("steer %s on %s: %w", owner, s.ifname, err)
+			}
+			in.loc = next
+			used[next] = true
+		default:
+			sf, err := f.softFlow()
+			if err == nil {
+				err = s.prog.AddFlow(sf, 1)
+			}
+			if err != nil {
+				rollback()
+				return fmt.Errorf("steer %s on %s: %w", owner, s.ifname, err)
+			}
+		}
+		done = append(done, in)
+	}
+	s.owners[owner] = append(s.owners[owner], done...)
+	return nil
+}
+
+func (s *steering) remove(in installed) error {
+	if s.mode == SteerHardware {
+		return s.dev.DeleteRule(s.ifname, in.loc)
+	}
+	sf, err := in.flow.softFlow()
+	if err != nil {
+		return err
+	}
+	return s.prog.DeleteFlow(sf)
+}
+
+// removeOwner removes every flow of owner; an unknown owner is no error.
+func (s *steering) removeOwner(owner string) error {
+	var errs []error
+	for _, in := range s.owners[owner] {
+		if err := s.remove(in); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	delete(s.owners, owner)
+	return errors.Join(errs...)
+}
+
+// sync takes ownership of the installed flows that keep lists (after a
+// restart) and removes the others that xdpq installed: hardware rules in
+// its range, software flows in its map. Rules outside the range are
+// never touched.
+func (s *steering) sync(keep map[string][]Flow) (removed int, err error) {
+	s.owners = map[string][]installed{}
+	if s.mode == SteerHardware {
+		rules, err := s.dev.Rules(s.ifname)
+		if err != nil {
+			return 0, fmt.Errorf("sync steering on %s: %w", s.ifname, err)
+		}
+		var errs []error
+	rules:
+		for _, r := range rules {
+			if r.Location < s.rules.First || r.Location >= s.rules.First+s.rules.Count {
+				continue
+			}
+			for owner, fs := range keep {
+				for _, f := range fs {
+					if want, err := f.rule(r.Location); err == nil && ruleEqual(want, r) {
+						s.owners[owner] = append(s.owners[owner], installed{flow: f, loc: r.Location})
+						continue rules
+					}
+				}
+			}
+			if err := s.dev.DeleteRule(s.ifname, r.Location); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			removed++
+		}
+		return removed, errors.Join(errs...)
+	}
+	have, err := s.prog.Flows()
+	if err != nil {
+		return 0, err
+	}
+	wanted := map[xdp.Flow]string{}
+	for owner, fs := range keep {
+		for _, f := range fs {
+			if sf, err := f.softFlow(); err == nil {
+				wanted[sf] = owner
+				if _, ok := have[sf]; ok {
+					s.owners[owner] = append(s.owners[owner], installed{flow: f})
+				}
+			}
+		}
+	}
+	var errs []error
+	for sf := range have {
+		if _, ok := wanted[sf]; !ok {
+			if err := s.prog.DeleteFlow(sf); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			removed++
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+func ruleEqual(a, b ethtool.Rule) bool {
+	return a.Type == b.Type && a.Src == b.Src && a.Dst == b.Dst && a.SrcPort == b.SrcPort &&
+		a.DstPort == b.DstPort && a.VLAN == b.VLAN && a.Queue == b.Queue && a.L4Proto == b.L4Proto &&
+		a.RSSContext == b.RSSContext && a.Drop == b.Drop && a.Location == b.Location
+}
+
+// reserveRSS rewrites the NIC's RSS indirection table so that no hash
+// bucket points at a reserved queue: the host's own traffic then never
+// lands on a queue the direct program hands to a pod. The table found is
+// saved in stateFile first (unless a predecessor saved one) and put back
+// by restoreRSS.
+func reserveRSS(dev NtupleDevice, ifname, stateFile string, reserved []uint32) error {
+	if len(reserved) == 0 {
+		return nil
+	}
+	table, err := dev.Indirection(ifname)
+	if err != nil {
+		return fmt.Errorf("keep rss off queues %v of %s: %w", reserved, ifname, err)
+	}
+	if _, err := os.Stat(stateFile); os.IsNotExist(err) {
+		b, _ := json.Marshal(table)
+		if err := os.MkdirAll(filepath.Dir(stateFile), 0o700); err != nil {
+			return err
+		}
+		if err := os.WriteFile(stateFile, b, 0o600); err != nil {
+			return fmt.Errorf("save rss table of %s: %w", ifname, err)
+		}
+	}
+	var spread []uint32
+	for _, q := range table {
+		if !slices.Contains(reserved, q) && !slices.Contains(spread, q) {
+			spread = append(spread, q)
+		}
+	}
+	slices.Sort(spread)
+	if len(spread) == 0 {
+		return fmt.Errorf("keep rss off queues %v of %s: no queue would be left for the host", reserved, ifname)
+	}
+	out := make([]uint32, len(table))
+	j := 0
+	for i, q := range table {
+		if slices.Contains(reserved, q) {
+			q = spread[j%len(spread)]
+			j++
+		}
+		out[i] = q
+	}
+	if slices.Equal(out, table) {
+		return nil
+	}
+	return dev.SetIndirection(ifname, out)
+}
+
+// restoreRSS puts back the table reserveRSS saved.
+func restoreRSS(dev NtupleDevice, ifname, stateFile string) error {
+	b, err := os.ReadFile(stateFile)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var table []uint32
+	if err := json.Unmarshal(b, &table); err != nil {
+		return fmt.Errorf("saved rss table of %s: %w", ifname, err)
+	}
+	if err := dev.SetIndirection(ifname, table); err != nil {
+		return fmt.Errorf("restore rss table of %s: %w", ifname, err)
+	}
+	return os.Remove(stateFile)
+}
