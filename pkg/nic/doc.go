@@ -4,7 +4,5 @@
 //
 // Hardware facts come from sysfs under a root that tests point at a fake
 // tree (t.TempDir()); XDP features come from the kernel's "netdev" generic
-// netlink family (Linux 6.3 and later). Neither vishvananda/netlink nor
-// another maintained Go library wraps that family yet, so the one request
-// it needs is built here with vishvananda's nl package.
+// netlink family (Linux 6.3 and later) through mdlayher/genetlink.
 package nic

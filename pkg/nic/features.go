@@ -1,15 +1,13 @@
 package nic
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 
-	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
-	"golang.org/x/sys/unix"
+	"github.com/mdlayher/genetlink"
+	"github.com/mdlayher/netlink"
 )
 
 // Features are the XDP features a driver reports (NETDEV_A_DEV_XDP_FEATURES).
@@ -67,44 +65,49 @@ const (
 // ErrNoFeatures is returned when the kernel has no netdev genl family.
 var ErrNoFeatures = errors.New("the kernel does not report XDP features (Linux 6.3 or later does)")
 
-func queryXDPFeatures(netns string, ifindex int) (Features, error) {
-	var f Features
-	query := func(ns.NetNS) error {
-		fam, err := netlink.GenlFamilyGet(netdevFamilyName)
+func queryXDPFeatures(netnsPath string, ifindex int) (Features, error) {
+	cfg := &netlink.Config{}
+	if netnsPath != "" {
+		f, err := os.Open(netnsPath)
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrNoFeatures, err)
+			return 0, fmt.Errorf("xdp features: %w", err)
 		}
-		// Execute needs the ack to end a non-dump exchange.
-		req := nl.NewNetlinkRequest(int(fam.ID), unix.NLM_F_ACK)
-		req.AddData(&nl.Genlmsg{Command: netdevCmdDevGet, Version: netdevFamilyVersion})
-		b := make([]byte, 4)
-		binary.NativeEndian.PutUint32(b, uint32(ifindex))
-		req.AddData(nl.NewRtAttr(netdevAttrIfindex, b))
-		msgs, err := req.Execute(unix.NETLINK_GENERIC, 0)
+		defer f.Close()
+		cfg.NetNS = int(f.Fd())
+	}
+	c, err := genetlink.Dial(cfg)
+	if err != nil {
+		return 0, fmt.Errorf("xdp features: %w", err)
+	}
+	defer c.Close()
+	fam, err := c.GetFamily(netdevFamilyName)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrNoFeatures, err)
+	}
+	ae := netlink.NewAttributeEncoder()
+	ae.Uint32(netdevAttrIfindex, uint32(ifindex))
+	data, err := ae.Encode()
+	if err != nil {
+		return 0, err
+	}
+	msgs, err := c.Execute(genetlink.Message{Header: genetlink.Header{Command: netdevCmdDevGet, Version: fam.Version}, Data: data},
+		fam.ID, netlink.Request)
+	if err != nil {
+		return 0, fmt.Errorf("netdev dev-get ifindex %d: %w", ifindex, err)
+	}
+	for _, m := range msgs {
+		ad, err := netlink.NewAttributeDecoder(m.Data)
 		if err != nil {
-			return fmt.Errorf("netdev dev-get ifindex %d: %w", ifindex, err)
+			return 0, err
 		}
-		for _, m := range msgs {
-			if len(m) < nl.SizeofGenlmsg {
-				continue
-			}
-			attrs, err := nl.ParseRouteAttr(m[nl.SizeofGenlmsg:])
-			if err != nil {
-				return err
-			}
-			for _, a := range attrs {
-				if a.Attr.Type == netdevAttrXDPFeatures && len(a.Value) >= 8 {
-					f = Features(binary.NativeEndian.Uint64(a.Value)) | featuresQueried
-				}
+		for ad.Next() {
+			if ad.Type() == netdevAttrXDPFeatures {
+				return Features(ad.Uint64()) | featuresQueried, nil
 			}
 		}
-		return nil
+		if err := ad.Err(); err != nil {
+			return 0, err
+		}
 	}
-	var err error
-	if netns == "" {
-		err = query(nil)
-	} else {
-		err = ns.WithNetNSPath(netns, query)
-	}
-	return f, err
+	return 0, fmt.Errorf("netdev dev-get ifindex %d: no xdp-features in the reply", ifindex)
 }
