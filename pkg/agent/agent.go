@@ -20,6 +20,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/xdpq/xdpq/pkg/ethtool"
+	"github.com/xdpq/xdpq/pkg/nic"
 	"github.com/xdpq/xdpq/pkg/xdp"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
@@ -88,6 +89,12 @@ type Status struct {
 	Steering Steering // hardware or software, as resolved
 	Flows    int      // flows xdpq steers on the netdev
 	Mode     xdp.Mode // where the attached program runs
+	// ModeReason says why the agent asks for the mode it asks for.
+	ModeReason string
+	// ZeroCopy is whether the driver offers AF_XDP zero-copy.
+	ZeroCopy bool
+	// RXQueues is the netdev's rx queue count now (ethtool channels).
+	RXQueues int
 	Program  ebpf.ProgramID
 	Foreign  string   // the foreign program's name, when Overridden
 	Sockets  []uint32 // queues with an xdpq socket
@@ -110,9 +117,12 @@ type Agent struct {
 type netdev struct {
 	name    string
 	ifindex int
-	queues  int
+	queues  int // the XSKMAP's size: the most rx queues the netdev can have
+	rxNow   int // rx queues now
 	policy  Policy
 	kind    xdp.Kind
+	modeWhy string
+	zc      bool
 	steer   *steering
 	pins    string
 	prog    *xdp.Program  // ours, on the pinned maps
@@ -193,6 +203,7 @@ func (a *Agent) Manage(name string, p Policy) error {
 		return fmt.Errorf("agent: manage %s: %w", name, err)
 	}
 	d.kind = map[Steering]xdp.Kind{SteerHardware: xdp.Direct, SteerSoftware: xdp.Filter}[mode]
+	a.chooseMode(d)
 	if d.prog, err = a.loadProgram(d); err != nil {
 		return fmt.Errorf("agent: manage %s: %w", name, err)
 	}
@@ -224,6 +235,25 @@ func (a *Agent) Manage(name string, p Policy) error {
 		"steering", mode, "program", d.kind, "busy_queues", slices.Sorted(maps.Keys(d.orphans)))
 	a.reconcile(d)
 	return nil
+}
+
+// chooseMode settles an auto mode from the driver's XDP features: native
+// needs native XDP_REDIRECT, else generic.
+func (a *Agent) chooseMode(d *netdev) {
+	f, err := nic.XDPFeatures(a.cfg.NetNS, d.ifindex)
+	switch {
+	case err != nil || !f.Known():
+		d.modeWhy = "the kernel does not report XDP features: native, else generic"
+	case d.policy.Mode != xdp.ModeAuto:
+		d.modeWhy = "set by the pool"
+	case f.Has(nic.XDPBasic | nic.XDPRedirect):
+		d.policy.Mode = xdp.ModeNative
+		d.modeWhy = "the driver has native XDP_REDIRECT (" + f.String() + ")"
+	default:
+		d.policy.Mode = xdp.ModeGeneric
+		d.modeWhy = "the driver has no native XDP_REDIRECT (" + f.String() + ")"
+	}
+	d.zc = err == nil && f.Has(nic.XSKZeroCopy)
 }
 
 // resolveSteering turns auto into hardware when the NIC has ntuple
@@ -304,8 +334,8 @@ func (a *Agent) AddSocket(name string, queue uint32, fd int) error {
 	if !ok {
 		return fmt.Errorf("agent: add socket: %s is not managed", name)
 	}
-	if int(queue) >= d.queues {
-		return fmt.Errorf("agent: add socket: %s has %d queues, no queue %d", name, d.queues, queue)
+	if int(queue) >= d.queues || int(queue) >= d.rxNow {
+		return fmt.Errorf("agent: add socket: %s has %d rx queues now, no queue %d", name, min(d.queues, d.rxNow), queue)
 	}
 	if err := d.prog.SetSocket(queue, fd); err != nil {
 		return fmt.Errorf("agent: %s: %w", name, err)
@@ -545,6 +575,24 @@ func (a *Agent) reconcile(d *netdev) {
 		return
 	}
 	d.status.Netdev = l.Attrs().Name
+	d.status.ModeReason, d.status.ZeroCopy = d.modeWhy, d.zc
+	d.rxNow = d.queues
+	if ch, err := a.nic.Channels(d.name); err == nil {
+		d.rxNow = int(max(ch.RX, ch.Combined))
+	}
+	d.status.RXQueues = d.rxNow
+	var beyond []uint32
+	for q := range d.sockets {
+		if int(q) >= d.rxNow {
+			beyond = append(beyond, q)
+		}
+	}
+	defer func() {
+		if len(beyond) > 0 {
+			slices.Sort(beyond)
+			d.status.Reason = strings.TrimPrefix(d.status.Reason+fmt.Sprintf("; sockets on queues %v, beyond the %d rx queues the netdev has now", beyond, d.rxNow), "; ")
+		}
+	}()
 	att, err := xdp.Query(a.cfg.NetNS, d.ifindex)
 	if err != nil {
 		d.status.State, d.status.Reason = StateNone, err.Error()

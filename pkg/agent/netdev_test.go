@@ -1,11 +1,14 @@
 package agent_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/ethtool"
+	"github.com/xdpq/xdpq/pkg/xdp"
 )
 
 // TestNetdevChanges: down and up, rename, delete. The agent notices each
@@ -66,5 +69,51 @@ func TestNetdevChanges(t *testing.T) {
 	}
 	if err := a.Unmanage(p.A.Name); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestChannelsAndMode: the agent says why it chose native mode and that
+// veth has no zero-copy; the kernel refuses to lower the channel count
+// below a bound queue; a lower count above it is noticed and reported,
+// and a socket for a queue that went is refused.
+func TestChannelsAndMode(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	a := start(t, p, time.Second)
+	if err := a.Manage("xa", agent.Policy{Steering: agent.SteerHardware}); err != nil {
+		t.Fatal(err)
+	}
+	s2, _ := socket(t, p, 2)
+	if err := a.AddSocket("xa", 2, s2.FD()); err != nil {
+		t.Fatal(err)
+	}
+	st := waitState(t, a, "xa", agent.StateDirect)
+	if st.Mode != xdp.ModeNative || !strings.Contains(st.ModeReason, "native XDP_REDIRECT") || st.ZeroCopy || st.RXQueues != 4 {
+		t.Errorf("status %+v", st)
+	}
+	h, err := ethtool.Open(p.NSPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	// Native XDP on veth needs as many rx queues as the peer has tx queues.
+	if err := h.SetChannels("xb", ethtool.Channels{RX: 4, TX: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.SetChannels("xa", ethtool.Channels{RX: 2, TX: 4}); err == nil {
+		t.Fatal("the kernel let the rx queues drop below bound queue 2")
+	}
+	if err := h.SetChannels("xa", ethtool.Channels{RX: 3, TX: 4}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for status(a, "xa").RXQueues != 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent did not notice 3 rx queues: %+v", status(a, "xa"))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	s3, _ := socket(t, p, 0)
+	if err := a.AddSocket("xa", 3, s3.FD()); err == nil || !strings.Contains(err.Error(), "3 rx queues now") {
+		t.Errorf("socket for queue 3 of 3: %v", err)
 	}
 }

@@ -44,6 +44,7 @@ type NtupleDevice interface {
 	Rules(ifname string) ([]ethtool.Rule, error)
 	Indirection(ifname string) ([]uint32, error)
 	SetIndirection(ifname string, table []uint32) error
+	Channels(ifname string) (ethtool.Channels, error)
 }
 
 var _ NtupleDevice = (*ethtool.Handle)(nil)

@@ -94,6 +94,10 @@ func (f *fakeNtupleNIC) Indirection(string) ([]uint32, error) {
 	return slices.Clone(f.indir), nil
 }
 
+func (f *fakeNtupleNIC) Channels(string) (ethtool.Channels, error) {
+	return ethtool.Channels{MaxRX: 4, MaxTX: 4, RX: 4, TX: 4}, nil
+}
+
 func (f *fakeNtupleNIC) SetIndirection(_ string, t []uint32) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

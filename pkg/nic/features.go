@@ -65,7 +65,9 @@ const (
 // ErrNoFeatures is returned when the kernel has no netdev genl family.
 var ErrNoFeatures = errors.New("the kernel does not report XDP features (Linux 6.3 or later does)")
 
-func queryXDPFeatures(netnsPath string, ifindex int) (Features, error) {
+// XDPFeatures asks the kernel what XDP the driver of ifindex supports, in
+// the network namespace at netnsPath ("" for the caller's).
+func XDPFeatures(netnsPath string, ifindex int) (Features, error) {
 	cfg := &netlink.Config{}
 	if netnsPath != "" {
 		f, err := os.Open(netnsPath)

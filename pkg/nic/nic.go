@@ -105,7 +105,7 @@ func (d Discoverer) Get(name string) (Netdev, error) {
 			}
 		}
 	}
-	if f, err := queryXDPFeatures(d.NetNS, n.Ifindex); err == nil {
+	if f, err := XDPFeatures(d.NetNS, n.Ifindex); err == nil {
 		n.XDP = f
 	}
 	return n, nil
