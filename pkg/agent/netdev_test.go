@@ -117,3 +117,32 @@ func TestChannelsAndMode(t *testing.T) {
 		t.Errorf("socket for queue 3 of 3: %v", err)
 	}
 }
+
+// TestAttachAlways: the program is on while the netdev is managed, with
+// or without sockets, and goes when it is unmanaged.
+func TestAttachAlways(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	a := start(t, p, 10*time.Millisecond)
+	if err := a.Manage("xa", agent.Policy{Steering: agent.SteerHardware, AttachAlways: true}); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, a, "xa", agent.StateDirect)
+	s0, _ := socket(t, p, 0)
+	if err := a.AddSocket("xa", 0, s0.FD()); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.RemoveSocket("xa", 0); err != nil {
+		t.Fatal(err)
+	}
+	a.Kick() // well past the 10ms linger, the program must still be there
+	time.Sleep(50 * time.Millisecond)
+	if st := status(a, "xa"); st.State != agent.StateDirect {
+		t.Fatalf("attach always, no socket: %+v", st)
+	}
+	if err := a.Unmanage("xa"); err != nil {
+		t.Fatal(err)
+	}
+	if att, _ := xdp.Query(p.NSPath(), p.A.Index); att != nil {
+		t.Fatalf("unmanaged, the program stays: %+v", att)
+	}
+}
