@@ -25,7 +25,7 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	s0, r0 := socket(t, p, 0)
-	flow := agent.Flow{Protocol: xdp.UDP, Dst: netip.PrefixFrom(p.A.Addr, 32), DstPort: 5000, Queue: 0}
+	flow := agent.Flow{Protocol: xdp.UDP, Dst: netip.PrefixFrom(p.A.Addr, 32), DstPort: 5000, Queues: []uint32{0}}
 	if err := a.Steer(p.A.Name, "pod-a", []agent.Flow{flow}); err != nil {
 		t.Fatal(err)
 	}

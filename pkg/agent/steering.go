@@ -45,6 +45,8 @@ type NtupleDevice interface {
 	Indirection(ifname string) ([]uint32, error)
 	SetIndirection(ifname string, table []uint32) error
 	Channels(ifname string) (ethtool.Channels, error)
+	CreateRSSContext(ifname string, queues []uint32) (uint32, error)
+	DeleteRSSContext(ifname string, ctx uint32) error
 }
 
 var _ NtupleDevice = (*ethtool.Handle)(nil)
@@ -57,7 +59,10 @@ type Flow struct {
 	Src      netip.Prefix // hardware steering only; zero: any
 	SrcPort  uint16       // hardware steering only; 0: any
 	VLAN     uint16       // 0: untagged (software) or any (hardware)
-	Queue    uint32
+	// Queues receive the flow. With several, hardware steering spreads the
+	// flow over them with an RSS context; software steering takes the
+	// flow on whichever of them the NIC's RSS delivers it to.
+	Queues []uint32
 }
 
 func (f Flow) String() string {
@@ -68,7 +73,7 @@ func (f Flow) String() string {
 	if f.VLAN != 0 {
 		s += fmt.Sprintf(" vlan %d", f.VLAN)
 	}
-	return s + fmt.Sprintf(" -> q%d", f.Queue)
+	return s + fmt.Sprintf(" -> queues %v", f.Queues)
 }
 
 // overlaps reports whether some frame could match both flows.
@@ -79,9 +84,13 @@ func (f Flow) overlaps(g Flow) bool {
 		anyOr(f.SrcPort, g.SrcPort) && prefixes(f.Dst, g.Dst) && prefixes(f.Src, g.Src)
 }
 
-func (f Flow) rule(loc uint32) (ethtool.Rule, error) {
+// rule is f as an ntuple rule at loc, to its queue or to RSS context ctx.
+func (f Flow) rule(loc, ctx uint32) (ethtool.Rule, error) {
 	r := ethtool.Rule{Location: loc, Dst: f.Dst, Src: f.Src, DstPort: f.DstPort, SrcPort: f.SrcPort,
-		VLAN: f.VLAN, Queue: f.Queue}
+		VLAN: f.VLAN, RSSContext: ctx}
+	if ctx == 0 {
+		r.Queue = f.Queues[0]
+	}
 	v6 := f.Dst.Addr().Is6()
 	switch {
 	case f.Protocol == xdp.UDP && !v6:
@@ -98,15 +107,19 @@ func (f Flow) rule(loc uint32) (ethtool.Rule, error) {
 	return r, nil
 }
 
-// softFlow is the filter program's form of f, when it has one.
-func (f Flow) softFlow() (xdp.Flow, error) {
+// softFlows is the filter program's form of f, one entry per queue.
+func (f Flow) softFlows() ([]xdp.Flow, error) {
 	if f.Src.IsValid() || f.SrcPort != 0 {
-		return xdp.Flow{}, fmt.Errorf("flow %v: software steering matches destination address and port only, not the source", f)
+		return nil, fmt.Errorf("flow %v: software steering matches destination address and port only, not the source", f)
 	}
 	if !f.Dst.IsSingleIP() {
-		return xdp.Flow{}, fmt.Errorf("flow %v: software steering needs one destination address, not a prefix", f)
+		return nil, fmt.Errorf("flow %v: software steering needs one destination address, not a prefix", f)
 	}
-	return xdp.Flow{Queue: f.Queue, VLAN: f.VLAN, Protocol: f.Protocol, Dst: f.Dst.Addr(), Port: f.DstPort}, nil
+	var out []xdp.Flow
+	for _, q := range f.Queues {
+		out = append(out, xdp.Flow{Queue: q, VLAN: f.VLAN, Protocol: f.Protocol, Dst: f.Dst.Addr(), Port: f.DstPort})
+	}
+	return out, nil
 }
 
 func (f Flow) validate(queues int) error {
@@ -122,8 +135,16 @@ func (f Flow) validate(queues int) error {
 	if f.VLAN > 4094 {
 		return fmt.Errorf("flow %v: vlan out of range 1..4094", f)
 	}
-	if int(f.Queue) >= queues {
-		return fmt.Errorf("flow %v: the netdev has %d queues", f, queues)
+	if len(f.Queues) == 0 {
+		return fmt.Errorf("flow %v: no queue", f)
+	}
+	for i, q := range f.Queues {
+		if int(q) >= queues {
+			return fmt.Errorf("flow %v: the netdev has %d queues", f, queues)
+		}
+		if slices.Contains(f.Queues[:i], q) {
+			return fmt.Errorf("flow %v: queue %d given twice", f, q)
+		}
 	}
 	return nil
 }
@@ -131,6 +152,7 @@ func (f Flow) validate(queues int) error {
 type installed struct {
 	flow Flow
 	loc  uint32 // hardware steering
+	ctx  uint32 // hardware steering: the flow's RSS context, 0 for none
 }
 
 // steering holds what xdpq installed on one netdev, by owner.
@@ -172,7 +194,7 @@ func (s *steering) add(owner string, flows []Flow) error {
 			return fmt.Errorf("steer %s on %s: %w", owner, s.ifname, err)
 		}
 		if s.mode == SteerSoftware {
-			if _, err := f.softFlow(); err != nil {
+			if _, err := f.softFlows(); err != nil {
 				return fmt.Errorf("steer %s on %s: %w", owner, s.ifname, err)
 			}
 		}
@@ -187,7 +209,7 @@ func (s *steering) add(owner string, flows []Flow) error {
 			}
 		}
 		for _, g := range flows[:i] {
-			if f.overlaps(g) && f.Queue != g.Queue {
+			if f.overlaps(g) && !slices.Equal(f.Queues, g.Queues) {
 				return fmt.Errorf("steer %s on %s: flows %v and %v overlap on different queues", owner, s.ifname, g, f)
 			}
 		}
@@ -211,11 +233,25 @@ func (s *steering) add(owner string, flows []Flow) error {
 				rollback()
 				return fmt.Errorf("steer %s on %s: all %d rule locations from %d are in use", owner, s.ifname, s.rules.Count, s.rules.First)
 			}
-			r, err := f.rule(next)
+			if len(f.Queues) > 1 {
+				ctx, err := s.dev.CreateRSSContext(s.ifname, f.Queues)
+				if err != nil {
+					rollback()
+					if errors.Is(err, ethtool.ErrNotSupported) {
+						return fmt.Errorf("steer %s on %s: flow %v: %w (spreading a flow over several queues needs RSS contexts)", owner, s.ifname, f, err)
+					}
+					return fmt.Errorf("steer %s on %s: %w", owner, s.ifname, err)
+				}
+				in.ctx = ctx
+			}
+			r, err := f.rule(next, in.ctx)
 			if err == nil {
 				err = s.dev.AddRule(s.ifname, r)
 			}
 			if err != nil {
+				if in.ctx != 0 {
+					s.dev.DeleteRSSContext(s.ifname, in.ctx)
+				}
 				rollback()
 				if errors.Is(err, ethtool.ErrNotSupported) {
 					return fmt.Errorf("steer %s on %s: %w (the NIC has no ntuple filters; a pool with steering software or auto uses xdpq's filter program)", owner, s.ifname, err)
@@ -225,9 +261,14 @@ func (s *steering) add(owner string, flows []Flow) error {
 			in.loc = next
 			used[next] = true
 		default:
-			sf, err := f.softFlow()
-			if err == nil {
-				err = s.prog.AddFlow(sf, 1)
+			sfs, err := f.softFlows()
+			for i, sf := range sfs {
+				if err = s.prog.AddFlow(sf, 1); err != nil {
+					for _, undo := range sfs[:i] {
+						s.prog.DeleteFlow(undo)
+					}
+					break
+				}
 			}
 			if err != nil {
 				rollback()
@@ -242,13 +283,21 @@ func (s *steering) add(owner string, flows []Flow) error {
 
 func (s *steering) remove(in installed) error {
 	if s.mode == SteerHardware {
-		return s.dev.DeleteRule(s.ifname, in.loc)
+		err := s.dev.DeleteRule(s.ifname, in.loc)
+		if in.ctx != 0 {
+			err = errors.Join(err, s.dev.DeleteRSSContext(s.ifname, in.ctx))
+		}
+		return err
 	}
-	sf, err := in.flow.softFlow()
+	sfs, err := in.flow.softFlows()
 	if err != nil {
 		return err
 	}
-	return s.prog.DeleteFlow(sf)
+	var errs []error
+	for _, sf := range sfs {
+		errs = append(errs, s.prog.DeleteFlow(sf))
+	}
+	return errors.Join(errs...)
 }
 
 // removeOwner removes every flow of owner; an unknown owner is no error.
@@ -282,13 +331,18 @@ func (s *steering) sync(keep map[string][]Flow) (removed int, err error) {
 			}
 			for owner, fs := range keep {
 				for _, f := range fs {
-					if want, err := f.rule(r.Location); err == nil && ruleEqual(want, r) {
-						s.owners[owner] = append(s.owners[owner], installed{flow: f, loc: r.Location})
+					// A flow over several queues matches a rule to any RSS
+					// context: the context's queues are the kernel's to keep.
+					if (len(f.Queues) > 1) != (r.RSSContext != 0) {
+						continue
+					}
+					if want, err := f.rule(r.Location, r.RSSContext); err == nil && ruleEqual(want, r) {
+						s.owners[owner] = append(s.owners[owner], installed{flow: f, loc: r.Location, ctx: r.RSSContext})
 						continue rules
 					}
 				}
 			}
-			if err := s.dev.DeleteRule(s.ifname, r.Location); err != nil {
+			if err := s.remove(installed{loc: r.Location, ctx: r.RSSContext}); err != nil {
 				errs = append(errs, err)
 				continue
 			}
@@ -303,11 +357,18 @@ func (s *steering) sync(keep map[string][]Flow) (removed int, err error) {
 	wanted := map[xdp.Flow]string{}
 	for owner, fs := range keep {
 		for _, f := range fs {
-			if sf, err := f.softFlow(); err == nil {
+			sfs, err := f.softFlows()
+			if err != nil {
+				continue
+			}
+			all := true
+			for _, sf := range sfs {
 				wanted[sf] = owner
-				if _, ok := have[sf]; ok {
-					s.owners[owner] = append(s.owners[owner], installed{flow: f})
-				}
+				_, ok := have[sf]
+				all = all && ok
+			}
+			if all {
+				s.owners[owner] = append(s.owners[owner], installed{flow: f})
 			}
 		}
 	}

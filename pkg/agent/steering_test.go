@@ -30,11 +30,12 @@ type fakeNtupleNIC struct {
 	mu       sync.Mutex
 	rules    map[uint32]ethtool.Rule
 	indir    []uint32
+	contexts map[uint32][]uint32
 	failNext int // fail the insert after this many more succeed (0: never)
 }
 
 func newFakeNtupleNIC(queues int) *fakeNtupleNIC {
-	f := &fakeNtupleNIC{rules: map[uint32]ethtool.Rule{}}
+	f := &fakeNtupleNIC{rules: map[uint32]ethtool.Rule{}, contexts: map[uint32][]uint32{}}
 	for i := range 128 {
 		f.indir = append(f.indir, uint32(i%queues))
 	}
@@ -92,6 +93,32 @@ func (f *fakeNtupleNIC) Indirection(string) ([]uint32, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.indir), nil
+}
+
+func (f *fakeNtupleNIC) CreateRSSContext(_ string, queues []uint32) (uint32, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for id := uint32(1); ; id++ {
+		if _, ok := f.contexts[id]; !ok {
+			f.contexts[id] = slices.Clone(queues)
+			return id, nil
+		}
+	}
+}
+
+func (f *fakeNtupleNIC) DeleteRSSContext(_ string, ctx uint32) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.contexts[ctx]; !ok {
+		return fmt.Errorf("fake: no rss context %d", ctx)
+	}
+	for _, r := range f.rules {
+		if r.RSSContext == ctx {
+			return fmt.Errorf("fake: rss context %d in use by rule %d", ctx, r.Location)
+		}
+	}
+	delete(f.contexts, ctx)
+	return nil
 }
 
 func (f *fakeNtupleNIC) Channels(string) (ethtool.Channels, error) {
@@ -154,8 +181,8 @@ func TestSteeringOnFakeNtupleNIC(t *testing.T) {
 	}
 
 	podA := []agent.Flow{
-		{Protocol: xdp.UDP, Dst: host("10.0.0.1"), DstPort: 5000, Queue: 2},
-		{Protocol: xdp.TCP, Dst: netip.MustParsePrefix("10.0.0.0/24"), DstPort: 443, Queue: 3},
+		{Protocol: xdp.UDP, Dst: host("10.0.0.1"), DstPort: 5000, Queues: []uint32{2}},
+		{Protocol: xdp.TCP, Dst: netip.MustParsePrefix("10.0.0.0/24"), DstPort: 443, Queues: []uint32{3}},
 	}
 	if err := a.Steer("xa", "pod-a", podA); err != nil {
 		t.Fatal(err)
@@ -168,20 +195,20 @@ func TestSteeringOnFakeNtupleNIC(t *testing.T) {
 	}
 
 	// Overlap with pod-a: refused, naming pod-a, nothing inserted.
-	err := a.Steer("xa", "pod-b", []agent.Flow{{Protocol: xdp.UDP, Dst: netip.MustParsePrefix("10.0.0.0/8"), Queue: 1}})
+	err := a.Steer("xa", "pod-b", []agent.Flow{{Protocol: xdp.UDP, Dst: netip.MustParsePrefix("10.0.0.0/8"), Queues: []uint32{1}}})
 	if err == nil || !strings.Contains(err.Error(), "of pod-a") {
 		t.Fatalf("overlapping flow: %v", err)
 	}
 	// Same address, other protocol: no overlap.
-	podB := []agent.Flow{{Protocol: xdp.TCP, Dst: host("10.0.0.1"), DstPort: 5000, Queue: 1}}
+	podB := []agent.Flow{{Protocol: xdp.TCP, Dst: host("10.0.0.1"), DstPort: 5000, Queues: []uint32{1}}}
 	if err := a.Steer("xa", "pod-b", podB); err != nil {
 		t.Fatal(err)
 	}
 	// Two more do not fit the range: refused with the range named, and
 	// the one that fitted is rolled back.
 	err = a.Steer("xa", "pod-c", []agent.Flow{
-		{Protocol: xdp.UDP, Dst: host("10.9.9.9"), Queue: 0},
-		{Protocol: xdp.UDP, Dst: host("10.9.9.10"), Queue: 0},
+		{Protocol: xdp.UDP, Dst: host("10.9.9.9"), Queues: []uint32{0}},
+		{Protocol: xdp.UDP, Dst: host("10.9.9.10"), Queues: []uint32{0}},
 	})
 	if err == nil || !strings.Contains(err.Error(), "all 4 rule locations from 100") {
 		t.Fatalf("full range: %v", err)
@@ -193,8 +220,8 @@ func TestSteeringOnFakeNtupleNIC(t *testing.T) {
 	a.Unsteer("xa", "pod-b")
 	nic.failNext = 2
 	err = a.Steer("xa", "pod-d", []agent.Flow{
-		{Protocol: xdp.UDP, Dst: host("10.7.0.1"), Queue: 0},
-		{Protocol: xdp.UDP, Dst: host("10.7.0.2"), Queue: 0},
+		{Protocol: xdp.UDP, Dst: host("10.7.0.1"), Queues: []uint32{0}},
+		{Protocol: xdp.UDP, Dst: host("10.7.0.2"), Queues: []uint32{0}},
 	})
 	if err == nil || !strings.Contains(err.Error(), "out of filter resources") {
 		t.Fatalf("failing insert: %v", err)
@@ -252,11 +279,11 @@ func TestSoftwareFallbackOnVeth(t *testing.T) {
 	if st := status(a, "xa"); st.Steering != agent.SteerSoftware {
 		t.Fatalf("auto on veth: %+v", st)
 	}
-	flow := agent.Flow{Protocol: xdp.UDP, Dst: host(p.A.Addr.String()), DstPort: 5000, Queue: 0}
+	flow := agent.Flow{Protocol: xdp.UDP, Dst: host(p.A.Addr.String()), DstPort: 5000, Queues: []uint32{0}}
 	if err := a.Steer("xa", "pod-a", []agent.Flow{flow}); err != nil {
 		t.Fatal(err)
 	}
-	err := a.Steer("xa", "pod-b", []agent.Flow{{Protocol: xdp.UDP, Dst: host("10.99.0.7"), Src: host("10.1.1.1"), Queue: 1}})
+	err := a.Steer("xa", "pod-b", []agent.Flow{{Protocol: xdp.UDP, Dst: host("10.99.0.7"), Src: host("10.1.1.1"), Queues: []uint32{1}}})
 	if err == nil || !strings.Contains(err.Error(), "not the source") {
 		t.Errorf("source match in software: %v", err)
 	}
@@ -295,7 +322,7 @@ func TestSoftwareFallbackOnVeth(t *testing.T) {
 	if err := a2.Manage("xb", agent.Policy{Steering: agent.SteerHardware}); err != nil {
 		t.Fatal(err)
 	}
-	err = a2.Steer("xb", "pod-c", []agent.Flow{{Protocol: xdp.UDP, Dst: host("10.99.0.2"), Queue: 0}})
+	err = a2.Steer("xb", "pod-c", []agent.Flow{{Protocol: xdp.UDP, Dst: host("10.99.0.2"), Queues: []uint32{0}}})
 	if !errors.Is(err, ethtool.ErrNotSupported) || !strings.Contains(err.Error(), "no ntuple filters") {
 		t.Errorf("hardware steering on veth: %v", err)
 	}
@@ -304,5 +331,78 @@ func TestSoftwareFallbackOnVeth(t *testing.T) {
 	// A restart that knows no binding removes the flow.
 	if n, err := a.SyncSteering("xa", nil); err != nil || n != 1 {
 		t.Errorf("sync with no bindings removed %d, %v", n, err)
+	}
+}
+
+// TestRSSContextOnFakeNtupleNIC: a flow over several queues gets an RSS
+// context and a rule to it; both go with the owner, or with a restart
+// that no longer needs them.
+func TestRSSContextOnFakeNtupleNIC(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	nic := newFakeNtupleNIC(4)
+	pins, state := pinDir(t), t.TempDir()
+	a := newAgentWithNIC(t, p, nic, pins, state)
+	if err := a.Manage("xa", agent.Policy{Steering: agent.SteerHardware}); err != nil {
+		t.Fatal(err)
+	}
+	flow := agent.Flow{Protocol: xdp.UDP, Dst: host("10.0.0.5"), DstPort: 2152, Queues: []uint32{2, 3}}
+	if err := a.Steer("xa", "upf", []agent.Flow{flow}); err != nil {
+		t.Fatal(err)
+	}
+	rules, _ := nic.Rules("xa")
+	if len(rules) != 1 || rules[0].RSSContext == 0 || !slices.Equal(nic.contexts[rules[0].RSSContext], []uint32{2, 3}) {
+		t.Fatalf("rules %v, contexts %v", rules, nic.contexts)
+	}
+	if err := a.Steer("xa", "upf", []agent.Flow{{Protocol: xdp.UDP, Dst: host("10.0.0.6"), Queues: []uint32{1, 1}}}); err == nil {
+		t.Error("a queue given twice was accepted")
+	}
+	if err := a.Unsteer("xa", "upf"); err != nil {
+		t.Fatal(err)
+	}
+	if len(nic.rules) != 0 || len(nic.contexts) != 0 {
+		t.Fatalf("after unsteer: rules %v, contexts %v", nic.rules, nic.contexts)
+	}
+	// A restart that still needs the flow keeps it, one that does not removes both.
+	if err := a.Steer("xa", "upf", []agent.Flow{flow}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := a.SyncSteering("xa", map[string][]agent.Flow{"upf": {flow}}); n != 0 || err != nil {
+		t.Fatalf("sync keeping the flow removed %d, %v", n, err)
+	}
+	if n, err := a.SyncSteering("xa", nil); n != 1 || err != nil {
+		t.Fatalf("sync without bindings removed %d, %v", n, err)
+	}
+	if len(nic.rules) != 0 || len(nic.contexts) != 0 {
+		t.Fatalf("after sync: rules %v, contexts %v", nic.rules, nic.contexts)
+	}
+}
+
+// TestSoftwareFlowOverQueues: without hardware, a flow over two queues is
+// taken on either, wherever the sender (veth's stand-in for RSS) puts it.
+func TestSoftwareFlowOverQueues(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	a := start(t, p, time.Second)
+	if err := a.Manage("xa", agent.Policy{Steering: agent.SteerSoftware, Mode: xdp.ModeNative}); err != nil {
+		t.Fatal(err)
+	}
+	flow := agent.Flow{Protocol: xdp.UDP, Dst: host(p.A.Addr.String()), DstPort: 5000, Queues: []uint32{0, 1}}
+	if err := a.Steer("xa", "pod", []agent.Flow{flow}); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []uint32{0, 1} {
+		s, r := socket(t, p, q)
+		if err := a.AddSocket("xa", q, s.FD()); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Expect(sender(t, p, q).UDP(10), time.Now().Add(5*time.Second)); err != nil {
+			t.Fatalf("queue %d: %v", q, err)
+		}
+	}
+	if err := a.Unsteer("xa", "pod"); err != nil {
+		t.Fatal(err)
+	}
+	prog, _ := a.Program("xa")
+	if fl, err := prog.Flows(); err != nil || len(fl) != 0 {
+		t.Errorf("flows left: %v, %v", fl, err)
 	}
 }
