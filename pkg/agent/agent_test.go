@@ -102,25 +102,32 @@ func ip(t testing.TB, p *testnet.Pair, args ...string) {
 	}
 }
 
-// socket opens a receiving socket on the queue of A.
-func socket(t testing.TB, p *testnet.Pair, queue uint32) (*xsk.Socket, *traffic.Receiver) {
+// openXSK opens a socket on queue of l with a UMEM of n frames, closed
+// when the test ends, and returns it with the frames' addresses.
+func openXSK(t testing.TB, p *testnet.Pair, l testnet.Link, queue uint32, n int, rings xsk.Rings) (*xsk.Socket, []uint64) {
 	t.Helper()
-	dev := xsk.Netdev{Name: p.A.Name, Ifindex: p.A.Index, NetNS: p.NSPath()}
-	umem, socks, err := xsk.Open(dev, []uint32{queue}, 256, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048},
-		Rings: xsk.Rings{Fill: 256, Completion: 64, RX: 256}})
+	dev := xsk.Netdev{Name: l.Name, Ifindex: l.Index, NetNS: p.NSPath()}
+	umem, socks, err := xsk.Open(dev, []uint32{queue}, n, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: rings})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { socks[0].Close(); umem.Close() })
-	addrs := make([]uint64, 256)
+	addrs := make([]uint64, n)
 	for i := range addrs {
 		addrs[i] = umem.FrameAddr(i)
 	}
-	r, err := traffic.NewReceiver(socks[0], addrs)
+	return socks[0], addrs
+}
+
+// socket opens a receiving socket on the queue of A.
+func socket(t testing.TB, p *testnet.Pair, queue uint32) (*xsk.Socket, *traffic.Receiver) {
+	t.Helper()
+	s, addrs := openXSK(t, p, p.A, queue, 256, xsk.Rings{Fill: 256, Completion: 64, RX: 256})
+	r, err := traffic.NewReceiver(s, addrs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return socks[0], r
+	return s, r
 }
 
 // peer sends from one of B's queues.
@@ -134,18 +141,8 @@ type peer struct {
 
 func sender(t testing.TB, p *testnet.Pair, queue uint32) *peer {
 	t.Helper()
-	dev := xsk.Netdev{Name: p.B.Name, Ifindex: p.B.Index, NetNS: p.NSPath()}
-	umem, socks, err := xsk.Open(dev, []uint32{queue}, 256, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048},
-		Rings: xsk.Rings{Fill: 64, Completion: 256, TX: 256}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { socks[0].Close(); umem.Close() })
-	addrs := make([]uint64, 256)
-	for i := range addrs {
-		addrs[i] = umem.FrameAddr(i)
-	}
-	return &peer{t: t, p: p, queue: queue, s: traffic.NewSender(socks[0], addrs, 0)}
+	s, addrs := openXSK(t, p, p.B, queue, 256, xsk.Rings{Fill: 64, Completion: 256, TX: 256})
+	return &peer{t: t, p: p, queue: queue, s: traffic.NewSender(s, addrs, 0)}
 }
 
 // Raw sends frames.

@@ -298,25 +298,17 @@ func netIndex(p *testnet.Pair, name string) (int, error) {
 // floodFrom returns a function that floods A from B's queue until stop.
 func floodFrom(t *testing.T, p *testnet.Pair, queue uint32) func(stop func() bool) {
 	t.Helper()
-	dev := xsk.Netdev{Name: p.B.Name, Ifindex: p.B.Index, NetNS: p.NSPath()}
-	umem, socks, err := xsk.Open(dev, []uint32{queue}, 512, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048},
-		Rings: xsk.Rings{Fill: 64, Completion: 512, TX: 512}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { socks[0].Close(); umem.Close() })
+	sock, addrs := openXSK(t, p, p.B, queue, 512, xsk.Rings{Fill: 64, Completion: 512, TX: 512})
 	f, err := frame.Spec{SrcMAC: p.B.MAC, DstMAC: p.A.MAC, Src: p.B.Addr, Dst: p.A.Addr, Protocol: 17,
 		SrcPort: 1, DstPort: 5000, Payload: frame.Payload(0, 0, 22)}.Build()
 	if err != nil {
 		t.Fatal(err)
 	}
-	addrs := make([]uint64, 512)
-	for i := range addrs {
-		addrs[i] = umem.FrameAddr(i)
-		copy(umem.Bytes(addrs[i], uint32(len(f))), f)
+	for _, a := range addrs {
+		copy(sock.UMEM().Bytes(a, uint32(len(f))), f)
 	}
 	return func(stop func() bool) {
-		if _, err := traffic.Flood(socks[0], addrs, uint32(len(f)), 64, stop); err != nil {
+		if _, err := traffic.Flood(sock, addrs, uint32(len(f)), 64, stop); err != nil {
 			t.Error(err)
 		}
 	}
