@@ -26,6 +26,7 @@ import (
 // Msg is every message of the exchange; Step says which.
 type Msg struct {
 	Step   string
+	Path   string    `json:",omitempty"` // a socket path to connect to
 	Queues []uint32  `json:",omitempty"`
 	Rings  xsk.Rings `json:",omitempty"`
 	// Addressing of the test traffic, both ways.

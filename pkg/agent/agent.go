@@ -18,6 +18,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/xdpq/xdpq/pkg/ethtool"
 	"github.com/xdpq/xdpq/pkg/nic"
@@ -410,6 +411,22 @@ func (a *Agent) SyncSteering(name string, keep map[string][]Flow) (int, error) {
 		a.log.Info("removed stale flows", "netdev", name, "count", n)
 	}
 	return n, err
+}
+
+// XSKMapFD returns a new descriptor of the netdev's XSKMAP, for a client
+// that inserts its own sockets (DPDK's af_xdp PMD). The caller closes it.
+func (a *Agent) XSKMapFD(name string) (int, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	d, ok := a.netdevs[name]
+	if !ok {
+		return -1, fmt.Errorf("agent: %s is not managed", name)
+	}
+	fd, err := unix.FcntlInt(uintptr(d.prog.XSKMap().FD()), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("agent: dup xskmap of %s: %w", name, err)
+	}
+	return fd, nil
 }
 
 // Program returns the netdev's program, for its flow map and counters.

@@ -1,0 +1,351 @@
+package broker_test
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/traffic"
+	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/client"
+	"github.com/xdpq/xdpq/pkg/xsk"
+)
+
+var allowTX = broker.Limits{MaxUMEM: 64 << 20, MaxRing: 4096, AllowTX: true, MaxQueue: 8}
+
+// TestLease: a client gets both queues' sockets, receives and transmits
+// byte-exact; closing the lease takes the sockets out of the XSKMAP and
+// frees the queues for the next lease.
+func TestLease(t *testing.T) {
+	e := newEnv(t, rootOwned, allowTX)
+	pr := e.peer(t)
+	l, err := client.Connect(e.alloc.SocketPath(), client.Options{Name: "test", TX: true, Ring: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Netdev != "xa" || len(l.Sockets) != 2 || l.ZeroCopy {
+		t.Fatalf("lease %+v", l)
+	}
+	e.waitSockets(t, 2)
+	for i, q := range l.Queues {
+		want := frames(e.p.B, e.p.A, q, 500)
+		if err := pr.send[i].Send(want, time.Now().Add(5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		r, err := traffic.NewReceiver(l.Sockets[i], nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Expect(want, time.Now().Add(5*time.Second)); err != nil {
+			t.Fatalf("queue %d: %v", q, err)
+		}
+		back := frames(e.p.A, e.p.B, 100+q, 500)
+		if err := traffic.NewSender(l.Sockets[i], l.TXFrames(i), 0).Send(back, time.Now().Add(5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if err := pr.recv[i].Expect(back, time.Now().Add(5*time.Second)); err != nil {
+			t.Fatalf("queue %d back: %v", q, err)
+		}
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e.waitSockets(t, 0)
+	l2, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64})
+	if err != nil {
+		t.Fatalf("the next lease: %v", err)
+	}
+	l2.Close()
+}
+
+// TestRefusals: every bad request is refused with a reason, the daemon
+// keeps no descriptor of it, and the allocation stays usable.
+func TestRefusals(t *testing.T) {
+	e := newEnv(t, rootOwned, broker.Limits{MaxUMEM: 1 << 20, MaxRing: 1024, AllowTX: false, MaxQueue: 8})
+	hello := `{"type":"hello","version":1,"client":"t"}`
+	memfd := func(size int64, seal bool) int {
+		if seal {
+			f, err := xsk.NewMemfd("t", size, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fd, _ := unix.Dup(int(f.Fd()))
+			f.Close()
+			return fd
+		}
+		fd, _ := unix.MemfdCreate("t", unix.MFD_ALLOW_SEALING)
+		unix.Ftruncate(fd, size)
+		return fd
+	}
+	request := func(queues string, rings string) string {
+		return `{"type":"request","frame_size":2048,"rings":` + rings + `,"queues":` + queues + `}`
+	}
+	rx64 := `{"fill":64,"completion":64,"rx":64,"tx":0}`
+	type step struct {
+		msg string
+		fds func() []int
+	}
+	one := func(size int64, seal bool) func() []int { return func() []int { return []int{memfd(size, seal)} } }
+	for _, c := range []struct {
+		name   string
+		steps  []step
+		code   string
+		reason string
+	}{
+		{"malformed json", []step{{msg: `{"type":"hello",`}}, broker.CodeBadMessage, "not a protocol message"},
+		{"unknown field", []step{{msg: `{"type":"hello","version":1,"admin":true}`}}, broker.CodeBadMessage, "unknown field"},
+		{"unknown version", []step{{msg: `{"type":"hello","version":99}`}}, broker.CodeVersion, "speaks 1"},
+		{"fd on hello", []step{{msg: hello, fds: one(4096, true)}}, broker.CodeBadMessage, "no descriptor"},
+		{"oversized memfd", []step{{msg: hello}, {msg: request("[0]", rx64), fds: one(2<<20, true)}}, broker.CodeLimit, "at most 1048576"},
+		{"unsealed memfd", []step{{msg: hello}, {msg: request("[0]", rx64), fds: one(1<<20, false)}}, broker.CodeBadRequest, "not sealed"},
+		{"queue not given", []step{{msg: hello}, {msg: request("[3]", rx64), fds: one(1<<20, true)}}, broker.CodeForbidden, "queue 3 was not given"},
+		{"too many fds", []step{{msg: hello}, {msg: request("[0]", rx64), fds: func() []int { return []int{memfd(1<<20, true), memfd(4096, true)} }}}, broker.CodeBadMessage, "too many descriptors"},
+		{"no memfd", []step{{msg: hello}, {msg: request("[0]", rx64)}}, broker.CodeBadRequest, "exactly one descriptor"},
+		{"tx not allowed", []step{{msg: hello}, {msg: request("[0]", `{"fill":64,"completion":64,"rx":64,"tx":64}`), fds: one(1<<20, true)}}, broker.CodeLimit, "receive-only"},
+		{"ring too large", []step{{msg: hello}, {msg: request("[0]", `{"fill":2048,"completion":64,"rx":64,"tx":0}`), fds: one(1<<20, true)}}, broker.CodeLimit, "at most 1024"},
+		{"never ready", []step{{msg: hello}, {msg: request("[0,1]", rx64), fds: one(1<<20, true)}}, broker.CodeTimeout, "no message within"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := len(testnet.OpenFDs())
+			conn := dial(t, e)
+			defer conn.Close()
+			buf := make([]byte, broker.MaxMessage)
+			var got *broker.Message
+			for _, s := range c.steps {
+				var fds []int
+				if s.fds != nil {
+					fds = s.fds()
+				}
+				if err := xsk.SendFDs(conn, []byte(s.msg), fds); err != nil {
+					t.Fatal(err)
+				}
+				for _, fd := range fds {
+					unix.Close(fd)
+				}
+				// Read what comes back: welcome, sockets, or the refusal.
+				for {
+					n, rfds, err := xsk.RecvFDs(conn, buf, 4)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, fd := range rfds {
+						unix.Close(fd) // the client's own copies of sockets
+					}
+					var m broker.Message
+					if err := json.Unmarshal(buf[:n], &m); err != nil {
+						t.Fatalf("%q: %v", buf[:n], err)
+					}
+					got = &m
+					break
+				}
+				if got.Type == broker.TypeError {
+					break
+				}
+			}
+			if got.Type == broker.TypeSockets { // never ready: wait for the timeout
+				n, _, err := xsk.RecvFDs(conn, buf, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				json.Unmarshal(buf[:n], got)
+			}
+			if got.Type != broker.TypeError || got.Code != c.code || !strings.Contains(got.Reason, c.reason) {
+				t.Fatalf("got %+v, want %s %q", got, c.code, c.reason)
+			}
+			// Then the daemon closes the connection.
+			if n, _, err := xsk.RecvFDs(conn, buf, 0); n != 0 || (err != nil && !errors.Is(err, io.EOF)) {
+				t.Fatalf("after the refusal: %d bytes, %v", n, err)
+			}
+			conn.Close()
+			if after := len(testnet.OpenFDs()); after != before {
+				t.Errorf("descriptors: %d before, %d after", before, after)
+			}
+			if s := e.sockets(); len(s) != 0 {
+				t.Errorf("sockets in the XSKMAP after a refusal: %v", s)
+			}
+		})
+	}
+	// Disconnect in the middle, twice, then a good lease still works.
+	for range 2 {
+		conn := dial(t, e)
+		xsk.SendFDs(conn, []byte(hello), nil)
+		conn.Close()
+	}
+	l, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	if err := e.srv.Add(e.alloc); err == nil {
+		t.Error("an allocation was added twice")
+	}
+}
+
+// TestOneLeaseAtATime: a second client is refused while the first holds
+// the allocation, and gets it once the first lets go.
+func TestOneLeaseAtATime(t *testing.T) {
+	e := newEnv(t, rootOwned, broker.Limits{})
+	l, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64}); !refusedWith(err, broker.CodeBusy) {
+		t.Errorf("second lease: %v", err)
+	}
+	if _, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64, TX: true}); err == nil {
+		t.Error("tx granted by default limits")
+	}
+	l.Close()
+	e.waitSockets(t, 0)
+	l2, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64, Queues: []uint32{1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	if len(l2.Sockets) != 1 || l2.Queues[0] != 1 {
+		t.Errorf("lease of queue 1: %v", l2.Queues)
+	}
+	if _, err := client.Connect(e.alloc.SocketPath(), client.Options{Queues: []uint32{7}}); err == nil {
+		t.Error("a queue outside the allocation was asked for without error")
+	}
+	// Removing the allocation ends the lease.
+	if err := e.srv.Remove(e.alloc.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.waitSockets(t, 0)
+	if _, err := os.Stat(e.alloc.SocketPath()); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket left after Remove: %v", err)
+	}
+}
+
+// TestDPDKHandshake speaks the AF_XDP device plugin handshake exactly as
+// DPDK's af_xdp PMD does (drivers/net/af_xdp, uds_get_xskmap_fd): write()
+// of each command without terminator, recvmsg() of replies into a
+// 128-byte buffer with one descriptor of control space. The map it gets
+// takes a socket it created itself, which then receives.
+func TestDPDKHandshake(t *testing.T) {
+	e := newEnv(t, rootOwned, broker.Limits{})
+	pr := e.peer(t)
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: e.alloc.SocketPath()}); err != nil {
+		t.Fatal(err)
+	}
+	request := func(cmd string, sendFD int) (string, int) {
+		t.Helper()
+		if sendFD < 0 {
+			if _, err := unix.Write(fd, []byte(cmd)); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := unix.Sendmsg(fd, []byte(cmd), unix.UnixRights(sendFD), nil, 0); err != nil {
+			t.Fatal(err)
+		}
+		resp := make([]byte, 128)
+		oob := make([]byte, unix.CmsgSpace(4))
+		n, oobn, _, _, err := unix.Recvmsg(fd, resp, oob, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := -1
+		if msgs, _ := unix.ParseSocketControlMessage(oob[:oobn]); len(msgs) == 1 {
+			if fds, _ := unix.ParseUnixRights(&msgs[0]); len(fds) == 1 {
+				got = fds[0]
+			}
+		}
+		return string(resp[:n]), got
+	}
+	host, _ := os.Hostname()
+	if r, _ := request("/connect,"+host, -1); r != "/host_ok" {
+		t.Fatalf("/connect: %q", r)
+	}
+	if r, _ := request("/version", -1); r != "0.1" {
+		t.Fatalf("/version: %q", r)
+	}
+	if r, fd := request("/xsk_map_fd,eth9", -1); r != "/fd_nak" || fd >= 0 {
+		t.Fatalf("/xsk_map_fd of a netdev not allocated: %q %d", r, fd)
+	}
+	r, mapFD := request("/xsk_map_fd,xa", -1)
+	if r != "/fd_ack" || mapFD < 0 {
+		t.Fatalf("/xsk_map_fd: %q %d", r, mapFD)
+	}
+	if r, _ := request("/bogus", -1); r != "/nak" {
+		t.Fatalf("unknown command: %q", r)
+	}
+
+	// As DPDK does with the map: bind its own socket to queue 1 and insert it.
+	dev := xsk.Netdev{Name: "xa", Ifindex: e.p.A.Index, NetNS: e.p.NSPath()}
+	umem, socks, err := xsk.Open(dev, []uint32{1}, 256, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048},
+		Rings: xsk.Rings{Fill: 256, Completion: 64, RX: 256}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer umem.Close()
+	defer socks[0].Close()
+	m, err := ebpf.NewMapFromFD(mapFD)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Update(uint32(1), uint32(socks[0].FD()), ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.a.AddSocket("xa", 0, socks[0].FD()); err != nil { // the program attaches for the first socket
+		t.Fatal(err)
+	}
+	addrs := make([]uint64, 256)
+	for i := range addrs {
+		addrs[i] = umem.FrameAddr(i)
+	}
+	rcv, _ := traffic.NewReceiver(socks[0], addrs)
+	want := frames(e.p.B, e.p.A, 1, 100)
+	if err := pr.send[1].Send(want, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := rcv.Expect(want, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+
+	// CNDP's busy-poll request, on the client's own AF_XDP socket.
+	if r, _ := request("/config_busy_poll,20,64", socks[0].FD()); r != "/config_busy_poll_ack" {
+		t.Fatalf("/config_busy_poll: %q", r)
+	}
+	if v, _ := unix.GetsockoptInt(socks[0].FD(), unix.SOL_SOCKET, unix.SO_BUSY_POLL); v != 20 {
+		t.Errorf("SO_BUSY_POLL %d, want 20", v)
+	}
+	if r, _ := request("/config_busy_poll,20,64", mapFD); r != "/config_busy_poll_nak" {
+		t.Errorf("busy poll on a map fd: %q", r)
+	}
+	if r, _ := request("/fin", -1); r != "/fin_ack" {
+		t.Fatalf("/fin: %q", r)
+	}
+	if n, _ := unix.Read(fd, make([]byte, 8)); n != 0 {
+		t.Error("connection still open after /fin_ack")
+	}
+	e.a.RemoveSocket("xa", 0)
+}
+
+// TestDPDKRefusedPeer: a peer that is not the owner gets /host_nak.
+func TestDPDKRefusedPeer(t *testing.T) {
+	e := newEnv(t, broker.Owner{UID: uid(12345)}, broker.Limits{})
+	c := dial(t, e)
+	defer c.Close()
+	xsk.SendFDs(c, []byte("/connect,h"), nil)
+	buf := make([]byte, 128)
+	n, _, _ := xsk.RecvFDs(c, buf, 0)
+	if string(buf[:n]) != "/host_nak" {
+		t.Fatalf("got %q", buf[:n])
+	}
+	var _ net.Conn = c
+}
