@@ -38,6 +38,7 @@ type Msg struct {
 	SocketErr    string           `json:",omitempty"`
 	CapEff, UID  string           `json:",omitempty"`
 	Links        []string         `json:",omitempty"`
+	Reason       string           `json:",omitempty"` // why something was refused, as data
 	Error        string           `json:",omitempty"`
 }
 
