@@ -33,13 +33,17 @@ func RequireRoot(tb testing.TB) {
 
 // Link is one end of the pair.
 type Link struct {
-	Name  string
-	Index int
-	MAC   net.HardwareAddr
+	Name   string
+	Index  int
+	queues int
+	MAC    net.HardwareAddr
 	// Addr is A's IPv4 address; for B, the source address its frames
 	// carry, assigned to nothing (a local source would be a martian).
 	Addr netip.Addr
 }
+
+// Queues returns the link's rx (and tx) queue count.
+func (l Link) Queues() int { return l.queues }
 
 // Pair is a veth pair in its own network namespace. Frames B transmits on
 // its tx queue k arrive on A's rx queue k (native XDP on A). IPv6 is off in
@@ -105,7 +109,7 @@ func Create(queues int) (*Pair, error) {
 			if err := netlink.LinkSetUp(link); err != nil {
 				return fmt.Errorf("up %s: %w", name, err)
 			}
-			*l = Link{Name: name, Index: link.Attrs().Index, MAC: link.Attrs().HardwareAddr, Addr: addr}
+			*l = Link{Name: name, Index: link.Attrs().Index, MAC: link.Attrs().HardwareAddr, Addr: addr, queues: queues}
 		}
 		return nil
 	})

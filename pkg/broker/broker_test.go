@@ -1,23 +1,18 @@
 package broker_test
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/xdpq/xdpq/internal/frame"
+	"github.com/xdpq/xdpq/internal/node"
 	"github.com/xdpq/xdpq/internal/testnet"
-	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/broker"
-	"github.com/xdpq/xdpq/pkg/xdp"
-	"github.com/xdpq/xdpq/pkg/xsk"
 )
 
 func TestMain(m *testing.M) {
@@ -28,9 +23,9 @@ func TestMain(m *testing.M) {
 }
 
 // env is a node: a veth NIC (xa) managed by an agent, a broker serving
-// one allocation of its queues 0 and 1, and sockets on the peer (xb) that
-// send to those queues and receive what the pod transmits.
+// one allocation of its queues 0 and 1.
 type env struct {
+	*node.Node
 	p     *testnet.Pair
 	a     *agent.Agent
 	srv   *broker.Server
@@ -39,117 +34,38 @@ type env struct {
 
 func newEnv(t *testing.T, owner broker.Owner, lim broker.Limits) *env {
 	t.Helper()
-	p := testnet.NewPair(t, 4)
-	if err := xdp.MountBPFFS(xdp.DefaultBPFFS); err != nil {
-		t.Fatal(err)
-	}
-	base, err := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-test-")
+	testnet.RequireRoot(t)
+	n, err := node.Start(node.Config{Queues: 4, Alloc: []uint32{0, 1}, Owner: owner, Limits: lim,
+		Policy: agent.Policy{Steering: agent.SteerHardware}, Timeout: 500 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
 	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	log := slog.New(slog.NewTextHandler(t.Output(), nil))
-	a, err := agent.New(agent.Config{NetNS: p.NSPath(), PinDir: filepath.Join(base, "xdpq"), StateDir: t.TempDir(),
-		Linger: 50 * time.Millisecond, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); a.Run(ctx) }()
-	if err := a.Manage("xa", agent.Policy{Steering: agent.SteerHardware}); err != nil {
-		t.Fatal(err)
-	}
-	srv := broker.NewServer(broker.Config{StepTimeout: 500 * time.Millisecond, Logger: log}, a)
-	// The pod runs as another user: the socket's directory must be open to it.
-	dir, err := os.MkdirTemp("", "xdpq-alloc-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.Chmod(dir, 0o755)
-	alloc := broker.Allocation{ID: "alloc-1", Netdev: xsk.Netdev{Name: "xa", Ifindex: p.A.Index, NetNS: p.NSPath()},
-		Queues: []uint32{0, 1}, Owner: owner, Limits: lim, Dir: dir}
-	if err := srv.Add(alloc); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		srv.Close()
-		cancel()
-		wg.Wait()
-		a.Close()
-		os.RemoveAll(dir)
+		if err := n.Close(); err != nil {
+			t.Error(err)
+		}
 	})
-	return &env{p: p, a: a, srv: srv, alloc: alloc}
+	return &env{Node: n, p: n.Pair, a: n.Agent, srv: n.Broker, alloc: n.Alloc}
 }
 
-func (e *env) sockets() []uint32 {
-	for _, s := range e.a.Status() {
-		if s.Netdev == "xa" {
-			return s.Sockets
-		}
-	}
-	return nil
-}
+func (e *env) sockets() []uint32 { return e.Sockets() }
 
 // waitSockets waits until the agent has exactly n sockets for xa.
 func (e *env) waitSockets(t *testing.T, n int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for len(e.sockets()) != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("agent has sockets %v, want %d", e.sockets(), n)
-		}
-		time.Sleep(time.Millisecond)
+	if err := e.WaitSockets(n, 5*time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
 
-// peer is B's side: a socket per queue, sending to A and receiving what A sends.
-type peer struct {
-	send []*traffic.Sender
-	recv []*traffic.Receiver
-}
-
-func (e *env) peer(t *testing.T) *peer {
+func (e *env) peer(t *testing.T) *node.Peer {
 	t.Helper()
-	prog, err := xdp.Load(xdp.Direct, xdp.LoadOptions{Queues: 4})
+	p, err := e.Peer([]uint32{0, 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { prog.Close() })
-	if _, err := xdp.Attach(e.p.NSPath(), e.p.B.Index, prog.Prog(), xdp.ModeNative); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { xdp.Detach(e.p.NSPath(), e.p.B.Index, xdp.ModeNative, prog.Prog()) })
-	dev := xsk.Netdev{Name: "xb", Ifindex: e.p.B.Index, NetNS: e.p.NSPath()}
-	umem, socks, err := xsk.Open(dev, []uint32{0, 1}, 4096, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048},
-		Rings: xsk.Rings{Fill: 1024, Completion: 1024, RX: 1024, TX: 1024}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, s := range socks {
-			s.Close()
-		}
-		umem.Close()
-	})
-	pr := &peer{}
-	for i, s := range socks {
-		rx, tx := make([]uint64, 1024), make([]uint64, 1024)
-		for j := range 1024 {
-			rx[j], tx[j] = umem.FrameAddr(2*i*1024+j), umem.FrameAddr((2*i+1)*1024+j)
-		}
-		r, err := traffic.NewReceiver(s, rx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pr.recv = append(pr.recv, r)
-		pr.send = append(pr.send, traffic.NewSender(s, tx, 0))
-		if err := prog.SetSocket(uint32(i), s.FD()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return pr
+	return p
 }
 
 // frames builds n numbered UDP frames of stream id from src to dst.

@@ -109,7 +109,7 @@ func TestUnprivilegedPod(t *testing.T) {
 	}
 	e.waitSockets(t, 2)
 	for i := range 2 {
-		if err := pr.send[i].Send(frames(e.p.B, e.p.A, uint32(i), perQueue), time.Now().Add(5*time.Second)); err != nil {
+		if err := pr.Send[i].Send(frames(e.p.B, e.p.A, uint32(i), perQueue), time.Now().Add(5*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -126,7 +126,7 @@ func TestUnprivilegedPod(t *testing.T) {
 		}
 	}
 	for i := range 2 {
-		if err := pr.recv[i].Expect(frames(e.p.A, e.p.B, uint32(100+i), perQueue), time.Now().Add(5*time.Second)); err != nil {
+		if err := pr.Recv[i].Expect(frames(e.p.A, e.p.B, uint32(100+i), perQueue), time.Now().Add(5*time.Second)); err != nil {
 			t.Fatalf("from the pod on queue %d: %v", i, err)
 		}
 	}

@@ -67,8 +67,25 @@ func (l *Lease) Close() error {
 }
 
 // Connect runs the whole handshake with the daemon at path ("" means
-// $XDPQ_SOCKET) and returns the lease.
+// $XDPQ_SOCKET) and returns the lease. While the allocation is still held
+// by a connection the daemon has not seen close yet (a restarted
+// container's predecessor), it retries until the timeout.
 func Connect(path string, o Options) (*Lease, error) {
+	if o.Timeout == 0 {
+		o.Timeout = 30 * time.Second
+	}
+	deadline := time.Now().Add(o.Timeout)
+	for {
+		l, err := connect(path, o)
+		var pe *broker.ProtocolError
+		if err == nil || !errors.As(err, &pe) || pe.Code != broker.CodeBusy || time.Now().After(deadline) {
+			return l, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func connect(path string, o Options) (*Lease, error) {
 	if path == "" {
 		path = os.Getenv(EnvSocket)
 		if path == "" {

@@ -1,0 +1,80 @@
+// Command xdpqperf is an xdpsock-like tool on xdpq's broker: it takes the
+// AF_XDP sockets of its allocation from $XDPQ_SOCKET, needs no privilege,
+// and runs rxdrop, txpush or l2fwd, printing packets per second per queue
+// every second.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/xdpq/xdpq/internal/perf"
+)
+
+func main() {
+	cfg := perf.Config{Out: os.Stdout}
+	flag.StringVar(&cfg.Socket, "socket", "", "the allocation's socket (default $XDPQ_SOCKET)")
+	flag.StringVar(&cfg.Mode, "mode", perf.RXDrop, "rxdrop, txpush or l2fwd")
+	flag.DurationVar(&cfg.Duration, "duration", 0, "how long to run (default: until interrupted)")
+	queues := flag.String("queues", "", "comma-separated queues to use (default: all of the allocation's)")
+	ring := flag.Uint("ring", 2048, "entries per ring")
+	flag.IntVar(&cfg.Size, "size", 64, "txpush: frame size in bytes")
+	srcMAC := flag.String("src-mac", "02:00:00:00:00:01", "txpush: source MAC")
+	dstMAC := flag.String("dst-mac", "ff:ff:ff:ff:ff:ff", "txpush: destination MAC")
+	src := flag.String("src", "10.0.0.1", "txpush: source address")
+	dst := flag.String("dst", "10.0.0.2", "txpush: destination address")
+	sport := flag.Uint("sport", 4000, "txpush: source port")
+	dport := flag.Uint("dport", 5000, "txpush: destination port")
+	flag.Parse()
+
+	fail := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "xdpqperf: "+format+"\n", args...)
+		os.Exit(2)
+	}
+	if *queues != "" {
+		for _, q := range strings.Split(*queues, ",") {
+			v, err := strconv.ParseUint(q, 10, 32)
+			if err != nil {
+				fail("-queues: %q is not a queue number", q)
+			}
+			cfg.Queues = append(cfg.Queues, uint32(v))
+		}
+	}
+	var err error
+	cfg.Ring = uint32(*ring)
+	if cfg.SrcMAC, err = net.ParseMAC(*srcMAC); err != nil {
+		fail("-src-mac: %v", err)
+	}
+	if cfg.DstMAC, err = net.ParseMAC(*dstMAC); err != nil {
+		fail("-dst-mac: %v", err)
+	}
+	if cfg.Src, err = netip.ParseAddr(*src); err != nil {
+		fail("-src: %v", err)
+	}
+	if cfg.Dst, err = netip.ParseAddr(*dst); err != nil {
+		fail("-dst: %v", err)
+	}
+	if *sport > 65535 || *dport > 65535 || cfg.Size < 60 || cfg.Size > 2048 {
+		fail("ports must be 0..65535 and -size 60..2048")
+	}
+	cfg.SrcPort, cfg.DstPort = uint16(*sport), uint16(*dport)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	t, err := perf.Run(ctx, cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "xdpqperf:", err)
+		os.Exit(1)
+	}
+	for i, q := range t.Queues {
+		fmt.Printf("total q%d: rx %d tx %d\n", q, t.RX[i], t.TX[i])
+	}
+}

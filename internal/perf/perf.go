@@ -1,0 +1,221 @@
+// Package perf is xdpqperf: an xdpsock-like traffic tool that takes its
+// sockets from xdpq's broker like any pod (package client) and runs
+// rxdrop, txpush or l2fwd on them, printing a line per second with packets
+// per second per queue and the kernel's socket statistics.
+package perf
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/xdpq/xdpq/internal/frame"
+	"github.com/xdpq/xdpq/internal/traffic"
+	"github.com/xdpq/xdpq/pkg/client"
+	"github.com/xdpq/xdpq/pkg/xsk"
+)
+
+// Modes xdpqperf runs.
+const (
+	RXDrop = "rxdrop" // receive and give the frames straight back
+	TXPush = "txpush" // transmit one frame as fast as possible
+	L2Fwd  = "l2fwd"  // send every received frame back with MACs swapped
+)
+
+// Config is what the command's flags set.
+type Config struct {
+	Socket   string // "" means $XDPQ_SOCKET
+	Mode     string
+	Duration time.Duration // 0: until ctx ends
+	Queues   []uint32      // nil: all of the allocation's
+	Ring     uint32
+	Interval time.Duration
+	Out      io.Writer
+	// txpush frames
+	Size             int
+	SrcMAC, DstMAC   net.HardwareAddr
+	Src, Dst         netip.Addr
+	SrcPort, DstPort uint16
+}
+
+// Totals are what Run counted, per queue.
+type Totals struct {
+	Queues []uint32
+	RX, TX []uint64
+}
+
+type counters struct{ rx, tx atomic.Uint64 }
+
+// Run takes sockets from the broker and runs the mode until ctx ends or
+// the duration passes.
+func Run(ctx context.Context, cfg Config) (Totals, error) {
+	switch cfg.Mode {
+	case RXDrop, TXPush, L2Fwd:
+	default:
+		return Totals{}, fmt.Errorf("mode %q: want %s, %s or %s", cfg.Mode, RXDrop, TXPush, L2Fwd)
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = time.Second
+	}
+	l, err := client.Connect(cfg.Socket, client.Options{Name: "xdpqperf/" + cfg.Mode, Queues: cfg.Queues,
+		Ring: cfg.Ring, TX: cfg.Mode != RXDrop})
+	if err != nil {
+		return Totals{}, err
+	}
+	defer l.Close()
+	if cfg.Duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
+		defer cancel()
+	}
+	var txFrame []byte
+	if cfg.Mode == TXPush {
+		if txFrame, err = (frame.Spec{SrcMAC: cfg.SrcMAC, DstMAC: cfg.DstMAC, Src: cfg.Src, Dst: cfg.Dst, Protocol: 17,
+			SrcPort: cfg.SrcPort, DstPort: cfg.DstPort, Payload: frame.Payload(0, 0, cfg.Size-42)}).Build(); err != nil {
+			return Totals{}, fmt.Errorf("txpush frame: %w", err)
+		}
+	}
+	mode := "copy"
+	if l.ZeroCopy {
+		mode = "zero-copy"
+	}
+	fmt.Fprintf(cfg.Out, "xdpqperf %s: allocation %s, %s queues %v, %s\n", cfg.Mode, l.Allocation, l.Netdev, l.Queues, mode)
+
+	cs := make([]counters, len(l.Sockets))
+	errs := make([]error, len(l.Sockets))
+	var wg sync.WaitGroup
+	for i, s := range l.Sockets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			switch cfg.Mode {
+			case RXDrop:
+				errs[i] = rxdrop(ctx, s, &cs[i])
+			case TXPush:
+				errs[i] = txpush(ctx, s, l.TXFrames(i), txFrame, &cs[i])
+			case L2Fwd:
+				errs[i] = l2fwd(ctx, s, l.TXFrames(i), &cs[i])
+			}
+		}()
+	}
+	report(ctx, cfg, l, cs)
+	wg.Wait()
+	t := Totals{Queues: l.Queues}
+	for i := range cs {
+		t.RX = append(t.RX, cs[i].rx.Load())
+		t.TX = append(t.TX, cs[i].tx.Load())
+		if errs[i] != nil {
+			return t, fmt.Errorf("queue %d: %w", l.Queues[i], errs[i])
+		}
+	}
+	return t, nil
+}
+
+func report(ctx context.Context, cfg Config, l *client.Lease, cs []counters) {
+	tick := time.NewTicker(cfg.Interval)
+	defer tick.Stop()
+	prevRX, prevTX := make([]uint64, len(cs)), make([]uint64, len(cs))
+	start, last := time.Now(), time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			secs := now.Sub(last).Seconds()
+			var b strings.Builder
+			fmt.Fprintf(&b, "%5.0fs", now.Sub(start).Seconds())
+			for i := range cs {
+				rx, tx := cs[i].rx.Load(), cs[i].tx.Load()
+				fmt.Fprintf(&b, "  q%d rx %8.0f pps tx %8.0f pps", l.Queues[i], float64(rx-prevRX[i])/secs, float64(tx-prevTX[i])/secs)
+				if st, err := l.Sockets[i].Statistics(); err == nil {
+					fmt.Fprintf(&b, " (ring-full %d fill-empty %d)", st.RXRingFull, st.RXFillRingEmptyDescs)
+				}
+				prevRX[i], prevTX[i] = rx, tx
+			}
+			last = now
+			fmt.Fprintln(cfg.Out, b.String())
+		}
+	}
+}
+
+func rxdrop(ctx context.Context, s *xsk.Socket, c *counters) error {
+	r, err := traffic.NewReceiver(s, nil) // the frames are on the fill ring already
+	if err != nil {
+		return err
+	}
+	for ctx.Err() == nil {
+		n, err := r.Receive(-1, time.Now().Add(50*time.Millisecond), func([]byte) error { return nil })
+		c.rx.Add(uint64(n))
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func txpush(ctx context.Context, s *xsk.Socket, addrs []uint64, f []byte, c *counters) error {
+	for _, a := range addrs {
+		copy(s.UMEM().Bytes(a, uint32(len(f))), f)
+	}
+	for ctx.Err() == nil {
+		end := time.Now().Add(50 * time.Millisecond)
+		n, err := traffic.Flood(s, addrs, uint32(len(f)), 64, func() bool { return time.Now().After(end) })
+		c.tx.Add(n)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// l2fwd sends each received frame back out of the same queue with its
+// MAC addresses swapped, without copying it: the RX descriptor goes to the
+// TX ring, and the completed frame back to the fill ring.
+func l2fwd(ctx context.Context, s *xsk.Socket, spare []uint64, c *counters) error {
+	descs := make([]xsk.Desc, 64)
+	comp := make([]uint64, 64)
+	refill := append([]uint64(nil), spare...)
+	mask := ^uint64(s.UMEM().Config().FrameSize - 1)
+	var tmp [6]byte
+	for i := 0; ; i++ {
+		if i&1023 == 0 && ctx.Err() != nil {
+			return nil
+		}
+		if n := s.Complete(comp); n > 0 {
+			refill = append(refill, comp[:n]...)
+		}
+		if len(refill) > 0 {
+			n := s.Fill(refill)
+			refill = refill[:copy(refill, refill[n:])]
+		}
+		n := s.Receive(descs)
+		if n == 0 {
+			if s.TXPending() > 0 {
+				s.Kick()
+			}
+			continue
+		}
+		c.rx.Add(uint64(n))
+		for _, d := range descs[:n] {
+			if b := s.UMEM().Bytes(d.Addr, d.Len); len(b) >= 12 {
+				copy(tmp[:], b[0:6])
+				copy(b[0:6], b[6:12])
+				copy(b[6:12], tmp[:])
+			}
+		}
+		sent, err := s.Transmit(descs[:n])
+		if err != nil {
+			return err
+		}
+		c.tx.Add(uint64(sent))
+		for _, d := range descs[sent:n] { // the TX ring was full: drop them
+			refill = append(refill, d.Addr&mask)
+		}
+	}
+}

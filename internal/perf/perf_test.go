@@ -1,0 +1,149 @@
+package perf
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/xdpq/xdpq/internal/frame"
+	"github.com/xdpq/xdpq/internal/node"
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/broker"
+)
+
+func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
+
+func start(t *testing.T) (*node.Node, *node.Peer) {
+	t.Helper()
+	testnet.RequireRoot(t)
+	root := uint32(0)
+	n, err := node.Start(node.Config{Queues: 2, Alloc: []uint32{0}, Owner: broker.Owner{UID: &root},
+		Limits: broker.Limits{MaxUMEM: 64 << 20, MaxRing: 4096, AllowTX: true, MaxQueue: 4},
+		Policy: agent.Policy{Steering: agent.SteerHardware}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	p, err := n.Peer([]uint32{0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n, p
+}
+
+func udp(n *node.Node, from, to int, i int) []byte {
+	src, dst := n.Pair.B, n.Pair.A
+	if from == 0 {
+		src, dst = n.Pair.A, n.Pair.B
+	}
+	f, _ := frame.Spec{SrcMAC: src.MAC, DstMAC: dst.MAC, Src: src.Addr, Dst: dst.Addr, Protocol: 17,
+		SrcPort: 1, DstPort: 5000, Payload: frame.Payload(uint32(to), uint64(i), 60)}.Build()
+	return f
+}
+
+// TestRXDrop: frames sent to the queue are counted, and a line a second
+// is printed.
+func TestRXDrop(t *testing.T) {
+	n, p := start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var out bytes.Buffer
+	done := make(chan Totals)
+	go func() {
+		tot, err := Run(ctx, Config{Socket: n.Alloc.SocketPath(), Mode: RXDrop, Ring: 1024, Interval: 100 * time.Millisecond, Out: &out})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- tot
+	}()
+	if err := n.WaitSockets(1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var frames [][]byte
+	for i := range 500 {
+		frames = append(frames, udp(n, 1, 0, i))
+	}
+	if err := p.Send[0].Send(frames, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // let a report line or two pass
+	cancel()
+	tot := <-done
+	if tot.RX[0] != 500 {
+		t.Errorf("counted %d of 500 frames", tot.RX[0])
+	}
+	if !bytes.Contains(out.Bytes(), []byte("q0 rx")) || !bytes.Contains(out.Bytes(), []byte("xdpqperf rxdrop: allocation alloc-1, xa queues [0], copy")) {
+		t.Errorf("output:\n%s", out.String())
+	}
+}
+
+// TestTXPush: the frames it pushes arrive at the peer byte for byte.
+func TestTXPush(t *testing.T) {
+	n, p := start(t)
+	want := udp(n, 0, 0, 0)
+	var got atomic.Int64
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		p.Recv[0].Receive(-1, time.Now().Add(5*time.Second), func(b []byte) error {
+			if !bytes.Equal(b, want) {
+				t.Errorf("frame differs:\n got % x\nwant % x", b, want)
+				cancel()
+			}
+			if got.Add(1) == 1000 {
+				cancel()
+			}
+			return ctx.Err()
+		})
+	}()
+	a, b := n.Pair.A, n.Pair.B
+	tot, err := Run(ctx, Config{Socket: n.Alloc.SocketPath(), Mode: TXPush, Ring: 512, Out: io.Discard, Duration: 5 * time.Second,
+		Size: len(want), SrcMAC: a.MAC, DstMAC: b.MAC, Src: a.Addr, Dst: b.Addr, SrcPort: 1, DstPort: 5000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Load() < 1000 || tot.TX[0] < 1000 {
+		t.Errorf("pushed %d, peer got %d", tot.TX[0], got.Load())
+	}
+}
+
+// TestL2Fwd: every frame comes back with its MAC addresses swapped.
+func TestL2Fwd(t *testing.T) {
+	n, p := start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan Totals)
+	go func() {
+		tot, err := Run(ctx, Config{Socket: n.Alloc.SocketPath(), Mode: L2Fwd, Ring: 512, Out: io.Discard})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- tot
+	}()
+	if err := n.WaitSockets(1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var sent, want [][]byte
+	for i := range 300 {
+		f := udp(n, 1, 0, i)
+		sent = append(sent, f)
+		w := bytes.Clone(f)
+		copy(w[0:6], f[6:12])
+		copy(w[6:12], f[0:6])
+		want = append(want, w)
+	}
+	if err := p.Send[0].Send(sent, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Recv[0].Expect(want, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if tot := <-done; tot.RX[0] != 300 || tot.TX[0] != 300 {
+		t.Errorf("forwarded rx %d tx %d, want 300", tot.RX[0], tot.TX[0])
+	}
+}
