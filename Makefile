@@ -29,7 +29,9 @@ lint: tools
 	$(STATICCHECK) ./...
 
 demo:
-	$(GO) run ./cmd/xdpqdemo
+	@echo "building xdpqdemo and xdpqperf ..."
+	$(GO) build -o bin/ ./cmd/xdpqdemo ./cmd/xdpqperf
+	./bin/xdpqdemo
 
 tools:
 	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2

@@ -1,28 +1,30 @@
-// Command xdpqdemo runs the datapath demo (see package internal/demo): an
-// unprivileged pod receiving a veth NIC's queues as AF_XDP sockets. Run it
-// as root: `sudo make demo`.
+// Command xdpqdemo runs the demo (see package internal/demo): an
+// unprivileged pod, xdpqperf, receiving a veth NIC's queues as AF_XDP
+// sockets from xdpq's broker. Run it as root: `sudo make demo`.
 package main
 
 import (
 	"flag"
 	"fmt"
 	"os"
-	"strings"
+	"path/filepath"
 
 	"github.com/xdpq/xdpq/internal/demo"
 )
 
 func main() {
-	if strings.Contains(os.Getenv(strings.Split(demo.PodEnv, "=")[0]), "1") {
-		if err := demo.Pod(); err != nil {
-			fmt.Fprintln(os.Stderr, "pod:", err)
+	seconds := flag.Int("seconds", 5, "seconds of traffic")
+	perf := flag.String("perf", "", "the xdpqperf binary (default: next to this one)")
+	flag.Parse()
+	if *perf == "" {
+		self, err := os.Executable()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "xdpqdemo:", err)
 			os.Exit(1)
 		}
-		return
+		*perf = filepath.Join(filepath.Dir(self), "xdpqperf")
 	}
-	seconds := flag.Int("seconds", 5, "seconds of traffic")
-	flag.Parse()
-	if err := demo.Run(os.Stdout, *seconds); err != nil {
+	if err := demo.Run(os.Stdout, *perf, *seconds); err != nil {
 		fmt.Fprintln(os.Stderr, "xdpqdemo:", err)
 		os.Exit(1)
 	}

@@ -101,13 +101,24 @@ type Pod struct {
 // capabilities, in a new network namespace, with env set (to tell it to
 // act as the pod) and its end of the connection on fd 3.
 func StartPod(args []string, env string, stdout, stderr io.Writer) (*Pod, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	return StartProgram(self, args, []string{env}, stdout, stderr)
+}
+
+// StartProgram runs the program at path as a pod would run: uid and gid
+// 65534, no capabilities, in a new network namespace holding only lo, with
+// env added to this process's environment and a connection on fd 3.
+func StartProgram(path string, args, env []string, stdout, stderr io.Writer) (*Pod, error) {
 	// The go tool builds binaries where only root may enter: copy it.
 	dir, err := os.MkdirTemp("", "xdpq-pod-")
 	if err != nil {
 		return nil, err
 	}
 	p := &Pod{dir: dir}
-	exe, err := p.copySelf()
+	exe, err := p.copy(path)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -127,7 +138,7 @@ func StartPod(args []string, env string, stdout, stderr io.Writer) (*Pod, error)
 	}
 	p.Conn = fc.(*net.UnixConn)
 	p.Cmd = exec.Command(exe, args...)
-	p.Cmd.Env = append(os.Environ(), env)
+	p.Cmd.Env = append(os.Environ(), env...)
 	p.Cmd.ExtraFiles = []*os.File{child}
 	p.Cmd.Stdout, p.Cmd.Stderr = stdout, stderr
 	p.Cmd.SysProcAttr = &syscall.SysProcAttr{
@@ -143,20 +154,16 @@ func StartPod(args []string, env string, stdout, stderr io.Writer) (*Pod, error)
 	return p, nil
 }
 
-func (p *Pod) copySelf() (string, error) {
+func (p *Pod) copy(path string) (string, error) {
 	if err := os.Chmod(p.dir, 0o755); err != nil {
 		return "", err
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return "", err
-	}
-	in, err := os.Open(self)
+	in, err := os.Open(path)
 	if err != nil {
 		return "", err
 	}
 	defer in.Close()
-	exe := filepath.Join(p.dir, filepath.Base(self))
+	exe := filepath.Join(p.dir, filepath.Base(path))
 	out, err := os.OpenFile(exe, os.O_CREATE|os.O_WRONLY, 0o755)
 	if err != nil {
 		return "", err
@@ -203,7 +210,14 @@ func PodConn() (*net.UnixConn, error) {
 // Identity fills in who the pod runs as: uid, effective capabilities and
 // the links of its network namespace.
 func Identity(m *Msg) error {
-	status, err := os.ReadFile("/proc/self/status")
+	return IdentityOf("self", m)
+}
+
+// IdentityOf reads the identity of process pid ("self" for this one) from
+// procfs: uid, effective capabilities, and the links of its network
+// namespace.
+func IdentityOf(pid string, m *Msg) error {
+	status, err := os.ReadFile(filepath.Join("/proc", pid, "status"))
 	if err != nil {
 		return err
 	}
@@ -211,15 +225,22 @@ func Identity(m *Msg) error {
 		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
 			m.CapEff = strings.TrimSpace(v)
 		}
+		if v, ok := strings.CutPrefix(line, "Uid:"); ok {
+			if f := strings.Fields(v); len(f) > 1 {
+				m.UID = f[1] // effective
+			}
+		}
 	}
-	m.UID = fmt.Sprint(os.Getuid())
-	ifs, err := net.Interfaces()
+	// /proc/<pid>/net/dev lists the links of the process's netns.
+	dev, err := os.ReadFile(filepath.Join("/proc", pid, "net/dev"))
 	if err != nil {
 		return err
 	}
 	m.Links = nil
-	for _, i := range ifs {
-		m.Links = append(m.Links, i.Name)
+	for _, line := range strings.Split(string(dev), "\n")[2:] {
+		if name, _, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			m.Links = append(m.Links, name)
+		}
 	}
 	return nil
 }

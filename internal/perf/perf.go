@@ -96,11 +96,11 @@ func Run(ctx context.Context, cfg Config) (Totals, error) {
 			defer wg.Done()
 			switch cfg.Mode {
 			case RXDrop:
-				errs[i] = rxdrop(ctx, s, &cs[i])
+				errs[i] = rxdrop(ctx, s, l.SpareFrames(i), &cs[i])
 			case TXPush:
 				errs[i] = txpush(ctx, s, l.TXFrames(i), txFrame, &cs[i])
 			case L2Fwd:
-				errs[i] = l2fwd(ctx, s, l.TXFrames(i), &cs[i])
+				errs[i] = l2fwd(ctx, s, append(l.TXFrames(i), l.SpareFrames(i)...), &cs[i])
 			}
 		}()
 	}
@@ -144,8 +144,8 @@ func report(ctx context.Context, cfg Config, l *client.Lease, cs []counters) {
 	}
 }
 
-func rxdrop(ctx context.Context, s *xsk.Socket, c *counters) error {
-	r, err := traffic.NewReceiver(s, nil) // the frames are on the fill ring already
+func rxdrop(ctx context.Context, s *xsk.Socket, spare []uint64, c *counters) error {
+	r, err := traffic.NewReceiver(s, spare) // the fill ring is full already
 	if err != nil {
 		return err
 	}

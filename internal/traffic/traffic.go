@@ -86,11 +86,9 @@ type Receiver struct {
 	mask   uint64
 }
 
-// NewReceiver gives the UMEM frames at addrs to the socket's fill ring.
+// NewReceiver gives the UMEM frames at addrs to the socket's fill ring;
+// those that do not fit now go on it as it drains.
 func NewReceiver(s *xsk.Socket, addrs []uint64) (*Receiver, error) {
-	if len(addrs) > int(s.Rings().Fill) {
-		return nil, fmt.Errorf("receiver: %d frames for a fill ring of %d", len(addrs), s.Rings().Fill)
-	}
 	r := &Receiver{s: s, descs: make([]xsk.Desc, Batch), refill: make([]uint64, 0, len(addrs)),
 		mask: ^uint64(s.UMEM().Config().FrameSize - 1)}
 	r.refill = append(r.refill, addrs...)

@@ -46,12 +46,18 @@ type Lease struct {
 	ZeroCopy   bool
 	Limits     broker.Limits
 	conn       *net.UnixConn
-	rx, tx     [][]uint64
+	rx, spare  [][]uint64
+	tx         [][]uint64
 }
 
 // RXFrames returns the UMEM frames socket i was given for receiving
 // (they are on its fill ring when Connect returns).
 func (l *Lease) RXFrames(i int) []uint64 { return l.rx[i] }
+
+// SpareFrames returns an RX ring's worth of frames of socket i that are
+// on no ring: a receive loop refills from them while the frames it holds
+// are still being processed, so the fill ring never runs dry.
+func (l *Lease) SpareFrames(i int) []uint64 { return l.spare[i] }
 
 // TXFrames returns the UMEM frames socket i may transmit from.
 func (l *Lease) TXFrames(i int) []uint64 { return l.tx[i] }
@@ -146,9 +152,10 @@ func connect(path string, o Options) (*Lease, error) {
 	if o.TX {
 		rings.TX = o.Ring
 	}
-	// Each socket: a fill ring's worth of frames to receive into, and as
-	// many to transmit from (or a completion ring's worth when RX only).
-	per := int(rings.Fill + rings.TX)
+	// Each socket: a fill ring's worth of frames to receive into, an RX
+	// ring's worth of spares (frames in the RX ring are not on the fill
+	// ring), and a TX ring's worth to transmit from.
+	per := int(rings.Fill + rings.RX + rings.TX)
 	size := int64(per*len(l.Queues)) * int64(o.FrameSize)
 	if page := int64(os.Getpagesize()); size%page != 0 {
 		size += page - size%page
@@ -184,15 +191,17 @@ func connect(path string, o Options) (*Lease, error) {
 			return nil, fmt.Errorf("xdpq: queue %d: %w", l.Queues[i], err)
 		}
 		l.Sockets = append(l.Sockets, s)
-		first := i * per
-		rx, tx := make([]uint64, rings.Fill), make([]uint64, per-int(rings.Fill))
-		for j := range rx {
-			rx[j] = l.UMEM.FrameAddr(first + j)
+		next := i * per
+		take := func(n uint32) []uint64 {
+			out := make([]uint64, n)
+			for j := range out {
+				out[j] = l.UMEM.FrameAddr(next)
+				next++
+			}
+			return out
 		}
-		for j := range tx {
-			tx[j] = l.UMEM.FrameAddr(first + len(rx) + j)
-		}
-		l.rx, l.tx = append(l.rx, rx), append(l.tx, tx)
+		rx := take(rings.Fill)
+		l.rx, l.spare, l.tx = append(l.rx, rx), append(l.spare, take(rings.RX)), append(l.tx, take(rings.TX))
 		if n := s.Fill(rx); n != len(rx) {
 			return nil, fmt.Errorf("xdpq: queue %d: fill ring took %d of %d frames", l.Queues[i], n, len(rx))
 		}
