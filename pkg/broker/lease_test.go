@@ -186,17 +186,40 @@ func TestRefusals(t *testing.T) {
 			}
 		})
 	}
-	// Disconnect in the middle, twice, then a good lease still works.
-	for range 2 {
-		conn := dial(t, e)
-		xsk.SendFDs(conn, []byte(hello), nil)
-		conn.Close()
-	}
+	// Disconnect in the middle (after hello, after the request), then a
+	// good lease still works and nothing of the broken ones is left.
+	before := testnet.OpenFDs()
+	conn := dial(t, e)
+	xsk.SendFDs(conn, []byte(hello), nil)
+	conn.Close()
+	conn = dial(t, e)
+	xsk.SendFDs(conn, []byte(hello), nil)
+	mfd := memfd(1<<20, true)
+	xsk.SendFDs(conn, []byte(request("[0,1]", rx64)), []int{mfd})
+	unix.Close(mfd)
+	conn.Close()
 	l, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
 	l.Close()
+	e.waitSockets(t, 0)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var left []string
+		for fd, target := range testnet.OpenFDs() {
+			if before[fd] != target {
+				left = append(left, fd+" -> "+target)
+			}
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after disconnects mid-handshake, descriptors left: %v", left)
+		}
+		time.Sleep(10 * time.Millisecond) // the server closes the last lease's connection
+	}
 	if err := e.srv.Add(e.alloc); err == nil {
 		t.Error("an allocation was added twice")
 	}
