@@ -128,7 +128,9 @@ func unknownFields(t reflect.Type, doc any, path string, errs *[]FieldError) {
 	if doc == nil {
 		return // null: the zero value
 	}
-	bad := func(want string) { *errs = append(*errs, FieldError{path, fmt.Sprintf("got %s, want %s", kindOf(doc), want)}) }
+	bad := func(want string) {
+		*errs = append(*errs, FieldError{path, fmt.Sprintf("got %s, want %s", kindOf(doc), want)})
+	}
 	switch {
 	case t == reflect.TypeOf(Duration{}):
 		if _, ok := doc.(string); !ok {
@@ -235,7 +237,9 @@ var (
 // Validate checks the config and returns every problem found.
 func (c *Config) Validate() []FieldError {
 	var errs []FieldError
-	add := func(path, format string, args ...any) { errs = append(errs, FieldError{path, fmt.Sprintf(format, args...)}) }
+	add := func(path, format string, args ...any) {
+		errs = append(errs, FieldError{path, fmt.Sprintf(format, args...)})
+	}
 	if c.ResourcePrefix != "" && (len(c.ResourcePrefix) > 253 || !dnsSubdom.MatchString(c.ResourcePrefix)) {
 		add("resourcePrefix", "%q is not a DNS subdomain such as xdpq.io", c.ResourcePrefix)
 	}
