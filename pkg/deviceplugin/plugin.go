@@ -1,0 +1,290 @@
+package deviceplugin
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// Device is one queue of the pool.
+type Device struct {
+	ID      string // "<netdev>-q<N>", at most 63 characters
+	Netdev  string
+	Queue   uint32
+	NUMA    int // -1 when unknown
+	Healthy bool
+}
+
+// DeviceID is the stable name of a queue as a device.
+func DeviceID(netdev string, queue uint32) string { return fmt.Sprintf("%s-q%d", netdev, queue) }
+
+// Config configures one pool's plugin.
+type Config struct {
+	// Resource is the extended resource, e.g. xdpq.io/upf.
+	Resource string
+	// Dir is kubelet's device plugin directory; "" means
+	// /var/lib/kubelet/device-plugins.
+	Dir string
+	// Devices returns the pool's devices now.
+	Devices func() []Device
+	// Allocate says what the container that gets these devices receives.
+	Allocate func(ctx context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error)
+	Logger   *slog.Logger
+}
+
+// Plugin is one pool's device plugin.
+type Plugin struct {
+	pluginapi.UnimplementedDevicePluginServer
+	cfg    Config
+	log    *slog.Logger
+	socket string
+
+	mu      sync.Mutex // guards watches
+	watches map[chan struct{}]bool
+}
+
+var _ pluginapi.DevicePluginServer = (*Plugin)(nil)
+
+// New returns the pool's plugin; Run serves it.
+func New(cfg Config) *Plugin {
+	if cfg.Dir == "" {
+		cfg.Dir = pluginapi.DevicePluginPath
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	name := "xdpq-" + filepath.Base(cfg.Resource) + ".sock"
+	return &Plugin{cfg: cfg, log: cfg.Logger.With("resource", cfg.Resource),
+		socket: filepath.Join(cfg.Dir, name), watches: map[chan struct{}]bool{}}
+}
+
+// Socket returns the path the plugin serves on.
+func (p *Plugin) Socket() string { return p.socket }
+
+// Changed tells every ListAndWatch stream to send the devices again.
+func (p *Plugin) Changed() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for ch := range p.watches {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Run serves the plugin and registers it with kubelet, again whenever
+// kubelet re-creates its socket, until ctx ends.
+func (p *Plugin) Run(ctx context.Context) error {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	if err := os.MkdirAll(p.cfg.Dir, 0o755); err != nil {
+		return err
+	}
+	if err := w.Add(p.cfg.Dir); err != nil {
+		return fmt.Errorf("watch %s: %w", p.cfg.Dir, err)
+	}
+	kubelet := filepath.Join(p.cfg.Dir, filepath.Base(pluginapi.KubeletSocket))
+	for {
+		stop, err := p.serve()
+		if err != nil {
+			return err
+		}
+		registered := p.register(ctx, kubelet) == nil
+		retry := time.NewTicker(time.Second)
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				retry.Stop()
+				stop()
+				return nil
+			case ev := <-w.Events:
+				switch {
+				case ev.Name == kubelet && ev.Op&fsnotify.Create != 0:
+					// A new kubelet: it wiped the directory. Serve anew, register.
+					p.log.Info("kubelet socket re-created; registering again")
+					break wait
+				case ev.Name == p.socket && ev.Op&fsnotify.Remove != 0:
+					p.log.Warn("plugin socket removed; serving again")
+					break wait
+				}
+			case err := <-w.Errors:
+				p.log.Error("watch device plugin directory", "err", err)
+			case <-retry.C:
+				if !registered {
+					registered = p.register(ctx, kubelet) == nil
+				}
+			}
+		}
+		retry.Stop()
+		stop()
+	}
+}
+
+// serve starts the gRPC server on the plugin socket and checks that it
+// answers before anything registers it.
+func (p *Plugin) serve() (stop func(), err error) {
+	os.Remove(p.socket)
+	ln, err := net.Listen("unix", p.socket)
+	if err != nil {
+		return nil, fmt.Errorf("device plugin %s: %w", p.cfg.Resource, err)
+	}
+	srv := grpc.NewServer()
+	pluginapi.RegisterDevicePluginServer(srv, p)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Serve(ln)
+	}()
+	conn, err := grpc.NewClient("unix://"+p.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err = pluginapi.NewDevicePluginClient(conn).GetDevicePluginOptions(ctx, &pluginapi.Empty{})
+		cancel()
+		conn.Close()
+	}
+	if err != nil {
+		srv.Stop()
+		<-done
+		return nil, fmt.Errorf("device plugin %s does not answer on %s: %w", p.cfg.Resource, p.socket, err)
+	}
+	return func() {
+		srv.Stop()
+		<-done
+		os.Remove(p.socket)
+	}, nil
+}
+
+func (p *Plugin) register(ctx context.Context, kubelet string) error {
+	conn, err := grpc.NewClient("unix://"+kubelet, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = pluginapi.NewRegistrationClient(conn).Register(ctx, &pluginapi.RegisterRequest{
+		Version:      pluginapi.Version,
+		Endpoint:     filepath.Base(p.socket),
+		ResourceName: p.cfg.Resource,
+		Options:      &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true},
+	})
+	if err != nil {
+		p.log.Warn("register with kubelet (retrying every second)", "err", err)
+		return err
+	}
+	p.log.Info("registered with kubelet", "endpoint", filepath.Base(p.socket))
+	return nil
+}
+
+// GetDevicePluginOptions says the plugin answers GetPreferredAllocation.
+func (p *Plugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
+	return &pluginapi.DevicePluginOptions{GetPreferredAllocationAvailable: true}, nil
+}
+
+// ListAndWatch sends the devices now and whenever they change.
+func (p *Plugin) ListAndWatch(_ *pluginapi.Empty, s grpc.ServerStreamingServer[pluginapi.ListAndWatchResponse]) error {
+	ch := make(chan struct{}, 1)
+	p.mu.Lock()
+	p.watches[ch] = true
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.watches, ch)
+		p.mu.Unlock()
+	}()
+	for {
+		if err := s.Send(&pluginapi.ListAndWatchResponse{Devices: toAPI(p.cfg.Devices())}); err != nil {
+			return err
+		}
+		select {
+		case <-s.Context().Done():
+			return nil
+		case <-ch:
+		}
+	}
+}
+
+func toAPI(ds []Device) []*pluginapi.Device {
+	out := make([]*pluginapi.Device, 0, len(ds))
+	for _, d := range ds {
+		h := pluginapi.Unhealthy
+		if d.Healthy {
+			h = pluginapi.Healthy
+		}
+		dev := &pluginapi.Device{ID: d.ID, Health: h}
+		if d.NUMA >= 0 {
+			dev.Topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(d.NUMA)}}}
+		}
+		out = append(out, dev)
+	}
+	return out
+}
+
+// GetPreferredAllocation prefers queues of one netdev, contiguous, on the
+// NUMA node of what must be included.
+func (p *Plugin) GetPreferredAllocation(_ context.Context, r *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
+	byID := map[string]Device{}
+	for _, d := range p.cfg.Devices() {
+		byID[d.ID] = d
+	}
+	resp := &pluginapi.PreferredAllocationResponse{}
+	for _, cr := range r.ContainerRequests {
+		var avail, must []Device
+		for _, id := range cr.AvailableDeviceIDs {
+			if d, ok := byID[id]; ok {
+				avail = append(avail, d)
+			}
+		}
+		for _, id := range cr.MustIncludeDeviceIDs {
+			if d, ok := byID[id]; ok {
+				must = append(must, d)
+			}
+		}
+		resp.ContainerResponses = append(resp.ContainerResponses,
+			&pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: Prefer(avail, must, int(cr.AllocationSize))})
+	}
+	return resp, nil
+}
+
+// Allocate checks that every device is the pool's and asks the daemon
+// what the container gets.
+func (p *Plugin) Allocate(ctx context.Context, r *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	known := map[string]bool{}
+	for _, d := range p.cfg.Devices() {
+		known[d.ID] = true
+	}
+	resp := &pluginapi.AllocateResponse{}
+	for _, cr := range r.ContainerRequests {
+		for _, id := range cr.DevicesIds {
+			if !known[id] {
+				return nil, fmt.Errorf("device %q is not a device of %s", id, p.cfg.Resource)
+			}
+		}
+		c, err := p.cfg.Allocate(ctx, cr.DevicesIds)
+		if err != nil {
+			return nil, fmt.Errorf("allocate %v of %s: %w", cr.DevicesIds, p.cfg.Resource, err)
+		}
+		resp.ContainerResponses = append(resp.ContainerResponses, c)
+	}
+	return resp, nil
+}
+
+// PreStartContainer is not used (the options do not ask for it).
+func (p *Plugin) PreStartContainer(context.Context, *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+	return &pluginapi.PreStartContainerResponse{}, nil
+}
