@@ -211,7 +211,12 @@ func (a *Agent) Manage(name string, p Policy) error {
 	d.steer = &steering{mode: mode, dev: a.nic, ifname: name, rules: p.Rules, prog: d.prog, queues: queues,
 		owners: map[string][]installed{}}
 	if mode == SteerHardware {
-		if err := reserveRSS(a.nic, name, a.rssFile(name), p.Reserved); err != nil {
+		err := reserveRSS(a.nic, name, a.rssFile(name), p.Reserved)
+		switch {
+		case errors.Is(err, ethtool.ErrNotSupported):
+			// No indirection table to rewrite: the NIC spreads (or not) as it will.
+			a.log.Warn("cannot keep RSS off the reserved queues", "netdev", name, "queues", p.Reserved, "err", err)
+		case err != nil:
 			d.prog.Close()
 			return fmt.Errorf("agent: manage %s: %w", name, err)
 		}

@@ -72,6 +72,11 @@ type Owner struct {
 	ContainerID string
 	// UID is the local user (standalone mode): the peer must run as it.
 	UID *uint32
+	// AnyPod accepts a process of any kubelet pod. It is for allocations
+	// whose pod is not known yet: kubelet's Allocate does not say; the
+	// allocation's directory, mounted only into its container, is then
+	// what keeps others out.
+	AnyPod bool
 }
 
 func (o Owner) check(p Peer) error {
@@ -90,6 +95,11 @@ func (o Owner) check(p Peer) error {
 	case o.UID != nil:
 		if p.UID != *o.UID {
 			return fmt.Errorf("this allocation belongs to uid %d, not to %v", *o.UID, p)
+		}
+		return nil
+	case o.AnyPod:
+		if p.Pod.PodUID == "" {
+			return fmt.Errorf("this allocation is for a pod; %v is in no pod (%v)", p, p.PodErr)
 		}
 		return nil
 	}

@@ -1,0 +1,156 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"time"
+)
+
+// DefaultAPISocket is where the standalone daemon serves its local API.
+const DefaultAPISocket = "/run/xdpq/xdpq-api.sock"
+
+type allocRequest struct {
+	Pool  string `json:"pool"`
+	Count int    `json:"count"`
+	UID   uint32 `json:"uid"`
+}
+
+type freeRequest struct {
+	ID string `json:"id"`
+}
+
+type apiError struct {
+	Error string `json:"error"`
+}
+
+// serveAPI serves the local API (standalone mode) on a Unix socket only
+// root may use: POST /v1/alloc, POST /v1/free, GET /v1/status.
+func (d *Daemon) serveAPI(ctx context.Context) error {
+	path := d.opts.APISocket
+	if path == "" {
+		path = DefaultAPISocket
+	}
+	os.Remove(path)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("local api: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return err
+	}
+	mux := http.NewServeMux()
+	reply := func(w http.ResponseWriter, v any, err error) {
+		w.Header().Set("Content-Type", "application/json")
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			v = apiError{err.Error()}
+		}
+		json.NewEncoder(w).Encode(v)
+	}
+	decode := func(r *http.Request, v any) error {
+		dec := json.NewDecoder(io.LimitReader(r.Body, 4096))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(v); err != nil {
+			return fmt.Errorf("bad request body: %w", err)
+		}
+		return nil
+	}
+	mux.HandleFunc("POST /v1/alloc", func(w http.ResponseWriter, r *http.Request) {
+		var req allocRequest
+		if err := decode(r, &req); err != nil {
+			reply(w, nil, err)
+			return
+		}
+		a, err := d.Alloc(req.Pool, req.Count, req.UID)
+		reply(w, a, err)
+	})
+	mux.HandleFunc("POST /v1/free", func(w http.ResponseWriter, r *http.Request) {
+		var req freeRequest
+		if err := decode(r, &req); err != nil {
+			reply(w, nil, err)
+			return
+		}
+		reply(w, map[string]string{"freed": req.ID}, d.Free(req.ID))
+	})
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
+		reply(w, d.Status(), nil)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+	}()
+	d.log.Info("local api serving", "socket", path)
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	os.Remove(path)
+	return nil
+}
+
+// APIClient talks to a standalone daemon's local API.
+type APIClient struct {
+	http *http.Client
+}
+
+// NewAPIClient returns a client of the API at socket ("" for the default).
+func NewAPIClient(socket string) *APIClient {
+	if socket == "" {
+		socket = DefaultAPISocket
+	}
+	return &APIClient{http: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", socket)
+		}}}}
+}
+
+func (c *APIClient) call(method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, _ := json.Marshal(in)
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, "http://xdpq"+path, body)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("xdpq daemon: %w (is it running in standalone mode?)", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var e apiError
+		json.NewDecoder(resp.Body).Decode(&e)
+		return errors.New(e.Error)
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// Alloc asks for count queues of pool for uid.
+func (c *APIClient) Alloc(pool string, count int, uid uint32) (*Allocation, error) {
+	var a Allocation
+	err := c.call("POST", "/v1/alloc", allocRequest{pool, count, uid}, &a)
+	return &a, err
+}
+
+// Free ends an allocation.
+func (c *APIClient) Free(id string) error {
+	var out map[string]string
+	return c.call("POST", "/v1/free", freeRequest{id}, &out)
+}
+
+// Status reports the daemon's state.
+func (c *APIClient) Status() (*Status, error) {
+	var s Status
+	err := c.call("GET", "/v1/status", nil, &s)
+	return &s, err
+}

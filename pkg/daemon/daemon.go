@@ -1,0 +1,501 @@
+// Package daemon is the xdpq node daemon: it keeps the pool configuration
+// in force (pkg/config), finds the netdevs (pkg/nic), has the node agent
+// manage them (pkg/agent), serves allocations through the socket broker
+// (pkg/broker), and offers the pools to kubelet as device plugins
+// (pkg/deviceplugin) or, standalone, to local processes through a small
+// API on a Unix socket (xdpqctl).
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/config"
+	"github.com/xdpq/xdpq/pkg/deviceplugin"
+	"github.com/xdpq/xdpq/pkg/nic"
+	"github.com/xdpq/xdpq/pkg/xsk"
+)
+
+// Options configure the daemon; cmd/deviceplugin sets them from flags.
+type Options struct {
+	ConfigPath string
+	NodeName   string
+	NodeLabels map[string]string
+	// NetNS is the network namespace of the NICs; "" for the daemon's own.
+	NetNS string
+	// SysRoot is sysfs for discovery; "" means /sys, or with NetNS a
+	// sysfs the daemon mounts from inside that namespace.
+	SysRoot   string
+	PinDir    string // agent pins; "" means /sys/fs/bpf/xdpq
+	StateDir  string // agent state; "" means /run/xdpq/agent
+	AllocDir  string // one broker directory per allocation; "" means /run/xdpq/alloc
+	PluginDir string // kubelet's device plugin directory (Kubernetes mode)
+	// Standalone serves the local API at APISocket instead of kubelet.
+	Standalone bool
+	APISocket  string
+	Logger     *slog.Logger
+}
+
+// Allocation is a set of queues handed out, as the API reports it.
+type Allocation struct {
+	ID     string   `json:"id"`
+	Pool   string   `json:"pool"`
+	Netdev string   `json:"netdev"`
+	Queues []uint32 `json:"queues"`
+	Socket string   `json:"socket"` // the broker socket the holder connects to
+	UID    *uint32  `json:"uid,omitempty"`
+}
+
+// Daemon is the running node daemon.
+type Daemon struct {
+	opts    Options
+	log     *slog.Logger
+	agent   *agent.Agent
+	broker  *broker.Server
+	watcher *config.Watcher
+	unmount func()
+
+	mu      sync.Mutex // guards everything below
+	cfg     *config.Config
+	pools   map[string]*pool
+	allocs  map[string]*Allocation
+	managed map[string]bool // netdevs under the agent
+}
+
+type pool struct {
+	cfg      config.Pool
+	resource string
+	devices  []deviceplugin.Device
+	used     map[string]string // device id -> allocation id
+	plugin   *deviceplugin.Plugin
+	stop     context.CancelFunc
+}
+
+// New starts the parts that need no context: agent, broker, config.
+func New(opts Options) (*Daemon, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.AllocDir == "" {
+		opts.AllocDir = "/run/xdpq/alloc"
+	}
+	d := &Daemon{opts: opts, log: opts.Logger, pools: map[string]*pool{}, allocs: map[string]*Allocation{}, managed: map[string]bool{}}
+	ok := false
+	defer func() {
+		if !ok {
+			d.close()
+		}
+	}()
+	if opts.NetNS != "" && opts.SysRoot == "" {
+		if err := d.mountSysfs(); err != nil {
+			return nil, err
+		}
+	}
+	var err error
+	d.agent, err = agent.New(agent.Config{NetNS: opts.NetNS, PinDir: opts.PinDir, StateDir: opts.StateDir, Logger: opts.Logger})
+	if err != nil {
+		return nil, err
+	}
+	d.broker = broker.NewServer(broker.Config{Logger: opts.Logger}, d.agent)
+	if err := os.MkdirAll(opts.AllocDir, 0o755); err != nil {
+		return nil, err
+	}
+	d.watcher, err = config.NewWatcher(opts.ConfigPath, d.apply, opts.Logger)
+	if err != nil {
+		return nil, err
+	}
+	ok = true
+	return d, nil
+}
+
+// mountSysfs mounts a sysfs that shows the NICs' namespace.
+func (d *Daemon) mountSysfs() error {
+	dir, err := os.MkdirTemp("", "xdpq-sysfs-")
+	if err != nil {
+		return err
+	}
+	if err := ns.WithNetNSPath(d.opts.NetNS, func(ns.NetNS) error { return unix.Mount("sysfs", dir, "sysfs", 0, "") }); err != nil {
+		os.Remove(dir)
+		return fmt.Errorf("sysfs of %s: %w", d.opts.NetNS, err)
+	}
+	d.opts.SysRoot = dir
+	d.unmount = func() { unix.Unmount(dir, unix.MNT_DETACH); os.Remove(dir) }
+	return nil
+}
+
+// apply puts a config in force: pools are (re)computed from the netdevs
+// found now; netdevs newly pooled are managed; queues in use stay with
+// their allocations even when a shrink took them out of the pool.
+func (d *Daemon) apply(c *config.Config) error {
+	netdevs, err := (nic.Discoverer{SysRoot: d.opts.SysRoot, NetNS: d.opts.NetNS}).List()
+	if err != nil {
+		return err
+	}
+	pools := c.ForNode(d.opts.NodeName, d.opts.NodeLabels)
+	res, problems := config.Resolve(pools, netdevs)
+	for _, p := range problems {
+		d.log.Warn("pool", "problem", p)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	// Manage every netdev a pool uses, with the first pool's policy.
+	policies := map[string]agent.Policy{}
+	for _, r := range res {
+		if _, ok := policies[r.Netdev.Name]; ok {
+			continue
+		}
+		p := poolByName(pools, r.Pool)
+		pol := agent.Policy{Steering: agent.Steering(p.Steering), AttachAlways: p.Attach == "always", Exclusive: p.Exclusive}
+		if pol.Steering == agent.SteerHardware || pol.Steering == agent.SteerAuto {
+			pol.Reserved = reservedOn(res, r.Netdev.Name)
+		}
+		policies[r.Netdev.Name] = pol
+	}
+	for name, pol := range policies {
+		if d.managed[name] {
+			continue
+		}
+		if err := d.agent.Manage(name, pol); err != nil {
+			return fmt.Errorf("manage %s: %w", name, err)
+		}
+		d.managed[name] = true
+	}
+	next := map[string]*pool{}
+	for _, pc := range pools {
+		p := d.pools[pc.Name]
+		if p == nil {
+			p = &pool{used: map[string]string{}}
+		}
+		p.cfg, p.resource, p.devices = pc, c.Resource(pc), nil
+		for _, r := range res {
+			if r.Pool != pc.Name {
+				continue
+			}
+			for _, q := range r.Queues {
+				p.devices = append(p.devices, deviceplugin.Device{ID: deviceplugin.DeviceID(r.Netdev.Name, q),
+					Netdev: r.Netdev.Name, Queue: q, NUMA: r.Netdev.NUMANode, Healthy: r.Netdev.OperUp || r.Netdev.Virtual})
+			}
+		}
+		next[pc.Name] = p
+	}
+	for name, p := range d.pools {
+		if next[name] == nil {
+			if len(p.used) > 0 {
+				d.log.Info("pool removed from the config; it goes once its allocations are freed", "pool", name)
+				p.devices = nil
+				next[name] = p
+			} else if p.stop != nil {
+				p.stop()
+			}
+		}
+	}
+	d.pools, d.cfg = next, c
+	for _, p := range d.pools {
+		if p.plugin != nil {
+			p.plugin.Changed()
+		}
+	}
+	return nil
+}
+
+func poolByName(pools []config.Pool, name string) config.Pool {
+	for _, p := range pools {
+		if p.Name == name {
+			return p
+		}
+	}
+	return config.Pool{}
+}
+
+func reservedOn(res []config.Reservation, netdev string) []uint32 {
+	var out []uint32
+	for _, r := range res {
+		if r.Netdev.Name == netdev {
+			out = append(out, r.Queues...)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Alloc hands count queues of a pool to a local user (standalone mode).
+func (d *Daemon) Alloc(poolName string, count int, uid uint32) (*Allocation, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p := d.pools[poolName]
+	if p == nil {
+		return nil, fmt.Errorf("no pool %q (pools: %s)", poolName, strings.Join(d.poolNames(), ", "))
+	}
+	var free []deviceplugin.Device
+	for _, dev := range p.devices {
+		if p.used[dev.ID] == "" {
+			free = append(free, dev)
+		}
+	}
+	ids := deviceplugin.Prefer(free, nil, count)
+	if count < 1 || len(ids) < count {
+		return nil, fmt.Errorf("pool %s: %d queues asked, %d free", poolName, count, len(ids))
+	}
+	return d.allocLocked(p, ids, broker.Owner{UID: &uid})
+}
+
+// allocLocked creates the broker allocation of devices ids of pool p.
+func (d *Daemon) allocLocked(p *pool, ids []string, owner broker.Owner) (*Allocation, error) {
+	byID := map[string]deviceplugin.Device{}
+	for _, dev := range p.devices {
+		byID[dev.ID] = dev
+	}
+	netdev := byID[ids[0]].Netdev
+	var queues []uint32
+	for _, id := range ids {
+		dev, ok := byID[id]
+		if !ok {
+			return nil, fmt.Errorf("device %s is not in pool %s", id, p.cfg.Name)
+		}
+		if dev.Netdev != netdev {
+			return nil, fmt.Errorf("devices %v span netdevs %s and %s; an allocation is on one netdev", ids, netdev, dev.Netdev)
+		}
+		if a := p.used[id]; a != "" {
+			return nil, fmt.Errorf("device %s is in use by allocation %s", id, a)
+		}
+		queues = append(queues, dev.Queue)
+	}
+	sort.Slice(queues, func(i, j int) bool { return queues[i] < queues[j] })
+	b := make([]byte, 6)
+	rand.Read(b)
+	id := p.cfg.Name + "-" + hex.EncodeToString(b)
+	l := p.cfg.Limits
+	ba := broker.Allocation{ID: id, Netdev: d.netdev(netdev), Queues: queues, Owner: owner,
+		Limits: broker.Limits{MaxUMEM: l.MaxUMEMBytes, MaxRing: l.MaxRing, AllowTX: p.cfg.AllowTX, MaxQueue: l.MaxQueuesPerPod},
+		Dir:    filepath.Join(d.opts.AllocDir, id)}
+	if err := d.broker.Add(ba); err != nil {
+		return nil, err
+	}
+	for _, idv := range ids {
+		p.used[idv] = id
+	}
+	a := &Allocation{ID: id, Pool: p.cfg.Name, Netdev: netdev, Queues: queues, Socket: ba.SocketPath(), UID: owner.UID}
+	d.allocs[id] = a
+	d.log.Info("allocated", "allocation", id, "pool", p.cfg.Name, "netdev", netdev, "queues", queues)
+	return a, nil
+}
+
+func (d *Daemon) netdev(name string) xsk.Netdev {
+	for _, s := range d.agent.Status() {
+		if s.Netdev == name {
+			return xsk.Netdev{Name: name, Ifindex: s.Ifindex, NetNS: d.opts.NetNS}
+		}
+	}
+	return xsk.Netdev{Name: name, NetNS: d.opts.NetNS}
+}
+
+// Free ends an allocation: its lease (if any) ends, its queues are free.
+func (d *Daemon) Free(id string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	a := d.allocs[id]
+	if a == nil {
+		return fmt.Errorf("no allocation %q", id)
+	}
+	delete(d.allocs, id)
+	if p := d.pools[a.Pool]; p != nil {
+		for dev, owner := range p.used {
+			if owner == id {
+				delete(p.used, dev)
+			}
+		}
+	}
+	err := d.broker.Remove(id)
+	os.RemoveAll(filepath.Join(d.opts.AllocDir, id))
+	d.log.Info("freed", "allocation", id)
+	return err
+}
+
+// Status reports pools, allocations and netdevs.
+type Status struct {
+	Pools       []PoolStatus   `json:"pools"`
+	Allocations []Allocation   `json:"allocations"`
+	Netdevs     []agent.Status `json:"netdevs"`
+	ConfigError string         `json:"configError,omitempty"`
+}
+
+// PoolStatus is one pool's capacity.
+type PoolStatus struct {
+	Name     string `json:"name"`
+	Resource string `json:"resource"`
+	Queues   int    `json:"queues"`
+	Free     int    `json:"free"`
+}
+
+// Status reports the daemon's state.
+func (d *Daemon) Status() Status {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var s Status
+	for _, name := range d.poolNames() {
+		p := d.pools[name]
+		s.Pools = append(s.Pools, PoolStatus{Name: name, Resource: p.resource, Queues: len(p.devices), Free: len(p.devices) - len(p.used)})
+	}
+	for _, a := range d.allocs {
+		s.Allocations = append(s.Allocations, *a)
+	}
+	sort.Slice(s.Allocations, func(i, j int) bool { return s.Allocations[i].ID < s.Allocations[j].ID })
+	s.Netdevs = d.agent.Status()
+	if err := d.watcher.LastError(); err != nil {
+		s.ConfigError = err.Error()
+	}
+	return s
+}
+
+func (d *Daemon) poolNames() []string {
+	var out []string
+	for n := range d.pools {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Run runs the agent, the config watcher, and the local API (standalone)
+// or the device plugins (Kubernetes) until ctx ends, then stops them. What
+// is attached and pinned stays: traffic keeps flowing while the daemon is
+// away.
+func (d *Daemon) Run(ctx context.Context) error {
+	defer d.close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	run := func(f func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(ctx); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	run(d.agent.Run)
+	run(d.watcher.Run)
+	if d.opts.Standalone {
+		run(d.serveAPI)
+	} else {
+		d.startPlugins(ctx)
+	}
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errs:
+	}
+	wg.Wait()
+	d.mu.Lock()
+	for _, p := range d.pools {
+		if p.stop != nil {
+			p.stop()
+		}
+	}
+	d.mu.Unlock()
+	return err
+}
+
+// startPlugins starts one device plugin per pool (Kubernetes mode).
+func (d *Daemon) startPlugins(ctx context.Context) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for name, p := range d.pools {
+		if p.plugin != nil {
+			continue
+		}
+		p.plugin = deviceplugin.New(deviceplugin.Config{Resource: p.resource, Dir: d.opts.PluginDir, Logger: d.log,
+			Devices: func() []deviceplugin.Device { return d.devices(name) },
+			Allocate: func(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+				return d.allocate(name, ids)
+			}})
+		pctx, cancel := context.WithCancel(ctx)
+		p.stop = cancel
+		go p.plugin.Run(pctx)
+	}
+}
+
+func (d *Daemon) devices(poolName string) []deviceplugin.Device {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p := d.pools[poolName]
+	if p == nil {
+		return nil
+	}
+	health := map[string]bool{}
+	for _, s := range d.agent.Status() {
+		health[s.Netdev] = s.State != agent.StateMissing && s.State != agent.StateOverridden
+	}
+	out := slices.Clone(p.devices)
+	for i := range out {
+		out[i].Healthy = out[i].Healthy && health[out[i].Netdev]
+	}
+	return out
+}
+
+// allocate answers kubelet's Allocate: a broker allocation for the
+// devices, its directory mounted at /run/xdpq, and the environment.
+func (d *Daemon) allocate(poolName string, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p := d.pools[poolName]
+	if p == nil {
+		return nil, fmt.Errorf("no pool %s", poolName)
+	}
+	// kubelet calls Allocate again for a container it restarts: free what
+	// these devices were given before.
+	for _, id := range ids {
+		if old := p.used[id]; old != "" {
+			d.mu.Unlock()
+			d.Free(old)
+			d.mu.Lock()
+		}
+	}
+	// No owner yet: kubelet does not say which pod this is; the directory,
+	// mounted only into that container, is the boundary (see the package doc).
+	a, err := d.allocLocked(p, ids, broker.Owner{AnyPod: true})
+	if err != nil {
+		return nil, err
+	}
+	env := strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(poolName))
+	var qs []string
+	for _, q := range a.Queues {
+		qs = append(qs, fmt.Sprintf("%s:%d", a.Netdev, q))
+	}
+	return &pluginapi.ContainerAllocateResponse{
+		Envs: map[string]string{
+			"XDPQ_SOCKET":        "/run/xdpq/" + broker.SocketName,
+			"XDPQ_QUEUES_" + env: strings.Join(qs, ","),
+			"XDPQ_NETDEV_" + env: a.Netdev,
+			"XDPQ_ALLOCATION":    a.ID,
+		},
+		Mounts: []*pluginapi.Mount{{ContainerPath: "/run/xdpq", HostPath: filepath.Join(d.opts.AllocDir, a.ID)}},
+	}, nil
+}
+
+func (d *Daemon) close() {
+	if d.broker != nil {
+		d.broker.Close()
+	}
+	if d.agent != nil {
+		d.agent.Close()
+	}
+	if d.unmount != nil {
+		d.unmount()
+	}
+}

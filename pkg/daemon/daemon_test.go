@@ -1,0 +1,197 @@
+package daemon
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/xdpq/xdpq/internal/frame"
+	"github.com/xdpq/xdpq/internal/handover"
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/traffic"
+	"github.com/xdpq/xdpq/pkg/xdp"
+	"github.com/xdpq/xdpq/pkg/xsk"
+)
+
+func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
+
+// TestStandalone is the standalone mode as a bare-metal user runs it: the
+// daemon on a config file, `xdpqctl alloc` through the local API, an
+// unprivileged xdpqperf that receives its queues' traffic through the
+// broker, `xdpqctl free`; and the config reloaded while it runs.
+func TestStandalone(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	dir := t.TempDir()
+	bin := t.TempDir()
+	for _, c := range []string{"xdpqctl", "xdpqperf"} {
+		if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, c), "github.com/xdpq/xdpq/cmd/"+c).CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", c, err, out)
+		}
+	}
+	cfgPath := filepath.Join(dir, "config.yaml")
+	os.WriteFile(cfgPath, []byte("pools: [{name: demo, steering: hardware, devices: {netdevs: ['xa#0-1']}}]\n"), 0o644)
+	if err := xdp.MountBPFFS(xdp.DefaultBPFFS); err != nil {
+		t.Fatal(err)
+	}
+	pins, err := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(pins)
+	allocDir, _ := os.MkdirTemp("", "xdpq-alloc-")
+	defer os.RemoveAll(allocDir)
+	os.Chmod(allocDir, 0o755)
+	api := filepath.Join(dir, "api.sock")
+	d, err := New(Options{ConfigPath: cfgPath, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
+		StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, Standalone: true, APISocket: api,
+		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- d.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	ctl := func(args ...string) (string, error) {
+		out, err := exec.Command(filepath.Join(bin, "xdpqctl"), append([]string{"-api-socket", api}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if out, err := ctl("status"); err == nil && strings.Contains(out, `"free": 2`) {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("status: %v\n%s", err, out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if out, err := ctl("alloc", "-pool", "nope", "-n", "1"); err == nil || !strings.Contains(out, `no pool "nope" (pools: demo)`) {
+		t.Errorf("alloc from a missing pool: %v %s", err, out)
+	}
+	if out, err := ctl("alloc", "-pool", "demo", "-n", "3"); err == nil || !strings.Contains(out, "3 queues asked, 2 free") {
+		t.Errorf("alloc beyond the pool: %v %s", err, out)
+	}
+	out, err := ctl("alloc", "-pool", "demo", "-n", "2", "-uid", "65534")
+	if err != nil {
+		t.Fatalf("alloc: %v\n%s", err, out)
+	}
+	a, err := NewAPIClient(api).Status()
+	if err != nil || len(a.Allocations) != 1 || a.Pools[0].Free != 0 {
+		t.Fatalf("status after alloc: %+v %v", a, err)
+	}
+	alloc := a.Allocations[0]
+	if alloc.Netdev != "xa" || len(alloc.Queues) != 2 {
+		t.Fatalf("allocation %+v", alloc)
+	}
+
+	// The pod: xdpqperf as uid 65534, no capabilities, its own netns.
+	var stdout, stderr bytes.Buffer
+	pod, err := handover.StartProgram(filepath.Join(bin, "xdpqperf"), []string{"-mode", "rxdrop", "-duration", "3s"},
+		[]string{"XDPQ_SOCKET=" + alloc.Socket}, &stdout, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pod.Kill()
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		st, _ := NewAPIClient(api).Status()
+		if len(st.Netdevs) == 1 && len(st.Netdevs[0].Sockets) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pod's lease did not become active: %+v\n%s", st, stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	sendFrames(t, p, 300)
+	if err := pod.Wait(); err != nil {
+		t.Fatalf("xdpqperf: %v\n%s", err, stderr.String())
+	}
+	totals := map[string]string{}
+	sc := bufio.NewScanner(&stdout)
+	for sc.Scan() {
+		var q, rx, tx int
+		if _, err := fmt.Sscanf(sc.Text(), "total q%d: rx %d tx %d", &q, &rx, &tx); err == nil {
+			totals[fmt.Sprint(q)] = fmt.Sprint(rx)
+		}
+	}
+	if totals["0"] != "300" || totals["1"] != "300" {
+		t.Errorf("the pod received %v, want 300 on queues 0 and 1\n%s", totals, stdout.String())
+	}
+
+	if out, err := ctl("free", alloc.ID); err != nil {
+		t.Fatalf("free: %v %s", err, out)
+	}
+	if out, err := ctl("free", alloc.ID); err == nil || !strings.Contains(out, "no allocation") {
+		t.Errorf("free twice: %v %s", err, out)
+	}
+	if _, err := os.Stat(alloc.Socket); !os.IsNotExist(err) {
+		t.Errorf("the allocation's socket stays after free: %v", err)
+	}
+
+	// Hot reload: a bigger pool is applied; an invalid file is refused
+	// and reported, and the pool stays.
+	os.WriteFile(cfgPath, []byte("pools: [{name: demo, steering: hardware, devices: {netdevs: ['xa#0-3']}}]\n"), 0o644)
+	waitStatus(t, api, func(s *Status) bool { return len(s.Pools) == 1 && s.Pools[0].Queues == 4 })
+	os.WriteFile(cfgPath, []byte("pools: [{name: demo, devices: {netdevs: ['xa#0-3']}, mtu: 9000}]\n"), 0o644)
+	waitStatus(t, api, func(s *Status) bool {
+		return strings.Contains(s.ConfigError, "pools[0].mtu: unknown field") && s.Pools[0].Queues == 4
+	})
+}
+
+func waitStatus(t *testing.T, api string, ok func(*Status) bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s, err := NewAPIClient(api).Status()
+		if err == nil && ok(s) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status %+v, %v", s, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// sendFrames sends n frames from xb's queues 0 and 1 each.
+func sendFrames(t *testing.T, p *testnet.Pair, n int) {
+	t.Helper()
+	dev := xsk.Netdev{Name: p.B.Name, Ifindex: p.B.Index, NetNS: p.NSPath()}
+	umem, socks, err := xsk.Open(dev, []uint32{0, 1}, 1024, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048},
+		Rings: xsk.Rings{Fill: 64, Completion: 512, TX: 512}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer umem.Close()
+	for i, s := range socks {
+		defer s.Close()
+		var frames [][]byte
+		for j := range n {
+			f, _ := frame.Spec{SrcMAC: p.B.MAC, DstMAC: p.A.MAC, Src: p.B.Addr, Dst: p.A.Addr, Protocol: 17,
+				SrcPort: 1, DstPort: 5000, Payload: frame.Payload(uint32(i), uint64(j), 40)}.Build()
+			frames = append(frames, f)
+		}
+		addrs := make([]uint64, 512)
+		for j := range addrs {
+			addrs[j] = umem.FrameAddr(i*512 + j)
+		}
+		if err := traffic.NewSender(s, addrs, 0).Send(frames, time.Now().Add(5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
