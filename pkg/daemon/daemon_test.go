@@ -194,4 +194,3 @@ func sendFrames(t *testing.T, p *testnet.Pair, n int) {
 		}
 	}
 }
-
