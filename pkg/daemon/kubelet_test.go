@@ -1,0 +1,126 @@
+package daemon
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/pkg/xdp"
+)
+
+type registrations struct {
+	pluginapi.UnimplementedRegistrationServer
+	ch chan *pluginapi.RegisterRequest
+}
+
+func (r *registrations) Register(_ context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	r.ch <- req
+	return &pluginapi.Empty{}, nil
+}
+
+// TestKubernetesAllocate: in Kubernetes mode the daemon registers a
+// plugin per pool, lists the queues as devices, and answers Allocate with
+// the allocation's broker directory mounted at /run/xdpq and the
+// environment the pod reads.
+func TestKubernetesAllocate(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	dir := t.TempDir()
+	plugins := filepath.Join(dir, "device-plugins")
+	os.MkdirAll(plugins, 0o755)
+	ln, err := net.Listen("unix", filepath.Join(plugins, "kubelet.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	regs := &registrations{ch: make(chan *pluginapi.RegisterRequest, 4)}
+	kubelet := grpc.NewServer()
+	pluginapi.RegisterRegistrationServer(kubelet, regs)
+	go kubelet.Serve(ln)
+	defer kubelet.Stop()
+
+	cfgPath := filepath.Join(dir, "config.yaml")
+	os.WriteFile(cfgPath, []byte("resourcePrefix: example.com\npools: [{name: fast-dns, steering: hardware, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
+	xdp.MountBPFFS(xdp.DefaultBPFFS)
+	pins, _ := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-test-")
+	defer os.RemoveAll(pins)
+	allocDir := filepath.Join(dir, "alloc")
+	d, err := New(Options{ConfigPath: cfgPath, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
+		StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, PluginDir: plugins,
+		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	var reg *pluginapi.RegisterRequest
+	select {
+	case reg = <-regs.ch:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no registration")
+	}
+	if reg.ResourceName != "example.com/fast-dns" {
+		t.Fatalf("registered %q", reg.ResourceName)
+	}
+	conn, err := grpc.NewClient("unix://"+filepath.Join(plugins, reg.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := pluginapi.NewDevicePluginClient(conn)
+	stream, err := c.ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, dev := range list.Devices {
+		ids = append(ids, dev.ID+"/"+dev.Health)
+	}
+	if strings.Join(ids, " ") != "xa-q2/Healthy xa-q3/Healthy" {
+		t.Fatalf("devices %v", ids)
+	}
+	resp, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa-q3", "xa-q2"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cr := resp.ContainerResponses[0]
+	if cr.Envs["XDPQ_SOCKET"] != "/run/xdpq/xdpq.sock" || cr.Envs["XDPQ_QUEUES_FAST_DNS"] != "xa:2,xa:3" || cr.Envs["XDPQ_NETDEV_FAST_DNS"] != "xa" {
+		t.Errorf("envs %v", cr.Envs)
+	}
+	if len(cr.Mounts) != 1 || cr.Mounts[0].ContainerPath != "/run/xdpq" {
+		t.Fatalf("mounts %v", cr.Mounts)
+	}
+	if _, err := os.Stat(filepath.Join(cr.Mounts[0].HostPath, "xdpq.sock")); err != nil {
+		t.Errorf("the mounted directory has no broker socket: %v", err)
+	}
+	// kubelet calls Allocate again when it restarts the container: the old
+	// allocation goes, a new one takes the devices.
+	again, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa-q2", "xa-q3"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.ContainerResponses[0].Mounts[0].HostPath == cr.Mounts[0].HostPath {
+		t.Error("the re-allocation reused the old allocation's directory")
+	}
+	if _, err := os.Stat(cr.Mounts[0].HostPath); !os.IsNotExist(err) {
+		t.Errorf("the old allocation's directory stays: %v", err)
+	}
+	if _, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa-q0"}}}}); err == nil {
+		t.Error("a queue outside the pool was allocated")
+	}
+}
