@@ -9,9 +9,12 @@ all: build
 build:
 	$(GO) build ./...
 
-# The test command of the README; CI runs it as root with CI=true.
+# The test command of the README; CI runs it as root with CI=true. The
+# second line runs xdpq's device plugins against kubelet's own device
+# manager (test/kubelet, a module of its own; its first build takes minutes).
 test:
 	$(GO) test -count=1 -race ./...
+	cd test/kubelet && $(GO) test -count=1 ./...
 
 # Receive rates side by side on one veth pair (a table), and the time the
 # agent takes to re-attach after a foreign program goes (100 trials).

@@ -155,11 +155,19 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.StateDir == "" {
 		cfg.StateDir = DefaultStateDir
 	}
-	if err := xdp.MountBPFFS(filepath.Dir(cfg.PinDir)); err != nil {
-		return nil, err
+	// Only the standard bpffs is mounted when missing; anything else must
+	// be a bpffs already (mounting one elsewhere would hide what is there).
+	if strings.HasPrefix(filepath.Clean(cfg.PinDir)+"/", xdp.DefaultBPFFS+"/") {
+		if err := xdp.MountBPFFS(xdp.DefaultBPFFS); err != nil {
+			return nil, err
+		}
 	}
 	if err := os.MkdirAll(cfg.PinDir, 0o700); err != nil {
-		return nil, fmt.Errorf("agent: %w", err)
+		return nil, fmt.Errorf("agent: pin dir: %w", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(cfg.PinDir, &st); err != nil || st.Type != unix.BPF_FS_MAGIC {
+		return nil, fmt.Errorf("agent: pin dir %s is not on a bpffs (mount -t bpf bpf %s)", cfg.PinDir, xdp.DefaultBPFFS)
 	}
 	a := &Agent{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), netdevs: map[string]*netdev{}, nic: cfg.NIC}
 	if a.nic == nil {

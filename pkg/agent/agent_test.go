@@ -349,3 +349,19 @@ func expectNothing(t testing.TB, r *traffic.Receiver) {
 		t.Errorf("%d unexpected frames on the socket", n)
 	}
 }
+
+// TestPinDirMustBeBPFFS: a pin dir outside a bpffs is refused, and nothing
+// is mounted over its parent.
+func TestPinDirMustBeBPFFS(t *testing.T) {
+	testnet.RequireRoot(t)
+	dir := t.TempDir()
+	keep := filepath.Join(dir, "keep")
+	os.WriteFile(keep, []byte("x"), 0o644)
+	_, err := agent.New(agent.Config{PinDir: filepath.Join(dir, "xdpq"), StateDir: t.TempDir()})
+	if err == nil || !strings.Contains(err.Error(), "is not on a bpffs") {
+		t.Fatalf("pin dir on tmpfs: %v", err)
+	}
+	if _, err := os.Stat(keep); err != nil {
+		t.Fatalf("the pin dir's parent was covered: %v", err)
+	}
+}

@@ -426,7 +426,11 @@ func (d *Daemon) startPlugins(ctx context.Context) {
 			}})
 		pctx, cancel := context.WithCancel(ctx)
 		p.stop = cancel
-		go p.plugin.Run(pctx)
+		go func() {
+			if err := p.plugin.Run(pctx); err != nil {
+				d.log.Error("device plugin stopped", "pool", name, "err", err)
+			}
+		}()
 	}
 }
 

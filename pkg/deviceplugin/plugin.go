@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -101,9 +102,16 @@ func (p *Plugin) Run(ctx context.Context) error {
 	for {
 		stop, err := p.serve()
 		if err != nil {
-			return err
+			// kubelet may be wiping the directory right now: try again.
+			p.log.Warn("serve device plugin (retrying)", "err", err)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
 		}
-		registered := p.register(ctx, kubelet) == nil
+		registered := p.register(ctx, kubelet) // the kubelet socket's inode, 0 if not registered
 		retry := time.NewTicker(time.Second)
 	wait:
 		for {
@@ -111,22 +119,32 @@ func (p *Plugin) Run(ctx context.Context) error {
 			case <-ctx.Done():
 				retry.Stop()
 				stop()
+				os.Remove(p.socket)
 				return nil
 			case ev := <-w.Events:
 				switch {
 				case ev.Name == kubelet && ev.Op&fsnotify.Create != 0:
-					// A new kubelet: it wiped the directory. Serve anew, register.
+					// A new kubelet: it wiped the directory. Serve anew and
+					// register, unless that is the kubelet registered with.
+					if registered != 0 && inode(kubelet) == registered {
+						continue
+					}
 					p.log.Info("kubelet socket re-created; registering again")
 					break wait
 				case ev.Name == p.socket && ev.Op&fsnotify.Remove != 0:
+					// Our own restart removes and re-creates it: only a socket
+					// that is still gone was taken away.
+					if _, err := os.Stat(p.socket); err == nil {
+						continue
+					}
 					p.log.Warn("plugin socket removed; serving again")
 					break wait
 				}
 			case err := <-w.Errors:
 				p.log.Error("watch device plugin directory", "err", err)
 			case <-retry.C:
-				if !registered {
-					registered = p.register(ctx, kubelet) == nil
+				if registered == 0 {
+					registered = p.register(ctx, kubelet)
 				}
 			}
 		}
@@ -165,14 +183,19 @@ func (p *Plugin) serve() (stop func(), err error) {
 	return func() {
 		srv.Stop()
 		<-done
-		os.Remove(p.socket)
 	}, nil
 }
 
-func (p *Plugin) register(ctx context.Context, kubelet string) error {
+// register registers with the kubelet at socket kubelet and returns the
+// inode of that socket, or 0 when it did not register.
+func (p *Plugin) register(ctx context.Context, kubelet string) uint64 {
+	ino := inode(kubelet)
+	if ino == 0 {
+		return 0
+	}
 	conn, err := grpc.NewClient("unix://"+kubelet, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return err
+		return 0
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -185,10 +208,18 @@ func (p *Plugin) register(ctx context.Context, kubelet string) error {
 	})
 	if err != nil {
 		p.log.Warn("register with kubelet (retrying every second)", "err", err)
-		return err
+		return 0
 	}
 	p.log.Info("registered with kubelet", "endpoint", filepath.Base(p.socket))
-	return nil
+	return ino
+}
+
+func inode(path string) uint64 {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil {
+		return 0
+	}
+	return st.Ino
 }
 
 // GetDevicePluginOptions says the plugin answers GetPreferredAllocation.
