@@ -16,11 +16,13 @@ test:
 	$(GO) test -count=1 -race ./...
 	cd test/kubelet && $(GO) test -count=1 ./...
 
-# Receive rates side by side on one veth pair (a table), and the time the
-# agent takes to re-attach after a foreign program goes (100 trials).
+# Receive rates side by side on one veth pair (a table), the time the
+# agent takes to re-attach after a foreign program goes (100 trials), and
+# the daemon on 64 netdevs of 64 queues (first ListAndWatch, Allocate, RSS).
 bench:
 	$(GO) run ./cmd/xdpqbench
 	$(GO) test -run '^$$' -bench Reattach -benchtime 100x ./pkg/agent
+	$(GO) test -run '^$$' -bench Scale64x64 -benchtime 1x ./pkg/daemon
 
 # Regenerate the BPF objects and their Go bindings (needs clang-14).
 generate:
