@@ -72,8 +72,11 @@ type Config struct {
 	// StateDir holds what the agent must put back later (RSS tables).
 	StateDir string
 	// NIC steers in hardware; nil means ethtool in NetNS.
-	NIC    NtupleDevice
-	Logger *slog.Logger
+	NIC NtupleDevice
+	// OnChange, if set, is called (without the agent's lock held, on a
+	// goroutine of its own) whenever a netdev's reported status changes.
+	OnChange func()
+	Logger   *slog.Logger
 }
 
 // DefaultStateDir is where the agent keeps its state files.
@@ -96,10 +99,12 @@ type Status struct {
 	ZeroCopy bool
 	// RXQueues is the netdev's rx queue count now (ethtool channels).
 	RXQueues int
-	Program  ebpf.ProgramID
-	Foreign  string   // the foreign program's name, when Overridden
-	Sockets  []uint32 // queues with an xdpq socket
-	Reason   string   // why the netdev is in this state, or the last error
+	// LinkUp is whether the netdev's carrier is up (operstate up or unknown).
+	LinkUp  bool
+	Program ebpf.ProgramID
+	Foreign string   // the foreign program's name, when Overridden
+	Sockets []uint32 // queues with an xdpq socket
+	Reason  string   // why the netdev is in this state, or the last error
 }
 
 // Agent reconciles the managed netdevs. Create it with New, manage netdevs
@@ -596,6 +601,10 @@ func (a *Agent) reconcile(d *netdev) {
 			a.log.Info("netdev state", "netdev", d.name, "state", d.status.State, "mode", d.status.Mode,
 				"program", d.status.Program, "foreign", d.status.Foreign, "reason", d.status.Reason)
 		}
+		if a.cfg.OnChange != nil && (d.status.State != prev.State || d.status.LinkUp != prev.LinkUp ||
+			d.status.RXQueues != prev.RXQueues || d.status.Netdev != prev.Netdev) {
+			go a.cfg.OnChange()
+		}
 	}()
 	d.status = Status{Netdev: d.name, Ifindex: d.ifindex}
 	l, err := a.linkByIndex(d.ifindex)
@@ -605,6 +614,7 @@ func (a *Agent) reconcile(d *netdev) {
 		return
 	}
 	d.status.Netdev = l.Attrs().Name
+	d.status.LinkUp = l.Attrs().OperState == netlink.OperUp || l.Attrs().OperState == netlink.OperUnknown
 	d.status.ModeReason, d.status.ZeroCopy = d.modeWhy, d.zc
 	d.rxNow = d.queues
 	if ch, err := a.nic.Channels(d.name); err == nil {

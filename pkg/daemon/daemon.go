@@ -107,7 +107,8 @@ func New(opts Options) (*Daemon, error) {
 		}
 	}
 	var err error
-	d.agent, err = agent.New(agent.Config{NetNS: opts.NetNS, PinDir: opts.PinDir, StateDir: opts.StateDir, Logger: opts.Logger})
+	d.agent, err = agent.New(agent.Config{NetNS: opts.NetNS, PinDir: opts.PinDir, StateDir: opts.StateDir,
+		Logger: opts.Logger, OnChange: d.devicesChanged})
 	if err != nil {
 		return nil, err
 	}
@@ -441,15 +442,33 @@ func (d *Daemon) devices(poolName string) []deviceplugin.Device {
 	if p == nil {
 		return nil
 	}
-	health := map[string]bool{}
+	// Unhealthy: the link is down, the queue is gone, the netdev is gone or
+	// a foreign program owns its hook.
+	type state struct {
+		ok     bool
+		queues int
+	}
+	health := map[string]state{}
 	for _, s := range d.agent.Status() {
-		health[s.Netdev] = s.State != agent.StateMissing && s.State != agent.StateOverridden
+		health[s.Netdev] = state{s.LinkUp && s.State != agent.StateMissing && s.State != agent.StateOverridden, s.RXQueues}
 	}
 	out := slices.Clone(p.devices)
 	for i := range out {
-		out[i].Healthy = out[i].Healthy && health[out[i].Netdev]
+		h := health[out[i].Netdev]
+		out[i].Healthy = h.ok && int(out[i].Queue) < h.queues
 	}
 	return out
+}
+
+// devicesChanged tells the device plugins to send their lists again.
+func (d *Daemon) devicesChanged() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, p := range d.pools {
+		if p.plugin != nil {
+			p.plugin.Changed()
+		}
+	}
 }
 
 // allocate answers kubelet's Allocate: a broker allocation for the

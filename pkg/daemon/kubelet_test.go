@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -93,6 +94,22 @@ func TestKubernetesAllocate(t *testing.T) {
 	}
 	if strings.Join(ids, " ") != "xa-q2/Healthy xa-q3/Healthy" {
 		t.Fatalf("devices %v", ids)
+	}
+	// A link going down makes its queues unhealthy, and back.
+	for _, want := range []string{"Unhealthy", "Healthy"} {
+		updown := map[string]string{"Unhealthy": "down", "Healthy": "up"}[want]
+		if out, err := exec.Command("ip", "-n", filepath.Base(p.NSPath()), "link", "set", "xa", updown).CombinedOutput(); err != nil {
+			t.Fatalf("%v %s", err, out)
+		}
+		for {
+			l, err := stream.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if l.Devices[0].Health == want && l.Devices[1].Health == want {
+				break
+			}
+		}
 	}
 	resp, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa-q3", "xa-q2"}}}})
 	if err != nil {
