@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -120,8 +121,50 @@ func New(opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
+	d.restore()
 	ok = true
 	return d, nil
+}
+
+// record is what survives a daemon restart of an allocation: a file next
+// to (not in) the directory the allocation's container mounts.
+type record struct {
+	Allocation
+	Devices []string     `json:"devices"`
+	Owner   broker.Owner `json:"owner"`
+}
+
+func (d *Daemon) recordPath(id string) string { return filepath.Join(d.opts.AllocDir, id+".json") }
+
+// restore serves again the allocations a previous daemon made, at the same
+// paths: a running container's mount of its directory then sees the
+// socket come back, and its client connects again. An allocation whose
+// pool or queues are gone is removed.
+func (d *Daemon) restore() {
+	files, _ := filepath.Glob(filepath.Join(d.opts.AllocDir, "*.json"))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, f := range files {
+		var r record
+		b, err := os.ReadFile(f)
+		if err == nil {
+			err = json.Unmarshal(b, &r)
+		}
+		p := d.pools[r.Pool]
+		if err == nil && p == nil {
+			err = fmt.Errorf("pool %q is gone", r.Pool)
+		}
+		if err == nil {
+			_, err = d.allocLocked(p, r.Devices, r.Owner, r.ID)
+		}
+		if err != nil {
+			d.log.Warn("allocation not restored; removing it", "record", f, "err", err)
+			os.Remove(f)
+			os.RemoveAll(strings.TrimSuffix(f, ".json"))
+			continue
+		}
+		d.log.Info("allocation restored", "allocation", r.ID, "devices", r.Devices)
+	}
 }
 
 // mountSysfs mounts a sysfs that shows the NICs' namespace.
@@ -252,11 +295,12 @@ func (d *Daemon) Alloc(poolName string, count int, uid uint32) (*Allocation, err
 	if count < 1 || len(ids) < count {
 		return nil, fmt.Errorf("pool %s: %d queues asked, %d free", poolName, count, len(ids))
 	}
-	return d.allocLocked(p, ids, broker.Owner{UID: &uid})
+	return d.allocLocked(p, ids, broker.Owner{UID: &uid}, "")
 }
 
-// allocLocked creates the broker allocation of devices ids of pool p.
-func (d *Daemon) allocLocked(p *pool, ids []string, owner broker.Owner) (*Allocation, error) {
+// allocLocked creates the broker allocation of devices ids of pool p, with
+// a new id unless one is given (a restored allocation), and records it.
+func (d *Daemon) allocLocked(p *pool, ids []string, owner broker.Owner, id string) (*Allocation, error) {
 	byID := map[string]deviceplugin.Device{}
 	for _, dev := range p.devices {
 		byID[dev.ID] = dev
@@ -277,9 +321,11 @@ func (d *Daemon) allocLocked(p *pool, ids []string, owner broker.Owner) (*Alloca
 		queues = append(queues, dev.Queue)
 	}
 	sort.Slice(queues, func(i, j int) bool { return queues[i] < queues[j] })
-	b := make([]byte, 6)
-	rand.Read(b)
-	id := p.cfg.Name + "-" + hex.EncodeToString(b)
+	if id == "" {
+		b := make([]byte, 6)
+		rand.Read(b)
+		id = p.cfg.Name + "-" + hex.EncodeToString(b)
+	}
 	l := p.cfg.Limits
 	ba := broker.Allocation{ID: id, Netdev: d.netdev(netdev), Queues: queues, Owner: owner,
 		Limits: broker.Limits{MaxUMEM: l.MaxUMEMBytes, MaxRing: l.MaxRing, AllowTX: p.cfg.AllowTX, MaxQueue: l.MaxQueuesPerPod},
@@ -291,6 +337,14 @@ func (d *Daemon) allocLocked(p *pool, ids []string, owner broker.Owner) (*Alloca
 		p.used[idv] = id
 	}
 	a := &Allocation{ID: id, Pool: p.cfg.Name, Netdev: netdev, Queues: queues, Socket: ba.SocketPath(), UID: owner.UID}
+	rec, _ := json.Marshal(record{Allocation: *a, Devices: ids, Owner: owner})
+	if err := os.WriteFile(d.recordPath(id), rec, 0o600); err != nil {
+		d.broker.Remove(id)
+		for _, idv := range ids {
+			delete(p.used, idv)
+		}
+		return nil, fmt.Errorf("record allocation %s: %w", id, err)
+	}
 	d.allocs[id] = a
 	d.log.Info("allocated", "allocation", id, "pool", p.cfg.Name, "netdev", netdev, "queues", queues)
 	return a, nil
@@ -323,6 +377,7 @@ func (d *Daemon) Free(id string) error {
 	}
 	err := d.broker.Remove(id)
 	os.RemoveAll(filepath.Join(d.opts.AllocDir, id))
+	os.Remove(d.recordPath(id))
 	d.log.Info("freed", "allocation", id)
 	return err
 }
@@ -491,7 +546,7 @@ func (d *Daemon) allocate(poolName string, ids []string) (*pluginapi.ContainerAl
 	}
 	// No owner yet: kubelet does not say which pod this is; the directory,
 	// mounted only into that container, is the boundary (see the package doc).
-	a, err := d.allocLocked(p, ids, broker.Owner{AnyPod: true})
+	a, err := d.allocLocked(p, ids, broker.Owner{AnyPod: true}, "")
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/xdpq/xdpq/internal/handover"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
+	"github.com/xdpq/xdpq/pkg/client"
 	"github.com/xdpq/xdpq/pkg/xdp"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
@@ -50,21 +51,25 @@ func TestStandalone(t *testing.T) {
 	defer os.RemoveAll(allocDir)
 	os.Chmod(allocDir, 0o755)
 	api := filepath.Join(dir, "api.sock")
-	d, err := New(Options{ConfigPath: cfgPath, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
-		StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, Standalone: true, APISocket: api,
-		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- d.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
+	start := func() (stop func()) {
+		d, err := New(Options{ConfigPath: cfgPath, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
+			StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, Standalone: true, APISocket: api,
+			Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
+		if err != nil {
+			t.Fatal(err)
 		}
-	}()
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- d.Run(ctx) }()
+		return func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	stop := start()
+	defer func() { stop() }()
 	ctl := func(args ...string) (string, error) {
 		out, err := exec.Command(filepath.Join(bin, "xdpqctl"), append([]string{"-api-socket", api}, args...)...).CombinedOutput()
 		return string(out), err
@@ -132,8 +137,23 @@ func TestStandalone(t *testing.T) {
 		t.Errorf("the pod received %v, want 300 on queues 0 and 1\n%s", totals, stdout.String())
 	}
 
+	// The daemon restarts: the allocation is served again at the same path
+	// (its owner kept: root is refused, uid 65534 would be let in).
+	stop()
+	stop = start()
+	waitStatus(t, api, func(s *Status) bool {
+		return len(s.Allocations) == 1 && s.Allocations[0].ID == alloc.ID && s.Pools[0].Free == 0
+	})
+	_, err = client.Connect(alloc.Socket, client.Options{Timeout: 2 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "belongs to uid 65534") {
+		t.Errorf("the restored allocation's socket: %v", err)
+	}
+
 	if out, err := ctl("free", alloc.ID); err != nil {
 		t.Fatalf("free: %v %s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(allocDir, alloc.ID+".json")); !os.IsNotExist(err) {
+		t.Errorf("the allocation's record stays after free: %v", err)
 	}
 	if out, err := ctl("free", alloc.ID); err == nil || !strings.Contains(out, "no allocation") {
 		t.Errorf("free twice: %v %s", err, out)
