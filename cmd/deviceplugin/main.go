@@ -27,6 +27,7 @@ func main() {
 	flag.StringVar(&o.StateDir, "state-dir", "", "state directory (default /run/xdpq/agent)")
 	flag.StringVar(&o.AllocDir, "alloc-dir", "", "directory of the allocations' sockets (default /run/xdpq/alloc)")
 	flag.StringVar(&o.PluginDir, "plugin-dir", "", "kubelet's device plugin directory (default /var/lib/kubelet/device-plugins)")
+	flag.StringVar(&o.RegistryDir, "registry-dir", "/var/lib/kubelet/plugins_registry", "kubelet's plugin watcher directory; used when it exists, else plugins register on kubelet.sock")
 	flag.BoolVar(&o.Standalone, "standalone", false, "run without kubelet: serve the local API for xdpqctl")
 	flag.StringVar(&o.APISocket, "api-socket", daemon.DefaultAPISocket, "standalone: the local API's socket")
 	debug := flag.Bool("debug", false, "log at debug level")

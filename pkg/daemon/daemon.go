@@ -46,6 +46,9 @@ type Options struct {
 	StateDir  string // agent state; "" means /run/xdpq/agent
 	AllocDir  string // one broker directory per allocation; "" means /run/xdpq/alloc
 	PluginDir string // kubelet's device plugin directory (Kubernetes mode)
+	// RegistryDir is kubelet's plugin watcher directory; when it exists the
+	// plugins serve there instead of registering on kubelet.sock.
+	RegistryDir string
 	// Standalone serves the local API at APISocket instead of kubelet.
 	Standalone bool
 	APISocket  string
@@ -475,7 +478,11 @@ func (d *Daemon) startPlugins(ctx context.Context) {
 		if p.plugin != nil {
 			continue
 		}
-		p.plugin = deviceplugin.New(deviceplugin.Config{Resource: p.resource, Dir: d.opts.PluginDir, Logger: d.log,
+		registry := d.opts.RegistryDir
+		if st, err := os.Stat(registry); registry != "" && (err != nil || !st.IsDir()) {
+			registry = "" // no plugin watcher on this kubelet
+		}
+		p.plugin = deviceplugin.New(deviceplugin.Config{Resource: p.resource, Dir: d.opts.PluginDir, RegistryDir: registry, Logger: d.log,
 			Devices: func() []deviceplugin.Device { return d.devices(name) },
 			Allocate: func(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
 				return d.allocate(name, ids)

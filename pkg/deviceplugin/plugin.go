@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
 // Device is one queue of the pool.
@@ -36,6 +37,10 @@ type Config struct {
 	// Dir is kubelet's device plugin directory; "" means
 	// /var/lib/kubelet/device-plugins.
 	Dir string
+	// RegistryDir, if set, is kubelet's plugin watcher directory
+	// (/var/lib/kubelet/plugins_registry): the plugin then serves there,
+	// answering kubelet's GetInfo, instead of registering on kubelet.sock.
+	RegistryDir string
 	// Devices returns the pool's devices now.
 	Devices func() []Device
 	// Allocate says what the container that gets these devices receives.
@@ -85,8 +90,12 @@ func (p *Plugin) Changed() {
 }
 
 // Run serves the plugin and registers it with kubelet, again whenever
-// kubelet re-creates its socket, until ctx ends.
+// kubelet re-creates its socket, until ctx ends. With a RegistryDir it
+// serves in that directory for kubelet's plugin watcher instead.
 func (p *Plugin) Run(ctx context.Context) error {
+	if p.cfg.RegistryDir != "" {
+		return p.runWatched(ctx)
+	}
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return err
@@ -153,6 +162,75 @@ func (p *Plugin) Run(ctx context.Context) error {
 	}
 }
 
+// runWatched serves the plugin in kubelet's plugin watcher directory;
+// kubelet finds the socket, asks GetInfo and connects. A removed socket
+// is served again.
+func (p *Plugin) runWatched(ctx context.Context) error {
+	p.socket = filepath.Join(p.cfg.RegistryDir, filepath.Base(p.socket))
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	if err := w.Add(p.cfg.RegistryDir); err != nil {
+		return fmt.Errorf("watch %s: %w", p.cfg.RegistryDir, err)
+	}
+	for {
+		stop, err := p.serve()
+		if err != nil {
+			p.log.Warn("serve device plugin (retrying)", "err", err)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		p.log.Info("serving for kubelet's plugin watcher", "socket", p.socket)
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				stop()
+				os.Remove(p.socket)
+				return nil
+			case ev := <-w.Events:
+				if ev.Name == p.socket && ev.Op&fsnotify.Remove != 0 {
+					if _, err := os.Stat(p.socket); err != nil {
+						p.log.Warn("plugin socket removed; serving again")
+						break wait
+					}
+				}
+			case err := <-w.Errors:
+				p.log.Error("watch plugin registry directory", "err", err)
+			}
+		}
+		stop()
+	}
+}
+
+// registration answers kubelet's plugin watcher.
+type registration struct {
+	registerapi.UnimplementedRegistrationServer
+	p *Plugin
+}
+
+// GetInfo tells kubelet what the plugin is and where it serves.
+func (r registration) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	return &registerapi.PluginInfo{Type: registerapi.DevicePlugin, Name: r.p.cfg.Resource,
+		Endpoint: r.p.socket, SupportedVersions: []string{pluginapi.Version}}, nil
+}
+
+// NotifyRegistrationStatus is kubelet's word on the registration.
+func (r registration) NotifyRegistrationStatus(_ context.Context, s *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
+	if s.PluginRegistered {
+		r.p.log.Info("registered with kubelet through its plugin watcher")
+	} else {
+		r.p.log.Error("kubelet refused the plugin", "err", s.Error)
+	}
+	return &registerapi.RegistrationStatusResponse{}, nil
+}
+
 // serve starts the gRPC server on the plugin socket and checks that it
 // answers before anything registers it.
 func (p *Plugin) serve() (stop func(), err error) {
@@ -163,6 +241,9 @@ func (p *Plugin) serve() (stop func(), err error) {
 	}
 	srv := grpc.NewServer()
 	pluginapi.RegisterDevicePluginServer(srv, p)
+	if p.cfg.RegistryDir != "" {
+		registerapi.RegisterRegistrationServer(srv, registration{p: p})
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

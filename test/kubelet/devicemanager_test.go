@@ -20,11 +20,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
+	"k8s.io/client-go/tools/record"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
+	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
 
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/daemon"
@@ -152,4 +155,66 @@ func TestKubeletDeviceManager(t *testing.T) {
 	t.Logf("after a kubelet restart, registered again after %v", waitCapacity(t, m, 2, "kubelet restart"))
 	m.Stop(klog.Background())
 	stopDaemon()
+}
+
+// TestKubeletPluginWatcher: where kubelet has a plugin watcher directory,
+// the plugin serves there and kubelet's own plugin manager finds it,
+// asks GetInfo and hands it to the device manager, with no kubelet.sock
+// registration.
+func TestKubeletPluginWatcher(t *testing.T) {
+	testnet.RequireRoot(t)
+	p := testnet.NewPair(t, 4)
+	if err := xdp.MountBPFFS(xdp.DefaultBPFFS); err != nil {
+		t.Fatal(err)
+	}
+	pins, err := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-kubelet-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(pins)
+	dir := t.TempDir()
+	registry := filepath.Join(dir, "plugins_registry")
+	os.MkdirAll(registry, 0o755)
+	os.MkdirAll(pluginapi.DevicePluginPath, 0o755)
+	checkpoint := filepath.Join(pluginapi.DevicePluginPath, "kubelet_internal_checkpoint")
+	os.Remove(checkpoint)
+	t.Cleanup(func() { os.Remove(checkpoint) })
+
+	pod := &v1.Pod{}
+	pod.UID, pod.Name, pod.Namespace = types.UID(fmt.Sprintf("5d1e0f2a-0000-4000-9000-%012d", time.Now().UnixNano()%1e12)), "dns-1", "default"
+	pod.Spec.Containers = []v1.Container{{Name: "dns", Resources: v1.ResourceRequirements{
+		Limits: v1.ResourceList{resourceName: resource.MustParse("1")}}}}
+	m := startManager(t, func() []*v1.Pod { return []*v1.Pod{pod} })
+	defer m.Stop(klog.Background())
+	pm := pluginmanager.NewPluginManager(registry, &record.FakeRecorder{})
+	pm.AddHandler(registerapi.DevicePlugin, m.GetWatcherHandler())
+	ctx, cancel := context.WithCancel(context.Background())
+	stopCh := make(chan struct{})
+	go pm.Run(ctx, sourcesReady{}, stopCh)
+	defer func() { close(stopCh); cancel() }()
+
+	cfg := filepath.Join(dir, "config.yaml")
+	os.WriteFile(cfg, []byte("pools: [{name: dns, steering: hardware, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
+	d, err := daemon.New(daemon.Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
+		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), RegistryDir: registry,
+		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dctx, dcancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); d.Run(dctx) }()
+	defer func() { dcancel(); <-done }()
+
+	t.Logf("found through the plugin watcher after %v", waitCapacity(t, m, 2, "plugin watcher"))
+	if err := m.Allocate(ctx, pod, &pod.Spec.Containers[0], lifecycle.AddOperation); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := m.GetDeviceRunContainerOptions(ctx, pod, &pod.Spec.Containers[0])
+	if err != nil || len(opts.Mounts) != 1 {
+		t.Fatalf("run options %+v, %v", opts, err)
+	}
+	if _, err := os.Stat(filepath.Join(pluginapi.DevicePluginPath, "xdpq-dns.sock")); err == nil {
+		t.Error("the plugin also served in the device-plugins directory")
+	}
 }
