@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,19 +14,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/xdpq/xdpq/internal/kubelettest"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
-
-type registrations struct {
-	pluginapi.UnimplementedRegistrationServer
-	ch chan *pluginapi.RegisterRequest
-}
-
-func (r *registrations) Register(_ context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
-	r.ch <- req
-	return &pluginapi.Empty{}, nil
-}
 
 // TestKubernetesAllocate: in Kubernetes mode the daemon registers a
 // plugin per pool, lists the queues as devices, and answers Allocate with
@@ -38,15 +28,7 @@ func TestKubernetesAllocate(t *testing.T) {
 	dir := t.TempDir()
 	plugins := filepath.Join(dir, "device-plugins")
 	os.MkdirAll(plugins, 0o755)
-	ln, err := net.Listen("unix", filepath.Join(plugins, "kubelet.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	regs := &registrations{ch: make(chan *pluginapi.RegisterRequest, 4)}
-	kubelet := grpc.NewServer()
-	pluginapi.RegisterRegistrationServer(kubelet, regs)
-	go kubelet.Serve(ln)
-	defer kubelet.Stop()
+	regs := kubelettest.Start(t, plugins).Registrations
 
 	cfgPath := filepath.Join(dir, "config.yaml")
 	os.WriteFile(cfgPath, []byte("resourcePrefix: example.com\npools: [{name: fast-dns, steering: hardware, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
@@ -67,7 +49,7 @@ func TestKubernetesAllocate(t *testing.T) {
 
 	var reg *pluginapi.RegisterRequest
 	select {
-	case reg = <-regs.ch:
+	case reg = <-regs:
 	case <-time.After(10 * time.Second):
 		t.Fatal("no registration")
 	}

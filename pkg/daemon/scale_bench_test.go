@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/xdpq/xdpq/internal/kubelettest"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
@@ -67,15 +67,7 @@ func BenchmarkScale64x64(b *testing.B) {
 	}
 	plugins := filepath.Join(dir, "plugins")
 	os.MkdirAll(plugins, 0o755)
-	ln, err := net.Listen("unix", filepath.Join(plugins, "kubelet.sock"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	regs := &registrations{ch: make(chan *pluginapi.RegisterRequest, 4)}
-	kubelet := grpc.NewServer()
-	pluginapi.RegisterRegistrationServer(kubelet, regs)
-	go kubelet.Serve(ln)
-	defer kubelet.Stop()
+	regs := kubelettest.Start(b, plugins).Registrations
 	xdp.MountBPFFS(xdp.DefaultBPFFS)
 	pins, _ := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-bench-")
 	defer os.RemoveAll(pins)
@@ -93,7 +85,7 @@ func BenchmarkScale64x64(b *testing.B) {
 	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
 	var reg *pluginapi.RegisterRequest
 	select {
-	case reg = <-regs.ch:
+	case reg = <-regs:
 	case <-time.After(5 * time.Minute):
 		b.Fatal("no registration")
 	}

@@ -109,16 +109,9 @@ func (p *Plugin) Run(ctx context.Context) error {
 	}
 	kubelet := filepath.Join(p.cfg.Dir, filepath.Base(pluginapi.KubeletSocket))
 	for {
-		stop, err := p.serve()
-		if err != nil {
-			// kubelet may be wiping the directory right now: try again.
-			p.log.Warn("serve device plugin (retrying)", "err", err)
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(100 * time.Millisecond):
-			}
-			continue
+		stop := p.serveRetry(ctx)
+		if stop == nil {
+			return nil
 		}
 		registered := p.register(ctx, kubelet) // the kubelet socket's inode, 0 if not registered
 		retry := time.NewTicker(time.Second)
@@ -176,15 +169,9 @@ func (p *Plugin) runWatched(ctx context.Context) error {
 		return fmt.Errorf("watch %s: %w", p.cfg.RegistryDir, err)
 	}
 	for {
-		stop, err := p.serve()
-		if err != nil {
-			p.log.Warn("serve device plugin (retrying)", "err", err)
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(100 * time.Millisecond):
-			}
-			continue
+		stop := p.serveRetry(ctx)
+		if stop == nil {
+			return nil
 		}
 		p.log.Info("serving for kubelet's plugin watcher", "socket", p.socket)
 	wait:
@@ -229,6 +216,23 @@ func (r registration) NotifyRegistrationStatus(_ context.Context, s *registerapi
 		r.p.log.Error("kubelet refused the plugin", "err", s.Error)
 	}
 	return &registerapi.RegistrationStatusResponse{}, nil
+}
+
+// serveRetry serves, trying again while it fails (kubelet may be wiping
+// the directory right now), until it serves or ctx ends (nil).
+func (p *Plugin) serveRetry(ctx context.Context) (stop func()) {
+	for {
+		stop, err := p.serve()
+		if err == nil {
+			return stop
+		}
+		p.log.Warn("serve device plugin (retrying)", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // serve starts the gRPC server on the plugin socket and checks that it

@@ -3,7 +3,6 @@ package deviceplugin
 import (
 	"context"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -14,6 +13,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/xdpq/xdpq/internal/kubelettest"
 )
 
 func devs(netdev string, numa int, queues ...uint32) []Device {
@@ -50,37 +51,13 @@ func TestPrefer(t *testing.T) {
 	}
 }
 
-// fakeKubelet is kubelet's registration service, nothing more.
-type fakeKubelet struct {
-	pluginapi.UnimplementedRegistrationServer
-	srv  *grpc.Server
-	regs chan *pluginapi.RegisterRequest
-}
-
-func (k *fakeKubelet) Register(_ context.Context, r *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
-	k.regs <- r
-	return &pluginapi.Empty{}, nil
-}
-
-func startKubelet(t *testing.T, dir string, regs chan *pluginapi.RegisterRequest) *fakeKubelet {
-	t.Helper()
-	ln, err := net.Listen("unix", filepath.Join(dir, "kubelet.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := &fakeKubelet{srv: grpc.NewServer(), regs: regs}
-	pluginapi.RegisterRegistrationServer(k.srv, k)
-	go k.srv.Serve(ln)
-	return k
-}
-
 // TestPluginWithFakeKubelet: registration after serving, ListAndWatch with
 // updates, preferred allocation, Allocate of owned and foreign ids, and
 // registering again after a kubelet restart that wiped the directory.
 func TestPluginWithFakeKubelet(t *testing.T) {
 	dir := t.TempDir()
-	regs := make(chan *pluginapi.RegisterRequest, 4)
-	k := startKubelet(t, dir, regs)
+	k := kubelettest.Start(t, dir)
+	regs := k.Registrations
 	var mu sync.Mutex
 	devices := devs("eth1", 0, 8, 9, 10)
 	p := New(Config{Resource: "xdpq.io/upf", Dir: dir, Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
@@ -91,7 +68,7 @@ func TestPluginWithFakeKubelet(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- p.Run(ctx) }()
-	defer func() { cancel(); <-done; k.srv.Stop() }()
+	defer func() { cancel(); <-done }()
 
 	var r *pluginapi.RegisterRequest
 	select {
@@ -145,13 +122,13 @@ func TestPluginWithFakeKubelet(t *testing.T) {
 	}
 
 	// A kubelet restart: it stops, wipes the directory, serves again.
-	k.srv.Stop()
+	k.Stop()
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
 		os.Remove(filepath.Join(dir, e.Name()))
 	}
 	start := time.Now()
-	k = startKubelet(t, dir, regs)
+	kubelettest.StartWith(t, dir, regs)
 	select {
 	case r = <-regs:
 		t.Logf("registered again %v after kubelet came back", time.Since(start))
