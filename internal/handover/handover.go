@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -243,4 +244,23 @@ func IdentityOf(pid string, m *Msg) error {
 		}
 	}
 	return nil
+}
+
+// RunPod is the main of a pod process: it runs pod on the connection of
+// fd 3 (with a deadline for the whole exchange), reports a failure to the
+// parent and by exit code, and returns the exit code.
+func RunPod(timeout time.Duration, pod func(*net.UnixConn) error) int {
+	conn, err := PodConn()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(timeout))
+	if err := pod(conn); err != nil {
+		fmt.Fprintln(os.Stderr, "pod:", err)
+		Send(conn, Msg{Error: err.Error()})
+		return 1
+	}
+	return 0
 }

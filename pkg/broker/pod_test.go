@@ -2,7 +2,6 @@ package broker_test
 
 import (
 	"bytes"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -167,21 +166,7 @@ func TestOtherPodRefused(t *testing.T) {
 }
 
 // podMain is the pod process.
-func podMain(string) int {
-	conn, err := handover.PodConn()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if err := pod(conn); err != nil {
-		fmt.Fprintln(os.Stderr, "pod:", err)
-		handover.Send(conn, handover.Msg{Error: err.Error()})
-		return 1
-	}
-	return 0
-}
+func podMain(string) int { return handover.RunPod(30*time.Second, pod) }
 
 func pod(c *net.UnixConn) error {
 	m, _, err := handover.Expect(c, "go", 0)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -236,21 +235,7 @@ func frameRange(u *xsk.UMEM, first, n int) []uint64 {
 }
 
 // childMain is the pod. It reports failures to the parent and by exit code.
-func childMain(string) int {
-	conn, err := handover.PodConn()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if err := pod(conn); err != nil {
-		fmt.Fprintln(os.Stderr, "pod:", err)
-		handover.Send(conn, handover.Msg{Error: err.Error()})
-		return 1
-	}
-	return 0
-}
+func childMain(string) int { return handover.RunPod(30*time.Second, pod) }
 
 func pod(conn *net.UnixConn) error {
 	cfg := xsk.UMEMConfig{FrameSize: 2048}

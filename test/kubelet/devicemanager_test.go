@@ -70,6 +70,30 @@ func waitCapacity(t *testing.T, m *devicemanager.ManagerImpl, n int64, what stri
 	}
 }
 
+// setup makes the node (a veth NIC in a netns), a pin directory on
+// bpffs, a scratch directory, and a device-plugins directory without a
+// checkpoint: the manager restores allocations from it.
+func setup(t *testing.T) (*testnet.Pair, string, string) {
+	t.Helper()
+	testnet.RequireRoot(t)
+	p := testnet.NewPair(t, 4)
+	if err := xdp.MountBPFFS(xdp.DefaultBPFFS); err != nil {
+		t.Fatal(err)
+	}
+	pins, err := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-kubelet-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(pins) })
+	if err := os.MkdirAll(pluginapi.DevicePluginPath, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	checkpoint := filepath.Join(pluginapi.DevicePluginPath, "kubelet_internal_checkpoint")
+	os.Remove(checkpoint)
+	t.Cleanup(func() { os.Remove(checkpoint) })
+	return p, t.TempDir(), pins
+}
+
 func startDaemon(t *testing.T, p *testnet.Pair, dir, pinDir string) context.CancelFunc {
 	t.Helper()
 	cfg := filepath.Join(dir, "config.yaml")
@@ -87,24 +111,7 @@ func startDaemon(t *testing.T, p *testnet.Pair, dir, pinDir string) context.Canc
 }
 
 func TestKubeletDeviceManager(t *testing.T) {
-	testnet.RequireRoot(t)
-	p := testnet.NewPair(t, 4)
-	if err := xdp.MountBPFFS(xdp.DefaultBPFFS); err != nil {
-		t.Fatal(err)
-	}
-	pins, err := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-kubelet-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(pins)
-	dir := t.TempDir()
-	if err := os.MkdirAll(pluginapi.DevicePluginPath, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	// The manager restores allocations from its checkpoint: start clean.
-	checkpoint := filepath.Join(pluginapi.DevicePluginPath, "kubelet_internal_checkpoint")
-	os.Remove(checkpoint)
-	t.Cleanup(func() { os.Remove(checkpoint) })
+	p, dir, pins := setup(t)
 
 	pod := &v1.Pod{}
 	pod.UID, pod.Name, pod.Namespace = types.UID(fmt.Sprintf("5d1e0f2a-0000-4000-8000-%012d", time.Now().UnixNano()%1e12)), "dns-0", "default"
@@ -162,23 +169,9 @@ func TestKubeletDeviceManager(t *testing.T) {
 // asks GetInfo and hands it to the device manager, with no kubelet.sock
 // registration.
 func TestKubeletPluginWatcher(t *testing.T) {
-	testnet.RequireRoot(t)
-	p := testnet.NewPair(t, 4)
-	if err := xdp.MountBPFFS(xdp.DefaultBPFFS); err != nil {
-		t.Fatal(err)
-	}
-	pins, err := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-kubelet-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(pins)
-	dir := t.TempDir()
+	p, dir, pins := setup(t)
 	registry := filepath.Join(dir, "plugins_registry")
 	os.MkdirAll(registry, 0o755)
-	os.MkdirAll(pluginapi.DevicePluginPath, 0o755)
-	checkpoint := filepath.Join(pluginapi.DevicePluginPath, "kubelet_internal_checkpoint")
-	os.Remove(checkpoint)
-	t.Cleanup(func() { os.Remove(checkpoint) })
 
 	pod := &v1.Pod{}
 	pod.UID, pod.Name, pod.Namespace = types.UID(fmt.Sprintf("5d1e0f2a-0000-4000-9000-%012d", time.Now().UnixNano()%1e12)), "dns-1", "default"
