@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
@@ -49,6 +50,12 @@ type Options struct {
 	// RegistryDir is kubelet's plugin watcher directory; when it exists the
 	// plugins serve there instead of registering on kubelet.sock.
 	RegistryDir string
+	// PodResourcesSocket is kubelet's PodResources API (Kubernetes mode):
+	// which devices running containers hold. "" means the default path.
+	PodResourcesSocket string
+	// CollectPeriod is how often allocations of gone pods are freed
+	// (Kubernetes mode); zero means 30s.
+	CollectPeriod time.Duration
 	// Standalone serves the local API at APISocket instead of kubelet.
 	Standalone bool
 	APISocket  string
@@ -63,6 +70,9 @@ type Allocation struct {
 	Queues []uint32 `json:"queues"`
 	Socket string   `json:"socket"` // the broker socket the holder connects to
 	UID    *uint32  `json:"uid,omitempty"`
+	// Created is when the allocation was made.
+	Created time.Time `json:"created"`
+	devices []string
 }
 
 // Daemon is the running node daemon.
@@ -73,6 +83,8 @@ type Daemon struct {
 	broker  *broker.Server
 	watcher *config.Watcher
 	unmount func()
+
+	plugins sync.WaitGroup // device plugin goroutines; Run waits for them
 
 	mu      sync.Mutex // guards everything below
 	cfg     *config.Config
@@ -142,9 +154,18 @@ func (d *Daemon) recordPath(id string) string { return filepath.Join(d.opts.Allo
 // restore serves again the allocations a previous daemon made, at the same
 // paths: a running container's mount of its directory then sees the
 // socket come back, and its client connects again. An allocation whose
-// pool or queues are gone is removed.
+// pool or queues are gone is removed; in Kubernetes mode so is one whose
+// devices kubelet says no running container holds (when kubelet cannot be
+// asked, all are kept: losing a live pod's socket is worse).
 func (d *Daemon) restore() {
 	files, _ := filepath.Glob(filepath.Join(d.opts.AllocDir, "*.json"))
+	var held map[string]bool
+	if !d.opts.Standalone && len(files) > 0 {
+		var err error
+		if held, err = d.heldDevices(context.Background()); err != nil {
+			d.log.Warn("cannot ask kubelet which devices are in use; restoring every allocation", "err", err)
+		}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, f := range files {
@@ -157,8 +178,11 @@ func (d *Daemon) restore() {
 		if err == nil && p == nil {
 			err = fmt.Errorf("pool %q is gone", r.Pool)
 		}
+		if err == nil && held != nil && !d.heldBy(held, p.resource, r.Devices) {
+			err = fmt.Errorf("kubelet says no running container holds %v", r.Devices)
+		}
 		if err == nil {
-			_, err = d.allocLocked(p, r.Devices, r.Owner, r.ID)
+			_, err = d.allocAt(p, r.Devices, r.Owner, r.ID, r.Created)
 		}
 		if err != nil {
 			d.log.Warn("allocation not restored; removing it", "record", f, "err", err)
@@ -304,6 +328,10 @@ func (d *Daemon) Alloc(poolName string, count int, uid uint32) (*Allocation, err
 // allocLocked creates the broker allocation of devices ids of pool p, with
 // a new id unless one is given (a restored allocation), and records it.
 func (d *Daemon) allocLocked(p *pool, ids []string, owner broker.Owner, id string) (*Allocation, error) {
+	return d.allocAt(p, ids, owner, id, time.Now())
+}
+
+func (d *Daemon) allocAt(p *pool, ids []string, owner broker.Owner, id string, created time.Time) (*Allocation, error) {
 	byID := map[string]deviceplugin.Device{}
 	for _, dev := range p.devices {
 		byID[dev.ID] = dev
@@ -339,7 +367,8 @@ func (d *Daemon) allocLocked(p *pool, ids []string, owner broker.Owner, id strin
 	for _, idv := range ids {
 		p.used[idv] = id
 	}
-	a := &Allocation{ID: id, Pool: p.cfg.Name, Netdev: netdev, Queues: queues, Socket: ba.SocketPath(), UID: owner.UID}
+	a := &Allocation{ID: id, Pool: p.cfg.Name, Netdev: netdev, Queues: queues, Socket: ba.SocketPath(), UID: owner.UID,
+		Created: created, devices: ids}
 	rec, _ := json.Marshal(record{Allocation: *a, Devices: ids, Owner: owner})
 	if err := os.WriteFile(d.recordPath(id), rec, 0o600); err != nil {
 		d.broker.Remove(id)
@@ -453,6 +482,22 @@ func (d *Daemon) Run(ctx context.Context) error {
 		run(d.serveAPI)
 	} else {
 		d.startPlugins(ctx)
+		run(func(ctx context.Context) error {
+			period := d.opts.CollectPeriod
+			if period == 0 {
+				period = 30 * time.Second
+			}
+			t := time.NewTicker(period)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-t.C:
+					d.collect(ctx, period)
+				}
+			}
+		})
 	}
 	var err error
 	select {
@@ -467,6 +512,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 	}
 	d.mu.Unlock()
+	d.plugins.Wait()
 	return err
 }
 
@@ -489,7 +535,9 @@ func (d *Daemon) startPlugins(ctx context.Context) {
 			}})
 		pctx, cancel := context.WithCancel(ctx)
 		p.stop = cancel
+		d.plugins.Add(1)
 		go func() {
+			defer d.plugins.Done()
 			if err := p.plugin.Run(pctx); err != nil {
 				d.log.Error("device plugin stopped", "pool", name, "err", err)
 			}

@@ -1,0 +1,82 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
+)
+
+// DefaultPodResourcesSocket is kubelet's PodResources API.
+const DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+// heldDevices asks kubelet which devices running containers hold, as
+// "<resource>/<device id>".
+func (d *Daemon) heldDevices(ctx context.Context) (map[string]bool, error) {
+	path := d.opts.PodResourcesSocket
+	if path == "" {
+		path = DefaultPodResourcesSocket
+	}
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := podresources.NewPodResourcesListerClient(conn).List(ctx, &podresources.ListPodResourcesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("kubelet pod resources at %s: %w", path, err)
+	}
+	held := map[string]bool{}
+	for _, p := range resp.PodResources {
+		for _, c := range p.Containers {
+			for _, dev := range c.Devices {
+				for _, id := range dev.DeviceIds {
+					held[dev.ResourceName+"/"+id] = true
+				}
+			}
+		}
+	}
+	return held, nil
+}
+
+// heldBy reports whether kubelet says a container holds any of the
+// allocation's devices.
+func (d *Daemon) heldBy(held map[string]bool, resource string, ids []string) bool {
+	for _, id := range ids {
+		if held[resource+"/"+id] {
+			return true
+		}
+	}
+	return false
+}
+
+// collect frees the allocations whose devices no running container holds
+// any more (their pods are gone; containerd never calls CNI GC for us).
+// Allocations younger than grace are left: kubelet records an allocation
+// only after Allocate returned.
+func (d *Daemon) collect(ctx context.Context, grace time.Duration) {
+	held, err := d.heldDevices(ctx)
+	if err != nil {
+		d.log.Warn("cannot ask kubelet which devices are in use; collecting nothing", "err", err)
+		return
+	}
+	var gone []string
+	d.mu.Lock()
+	for id, a := range d.allocs {
+		p := d.pools[a.Pool]
+		if p == nil || time.Since(a.Created) < grace || d.heldBy(held, p.resource, a.devices) {
+			continue
+		}
+		gone = append(gone, id)
+	}
+	d.mu.Unlock()
+	for _, id := range gone {
+		d.log.Info("no container holds the allocation's devices any more; freeing it", "allocation", id)
+		d.Free(id)
+	}
+}

@@ -1,0 +1,157 @@
+package daemon
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/xdpq/xdpq/internal/kubelettest"
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/pkg/xdp"
+)
+
+// fakePodResources is kubelet's PodResources List: one pod holding the
+// devices set in held.
+type fakePodResources struct {
+	podresources.UnimplementedPodResourcesListerServer
+	mu   sync.Mutex
+	held []string
+}
+
+func (f *fakePodResources) set(ids ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.held = ids
+}
+
+func (f *fakePodResources) List(context.Context, *podresources.ListPodResourcesRequest) (*podresources.ListPodResourcesResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := &podresources.ContainerResources{Name: "dns"}
+	if len(f.held) > 0 {
+		c.Devices = []*podresources.ContainerDevices{{ResourceName: "xdpq.io/dns", DeviceIds: f.held}}
+	}
+	return &podresources.ListPodResourcesResponse{PodResources: []*podresources.PodResources{
+		{Name: "dns-0", Namespace: "default", Containers: []*podresources.ContainerResources{c}}}}, nil
+}
+
+// TestPodResources: in Kubernetes mode kubelet's PodResources says which
+// allocations live: one a container holds survives collection and a
+// daemon restart; once kubelet no longer reports it, it is freed; a
+// restart does not bring back one that no container holds.
+func TestPodResources(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	dir := t.TempDir()
+	plugins := filepath.Join(dir, "plugins")
+	os.MkdirAll(plugins, 0o755)
+	regs := kubelettest.Start(t, plugins).Registrations
+	prSock := filepath.Join(dir, "pod-resources.sock")
+	ln, err := net.Listen("unix", prSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := &fakePodResources{}
+	prSrv := grpc.NewServer()
+	podresources.RegisterPodResourcesListerServer(prSrv, pr)
+	go prSrv.Serve(ln)
+	defer prSrv.Stop()
+
+	cfg := filepath.Join(dir, "config.yaml")
+	os.WriteFile(cfg, []byte("pools: [{name: dns, steering: hardware, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
+	xdp.MountBPFFS(xdp.DefaultBPFFS)
+	pins, _ := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-test-")
+	defer os.RemoveAll(pins)
+	start := func() (stop func()) {
+		d, err := New(Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
+			StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), PluginDir: plugins,
+			PodResourcesSocket: prSock, CollectPeriod: 100 * time.Millisecond,
+			Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); d.Run(ctx) }()
+		return func() { cancel(); <-done }
+	}
+	allocate := func() string {
+		t.Helper()
+		reg := <-regs
+		conn, err := grpc.NewClient("unix://"+filepath.Join(plugins, reg.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		resp, err := pluginapi.NewDevicePluginClient(conn).Allocate(context.Background(), &pluginapi.AllocateRequest{
+			ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa-q2", "xa-q3"}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.ContainerResponses[0].Mounts[0].HostPath
+	}
+	socketUp := func(path string) bool {
+		_, err := os.Stat(filepath.Join(path, "xdpq.sock"))
+		return err == nil
+	}
+	waitGone := func(path string) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); socketUp(path); {
+			if time.Now().After(deadline) {
+				t.Fatalf("allocation at %s not freed", path)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+
+	stop := start()
+	pr.set("xa-q2", "xa-q3")
+	held := allocate()
+	time.Sleep(500 * time.Millisecond) // several collections
+	if !socketUp(held) {
+		t.Fatal("an allocation a container holds was collected")
+	}
+	stop()
+	stop = start()
+	if !socketUp(held) {
+		t.Fatal("the held allocation was not restored at the same path")
+	}
+	pr.set()
+	waitGone(held)
+
+	// Not restored when kubelet says nobody holds it.
+	pr.set("xa-q2", "xa-q3")
+	<-regs // the restarted daemon's registration
+	stale := allocateAgain(t, plugins)
+	stop()
+	pr.set()
+	stop = start()
+	defer func() { stop() }()
+	if socketUp(stale) {
+		t.Error("an allocation no container holds was restored")
+	}
+}
+
+func allocateAgain(t *testing.T, plugins string) string {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+filepath.Join(plugins, "xdpq-dns.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	resp, err := pluginapi.NewDevicePluginClient(conn).Allocate(context.Background(), &pluginapi.AllocateRequest{
+		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa-q2", "xa-q3"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.ContainerResponses[0].Mounts[0].HostPath
+}
