@@ -53,6 +53,9 @@ type Options struct {
 	// PodResourcesSocket is kubelet's PodResources API (Kubernetes mode):
 	// which devices running containers hold. "" means the default path.
 	PodResourcesSocket string
+	// DeviceInfoDir is where device-info files are written (Kubernetes
+	// mode); "" means deviceplugin.DeviceInfoDir.
+	DeviceInfoDir string
 	// CollectPeriod is how often allocations of gone pods are freed
 	// (Kubernetes mode); zero means 30s.
 	CollectPeriod time.Duration
@@ -259,7 +262,7 @@ func (d *Daemon) apply(c *config.Config) error {
 			}
 			for _, q := range r.Queues {
 				p.devices = append(p.devices, deviceplugin.Device{ID: deviceplugin.DeviceID(r.Netdev.Name, q),
-					Netdev: r.Netdev.Name, Queue: q, NUMA: r.Netdev.NUMANode, Healthy: r.Netdev.OperUp || r.Netdev.Virtual})
+					Netdev: r.Netdev.Name, Queue: q, NUMA: r.Netdev.NUMANode, PCI: r.Netdev.PCI, Healthy: r.Netdev.OperUp || r.Netdev.Virtual})
 			}
 		}
 		next[pc.Name] = p
@@ -404,6 +407,9 @@ func (d *Daemon) Free(id string) error {
 		for dev, owner := range p.used {
 			if owner == id {
 				delete(p.used, dev)
+				if !d.opts.Standalone {
+					deviceplugin.RemoveDeviceInfo(d.devInfoDir(), p.resource, dev)
+				}
 			}
 		}
 	}
@@ -605,6 +611,14 @@ func (d *Daemon) allocate(poolName string, ids []string) (*pluginapi.ContainerAl
 	if err != nil {
 		return nil, err
 	}
+	// Device-info files for CNI plugins, where the NIC is a PCI device.
+	for _, dev := range p.devices {
+		if slices.Contains(ids, dev.ID) && dev.PCI != "" {
+			if err := deviceplugin.WriteDeviceInfo(d.devInfoDir(), p.resource, dev.ID, dev.PCI); err != nil {
+				d.log.Warn("device info", "device", dev.ID, "err", err)
+			}
+		}
+	}
 	env := strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(poolName))
 	var qs []string
 	for _, q := range a.Queues {
@@ -619,6 +633,13 @@ func (d *Daemon) allocate(poolName string, ids []string) (*pluginapi.ContainerAl
 		},
 		Mounts: []*pluginapi.Mount{{ContainerPath: "/run/xdpq", HostPath: filepath.Join(d.opts.AllocDir, a.ID)}},
 	}, nil
+}
+
+func (d *Daemon) devInfoDir() string {
+	if d.opts.DeviceInfoDir != "" {
+		return d.opts.DeviceInfoDir
+	}
+	return deviceplugin.DeviceInfoDir
 }
 
 func (d *Daemon) close() {

@@ -23,7 +23,8 @@ type Device struct {
 	ID      string // "<netdev>-q<N>", at most 63 characters
 	Netdev  string
 	Queue   uint32
-	NUMA    int // -1 when unknown
+	NUMA    int    // -1 when unknown
+	PCI     string // the NIC's PCI address, "" for a virtual netdev
 	Healthy bool
 }
 
