@@ -74,10 +74,16 @@ type allocation struct {
 	Allocation
 	ln *net.UnixListener
 
-	mu    sync.Mutex // guards conns and leased
+	mu    sync.Mutex // guards conns, leased and Owner
 	conns map[*net.UnixConn]bool
 	// leased is true while a native client holds the allocation's sockets.
 	leased bool
+}
+
+func (al *allocation) owner() Owner {
+	al.mu.Lock()
+	defer al.mu.Unlock()
+	return al.Owner
 }
 
 // NewServer returns a server that puts sockets into dp's XSKMAPs.
@@ -127,6 +133,22 @@ func (s *Server) Add(a Allocation) error {
 	s.wg.Add(1)
 	go s.accept(al)
 	s.log.Info("serving allocation", "allocation", a.ID, "netdev", a.Netdev.Name, "queues", a.Queues, "socket", path)
+	return nil
+}
+
+// SetOwner changes who may use an allocation from now on (connections
+// already open are not affected): Kubernetes learns the pod of an
+// allocation only after Allocate, from the CNI plugin.
+func (s *Server) SetOwner(id string, o Owner) error {
+	s.mu.Lock()
+	al, ok := s.allocs[id]
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("broker: no allocation %s", id)
+	}
+	al.mu.Lock()
+	al.Owner = o
+	al.mu.Unlock()
 	return nil
 }
 
@@ -271,7 +293,7 @@ func (s *Server) native(c *net.UnixConn, al *allocation, peer Peer, first []byte
 	if hello.Version != Version {
 		return refuse(CodeVersion, "protocol version %d; this daemon speaks %d", hello.Version, Version)
 	}
-	if err := al.Owner.check(peer); err != nil {
+	if err := al.owner().check(peer); err != nil {
 		return refuse(CodeForbidden, "%v", err)
 	}
 	al.mu.Lock()
@@ -387,7 +409,7 @@ func (s *Server) dpdk(c *net.UnixConn, al *allocation, peer Peer, msg []byte, fd
 		case err != nil:
 			ok = reply(dpdkNak)
 		case cmd.name == dpdkConnect:
-			if err := al.Owner.check(peer); err != nil {
+			if err := al.owner().check(peer); err != nil {
 				s.log.Warn("refused", "allocation", al.ID, "peer", peer.String(), "protocol", "dpdk", "reason", err)
 				reply(dpdkHostNak)
 				closeFDs(fds)

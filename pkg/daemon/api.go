@@ -26,6 +26,15 @@ type freeRequest struct {
 	ID string `json:"id"`
 }
 
+type attachmentRef struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+}
+
+type gcRequest struct {
+	Valid []string `json:"valid"` // "containerID/ifName"
+}
+
 type apiError struct {
 	Error string `json:"error"`
 }
@@ -56,7 +65,7 @@ func (d *Daemon) serveAPI(ctx context.Context) error {
 		json.NewEncoder(w).Encode(v)
 	}
 	decode := func(r *http.Request, v any) error {
-		dec := json.NewDecoder(io.LimitReader(r.Body, 4096))
+		dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(v); err != nil {
 			return fmt.Errorf("bad request body: %w", err)
@@ -64,6 +73,10 @@ func (d *Daemon) serveAPI(ctx context.Context) error {
 		return nil
 	}
 	mux.HandleFunc("POST /v1/alloc", func(w http.ResponseWriter, r *http.Request) {
+		if !d.opts.Standalone {
+			reply(w, nil, errors.New("allocations come from kubelet here; xdpqctl alloc is for a standalone daemon"))
+			return
+		}
 		var req allocRequest
 		if err := decode(r, &req); err != nil {
 			reply(w, nil, err)
@@ -82,6 +95,40 @@ func (d *Daemon) serveAPI(ctx context.Context) error {
 	})
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
 		reply(w, d.Status(), nil)
+	})
+	mux.HandleFunc("POST /v1/cni/add", func(w http.ResponseWriter, r *http.Request) {
+		var req CNIAddRequest
+		if err := decode(r, &req); err != nil {
+			reply(w, nil, err)
+			return
+		}
+		a, err := d.CNIAdd(req)
+		reply(w, a, err)
+	})
+	mux.HandleFunc("POST /v1/cni/del", func(w http.ResponseWriter, r *http.Request) {
+		var req attachmentRef
+		if err := decode(r, &req); err != nil {
+			reply(w, nil, err)
+			return
+		}
+		reply(w, map[string]string{}, d.CNIDel(req.ContainerID, req.IfName))
+	})
+	mux.HandleFunc("POST /v1/cni/check", func(w http.ResponseWriter, r *http.Request) {
+		var req attachmentRef
+		if err := decode(r, &req); err != nil {
+			reply(w, nil, err)
+			return
+		}
+		a, err := d.CNICheck(req.ContainerID, req.IfName)
+		reply(w, a, err)
+	})
+	mux.HandleFunc("POST /v1/cni/gc", func(w http.ResponseWriter, r *http.Request) {
+		var req gcRequest
+		if err := decode(r, &req); err != nil {
+			reply(w, nil, err)
+			return
+		}
+		reply(w, map[string][]string{"removed": d.CNIGC(req.Valid)}, nil)
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
@@ -146,6 +193,33 @@ func (c *APIClient) Alloc(pool string, count int, uid uint32) (*Allocation, erro
 func (c *APIClient) Free(id string) error {
 	var out map[string]string
 	return c.call("POST", "/v1/free", freeRequest{id}, &out)
+}
+
+// CNIAdd makes an attachment.
+func (c *APIClient) CNIAdd(req CNIAddRequest) (*Attachment, error) {
+	var a Attachment
+	err := c.call("POST", "/v1/cni/add", req, &a)
+	return &a, err
+}
+
+// CNIDel removes an attachment (none is no error).
+func (c *APIClient) CNIDel(containerID, ifName string) error {
+	var out map[string]string
+	return c.call("POST", "/v1/cni/del", attachmentRef{containerID, ifName}, &out)
+}
+
+// CNICheck verifies an attachment.
+func (c *APIClient) CNICheck(containerID, ifName string) (*Attachment, error) {
+	var a Attachment
+	err := c.call("POST", "/v1/cni/check", attachmentRef{containerID, ifName}, &a)
+	return &a, err
+}
+
+// CNIGC removes the attachments not in valid ("containerID/ifName").
+func (c *APIClient) CNIGC(valid []string) ([]string, error) {
+	var out map[string][]string
+	err := c.call("POST", "/v1/cni/gc", gcRequest{valid}, &out)
+	return out["removed"], err
 }
 
 // Status reports the daemon's state.

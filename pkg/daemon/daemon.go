@@ -89,11 +89,12 @@ type Daemon struct {
 
 	plugins sync.WaitGroup // device plugin goroutines; Run waits for them
 
-	mu      sync.Mutex // guards everything below
-	cfg     *config.Config
-	pools   map[string]*pool
-	allocs  map[string]*Allocation
-	managed map[string]bool // netdevs under the agent
+	mu          sync.Mutex // guards everything below
+	cfg         *config.Config
+	pools       map[string]*pool
+	allocs      map[string]*Allocation
+	attachments map[string]Attachment // CNI attachments by "containerID/ifName"
+	managed     map[string]bool       // netdevs under the agent
 }
 
 type pool struct {
@@ -113,7 +114,8 @@ func New(opts Options) (*Daemon, error) {
 	if opts.AllocDir == "" {
 		opts.AllocDir = "/run/xdpq/alloc"
 	}
-	d := &Daemon{opts: opts, log: opts.Logger, pools: map[string]*pool{}, allocs: map[string]*Allocation{}, managed: map[string]bool{}}
+	d := &Daemon{opts: opts, log: opts.Logger, pools: map[string]*pool{}, allocs: map[string]*Allocation{},
+		attachments: map[string]Attachment{}, managed: map[string]bool{}}
 	ok := false
 	defer func() {
 		if !ok {
@@ -140,6 +142,14 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.restore()
+	d.mu.Lock()
+	d.loadAttachments()
+	for _, att := range d.attachments {
+		if att.PodUID != "" {
+			d.broker.SetOwner(att.AllocationID, broker.Owner{PodUID: att.PodUID})
+		}
+	}
+	d.mu.Unlock()
 	ok = true
 	return d, nil
 }
@@ -484,9 +494,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	run(d.agent.Run)
 	run(d.watcher.Run)
-	if d.opts.Standalone {
-		run(d.serveAPI)
-	} else {
+	run(d.serveAPI)
+	if !d.opts.Standalone {
 		d.startPlugins(ctx)
 		run(func(ctx context.Context) error {
 			period := d.opts.CollectPeriod

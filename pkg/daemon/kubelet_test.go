@@ -37,7 +37,7 @@ func TestKubernetesAllocate(t *testing.T) {
 	defer os.RemoveAll(pins)
 	allocDir := filepath.Join(dir, "alloc")
 	d, err := New(Options{ConfigPath: cfgPath, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
-		StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, PluginDir: plugins,
+		StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, PluginDir: plugins, APISocket: filepath.Join(dir, "api.sock"),
 		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -73,7 +73,7 @@ func TestPodResources(t *testing.T) {
 	defer os.RemoveAll(pins)
 	start := func() (stop func()) {
 		d, err := New(Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
-			StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), PluginDir: plugins,
+			StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), APISocket: filepath.Join(dir, "api.sock"), PluginDir: plugins,
 			PodResourcesSocket: prSock, CollectPeriod: 100 * time.Millisecond,
 			Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
 		if err != nil {

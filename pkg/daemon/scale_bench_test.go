@@ -75,7 +75,7 @@ func BenchmarkScale64x64(b *testing.B) {
 	b.ResetTimer()
 	start := time.Now()
 	cmd := exec.Command(bin, "--config", cfg, "--netns", netns.Path(), "--pin-dir", filepath.Join(pins, "xdpq"),
-		"--state-dir", filepath.Join(dir, "state"), "--alloc-dir", filepath.Join(dir, "alloc"), "--plugin-dir", plugins, "--registry-dir", "")
+		"--state-dir", filepath.Join(dir, "state"), "--alloc-dir", filepath.Join(dir, "alloc"), "--plugin-dir", plugins, "--registry-dir", "", "--api-socket", filepath.Join(dir, "api.sock"))
 	logf, _ := os.Create(filepath.Join(dir, "daemon.log"))
 	defer logf.Close()
 	cmd.Stderr = logf

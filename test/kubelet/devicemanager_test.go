@@ -99,7 +99,7 @@ func startDaemon(t *testing.T, p *testnet.Pair, dir, pinDir string) context.Canc
 	cfg := filepath.Join(dir, "config.yaml")
 	os.WriteFile(cfg, []byte("pools: [{name: dns, steering: hardware, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
 	d, err := daemon.New(daemon.Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pinDir, "xdpq"),
-		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"),
+		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), APISocket: filepath.Join(dir, "api.sock"),
 		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -189,7 +189,7 @@ func TestKubeletPluginWatcher(t *testing.T) {
 	cfg := filepath.Join(dir, "config.yaml")
 	os.WriteFile(cfg, []byte("pools: [{name: dns, steering: hardware, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
 	d, err := daemon.New(daemon.Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
-		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), RegistryDir: registry,
+		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), APISocket: filepath.Join(dir, "api.sock"), RegistryDir: registry,
 		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,223 @@
+package daemon
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+
+	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/xdp"
+)
+
+// CNIFlow is a flow the CNI plugin asks for, its destination resolved
+// (the IPAM address filled in) and its port ranges expanded.
+type CNIFlow struct {
+	Protocol string       `json:"protocol"`
+	Dst      netip.Prefix `json:"dst"`
+	DstPort  uint16       `json:"dstPort,omitempty"`
+	Src      netip.Prefix `json:"src,omitzero"`
+	SrcPort  uint16       `json:"srcPort,omitempty"`
+	VLAN     uint16       `json:"vlan,omitempty"`
+}
+
+// CNIAddRequest is an attachment the CNI plugin makes.
+type CNIAddRequest struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName"`
+	// The allocation: by its id (standalone, CNI_ARGS XDPQ_ALLOCATION) or
+	// by a device it holds (Kubernetes, Multus's deviceID).
+	Allocation   string    `json:"allocation,omitempty"`
+	Resource     string    `json:"resource,omitempty"`
+	DeviceID     string    `json:"deviceID,omitempty"`
+	PodUID       string    `json:"podUID,omitempty"`
+	PodNamespace string    `json:"podNamespace,omitempty"`
+	PodName      string    `json:"podName,omitempty"`
+	Flows        []CNIFlow `json:"flows,omitempty"`
+}
+
+// Attachment is a pod's attachment as the daemon keeps it.
+type Attachment struct {
+	CNIAddRequest
+	AllocationID string   `json:"allocationID"`
+	Netdev       string   `json:"netdev"`
+	Queues       []uint32 `json:"queues"`
+}
+
+func (a Attachment) key() string { return a.ContainerID + "/" + a.IfName }
+
+// CNIAdd steers the attachment's flows to its allocation's queues and,
+// given the pod UID, binds the allocation's socket to that pod.
+func (d *Daemon) CNIAdd(req CNIAddRequest) (*Attachment, error) {
+	if req.ContainerID == "" || req.IfName == "" {
+		return nil, fmt.Errorf("cni add: container id and interface name are required")
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	a := d.findAllocLocked(req)
+	if a == nil {
+		return nil, fmt.Errorf("cni add: no allocation %q (device %q of %s); the pod must request the pool's resource",
+			req.Allocation, req.DeviceID, req.Resource)
+	}
+	att := Attachment{CNIAddRequest: req, AllocationID: a.ID, Netdev: a.Netdev, Queues: a.Queues}
+	if old, ok := d.attachments[att.key()]; ok && old.AllocationID == a.ID {
+		return &old, nil // a repeated ADD
+	}
+	flows, err := agentFlows(req.Flows, a.Queues)
+	if err != nil {
+		return nil, fmt.Errorf("cni add: %w", err)
+	}
+	if err := d.agent.Steer(a.Netdev, att.key(), flows); err != nil {
+		return nil, fmt.Errorf("cni add: %w", err)
+	}
+	if req.PodUID != "" {
+		if err := d.broker.SetOwner(a.ID, broker.Owner{PodUID: req.PodUID}); err != nil {
+			d.agent.Unsteer(a.Netdev, att.key())
+			return nil, fmt.Errorf("cni add: %w", err)
+		}
+	}
+	d.attachments[att.key()] = att
+	d.saveAttachmentsLocked()
+	d.log.Info("attached", "container", req.ContainerID, "ifname", req.IfName, "allocation", a.ID, "flows", len(flows))
+	return &att, nil
+}
+
+func (d *Daemon) findAllocLocked(req CNIAddRequest) *Allocation {
+	if req.Allocation != "" {
+		return d.allocs[req.Allocation]
+	}
+	for _, p := range d.pools {
+		if req.Resource != "" && p.resource != req.Resource {
+			continue
+		}
+		if id := p.used[req.DeviceID]; id != "" {
+			return d.allocs[id]
+		}
+	}
+	return nil
+}
+
+func agentFlows(fs []CNIFlow, queues []uint32) ([]agent.Flow, error) {
+	var out []agent.Flow
+	for _, f := range fs {
+		var proto xdp.Protocol
+		switch f.Protocol {
+		case "udp":
+			proto = xdp.UDP
+		case "tcp":
+			proto = xdp.TCP
+		default:
+			return nil, fmt.Errorf("flow protocol %q: udp or tcp", f.Protocol)
+		}
+		out = append(out, agent.Flow{Protocol: proto, Dst: f.Dst, DstPort: f.DstPort, Src: f.Src, SrcPort: f.SrcPort,
+			VLAN: f.VLAN, Queues: slices.Clone(queues)})
+	}
+	return out, nil
+}
+
+// CNIDel removes an attachment's flows. An attachment the daemon does not
+// know is no error: DEL is idempotent.
+func (d *Daemon) CNIDel(containerID, ifName string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	key := containerID + "/" + ifName
+	att, ok := d.attachments[key]
+	if !ok {
+		return nil
+	}
+	err := d.agent.Unsteer(att.Netdev, key)
+	delete(d.attachments, key)
+	d.saveAttachmentsLocked()
+	d.log.Info("detached", "container", containerID, "ifname", ifName)
+	return err
+}
+
+// CNICheck reports whether the attachment is there, its flows installed
+// and its netdev's program state sound.
+func (d *Daemon) CNICheck(containerID, ifName string) (*Attachment, error) {
+	d.mu.Lock()
+	att, ok := d.attachments[containerID+"/"+ifName]
+	d.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("no attachment of container %s interface %s", containerID, ifName)
+	}
+	for _, s := range d.agent.Status() {
+		if s.Netdev != att.Netdev {
+			continue
+		}
+		if s.State == agent.StateMissing || s.State == agent.StateOverridden {
+			return &att, fmt.Errorf("netdev %s is %s: %s", att.Netdev, s.State, s.Reason)
+		}
+		if s.Flows < len(att.Flows) {
+			return &att, fmt.Errorf("netdev %s steers %d flows, the attachment has %d", att.Netdev, s.Flows, len(att.Flows))
+		}
+		return &att, nil
+	}
+	return &att, fmt.Errorf("netdev %s is not managed", att.Netdev)
+}
+
+// CNIGC removes every attachment not in valid ("containerID/ifName").
+func (d *Daemon) CNIGC(valid []string) (removed []string) {
+	d.mu.Lock()
+	var gone []Attachment
+	for k, a := range d.attachments {
+		if !slices.Contains(valid, k) {
+			gone = append(gone, a)
+		}
+	}
+	d.mu.Unlock()
+	for _, a := range gone {
+		d.CNIDel(a.ContainerID, a.IfName)
+		removed = append(removed, a.key())
+	}
+	sort.Strings(removed)
+	return removed
+}
+
+func (d *Daemon) attachmentsPath() string {
+	dir := d.opts.StateDir
+	if dir == "" {
+		dir = agent.DefaultStateDir
+	}
+	return filepath.Join(dir, "cni-attachments.json")
+}
+
+func (d *Daemon) saveAttachmentsLocked() {
+	b, _ := json.Marshal(d.attachments)
+	os.MkdirAll(filepath.Dir(d.attachmentsPath()), 0o700)
+	if err := os.WriteFile(d.attachmentsPath(), b, 0o600); err != nil {
+		d.log.Error("save cni attachments", "err", err)
+	}
+}
+
+// loadAttachments takes back the attachments of a previous daemon: their
+// flows stay, everything else xdpq installed on the netdevs goes.
+func (d *Daemon) loadAttachments() {
+	b, err := os.ReadFile(d.attachmentsPath())
+	if err == nil {
+		err = json.Unmarshal(b, &d.attachments)
+	}
+	if err != nil && !os.IsNotExist(err) {
+		d.log.Warn("cni attachments not restored", "err", err)
+	}
+	keep := map[string]map[string][]agent.Flow{}
+	for k, a := range d.attachments {
+		flows, err := agentFlows(a.Flows, a.Queues)
+		if err != nil {
+			continue
+		}
+		if keep[a.Netdev] == nil {
+			keep[a.Netdev] = map[string][]agent.Flow{}
+		}
+		keep[a.Netdev][k] = flows
+	}
+	for netdev := range d.managed {
+		if n, err := d.agent.SyncSteering(netdev, keep[netdev]); err != nil || n > 0 {
+			d.log.Info("steering synced with the attachments", "netdev", netdev, "removed", n, "err", err)
+		}
+	}
+}
