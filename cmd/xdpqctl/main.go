@@ -12,16 +12,16 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/xdpq/xdpq/pkg/daemon"
+	"github.com/xdpq/xdpq/pkg/api"
 )
 
 func main() {
-	socket := flag.String("api-socket", daemon.DefaultAPISocket, "the daemon's local API")
+	socket := flag.String("api-socket", api.DefaultSocket, "the daemon's local API")
 	flag.Usage = func() {
 		fmt.Fprintln(os.Stderr, "usage: xdpqctl [-api-socket path] alloc -pool P [-n N] [-uid U] | free ID | status")
 	}
 	flag.Parse()
-	c := daemon.NewAPIClient(*socket)
+	c := api.NewClient(*socket)
 	args := flag.Args()
 	if len(args) == 0 {
 		flag.Usage()

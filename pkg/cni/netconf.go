@@ -78,7 +78,8 @@ func fieldError(field, format string, args ...any) *types.Error {
 // knownFields are the top-level fields a configuration may have: the
 // plugin's own and those the CNI spec and runtimes (Multus) add.
 var knownFields = []string{"cniVersion", "cniVersions", "name", "type", "capabilities", "ipam", "dns", "prevResult",
-	"runtimeConfig", "args", "resourceName", "flows", "deviceID", "mtu", "daemonSocket", "disableCheck", "disableGC"}
+	"runtimeConfig", "args", "resourceName", "flows", "deviceID", "mtu", "daemonSocket", "disableCheck", "disableGC",
+	"cni.dev/valid-attachments"}
 
 // freeForm are the sections other parties own: the IPAM plugin's
 // configuration, DNS, the previous result, capabilities, args.

@@ -3,52 +3,25 @@ package daemon
 import (
 	"encoding/json"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 
 	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
 
-// CNIFlow is a flow the CNI plugin asks for, its destination resolved
-// (the IPAM address filled in) and its port ranges expanded.
-type CNIFlow struct {
-	Protocol string       `json:"protocol"`
-	Dst      netip.Prefix `json:"dst"`
-	DstPort  uint16       `json:"dstPort,omitempty"`
-	Src      netip.Prefix `json:"src,omitzero"`
-	SrcPort  uint16       `json:"srcPort,omitempty"`
-	VLAN     uint16       `json:"vlan,omitempty"`
-}
+// Attachment, CNIAddRequest and CNIFlow are the API's.
+type (
+	Attachment    = api.Attachment
+	CNIAddRequest = api.CNIAddRequest
+	CNIFlow       = api.CNIFlow
+)
 
-// CNIAddRequest is an attachment the CNI plugin makes.
-type CNIAddRequest struct {
-	ContainerID string `json:"containerID"`
-	IfName      string `json:"ifName"`
-	// The allocation: by its id (standalone, CNI_ARGS XDPQ_ALLOCATION) or
-	// by a device it holds (Kubernetes, Multus's deviceID).
-	Allocation   string    `json:"allocation,omitempty"`
-	Resource     string    `json:"resource,omitempty"`
-	DeviceID     string    `json:"deviceID,omitempty"`
-	PodUID       string    `json:"podUID,omitempty"`
-	PodNamespace string    `json:"podNamespace,omitempty"`
-	PodName      string    `json:"podName,omitempty"`
-	Flows        []CNIFlow `json:"flows,omitempty"`
-}
-
-// Attachment is a pod's attachment as the daemon keeps it.
-type Attachment struct {
-	CNIAddRequest
-	AllocationID string   `json:"allocationID"`
-	Netdev       string   `json:"netdev"`
-	Queues       []uint32 `json:"queues"`
-}
-
-func (a Attachment) key() string { return a.ContainerID + "/" + a.IfName }
+func key(a Attachment) string { return a.ContainerID + "/" + a.IfName }
 
 // CNIAdd steers the attachment's flows to its allocation's queues and,
 // given the pod UID, binds the allocation's socket to that pod.
@@ -64,23 +37,23 @@ func (d *Daemon) CNIAdd(req CNIAddRequest) (*Attachment, error) {
 			req.Allocation, req.DeviceID, req.Resource)
 	}
 	att := Attachment{CNIAddRequest: req, AllocationID: a.ID, Netdev: a.Netdev, Queues: a.Queues}
-	if old, ok := d.attachments[att.key()]; ok && old.AllocationID == a.ID {
+	if old, ok := d.attachments[key(att)]; ok && old.AllocationID == a.ID {
 		return &old, nil // a repeated ADD
 	}
 	flows, err := agentFlows(req.Flows, a.Queues)
 	if err != nil {
 		return nil, fmt.Errorf("cni add: %w", err)
 	}
-	if err := d.agent.Steer(a.Netdev, att.key(), flows); err != nil {
+	if err := d.agent.Steer(a.Netdev, key(att), flows); err != nil {
 		return nil, fmt.Errorf("cni add: %w", err)
 	}
 	if req.PodUID != "" {
 		if err := d.broker.SetOwner(a.ID, broker.Owner{PodUID: req.PodUID}); err != nil {
-			d.agent.Unsteer(a.Netdev, att.key())
+			d.agent.Unsteer(a.Netdev, key(att))
 			return nil, fmt.Errorf("cni add: %w", err)
 		}
 	}
-	d.attachments[att.key()] = att
+	d.attachments[key(att)] = att
 	d.saveAttachmentsLocked()
 	d.log.Info("attached", "container", req.ContainerID, "ifname", req.IfName, "allocation", a.ID, "flows", len(flows))
 	return &att, nil
@@ -172,7 +145,7 @@ func (d *Daemon) CNIGC(valid []string) (removed []string) {
 	d.mu.Unlock()
 	for _, a := range gone {
 		d.CNIDel(a.ContainerID, a.IfName)
-		removed = append(removed, a.key())
+		removed = append(removed, key(a))
 	}
 	sort.Strings(removed)
 	return removed

@@ -26,6 +26,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/config"
 	"github.com/xdpq/xdpq/pkg/deviceplugin"
@@ -65,18 +66,12 @@ type Options struct {
 	Logger     *slog.Logger
 }
 
-// Allocation is a set of queues handed out, as the API reports it.
-type Allocation struct {
-	ID     string   `json:"id"`
-	Pool   string   `json:"pool"`
-	Netdev string   `json:"netdev"`
-	Queues []uint32 `json:"queues"`
-	Socket string   `json:"socket"` // the broker socket the holder connects to
-	UID    *uint32  `json:"uid,omitempty"`
-	// Created is when the allocation was made.
-	Created time.Time `json:"created"`
-	devices []string
-}
+// Allocation, Status and PoolStatus are the API's.
+type (
+	Allocation = api.Allocation
+	Status     = api.Status
+	PoolStatus = api.PoolStatus
+)
 
 // Daemon is the running node daemon.
 type Daemon struct {
@@ -381,7 +376,7 @@ func (d *Daemon) allocAt(p *pool, ids []string, owner broker.Owner, id string, c
 		p.used[idv] = id
 	}
 	a := &Allocation{ID: id, Pool: p.cfg.Name, Netdev: netdev, Queues: queues, Socket: ba.SocketPath(), UID: owner.UID,
-		Created: created, devices: ids}
+		Created: created, Devices: ids}
 	rec, _ := json.Marshal(record{Allocation: *a, Devices: ids, Owner: owner})
 	if err := os.WriteFile(d.recordPath(id), rec, 0o600); err != nil {
 		d.broker.Remove(id)
@@ -430,22 +425,6 @@ func (d *Daemon) Free(id string) error {
 	return err
 }
 
-// Status reports pools, allocations and netdevs.
-type Status struct {
-	Pools       []PoolStatus   `json:"pools"`
-	Allocations []Allocation   `json:"allocations"`
-	Netdevs     []agent.Status `json:"netdevs"`
-	ConfigError string         `json:"configError,omitempty"`
-}
-
-// PoolStatus is one pool's capacity.
-type PoolStatus struct {
-	Name     string `json:"name"`
-	Resource string `json:"resource"`
-	Queues   int    `json:"queues"`
-	Free     int    `json:"free"`
-}
-
 // Status reports the daemon's state.
 func (d *Daemon) Status() Status {
 	d.mu.Lock()
@@ -459,7 +438,10 @@ func (d *Daemon) Status() Status {
 		s.Allocations = append(s.Allocations, *a)
 	}
 	sort.Slice(s.Allocations, func(i, j int) bool { return s.Allocations[i].ID < s.Allocations[j].ID })
-	s.Netdevs = d.agent.Status()
+	for _, n := range d.agent.Status() {
+		s.Netdevs = append(s.Netdevs, api.NetdevStatus{Netdev: n.Netdev, State: string(n.State), Mode: n.Mode.String(),
+			Steering: string(n.Steering), Flows: n.Flows, Sockets: n.Sockets, LinkUp: n.LinkUp, Reason: n.Reason})
+	}
 	if err := d.watcher.LastError(); err != nil {
 		s.ConfigError = err.Error()
 	}

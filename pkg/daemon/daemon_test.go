@@ -17,6 +17,7 @@ import (
 	"github.com/xdpq/xdpq/internal/handover"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
+	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/client"
 	"github.com/xdpq/xdpq/pkg/xdp"
 	"github.com/xdpq/xdpq/pkg/xsk"
@@ -50,10 +51,10 @@ func TestStandalone(t *testing.T) {
 	allocDir, _ := os.MkdirTemp("", "xdpq-alloc-")
 	defer os.RemoveAll(allocDir)
 	os.Chmod(allocDir, 0o755)
-	api := filepath.Join(dir, "api.sock")
+	apiSock := filepath.Join(dir, "api.sock")
 	start := func() (stop func()) {
 		d, err := New(Options{ConfigPath: cfgPath, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
-			StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, Standalone: true, APISocket: api,
+			StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, Standalone: true, APISocket: apiSock,
 			Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
 		if err != nil {
 			t.Fatal(err)
@@ -71,7 +72,7 @@ func TestStandalone(t *testing.T) {
 	stop := start()
 	defer func() { stop() }()
 	ctl := func(args ...string) (string, error) {
-		out, err := exec.Command(filepath.Join(bin, "xdpqctl"), append([]string{"-api-socket", api}, args...)...).CombinedOutput()
+		out, err := exec.Command(filepath.Join(bin, "xdpqctl"), append([]string{"-api-socket", apiSock}, args...)...).CombinedOutput()
 		return string(out), err
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -93,7 +94,7 @@ func TestStandalone(t *testing.T) {
 	if err != nil {
 		t.Fatalf("alloc: %v\n%s", err, out)
 	}
-	a, err := NewAPIClient(api).Status()
+	a, err := api.NewClient(apiSock).Status()
 	if err != nil || len(a.Allocations) != 1 || a.Pools[0].Free != 0 {
 		t.Fatalf("status after alloc: %+v %v", a, err)
 	}
@@ -112,7 +113,7 @@ func TestStandalone(t *testing.T) {
 	defer pod.Kill()
 	deadline = time.Now().Add(10 * time.Second)
 	for {
-		st, _ := NewAPIClient(api).Status()
+		st, _ := api.NewClient(apiSock).Status()
 		if len(st.Netdevs) == 1 && len(st.Netdevs[0].Sockets) == 2 {
 			break
 		}
@@ -141,7 +142,7 @@ func TestStandalone(t *testing.T) {
 	// (its owner kept: root is refused, uid 65534 would be let in).
 	stop()
 	stop = start()
-	waitStatus(t, api, func(s *Status) bool {
+	waitStatus(t, apiSock, func(s *Status) bool {
 		return len(s.Allocations) == 1 && s.Allocations[0].ID == alloc.ID && s.Pools[0].Free == 0
 	})
 	_, err = client.Connect(alloc.Socket, client.Options{Timeout: 2 * time.Second})
@@ -165,18 +166,18 @@ func TestStandalone(t *testing.T) {
 	// Hot reload: a bigger pool is applied; an invalid file is refused
 	// and reported, and the pool stays.
 	os.WriteFile(cfgPath, []byte("pools: [{name: demo, steering: hardware, devices: {netdevs: ['xa#0-3']}}]\n"), 0o644)
-	waitStatus(t, api, func(s *Status) bool { return len(s.Pools) == 1 && s.Pools[0].Queues == 4 })
+	waitStatus(t, apiSock, func(s *Status) bool { return len(s.Pools) == 1 && s.Pools[0].Queues == 4 })
 	os.WriteFile(cfgPath, []byte("pools: [{name: demo, devices: {netdevs: ['xa#0-3']}, mtu: 9000}]\n"), 0o644)
-	waitStatus(t, api, func(s *Status) bool {
+	waitStatus(t, apiSock, func(s *Status) bool {
 		return strings.Contains(s.ConfigError, "pools[0].mtu: unknown field") && s.Pools[0].Queues == 4
 	})
 }
 
-func waitStatus(t *testing.T, api string, ok func(*Status) bool) {
+func waitStatus(t *testing.T, sock string, ok func(*Status) bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		s, err := NewAPIClient(api).Status()
+		s, err := api.NewClient(sock).Status()
 		if err == nil && ok(s) {
 			return
 		}

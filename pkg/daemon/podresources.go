@@ -69,7 +69,7 @@ func (d *Daemon) collect(ctx context.Context, grace time.Duration) {
 	d.mu.Lock()
 	for id, a := range d.allocs {
 		p := d.pools[a.Pool]
-		if p == nil || time.Since(a.Created) < grace || d.heldBy(held, p.resource, a.devices) {
+		if p == nil || time.Since(a.Created) < grace || d.heldBy(held, p.resource, a.Devices) {
 			continue
 		}
 		gone = append(gone, id)

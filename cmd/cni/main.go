@@ -1,0 +1,14 @@
+// Command cni is the xdpq CNI plugin (type "xdpq"): it attaches a pod's
+// flows to the queues it was given, through the xdpq daemon.
+package main
+
+import (
+	"github.com/containernetworking/cni/pkg/skel"
+
+	"github.com/xdpq/xdpq/pkg/cni"
+)
+
+func main() {
+	skel.PluginMainFuncs(skel.CNIFuncs{Add: cni.CmdAdd, Del: cni.CmdDel, Check: cni.CmdCheck, GC: cni.CmdGC, Status: cni.CmdStatus},
+		cni.SupportedVersions, "xdpq: AF_XDP queues for pods")
+}

@@ -1,0 +1,185 @@
+package cni
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ipam"
+
+	"github.com/xdpq/xdpq/pkg/api"
+)
+
+// CacheDir keeps what DEL needs, written at the start of ADD.
+var CacheDir = "/var/lib/cni/xdpq"
+
+// Error codes of the plugin (≥ 100; 50 is the spec's "not available").
+const (
+	ErrDaemon = 101 // the daemon refused or failed
+	ErrIPAM   = 102 // the IPAM plugin failed
+)
+
+// k8sArgs are the CNI_ARGS xdpq reads.
+type k8sArgs struct {
+	types.CommonArgs
+	K8S_POD_NAMESPACE          types.UnmarshallableString //nolint:revive // CNI_ARGS names
+	K8S_POD_NAME               types.UnmarshallableString //nolint:revive
+	K8S_POD_UID                types.UnmarshallableString //nolint:revive
+	K8S_POD_INFRA_CONTAINER_ID types.UnmarshallableString //nolint:revive
+	// XDPQ_ALLOCATION names a standalone allocation (xdpqctl alloc).
+	XDPQ_ALLOCATION types.UnmarshallableString //nolint:revive
+}
+
+func client(c *NetConf) *api.Client { return api.NewClient(c.DaemonSocket) }
+
+func cachePath(args *skel.CmdArgs) string {
+	return filepath.Join(CacheDir, args.ContainerID+"-"+args.IfName+".json")
+}
+
+// CmdAdd attaches the pod: IPAM first, then the daemon steers the flows
+// (their "ipam" destinations the addresses IPAM gave) to the pod's queues.
+func CmdAdd(args *skel.CmdArgs) error {
+	c, flows, err := ParseNetConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	var ka k8sArgs
+	if err := types.LoadArgs(args.Args, &ka); err != nil {
+		return fieldError("CNI_ARGS", "%v", err)
+	}
+	// What DEL needs, before anything else happens.
+	if err := os.MkdirAll(CacheDir, 0o700); err == nil {
+		os.WriteFile(cachePath(args), args.StdinData, 0o600)
+	}
+	result := &current.Result{CNIVersion: current.ImplementedSpecVersion}
+	if c.IPAM.Type != "" {
+		r, err := ipam.ExecAdd(c.IPAM.Type, args.StdinData)
+		if err != nil {
+			return &types.Error{Code: ErrIPAM, Msg: "ipam " + c.IPAM.Type, Details: err.Error()}
+		}
+		if result, err = current.NewResultFromResult(r); err != nil {
+			ipam.ExecDel(c.IPAM.Type, args.StdinData)
+			return &types.Error{Code: ErrIPAM, Msg: "ipam result", Details: err.Error()}
+		}
+	}
+	req := api.CNIAddRequest{ContainerID: args.ContainerID, IfName: args.IfName,
+		Allocation: string(ka.XDPQ_ALLOCATION), Resource: c.ResourceName, DeviceID: c.DeviceID,
+		PodUID: string(ka.K8S_POD_UID), PodNamespace: string(ka.K8S_POD_NAMESPACE), PodName: string(ka.K8S_POD_NAME)}
+	for i, f := range flows {
+		dsts := []netip.Prefix{f.Dst}
+		if !f.Dst.IsValid() {
+			dsts = nil
+			for _, ip := range result.IPs {
+				if a, ok := netip.AddrFromSlice(ip.Address.IP); ok {
+					a = a.Unmap()
+					if !f.Src.IsValid() || f.Src.Addr().Is4() == a.Is4() {
+						dsts = append(dsts, netip.PrefixFrom(a, a.BitLen()))
+					}
+				}
+			}
+			if len(dsts) == 0 {
+				undoIPAM(c, args)
+				return fieldError(fmt.Sprintf("flows[%d].destination", i), "empty means the address IPAM assigns, and IPAM assigned none")
+			}
+		}
+		ports := f.DstPorts
+		if ports == nil {
+			ports = []uint16{0}
+		}
+		for _, d := range dsts {
+			for _, p := range ports {
+				req.Flows = append(req.Flows, api.CNIFlow{Protocol: f.Protocol, Dst: d, DstPort: p, Src: f.Src, SrcPort: f.SrcPort, VLAN: f.VLAN})
+			}
+		}
+	}
+	if _, err := client(c).CNIAdd(req); err != nil {
+		undoIPAM(c, args)
+		return &types.Error{Code: ErrDaemon, Msg: "xdpq daemon", Details: err.Error()}
+	}
+	return types.PrintResult(result, c.CNIVersion)
+}
+
+func undoIPAM(c *NetConf, args *skel.CmdArgs) {
+	if c.IPAM.Type != "" {
+		ipam.ExecDel(c.IPAM.Type, args.StdinData)
+	}
+}
+
+// CmdDel detaches: idempotent, and fine when the netns is gone or the
+// daemon has no record.
+func CmdDel(args *skel.CmdArgs) error {
+	data := args.StdinData
+	if cached, err := os.ReadFile(cachePath(args)); err == nil {
+		data = cached // the configuration ADD saw
+	}
+	c, _, err := ParseNetConf(data)
+	if err != nil {
+		return err
+	}
+	if err := client(c).CNIDel(args.ContainerID, args.IfName); err != nil {
+		return &types.Error{Code: ErrDaemon, Msg: "xdpq daemon", Details: err.Error()}
+	}
+	if c.IPAM.Type != "" {
+		if err := ipam.ExecDel(c.IPAM.Type, data); err != nil {
+			return &types.Error{Code: ErrIPAM, Msg: "ipam " + c.IPAM.Type, Details: err.Error()}
+		}
+	}
+	if err := os.Remove(cachePath(args)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// CmdCheck verifies the attachment with the daemon and the addresses with IPAM.
+func CmdCheck(args *skel.CmdArgs) error {
+	c, _, err := ParseNetConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if _, err := client(c).CNICheck(args.ContainerID, args.IfName); err != nil {
+		return &types.Error{Code: ErrDaemon, Msg: "xdpq check", Details: err.Error()}
+	}
+	if c.IPAM.Type != "" {
+		if err := ipam.ExecCheck(c.IPAM.Type, args.StdinData); err != nil {
+			return &types.Error{Code: ErrIPAM, Msg: "ipam check", Details: err.Error()}
+		}
+	}
+	return nil
+}
+
+// CmdStatus says whether the plugin can take ADDs: the daemon answers.
+func CmdStatus(args *skel.CmdArgs) error {
+	c, _, err := ParseNetConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if _, err := client(c).Status(); err != nil {
+		return &types.Error{Code: types.ErrPluginNotAvailable, Msg: "xdpq daemon not reachable", Details: err.Error()}
+	}
+	return nil
+}
+
+// CmdGC removes the attachments not in cni.dev/valid-attachments; with no
+// such list it collects nothing.
+func CmdGC(args *skel.CmdArgs) error {
+	c, _, err := ParseNetConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if c.ValidAttachments == nil {
+		return nil
+	}
+	var valid []string
+	for _, a := range c.ValidAttachments {
+		valid = append(valid, a.ContainerID+"/"+a.IfName)
+	}
+	if _, err := client(c).CNIGC(valid); err != nil {
+		return &types.Error{Code: ErrDaemon, Msg: "xdpq gc", Details: err.Error()}
+	}
+	return nil
+}
