@@ -1,0 +1,209 @@
+package cni
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/testutils"
+
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/daemon"
+	"github.com/xdpq/xdpq/pkg/xdp"
+)
+
+func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
+
+// node runs a standalone daemon in a netns with a software-steered pool
+// of xa's queues 0 and 1, builds host-local IPAM, and allocates the pool.
+type node struct {
+	pair   *testnet.Pair
+	socket string
+	alloc  string
+	data   string // host-local's leases
+}
+
+func startNode(t *testing.T) *node {
+	t.Helper()
+	testnet.RequireRoot(t)
+	p := testnet.NewPair(t, 4)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin")
+	if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, "host-local"),
+		"github.com/containernetworking/plugins/plugins/ipam/host-local").CombinedOutput(); err != nil {
+		t.Fatalf("build host-local: %v\n%s", err, out)
+	}
+	// testutils runs the plugin with CNI_PATH set to PATH.
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	CacheDir = filepath.Join(dir, "cache")
+	cfg := filepath.Join(dir, "config.yaml")
+	os.WriteFile(cfg, []byte("pools: [{name: demo, steering: software, devices: {netdevs: ['xa#0-1']}}]\n"), 0o644)
+	xdp.MountBPFFS(xdp.DefaultBPFFS)
+	pins, _ := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-test-")
+	t.Cleanup(func() { os.RemoveAll(pins) })
+	sock := filepath.Join(dir, "api.sock")
+	d, err := daemon.New(daemon.Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
+		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), Standalone: true, APISocket: sock,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); d.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	a, err := d.Alloc("demo", 2, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if _, err := api.NewClient(sock).Status(); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the daemon's API did not come up")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return &node{pair: p, socket: sock, alloc: a.ID, data: filepath.Join(dir, "ipam")}
+}
+
+func (n *node) conf(ver string) []byte {
+	return []byte(fmt.Sprintf(`{"cniVersion":%q,"name":"upf","type":"xdpq","daemonSocket":%q,
+		"ipam":{"type":"host-local","subnet":"10.77.0.0/24","dataDir":%q},
+		"flows":[{"protocol":"udp","destinationPort":"2152"},{"protocol":"tcp","destination":"10.78.0.5","destinationPort":"80-81"}]}`,
+		ver, n.socket, n.data))
+}
+
+func (n *node) flows(t *testing.T) int {
+	t.Helper()
+	s, err := api.NewClient(n.socket).Status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range s.Netdevs {
+		if d.Netdev == "xa" {
+			return d.Flows
+		}
+	}
+	return -1
+}
+
+// TestVerbs runs ADD, CHECK, DEL (three times) for every spec version:
+// the flows are steered to the allocation's queues with the IPAM address
+// as destination, and DEL leaves no flow and no lease.
+func TestVerbs(t *testing.T) {
+	n := startNode(t)
+	for _, ver := range []string{"0.4.0", "1.0.0", "1.1.0"} {
+		args := &skel.CmdArgs{ContainerID: "ctr-" + ver, Netns: n.pair.NSPath(), IfName: "net1",
+			Args: "IgnoreUnknown=1;XDPQ_ALLOCATION=" + n.alloc, StdinData: n.conf(ver)}
+		r, _, err := testutils.CmdAddWithArgs(args, func() error { return CmdAdd(args) })
+		if err != nil {
+			t.Fatalf("%s add: %v", ver, err)
+		}
+		res, err := current.NewResultFromResult(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.IPs) != 1 || !strings.HasPrefix(res.IPs[0].Address.String(), "10.77.0.") {
+			t.Fatalf("%s: result IPs %v", ver, res.IPs)
+		}
+		// udp to the IPAM address port 2152, tcp to 10.78.0.5 ports 80
+		// and 81: three flows, each on both queues.
+		if got := n.flows(t); got != 3 {
+			t.Errorf("%s: %d flows steered, want 3", ver, got)
+		}
+		lease := filepath.Join(n.data, "upf", res.IPs[0].Address.IP.String())
+		if _, err := os.Stat(lease); err != nil {
+			t.Errorf("%s: no host-local lease: %v", ver, err)
+		}
+		if err := testutils.CmdCheckWithArgs(args, func() error { return CmdCheck(args) }); err != nil {
+			t.Errorf("%s check: %v", ver, err)
+		}
+		for i := range 3 {
+			if err := testutils.CmdDelWithArgs(args, func() error { return CmdDel(args) }); err != nil {
+				t.Fatalf("%s del %d: %v", ver, i+1, err)
+			}
+		}
+		if got := n.flows(t); got != 0 {
+			t.Errorf("%s: %d flows after DEL", ver, got)
+		}
+		if _, err := os.Stat(lease); !os.IsNotExist(err) {
+			t.Errorf("%s: lease left after DEL: %v", ver, err)
+		}
+		if err := testutils.CmdCheckWithArgs(args, func() error { return CmdCheck(args) }); err == nil {
+			t.Errorf("%s: CHECK passed after DEL", ver)
+		}
+	}
+	// DEL of an attachment the daemon never had, with the netns gone.
+	args := &skel.CmdArgs{ContainerID: "never", Netns: "/var/run/netns/gone", IfName: "net1", StdinData: n.conf("1.1.0")}
+	if err := testutils.CmdDelWithArgs(args, func() error { return CmdDel(args) }); err != nil {
+		t.Errorf("del of nothing: %v", err)
+	}
+}
+
+func TestAddRefused(t *testing.T) {
+	n := startNode(t)
+	args := &skel.CmdArgs{ContainerID: "c1", Netns: n.pair.NSPath(), IfName: "net1",
+		Args: "XDPQ_ALLOCATION=demo-nope", StdinData: n.conf("1.0.0")}
+	_, _, err := testutils.CmdAddWithArgs(args, func() error { return CmdAdd(args) })
+	var ce *types.Error
+	if !errors.As(err, &ce) || ce.Code != ErrDaemon || !strings.Contains(ce.Details, `no allocation "demo-nope"`) {
+		t.Fatalf("add to a missing allocation: %v", err)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(n.data, "upf")); len(entries) > 2 { // last_reserved_ip and lock only
+		t.Errorf("a refused ADD kept its IPAM lease: %v", entries)
+	}
+}
+
+// TestGCAndStatus: GC removes what is not in the valid list, nothing
+// without a list; STATUS reports an unreachable daemon with code 50.
+func TestGCAndStatus(t *testing.T) {
+	n := startNode(t)
+	for i, id := range []string{"keep", "drop"} {
+		args := &skel.CmdArgs{ContainerID: id, Netns: n.pair.NSPath(), IfName: "net1",
+			Args: "XDPQ_ALLOCATION=" + n.alloc, StdinData: []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"upf","type":"xdpq","daemonSocket":%q,
+			"flows":[{"protocol":"udp","destination":"10.88.0.%d","destinationPort":"53"}]}`, n.socket, i+1))}
+		if _, _, err := testutils.CmdAddWithArgs(args, func() error { return CmdAdd(args) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gc := func(conf string) error {
+		args := &skel.CmdArgs{StdinData: []byte(conf)}
+		return CmdGC(args)
+	}
+	if err := gc(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"upf","type":"xdpq","daemonSocket":%q}`, n.socket)); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.flows(t); got != 2 {
+		t.Fatalf("GC without a list collected: %d flows left", got)
+	}
+	if err := gc(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"upf","type":"xdpq","daemonSocket":%q,
+		"cni.dev/valid-attachments":[{"containerID":"keep","ifname":"net1"}]}`, n.socket)); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.flows(t); got != 1 {
+		t.Fatalf("after GC: %d flows, want 1", got)
+	}
+	ok := &skel.CmdArgs{StdinData: []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"upf","type":"xdpq","daemonSocket":%q}`, n.socket))}
+	if err := CmdStatus(ok); err != nil {
+		t.Errorf("status: %v", err)
+	}
+	bad := &skel.CmdArgs{StdinData: []byte(`{"cniVersion":"1.1.0","name":"upf","type":"xdpq","daemonSocket":"/nonexistent.sock"}`)}
+	var ce *types.Error
+	if err := CmdStatus(bad); !errors.As(err, &ce) || ce.Code != types.ErrPluginNotAvailable {
+		t.Errorf("status with no daemon: %v, want code 50", err)
+	}
+}
