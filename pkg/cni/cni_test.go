@@ -32,6 +32,7 @@ type node struct {
 	pair   *testnet.Pair
 	socket string
 	alloc  string
+	broker string // the allocation's broker socket
 	data   string // host-local's leases
 }
 
@@ -77,7 +78,7 @@ func startNode(t *testing.T) *node {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return &node{pair: p, socket: sock, alloc: a.ID, data: filepath.Join(dir, "ipam")}
+	return &node{pair: p, socket: sock, alloc: a.ID, broker: a.Socket, data: filepath.Join(dir, "ipam")}
 }
 
 func (n *node) conf(ver string) []byte {
