@@ -30,13 +30,17 @@ func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
 // of xa's queues 0 and 1, builds host-local IPAM, and allocates the pool.
 type node struct {
 	pair   *testnet.Pair
+	bin    string // host-local
 	socket string
 	alloc  string
 	broker string // the allocation's broker socket
 	data   string // host-local's leases
 }
 
-func startNode(t *testing.T) *node {
+func startNode(t testing.TB) *node { return startNodeFor(t, 0) }
+
+// startNodeFor is startNode with the allocation owned by uid.
+func startNodeFor(t testing.TB, uid uint32) *node {
 	t.Helper()
 	testnet.RequireRoot(t)
 	p := testnet.NewPair(t, 4)
@@ -55,8 +59,12 @@ func startNode(t *testing.T) *node {
 	pins, _ := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-test-")
 	t.Cleanup(func() { os.RemoveAll(pins) })
 	sock := filepath.Join(dir, "api.sock")
+	// The pod (uid 65534) must reach its allocation's socket.
+	allocDir, _ := os.MkdirTemp("", "xdpq-alloc-")
+	os.Chmod(allocDir, 0o755)
+	t.Cleanup(func() { os.RemoveAll(allocDir) })
 	d, err := daemon.New(daemon.Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
-		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), Standalone: true, APISocket: sock,
+		StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, Standalone: true, APISocket: sock,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -65,7 +73,7 @@ func startNode(t *testing.T) *node {
 	done := make(chan struct{})
 	go func() { defer close(done); d.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	a, err := d.Alloc("demo", 2, 0)
+	a, err := d.Alloc("demo", 2, uid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +86,7 @@ func startNode(t *testing.T) *node {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return &node{pair: p, socket: sock, alloc: a.ID, broker: a.Socket, data: filepath.Join(dir, "ipam")}
+	return &node{pair: p, bin: bin, socket: sock, alloc: a.ID, broker: a.Socket, data: filepath.Join(dir, "ipam")}
 }
 
 func (n *node) conf(ver string) []byte {
@@ -88,7 +96,7 @@ func (n *node) conf(ver string) []byte {
 		ver, n.socket, n.data))
 }
 
-func (n *node) flows(t *testing.T) int {
+func (n *node) flows(t testing.TB) int {
 	t.Helper()
 	s, err := api.NewClient(n.socket).Status()
 	if err != nil {
