@@ -36,9 +36,8 @@ lint: tools
 	$(STATICCHECK) ./...
 
 demo:
-	@echo "building xdpqdemo and xdpqperf ..."
-	$(GO) build -o bin/ ./cmd/xdpqdemo ./cmd/xdpqperf
+	@echo "building xdpqdemo, xdpqperf, the xdpq CNI plugin, host-local and cnitool into bin/ ..."
+	$(GO) build -o bin/ ./cmd/xdpqdemo ./cmd/xdpqperf github.com/containernetworking/cni/cnitool
+	$(GO) build -o bin/cni/xdpq ./cmd/cni
+	$(GO) build -o bin/cni/host-local github.com/containernetworking/plugins/plugins/ipam/host-local
 	./bin/xdpqdemo
-
-tools:
-	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2

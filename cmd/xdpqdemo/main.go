@@ -1,6 +1,7 @@
-// Command xdpqdemo runs the demo (see package internal/demo): an
-// unprivileged pod, xdpqperf, receiving a veth NIC's queues as AF_XDP
-// sockets from xdpq's broker. Run it as root: `sudo make demo`.
+// Command xdpqdemo runs the demo (see package internal/demo): the xdpq
+// daemon in standalone mode, an unprivileged pod (xdpqperf) taking a veth
+// NIC's queues as AF_XDP sockets from its broker, and its flow steered
+// through cnitool and the xdpq CNI plugin. Run it as root: `sudo make demo`.
 package main
 
 import (
@@ -13,18 +14,19 @@ import (
 )
 
 func main() {
-	seconds := flag.Int("seconds", 5, "seconds of traffic")
-	perf := flag.String("perf", "", "the xdpqperf binary (default: next to this one)")
+	seconds := flag.Int("seconds", 6, "seconds of traffic (at least 4)")
+	dir := flag.String("bin", "", "where xdpqperf, cnitool and cni/{xdpq,host-local} are (default: next to this program)")
 	flag.Parse()
-	if *perf == "" {
+	if *dir == "" {
 		self, err := os.Executable()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "xdpqdemo:", err)
 			os.Exit(1)
 		}
-		*perf = filepath.Join(filepath.Dir(self), "xdpqperf")
+		*dir = filepath.Dir(self)
 	}
-	if err := demo.Run(os.Stdout, *perf, *seconds); err != nil {
+	bin := demo.Binaries{Perf: filepath.Join(*dir, "xdpqperf"), CNITool: filepath.Join(*dir, "cnitool"), CNIDir: filepath.Join(*dir, "cni")}
+	if err := demo.Run(os.Stdout, bin, *seconds); err != nil {
 		fmt.Fprintln(os.Stderr, "xdpqdemo:", err)
 		os.Exit(1)
 	}

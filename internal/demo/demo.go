@@ -1,47 +1,76 @@
-// Package demo is what `make demo` runs: one xdpq node in a network
-// namespace with a veth "NIC" of 4 queues; the node agent and the socket
-// broker serving an allocation of two queues; and xdpqperf as the pod,
-// running as uid 65534 with no capabilities in a network namespace that
-// holds only lo, taking its sockets from the broker and printing what it
-// receives each second while a traffic source sends to its queues. Then
-// the pod exits, its lease ends, the program goes, and nothing is left.
+// Package demo is what `make demo` runs: the product as a platform team
+// meets it, on one machine. A network namespace holds a veth "NIC" of 4
+// queues and a traffic source behind it; the xdpq daemon runs in
+// standalone mode with a software-steered pool of two of its queues;
+// an allocation of both is made for uid 65534; xdpqperf, the pod, runs as
+// uid 65534 with no capabilities in a network namespace of its own and
+// takes its sockets from the broker; cnitool runs the CNI ADD through the
+// installed xdpq plugin (with host-local IPAM), which steers the pod's
+// flow (udp to its IPAM address, port 5000) to its queues. While the
+// source sends, a line per second shows what the pod receives and the
+// state of the netdev's XDP hook; midway an operator's program takes the
+// hook, and xdpq steps aside and comes back when it goes. Then the pod
+// exits, cnitool runs DEL, the daemon stops, and the demo checks that
+// nothing is left.
 package demo
 
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpq/xdpq/internal/frame"
 	"github.com/xdpq/xdpq/internal/handover"
-	"github.com/xdpq/xdpq/internal/node"
+	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
-	"github.com/xdpq/xdpq/pkg/agent"
-	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/daemon"
 	"github.com/xdpq/xdpq/pkg/xdp"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
 
-const frameBytes = 64
+const (
+	frameBytes = 64
+	network    = "xdpq-demo"
+	podUID     = 65534
+)
 
-// Run runs the demo with the xdpqperf binary at perf for seconds seconds
-// of traffic, writing to out.
-func Run(out io.Writer, perf string, seconds int) (err error) {
+// Binaries are the programs the demo runs.
+type Binaries struct {
+	Perf    string // xdpqperf
+	CNIDir  string // holds the plugins: xdpq (cmd/cni) and host-local
+	CNITool string
+}
+
+// Run runs the demo with seconds seconds of traffic, writing to out.
+func Run(out io.Writer, bin Binaries, seconds int) (err error) {
 	if os.Geteuid() != 0 {
-		return errors.New("the demo needs root: it creates a network namespace and attaches XDP programs (sudo make demo)")
+		return errors.New("the demo needs root: it creates network namespaces and attaches XDP programs (sudo make demo)")
 	}
-	if _, err := os.Stat(perf); err != nil {
-		return fmt.Errorf("xdpqperf: %w (make demo builds it)", err)
+	for _, f := range []string{bin.Perf, bin.CNITool, filepath.Join(bin.CNIDir, "xdpq"), filepath.Join(bin.CNIDir, "host-local")} {
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Errorf("%w (make demo builds it)", err)
+		}
 	}
 	var mu sync.Mutex // out is written by the pod's output copier too
 	say := func(format string, args ...any) {
@@ -53,39 +82,77 @@ func Run(out io.Writer, perf string, seconds int) (err error) {
 	unix.Uname(&uname)
 	say("xdpq demo on Linux %s", unix.ByteSliceToString(uname.Release[:]))
 
-	podUID := uint32(65534)
-	n, err := node.Start(node.Config{Queues: 4, Alloc: []uint32{0, 1}, Owner: broker.Owner{UID: &podUID},
-		Policy: agent.Policy{Steering: agent.SteerHardware}, Linger: time.Second,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	// Everything the demo creates, removed in reverse order.
+	var cleanups []func()
+	defer func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}()
+	work, err := os.MkdirTemp("", "xdpq-demo-")
 	if err != nil {
 		return err
 	}
-	nsPath := n.Pair.NSPath()
-	defer func() {
-		if cerr := n.Close(); cerr != nil && err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return
-		}
-		if _, serr := os.Stat(nsPath); !os.IsNotExist(serr) {
-			err = fmt.Errorf("netns %s still there after cleanup: %v", nsPath, serr)
-			return
-		}
-		say("[6/6] node stopped: netns, veth pair, pins and the allocation's socket removed; nothing left behind")
-	}()
-	say("[1/6] netns %s: veth %q (the NIC, 4 queues, %s) <-> %q (the traffic source)", nsPath, "xa", n.Pair.A.Addr, "xb")
-	say("[2/6] agent manages xa (%s); broker serves allocation %s: xa queues %v, owner uid %d, socket %s",
-		describe(nsPath, n.Pair.A.Index), n.Alloc.ID, n.Alloc.Queues, podUID, n.Alloc.SocketPath())
+	os.Chmod(work, 0o755) // the pod reaches its allocation's socket in here
+	cleanups = append(cleanups, func() { os.RemoveAll(work) })
+	if err := xdp.MountBPFFS(xdp.DefaultBPFFS); err != nil {
+		return err
+	}
+	pins, err := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-demo-")
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, func() { os.RemoveAll(pins) })
 
+	pair, err := testnet.Create(4)
+	if err != nil {
+		return err
+	}
+	nsPath := pair.NSPath()
+	cleanups = append(cleanups, pair.Close)
+	say("[1/8] netns %s: veth %q (the NIC, 4 queues) <-> %q (the traffic source)", nsPath, "xa", "xb")
+
+	cfg := filepath.Join(work, "config.yaml")
+	os.WriteFile(cfg, []byte("pools: [{name: demo, steering: software, devices: {netdevs: ['xa#0-1']}}]\n"), 0o644)
+	apiSock := filepath.Join(work, "api.sock")
+	d, err := daemon.New(daemon.Options{ConfigPath: cfg, NetNS: nsPath, PinDir: filepath.Join(pins, "xdpq"),
+		StateDir: filepath.Join(work, "state"), AllocDir: filepath.Join(work, "alloc"), Standalone: true,
+		APISocket: apiSock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- d.Run(ctx) }()
+	daemonDone := false
+	stopDaemon := func() error {
+		if daemonDone {
+			return nil
+		}
+		daemonDone = true
+		cancel()
+		return <-stopped
+	}
+	cleanups = append(cleanups, func() { stopDaemon() })
+	if err := waitAPI(apiSock); err != nil {
+		return err
+	}
+	say("[2/8] daemon (standalone) serves %s; pool demo: xa queues 0-1, software steering (veth has no ntuple filters)", apiSock)
+	alloc, err := d.Alloc("demo", 2, podUID)
+	if err != nil {
+		return err
+	}
+	say("[3/8] allocation %s: xa queues %v for uid %d, broker socket %s", alloc.ID, alloc.Queues, podUID, alloc.Socket)
+
+	seconds = max(seconds, 4)
 	var podErr bytes.Buffer
 	pr, pw := io.Pipe()
-	pod, err := handover.StartProgram(perf, []string{"-mode", "rxdrop", "-duration", strconv.Itoa(seconds+1) + "s", "-ring", "2048"},
-		[]string{"XDPQ_SOCKET=" + n.Alloc.SocketPath()}, pw, &podErr)
+	pod, err := handover.StartProgram(bin.Perf, []string{"-mode", "rxdrop", "-duration", strconv.Itoa(seconds+2) + "s", "-ring", "2048"},
+		[]string{"XDPQ_SOCKET=" + alloc.Socket}, pw, &podErr)
 	if err != nil {
 		return err
 	}
-	defer pod.Kill()
+	cleanups = append(cleanups, pod.Kill)
 	copied := make(chan struct{})
 	var received uint64 // from xdpqperf's "total qN: rx M tx K" lines
 	go func() {
@@ -99,20 +166,64 @@ func Run(out io.Writer, perf string, seconds int) (err error) {
 			say("   pod | %s", sc.Text())
 		}
 	}()
-	if err := n.WaitSockets(2, 10*time.Second); err != nil {
-		pod.Kill()
+	if err := waitNetdev(d, func(n api.NetdevStatus) bool { return len(n.Sockets) == 2 }); err != nil {
 		return fmt.Errorf("%w\npod stderr:\n%s", err, podErr.String())
 	}
 	var id handover.Msg
 	if err := handover.IdentityOf(strconv.Itoa(pod.Cmd.Process.Pid), &id); err != nil {
 		return err
 	}
-	say("[3/6] pod: xdpqperf as uid %s, CapEff %s, netns links %v; it sent its own memfd as UMEM",
+	say("[4/8] pod: xdpqperf as uid %s, CapEff %s, netns links %v; it sent its own memfd as UMEM and holds sockets on xa queues 0 and 1",
 		id.UID, id.CapEff, id.Links)
-	say("[4/6] its lease is active: xa queues %v in the XSKMAP; %s", n.Sockets(), describe(nsPath, n.Pair.A.Index))
 
-	say("[5/6] the source sends %d-byte UDP frames to %s:5000 on its queues 0 and 1 for %ds", frameBytes, n.Pair.A.Addr, seconds)
-	src, err := newSource(n)
+	podNS := fmt.Sprintf("/proc/%d/ns/net", pod.Cmd.Process.Pid)
+	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"type":"xdpq","daemonSocket":%q,
+		"ipam":{"type":"host-local","subnet":"10.77.0.0/24","dataDir":%q},
+		"flows":[{"protocol":"udp","destination":"ipam","destinationPort":"5000"}]}`, network, apiSock, filepath.Join(work, "ipam"))
+	netdir := filepath.Join(work, "net.d")
+	os.MkdirAll(netdir, 0o755)
+	os.WriteFile(filepath.Join(netdir, network+".conf"), []byte(conf), 0o644)
+	cni := func(verb string) ([]byte, time.Duration, error) {
+		cmd := exec.Command(bin.CNITool, verb, network, podNS)
+		cmd.Env = append(os.Environ(), "CNI_PATH="+bin.CNIDir, "NETCONFPATH="+netdir, "CNI_IFNAME=net1",
+			"CNI_ARGS=IgnoreUnknown=1;XDPQ_ALLOCATION="+alloc.ID)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		start := time.Now()
+		b, err := cmd.Output()
+		if err != nil {
+			return b, 0, fmt.Errorf("cnitool %s: %v: %s%s", verb, err, stderr.String(), b)
+		}
+		return b, time.Since(start), nil
+	}
+	// libcni keeps the result under /var/lib/cni until DEL; a failed demo
+	// must not leave it.
+	cleanups = append(cleanups, func() {
+		stale, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", network+"-*"))
+		for _, f := range stale {
+			os.Remove(f)
+		}
+	})
+	b, took, err := cni("add")
+	if err != nil {
+		return err
+	}
+	var res struct {
+		IPs []struct {
+			Address string `json:"address"`
+		} `json:"ips"`
+	}
+	if err := json.Unmarshal(b, &res); err != nil || len(res.IPs) != 1 {
+		return fmt.Errorf("cnitool add printed %s: %v", b, err)
+	}
+	podIP := netip.MustParsePrefix(res.IPs[0].Address).Addr()
+	st, _ := netdevStatus(d)
+	say("[5/8] cnitool add %s (%.0f ms): host-local gave the pod %s; xa: %d flow steered (udp %s:5000 -> queues 0,1), %s",
+		network, float64(took.Microseconds())/1000, res.IPs[0].Address, st.Flows, podIP, describe(nsPath, pair.A.Index))
+
+	say("[6/8] the source sends %d-byte UDP frames to %s:5000 on its queues 0 and 1 for %ds; an operator's program takes xa's hook at %ds and leaves at %ds",
+		frameBytes, podIP, seconds, seconds/2-1, seconds/2+1)
+	src, err := newSource(pair, podIP)
 	if err != nil {
 		return err
 	}
@@ -128,7 +239,27 @@ func Run(out io.Writer, perf string, seconds int) (err error) {
 			sent[i], sendErr[i] = traffic.Flood(src.socks[i], src.addrs[i], uint32(len(src.frame)), 256, stop.Load)
 		}()
 	}
-	time.Sleep(time.Duration(seconds) * time.Second)
+	var operator *ebpf.Program
+	for s := 1; s <= seconds; s++ {
+		time.Sleep(time.Second)
+		switch s {
+		case seconds/2 - 1:
+			if operator, err = attachOperator(nsPath, pair.A.Index); err != nil {
+				stop.Store(true)
+				wg.Wait()
+				return err
+			}
+			cleanups = append(cleanups, func() { operator.Close() })
+		case seconds/2 + 1:
+			if err := detachOperator(nsPath, pair.A.Index); err != nil {
+				stop.Store(true)
+				wg.Wait()
+				return err
+			}
+		}
+		st, _ := netdevStatus(d)
+		say("  node | t=%ds xa: %s, state %s, sockets %v, flows %d", s, describe(nsPath, pair.A.Index), st.State, st.Sockets, st.Flows)
+	}
 	stop.Store(true)
 	wg.Wait()
 	if err := errors.Join(sendErr...); err != nil {
@@ -141,23 +272,69 @@ func Run(out io.Writer, perf string, seconds int) (err error) {
 		return fmt.Errorf("pod: %w\n%s", err, podErr.String())
 	}
 	total := sent[0] + sent[1]
-	say("      the source sent %d frames, the pod received %d (%.0f%%); the kernel dropped the rest when the pod",
+	say("      the source sent %d frames, the pod received %d (%.0f%%): none while the operator's program held the hook,",
 		total, received, 100*float64(received)/float64(max(total, 1)))
-	say("      fell behind (fill-empty): pod, source and softirq share this machine's 2 cores")
-	say("      the pod exited and its lease ended")
-	if err := n.WaitSockets(0, 5*time.Second); err != nil {
+	say("      and the kernel dropped what the pod fell behind on (pod, source and softirq share this machine's cores)")
+
+	if _, took, err = cni("del"); err != nil {
 		return err
 	}
-	say("      no socket left on xa: after the 1s linger, %s", waitDetached(nsPath, n.Pair.A.Index))
+	if err := waitNetdev(d, func(n api.NetdevStatus) bool { return n.Flows == 0 && len(n.Sockets) == 0 }); err != nil {
+		return err
+	}
+	leases, _ := filepath.Glob(filepath.Join(work, "ipam", network, "10.*"))
+	if len(leases) != 0 {
+		return fmt.Errorf("host-local leases left after DEL: %v", leases)
+	}
+	say("[7/8] the pod exited; cnitool del (%.0f ms): no flow, no socket, no lease left", float64(took.Microseconds())/1000)
+
+	if err := stopDaemon(); err != nil {
+		return err
+	}
+	for i := len(cleanups) - 1; i >= 0; i-- {
+		cleanups[i]()
+	}
+	cleanups = nil
+	for _, p := range []string{nsPath, pins, work} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			return fmt.Errorf("%s still there after cleanup: %v", p, err)
+		}
+	}
+	if stale, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", network+"-*")); len(stale) != 0 {
+		return fmt.Errorf("libcni results left: %v", stale)
+	}
+	say("[8/8] daemon stopped; netns, veth pair, pins, sockets, IPAM leases and CNI cache removed; nothing left behind")
 	return nil
 }
 
-func waitDetached(nsPath string, ifindex int) string {
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		a, err := xdp.Query(nsPath, ifindex)
-		if (err == nil && a == nil) || time.Now().After(deadline) {
-			return describe(nsPath, ifindex)
+func waitAPI(sock string) error {
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, err := api.NewClient(sock).Status(); err == nil {
+			return nil
+		} else if time.Now().After(deadline) {
+			return fmt.Errorf("the daemon's API did not come up: %w", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func netdevStatus(d *daemon.Daemon) (api.NetdevStatus, bool) {
+	for _, n := range d.Status().Netdevs {
+		if n.Netdev == "xa" {
+			return n, true
+		}
+	}
+	return api.NetdevStatus{}, false
+}
+
+func waitNetdev(d *daemon.Daemon, ok func(api.NetdevStatus) bool) error {
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		n, found := netdevStatus(d)
+		if found && ok(n) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("xa: %+v", n)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -169,11 +346,64 @@ func describe(nsPath string, ifindex int) string {
 	case err != nil:
 		return "query failed: " + err.Error()
 	case a == nil:
-		return "no XDP program on xa"
+		return "no XDP program"
 	case a.Ours:
-		return fmt.Sprintf("%s (id %d) attached in %s mode", a.Name, a.ID, a.Mode)
+		return fmt.Sprintf("%s (id %d, %s)", a.Name, a.ID, a.Mode)
 	}
-	return fmt.Sprintf("foreign program %s (id %d) in %s mode", a.Name, a.ID, a.Mode)
+	return fmt.Sprintf("foreign program %s (id %d, %s)", a.Name, a.ID, a.Mode)
+}
+
+// attachOperator loads an XDP_PASS program named operator_pass and
+// attaches it over whatever xa has, as `ip -force link set xdpdrv` does.
+func attachOperator(nsPath string, ifindex int) (*ebpf.Program, error) {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "operator_pass", Type: ebpf.XDP, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2), asm.Return()}})
+	if err != nil {
+		return nil, fmt.Errorf("operator program: %w", err)
+	}
+	if err := setXDP(nsPath, ifindex, prog.FD()); err != nil {
+		prog.Close()
+		return nil, err
+	}
+	return prog, nil
+}
+
+func detachOperator(nsPath string, ifindex int) error { return setXDP(nsPath, ifindex, -1) }
+
+func setXDP(nsPath string, ifindex, fd int) error {
+	target, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		return err
+	}
+	defer target.Close()
+	// The thread enters the namespace and goes back to its own before it
+	// is unlocked. It must not end instead: the pod was started with
+	// Pdeathsig, which fires when the thread that forked it exits, and
+	// that may be this one.
+	runtime.LockOSThread()
+	self, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	defer self.Close()
+	if err := netns.Set(target); err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	defer func() {
+		if netns.Set(self) == nil {
+			runtime.UnlockOSThread()
+		}
+	}()
+	link, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return err
+	}
+	if err := netlink.LinkSetXdpFdWithFlags(link, fd, unix.XDP_FLAGS_DRV_MODE); err != nil {
+		return fmt.Errorf("operator's xdp on %s: %w", link.Attrs().Name, err)
+	}
+	return nil
 }
 
 // source is the traffic source: one socket per queue on xb, sharing a
@@ -185,8 +415,7 @@ type source struct {
 	frame []byte
 }
 
-func newSource(n *node.Node) (*source, error) {
-	p := n.Pair
+func newSource(p *testnet.Pair, dst netip.Addr) (*source, error) {
 	dev := xsk.Netdev{Name: p.B.Name, Ifindex: p.B.Index, NetNS: p.NSPath()}
 	const per = 1024
 	umem, socks, err := xsk.Open(dev, []uint32{0, 1}, 2*per, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048},
@@ -194,7 +423,7 @@ func newSource(n *node.Node) (*source, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, err := frame.Spec{SrcMAC: p.B.MAC, DstMAC: p.A.MAC, Src: p.B.Addr, Dst: p.A.Addr, Protocol: 17,
+	f, err := frame.Spec{SrcMAC: p.B.MAC, DstMAC: p.A.MAC, Src: p.B.Addr, Dst: dst, Protocol: 17,
 		SrcPort: 4000, DstPort: 5000, Payload: frame.Payload(0, 0, frameBytes-42)}.Build()
 	if err != nil {
 		return nil, err

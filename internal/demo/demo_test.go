@@ -15,30 +15,45 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
 
-// TestDemo runs the demo as `make demo` does, with xdpqperf built from
-// this tree, and checks what it claims: the pod is unprivileged, receives
-// on both queues, and nothing is left.
+// TestDemo runs the demo as `make demo` does, with the binaries built
+// from this tree, and checks what it claims: the pod is unprivileged and
+// receives on both queues once cnitool has added its flow; the operator's
+// program takes the hook and xdpq comes back; nothing is left.
 func TestDemo(t *testing.T) {
 	testnet.RequireRoot(t)
-	perf := filepath.Join(t.TempDir(), "xdpqperf")
-	if out, err := exec.Command("go", "build", "-o", perf, "github.com/xdpq/xdpq/cmd/xdpqperf").CombinedOutput(); err != nil {
-		t.Fatalf("build xdpqperf: %v\n%s", err, out)
+	dir := t.TempDir()
+	bin := Binaries{Perf: filepath.Join(dir, "xdpqperf"), CNITool: filepath.Join(dir, "cnitool"), CNIDir: filepath.Join(dir, "cni")}
+	for out, pkg := range map[string]string{
+		bin.Perf:                                "github.com/xdpq/xdpq/cmd/xdpqperf",
+		bin.CNITool:                             "github.com/containernetworking/cni/cnitool",
+		filepath.Join(bin.CNIDir, "xdpq"):       "github.com/xdpq/xdpq/cmd/cni",
+		filepath.Join(bin.CNIDir, "host-local"): "github.com/containernetworking/plugins/plugins/ipam/host-local",
+	} {
+		if b, err := exec.Command("go", "build", "-o", out, pkg).CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", pkg, err, b)
+		}
 	}
 	var out bytes.Buffer
-	if err := Run(&out, perf, 2); err != nil {
+	if err := Run(&out, bin, 4); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	s := out.String()
 	for _, want := range []string{
 		"as uid 65534, CapEff 0000000000000000, netns links [lo]",
-		"its lease is active: xa queues [0 1] in the XSKMAP; xdpq_direct",
-		"the pod exited and its lease ended",
-		"no XDP program on xa",
+		"host-local gave the pod 10.77.0.",
+		"1 flow steered",
+		"foreign program operator_pass",
+		"state Overridden",
+		"cnitool del",
+		"no flow, no socket, no lease left",
 		"nothing left behind",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("output lacks %q:\n%s", want, s)
 		}
+	}
+	if !regexp.MustCompile(`operator_pass[^\n]*\n(?s:.*)t=4s xa: xdpq_filter`).MatchString(s) {
+		t.Errorf("xdpq did not come back after the operator's program left:\n%s", s)
 	}
 	rates := regexp.MustCompile(`q([01]) rx +([0-9]+) pps`).FindAllStringSubmatch(s, -1)
 	positive := map[string]bool{}
