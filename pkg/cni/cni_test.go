@@ -30,6 +30,7 @@ func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
 // of xa's queues 0 and 1, builds host-local IPAM, and allocates the pool.
 type node struct {
 	pair   *testnet.Pair
+	d      *daemon.Daemon
 	bin    string // host-local
 	socket string
 	alloc  string
@@ -86,7 +87,7 @@ func startNodeFor(t testing.TB, uid uint32) *node {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return &node{pair: p, bin: bin, socket: sock, alloc: a.ID, broker: a.Socket, data: filepath.Join(dir, "ipam")}
+	return &node{pair: p, d: d, bin: bin, socket: sock, alloc: a.ID, broker: a.Socket, data: filepath.Join(dir, "ipam")}
 }
 
 func (n *node) conf(ver string) []byte {
@@ -214,5 +215,34 @@ func TestGCAndStatus(t *testing.T) {
 	var ce *types.Error
 	if err := CmdStatus(bad); !errors.As(err, &ce) || ce.Code != types.ErrPluginNotAvailable {
 		t.Errorf("status with no daemon: %v, want code 50", err)
+	}
+}
+
+// TestFreeEndsAttachments: when the daemon frees an allocation (xdpqctl
+// free, or its collector when kubelet no longer assigns the devices),
+// the attachments on it go too, so their flows cannot reach the queues'
+// next holder; CHECK then fails and DEL still succeeds.
+func TestFreeEndsAttachments(t *testing.T) {
+	n := startNode(t)
+	args := &skel.CmdArgs{ContainerID: "c1", Netns: n.pair.NSPath(), IfName: "net1",
+		Args: "XDPQ_ALLOCATION=" + n.alloc, StdinData: n.conf("1.1.0")}
+	if _, _, err := testutils.CmdAddWithArgs(args, func() error { return CmdAdd(args) }); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.flows(t); got != 3 {
+		t.Fatalf("%d flows after ADD", got)
+	}
+	if err := n.d.Free(n.alloc); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.flows(t); got != 0 {
+		t.Errorf("%d flows left after the allocation was freed", got)
+	}
+	err := testutils.CmdCheckWithArgs(args, func() error { return CmdCheck(args) })
+	if err == nil || !strings.Contains(err.Error(), "no attachment") {
+		t.Errorf("CHECK after free: %v", err)
+	}
+	if err := testutils.CmdDelWithArgs(args, func() error { return CmdDel(args) }); err != nil {
+		t.Errorf("DEL after free: %v", err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -418,7 +419,21 @@ func (d *Daemon) Free(id string) error {
 			}
 		}
 	}
-	err := d.broker.Remove(id)
+	// Its CNI attachments go with it: their flows must not reach the
+	// queues' next holder.
+	var errs []error
+	for k, att := range d.attachments {
+		if att.AllocationID == id {
+			errs = append(errs, d.agent.Unsteer(att.Netdev, k))
+			delete(d.attachments, k)
+			d.log.Info("detached with its allocation", "container", att.ContainerID, "ifname", att.IfName, "allocation", id)
+		}
+	}
+	if len(errs) > 0 {
+		d.saveAttachmentsLocked()
+	}
+	errs = append(errs, d.broker.Remove(id))
+	err := errors.Join(errs...)
 	os.RemoveAll(filepath.Join(d.opts.AllocDir, id))
 	os.Remove(d.recordPath(id))
 	d.log.Info("freed", "allocation", id)
