@@ -2,10 +2,12 @@ package cni
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -139,8 +141,21 @@ func TestVerbs(t *testing.T) {
 		if _, err := os.Stat(lease); err != nil {
 			t.Errorf("%s: no host-local lease: %v", ver, err)
 		}
-		if err := testutils.CmdCheckWithArgs(args, func() error { return CmdCheck(args) }); err != nil {
+		check := withPrev(t, args, r)
+		if err := testutils.CmdCheckWithArgs(check, func() error { return CmdCheck(check) }); err != nil {
 			t.Errorf("%s check: %v", ver, err)
+		}
+		// A prevResult with another address: the flows it gives are not
+		// the ones steered.
+		other := *res
+		other.IPs = []*current.IPConfig{{Address: net.IPNet{IP: net.IPv4(10, 77, 0, 200), Mask: net.CIDRMask(24, 32)}}}
+		wrong := withPrev(t, args, &other)
+		if err := testutils.CmdCheckWithArgs(wrong, func() error { return CmdCheck(wrong) }); err == nil || !strings.Contains(err.Error(), "flows differ") {
+			t.Errorf("%s check with another address: %v", ver, err)
+		}
+		noPrev := *args
+		if err := testutils.CmdCheckWithArgs(&noPrev, func() error { return CmdCheck(&noPrev) }); err == nil || !strings.Contains(err.Error(), "prevResult") {
+			t.Errorf("%s check without prevResult: %v", ver, err)
 		}
 		for i := range 3 {
 			if err := testutils.CmdDelWithArgs(args, func() error { return CmdDel(args) }); err != nil {
@@ -153,7 +168,7 @@ func TestVerbs(t *testing.T) {
 		if _, err := os.Stat(lease); !os.IsNotExist(err) {
 			t.Errorf("%s: lease left after DEL: %v", ver, err)
 		}
-		if err := testutils.CmdCheckWithArgs(args, func() error { return CmdCheck(args) }); err == nil {
+		if err := testutils.CmdCheckWithArgs(check, func() error { return CmdCheck(check) }); err == nil {
 			t.Errorf("%s: CHECK passed after DEL", ver)
 		}
 	}
@@ -226,7 +241,8 @@ func TestFreeEndsAttachments(t *testing.T) {
 	n := startNode(t)
 	args := &skel.CmdArgs{ContainerID: "c1", Netns: n.pair.NSPath(), IfName: "net1",
 		Args: "XDPQ_ALLOCATION=" + n.alloc, StdinData: n.conf("1.1.0")}
-	if _, _, err := testutils.CmdAddWithArgs(args, func() error { return CmdAdd(args) }); err != nil {
+	r, _, err := testutils.CmdAddWithArgs(args, func() error { return CmdAdd(args) })
+	if err != nil {
 		t.Fatal(err)
 	}
 	if got := n.flows(t); got != 3 {
@@ -238,11 +254,31 @@ func TestFreeEndsAttachments(t *testing.T) {
 	if got := n.flows(t); got != 0 {
 		t.Errorf("%d flows left after the allocation was freed", got)
 	}
-	err := testutils.CmdCheckWithArgs(args, func() error { return CmdCheck(args) })
+	check := withPrev(t, args, r)
+	err = testutils.CmdCheckWithArgs(check, func() error { return CmdCheck(check) })
 	if err == nil || !strings.Contains(err.Error(), "no attachment") {
 		t.Errorf("CHECK after free: %v", err)
 	}
 	if err := testutils.CmdDelWithArgs(args, func() error { return CmdDel(args) }); err != nil {
 		t.Errorf("DEL after free: %v", err)
 	}
+}
+
+// withPrev returns args with r as the configuration's prevResult, as a
+// runtime sends CHECK.
+func withPrev(t *testing.T, args *skel.CmdArgs, r types.Result) *skel.CmdArgs {
+	t.Helper()
+	var conf map[string]any
+	if err := json.Unmarshal(args.StdinData, &conf); err != nil {
+		t.Fatal(err)
+	}
+	conv, err := r.GetAsVersion(conf["cniVersion"].(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(conv)
+	conf["prevResult"] = json.RawMessage(b)
+	c := *args
+	c.StdinData, _ = json.Marshal(conf)
+	return &c
 }

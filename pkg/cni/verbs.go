@@ -6,10 +6,12 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
 	"github.com/containernetworking/plugins/pkg/ipam"
 
 	"github.com/xdpq/xdpq/pkg/api"
@@ -70,21 +72,39 @@ func CmdAdd(args *skel.CmdArgs) error {
 	req := api.CNIAddRequest{ContainerID: args.ContainerID, IfName: args.IfName,
 		Allocation: string(ka.XDPQ_ALLOCATION), Resource: c.ResourceName, DeviceID: c.DeviceID,
 		PodUID: string(ka.K8S_POD_UID), PodNamespace: string(ka.K8S_POD_NAMESPACE), PodName: string(ka.K8S_POD_NAME)}
+	var ips []netip.Addr
+	for _, ip := range result.IPs {
+		if a, ok := netip.AddrFromSlice(ip.Address.IP); ok {
+			ips = append(ips, a.Unmap())
+		}
+	}
+	if req.Flows, err = resolveFlows(flows, ips); err != nil {
+		undoIPAM(c, args)
+		return err
+	}
+	if _, err := client(c).CNIAdd(req); err != nil {
+		undoIPAM(c, args)
+		return &types.Error{Code: ErrDaemon, Msg: "xdpq daemon", Details: err.Error()}
+	}
+	return types.PrintResult(result, c.CNIVersion)
+}
+
+// resolveFlows gives the flows whose destination is the IPAM address each
+// of ips (of the source's family) and expands port ranges: the flows the
+// daemon steers.
+func resolveFlows(flows []ParsedFlow, ips []netip.Addr) ([]api.CNIFlow, error) {
+	var out []api.CNIFlow
 	for i, f := range flows {
 		dsts := []netip.Prefix{f.Dst}
 		if !f.Dst.IsValid() {
 			dsts = nil
-			for _, ip := range result.IPs {
-				if a, ok := netip.AddrFromSlice(ip.Address.IP); ok {
-					a = a.Unmap()
-					if !f.Src.IsValid() || f.Src.Addr().Is4() == a.Is4() {
-						dsts = append(dsts, netip.PrefixFrom(a, a.BitLen()))
-					}
+			for _, a := range ips {
+				if !f.Src.IsValid() || f.Src.Addr().Is4() == a.Is4() {
+					dsts = append(dsts, netip.PrefixFrom(a, a.BitLen()))
 				}
 			}
 			if len(dsts) == 0 {
-				undoIPAM(c, args)
-				return fieldError(fmt.Sprintf("flows[%d].destination", i), "empty means the address IPAM assigns, and IPAM assigned none")
+				return nil, fieldError(fmt.Sprintf("flows[%d].destination", i), "empty means the address IPAM assigns, and IPAM assigned none")
 			}
 		}
 		ports := f.DstPorts
@@ -93,15 +113,11 @@ func CmdAdd(args *skel.CmdArgs) error {
 		}
 		for _, d := range dsts {
 			for _, p := range ports {
-				req.Flows = append(req.Flows, api.CNIFlow{Protocol: f.Protocol, Dst: d, DstPort: p, Src: f.Src, SrcPort: f.SrcPort, VLAN: f.VLAN})
+				out = append(out, api.CNIFlow{Protocol: f.Protocol, Dst: d, DstPort: p, Src: f.Src, SrcPort: f.SrcPort, VLAN: f.VLAN})
 			}
 		}
 	}
-	if _, err := client(c).CNIAdd(req); err != nil {
-		undoIPAM(c, args)
-		return &types.Error{Code: ErrDaemon, Msg: "xdpq daemon", Details: err.Error()}
-	}
-	return types.PrintResult(result, c.CNIVersion)
+	return out, nil
 }
 
 func undoIPAM(c *NetConf, args *skel.CmdArgs) {
@@ -137,12 +153,39 @@ func CmdDel(args *skel.CmdArgs) error {
 
 // CmdCheck verifies the attachment with the daemon and the addresses with IPAM.
 func CmdCheck(args *skel.CmdArgs) error {
-	c, _, err := ParseNetConf(args.StdinData)
+	c, flows, err := ParseNetConf(args.StdinData)
 	if err != nil {
 		return err
 	}
-	if _, err := client(c).CNICheck(args.ContainerID, args.IfName); err != nil {
+	if c.RawPrevResult == nil {
+		return fieldError("prevResult", "CHECK needs the result of ADD")
+	}
+	if err := version.ParsePrevResult(&c.NetConf); err != nil {
+		return fieldError("prevResult", "%v", err)
+	}
+	prev, err := current.NewResultFromResult(c.PrevResult)
+	if err != nil {
+		return fieldError("prevResult", "%v", err)
+	}
+	att, err := client(c).CNICheck(args.ContainerID, args.IfName)
+	if err != nil {
 		return &types.Error{Code: ErrDaemon, Msg: "xdpq check", Details: err.Error()}
+	}
+	// The flows this configuration and prevResult's addresses give must be
+	// the ones the daemon steers for the attachment.
+	var ips []netip.Addr
+	for _, ip := range prev.IPs {
+		if a, ok := netip.AddrFromSlice(ip.Address.IP); ok {
+			ips = append(ips, a.Unmap())
+		}
+	}
+	want, err := resolveFlows(flows, ips)
+	if err != nil {
+		return err
+	}
+	if !sameFlows(want, att.Flows) {
+		return &types.Error{Code: ErrDaemon, Msg: "xdpq check: flows differ",
+			Details: fmt.Sprintf("configuration and prevResult give %v, the daemon steers %v", want, att.Flows)}
 	}
 	if c.IPAM.Type != "" {
 		if err := ipam.ExecCheck(c.IPAM.Type, args.StdinData); err != nil {
@@ -150,6 +193,18 @@ func CmdCheck(args *skel.CmdArgs) error {
 		}
 	}
 	return nil
+}
+
+func sameFlows(a, b []api.CNIFlow) bool {
+	key := func(fs []api.CNIFlow) []string {
+		var k []string
+		for _, f := range fs {
+			k = append(k, fmt.Sprintf("%+v", f))
+		}
+		slices.Sort(k)
+		return k
+	}
+	return slices.Equal(key(a), key(b))
 }
 
 // CmdStatus says whether the plugin can take ADDs: the daemon answers.
