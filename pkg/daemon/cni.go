@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -29,12 +30,20 @@ func (d *Daemon) CNIAdd(req CNIAddRequest) (*Attachment, error) {
 	if req.ContainerID == "" || req.IfName == "" {
 		return nil, fmt.Errorf("cni add: container id and interface name are required")
 	}
+	// Without an allocation id or a device id (Multus's), kubelet says
+	// which devices the pod holds.
+	var podDevs map[string][]string
+	if req.Allocation == "" && req.DeviceID == "" && req.PodName != "" && !d.opts.Standalone {
+		var err error
+		if podDevs, err = d.podDevices(context.Background(), req.PodNamespace, req.PodName); err != nil {
+			return nil, fmt.Errorf("cni add: %w", err)
+		}
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	a := d.findAllocLocked(req)
-	if a == nil {
-		return nil, fmt.Errorf("cni add: no allocation %q (device %q of %s); the pod must request the pool's resource",
-			req.Allocation, req.DeviceID, req.Resource)
+	a, err := d.findAllocLocked(req, podDevs)
+	if err != nil {
+		return nil, fmt.Errorf("cni add: %w", err)
 	}
 	att := Attachment{CNIAddRequest: req, AllocationID: a.ID, Netdev: a.Netdev, Queues: a.Queues}
 	if old, ok := d.attachments[key(att)]; ok && old.AllocationID == a.ID {
@@ -59,19 +68,51 @@ func (d *Daemon) CNIAdd(req CNIAddRequest) (*Attachment, error) {
 	return &att, nil
 }
 
-func (d *Daemon) findAllocLocked(req CNIAddRequest) *Allocation {
+func (d *Daemon) findAllocLocked(req CNIAddRequest, podDevs map[string][]string) (*Allocation, error) {
 	if req.Allocation != "" {
-		return d.allocs[req.Allocation]
+		if a := d.allocs[req.Allocation]; a != nil {
+			return a, nil
+		}
+		return nil, fmt.Errorf("no allocation %q", req.Allocation)
 	}
-	for _, p := range d.pools {
+	if req.DeviceID != "" {
+		for _, p := range d.pools {
+			if req.Resource != "" && p.resource != req.Resource {
+				continue
+			}
+			if id := p.used[req.DeviceID]; id != "" {
+				return d.allocs[id], nil
+			}
+		}
+		return nil, fmt.Errorf("no allocation holds device %q of %s; the pod must request the pool's resource", req.DeviceID, req.Resource)
+	}
+	if req.PodName == "" {
+		return nil, fmt.Errorf("no allocation id, device id or pod name to find the pod's queues by")
+	}
+	var found []*Allocation
+	for _, name := range d.poolNames() {
+		p := d.pools[name]
 		if req.Resource != "" && p.resource != req.Resource {
 			continue
 		}
-		if id := p.used[req.DeviceID]; id != "" {
-			return d.allocs[id]
+		for _, dev := range podDevs[p.resource] {
+			if a := d.allocs[p.used[dev]]; a != nil && !slices.Contains(found, a) {
+				found = append(found, a)
+			}
 		}
 	}
-	return nil
+	switch {
+	case len(found) == 0:
+		return nil, fmt.Errorf("kubelet assigns pod %s/%s no xdpq device%s; the pod must request the pool's resource",
+			req.PodNamespace, req.PodName, map[bool]string{true: " of " + req.Resource}[req.Resource != ""])
+	case len(found) > 1:
+		var ids []string
+		for _, a := range found {
+			ids = append(ids, a.ID)
+		}
+		return nil, fmt.Errorf("pod %s/%s holds allocations %v; set resourceName (or deviceID) to choose one", req.PodNamespace, req.PodName, ids)
+	}
+	return found[0], nil
 }
 
 func agentFlows(fs []CNIFlow, queues []uint32) ([]agent.Flow, error) {

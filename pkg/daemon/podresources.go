@@ -44,6 +44,34 @@ func (d *Daemon) heldDevices(ctx context.Context) (map[string]bool, error) {
 	return held, nil
 }
 
+// podDevices asks kubelet for the devices the pod's containers hold, by
+// resource name.
+func (d *Daemon) podDevices(ctx context.Context, namespace, name string) (map[string][]string, error) {
+	path := d.opts.PodResourcesSocket
+	if path == "" {
+		path = DefaultPodResourcesSocket
+	}
+	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := podresources.NewPodResourcesListerClient(conn).Get(ctx,
+		&podresources.GetPodResourcesRequest{PodNamespace: namespace, PodName: name})
+	if err != nil {
+		return nil, fmt.Errorf("kubelet pod resources at %s, pod %s/%s: %w", path, namespace, name, err)
+	}
+	devs := map[string][]string{}
+	for _, c := range resp.GetPodResources().GetContainers() {
+		for _, dev := range c.Devices {
+			devs[dev.ResourceName] = append(devs[dev.ResourceName], dev.DeviceIds...)
+		}
+	}
+	return devs, nil
+}
+
 // heldBy reports whether kubelet says a container holds any of the
 // allocation's devices.
 func (d *Daemon) heldBy(held map[string]bool, resource string, ids []string) bool {

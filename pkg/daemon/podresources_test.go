@@ -4,19 +4,24 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/xdpq/xdpq/internal/kubelettest"
 	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
 
@@ -43,6 +48,78 @@ func (f *fakePodResources) List(context.Context, *podresources.ListPodResourcesR
 	}
 	return &podresources.ListPodResourcesResponse{PodResources: []*podresources.PodResources{
 		{Name: "dns-0", Namespace: "default", Containers: []*podresources.ContainerResources{c}}}}, nil
+}
+
+// Get is kubelet's PodResources Get: the one pod, default/dns-0.
+func (f *fakePodResources) Get(ctx context.Context, req *podresources.GetPodResourcesRequest) (*podresources.GetPodResourcesResponse, error) {
+	l, _ := f.List(ctx, nil)
+	for _, p := range l.PodResources {
+		if p.Namespace == req.PodNamespace && p.Name == req.PodName {
+			return &podresources.GetPodResourcesResponse{PodResources: p}, nil
+		}
+	}
+	return nil, status.Errorf(codes.NotFound, "pod %s not found", req.PodName)
+}
+
+// TestCNIAddByPod: in Kubernetes mode, a CNI ADD that names neither an
+// allocation nor a device finds the pod's queues through kubelet's
+// PodResources Get by namespace and name; a pod that holds none, or that
+// kubelet does not know, is refused by name.
+func TestCNIAddByPod(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	dir := t.TempDir()
+	plugins := filepath.Join(dir, "plugins")
+	os.MkdirAll(plugins, 0o755)
+	regs := kubelettest.Start(t, plugins).Registrations
+	prSock := filepath.Join(dir, "pod-resources.sock")
+	ln, err := net.Listen("unix", prSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := &fakePodResources{}
+	prSrv := grpc.NewServer()
+	podresources.RegisterPodResourcesListerServer(prSrv, pr)
+	go prSrv.Serve(ln)
+	defer prSrv.Stop()
+	cfg := filepath.Join(dir, "config.yaml")
+	os.WriteFile(cfg, []byte("pools: [{name: dns, steering: software, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
+	xdp.MountBPFFS(xdp.DefaultBPFFS)
+	pins, _ := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-test-")
+	defer os.RemoveAll(pins)
+	apiSock := filepath.Join(dir, "api.sock")
+	d, err := New(Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
+		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), APISocket: apiSock, PluginDir: plugins,
+		PodResourcesSocket: prSock, CollectPeriod: time.Hour, Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); d.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	<-regs
+	pr.set("xa-q2", "xa-q3")
+	allocateAgain(t, plugins)
+
+	add := func(pod string) (*Attachment, error) {
+		return api.NewClient(apiSock).CNIAdd(CNIAddRequest{ContainerID: "c-" + pod, IfName: "net1", PodNamespace: "default", PodName: pod,
+			Flows: []CNIFlow{{Protocol: "udp", Dst: netip.MustParsePrefix("10.1.2.3/32"), DstPort: 53}}})
+	}
+	att, err := add("dns-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(att.Queues) != 2 || att.Queues[0] != 2 || att.Queues[1] != 3 || att.AllocationID == "" {
+		t.Errorf("attachment %+v", att)
+	}
+	waitStatus(t, apiSock, func(s *Status) bool { return len(s.Netdevs) == 1 && s.Netdevs[0].Flows == 1 })
+	if _, err := add("web-0"); err == nil || !strings.Contains(err.Error(), "pod web-0 not found") {
+		t.Errorf("ADD for a pod kubelet does not know: %v", err)
+	}
+	pr.set()
+	if _, err := add("dns-0"); err == nil || !strings.Contains(err.Error(), "kubelet assigns pod default/dns-0 no xdpq device") {
+		t.Errorf("ADD for a pod without devices: %v", err)
+	}
 }
 
 // TestPodResources: in Kubernetes mode kubelet's PodResources says which
