@@ -197,30 +197,35 @@ func TestAddRefused(t *testing.T) {
 // without a list; STATUS reports an unreachable daemon with code 50.
 func TestGCAndStatus(t *testing.T) {
 	n := startNode(t)
-	for i, id := range []string{"keep", "drop"} {
+	conf := func(extra string) string {
+		return fmt.Sprintf(`{"cniVersion":"1.1.0","name":"upf","type":"xdpq","daemonSocket":%q,
+			"ipam":{"type":"host-local","subnet":"10.77.0.0/24","dataDir":%q},
+			"flows":[{"protocol":"udp","destinationPort":"53"}]%s}`, n.socket, n.data, extra)
+	}
+	for _, id := range []string{"keep", "drop"} {
 		args := &skel.CmdArgs{ContainerID: id, Netns: n.pair.NSPath(), IfName: "net1",
-			Args: "XDPQ_ALLOCATION=" + n.alloc, StdinData: []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"upf","type":"xdpq","daemonSocket":%q,
-			"flows":[{"protocol":"udp","destination":"10.88.0.%d","destinationPort":"53"}]}`, n.socket, i+1))}
+			Args: "XDPQ_ALLOCATION=" + n.alloc, StdinData: []byte(conf(""))}
 		if _, _, err := testutils.CmdAddWithArgs(args, func() error { return CmdAdd(args) }); err != nil {
 			t.Fatal(err)
 		}
 	}
 	gc := func(conf string) error {
-		args := &skel.CmdArgs{StdinData: []byte(conf)}
-		return CmdGC(args)
+		// As a runtime runs GC: CNI_PATH says where host-local is.
+		t.Setenv("CNI_PATH", n.bin)
+		return CmdGC(&skel.CmdArgs{StdinData: []byte(conf)})
 	}
-	if err := gc(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"upf","type":"xdpq","daemonSocket":%q}`, n.socket)); err != nil {
+	if err := gc(conf("")); err != nil {
 		t.Fatal(err)
 	}
-	if got := n.flows(t); got != 2 {
-		t.Fatalf("GC without a list collected: %d flows left", got)
+	if got, leases := n.flows(t), n.leases("upf"); got != 2 || len(leases) != 2 {
+		t.Fatalf("GC without a list collected: %d flows, leases %v left", got, leases)
 	}
-	if err := gc(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"upf","type":"xdpq","daemonSocket":%q,
-		"cni.dev/valid-attachments":[{"containerID":"keep","ifname":"net1"}]}`, n.socket)); err != nil {
+	if err := gc(conf(`,"cni.dev/valid-attachments":[{"containerID":"keep","ifname":"net1"}]`)); err != nil {
 		t.Fatal(err)
 	}
-	if got := n.flows(t); got != 1 {
-		t.Fatalf("after GC: %d flows, want 1", got)
+	// The daemon dropped the flow and host-local (GC delegated) the lease.
+	if got, leases := n.flows(t), n.leases("upf"); got != 1 || len(leases) != 1 {
+		t.Fatalf("after GC: %d flows, leases %v; want 1 and 1", got, leases)
 	}
 	ok := &skel.CmdArgs{StdinData: []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"upf","type":"xdpq","daemonSocket":%q}`, n.socket))}
 	if err := CmdStatus(ok); err != nil {

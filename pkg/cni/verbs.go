@@ -1,6 +1,7 @@
 package cni
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -8,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -235,6 +237,13 @@ func CmdGC(args *skel.CmdArgs) error {
 	}
 	if _, err := client(c).CNIGC(valid); err != nil {
 		return &types.Error{Code: ErrDaemon, Msg: "xdpq gc", Details: err.Error()}
+	}
+	// IPAM collects by the same list (only with one: host-local would
+	// release every lease given none).
+	if c.IPAM.Type != "" {
+		if err := invoke.DelegateGC(context.Background(), c.IPAM.Type, args.StdinData, nil); err != nil {
+			return &types.Error{Code: ErrIPAM, Msg: "ipam gc", Details: err.Error()}
+		}
 	}
 	return nil
 }
