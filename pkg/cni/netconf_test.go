@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -79,4 +80,19 @@ func FuzzParseNetConf(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestDocsExample: the README's configuration parses.
+func TestDocsExample(t *testing.T) {
+	b, err := os.ReadFile("../../docs/cni-example.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, flows, err := ParseNetConf(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ResourceName != "xdpq.io/upf" || len(flows) != 2 || flows[0].Dst.IsValid() || len(flows[1].DstPorts) != 16 {
+		t.Errorf("%+v %+v", c, flows)
+	}
 }
