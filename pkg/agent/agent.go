@@ -414,6 +414,18 @@ func (a *Agent) Unsteer(name, owner string) error {
 	return d.steer.removeOwner(owner)
 }
 
+// VerifySteering checks, against the NIC's rules or the filter's flow
+// map, that every flow of the owner is installed on the netdev.
+func (a *Agent) VerifySteering(name, owner string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	d, ok := a.netdevs[name]
+	if !ok {
+		return fmt.Errorf("agent: verify steering: %s is not managed", name)
+	}
+	return d.steer.verify(owner)
+}
+
 // SyncSteering is for a restarted daemon: it takes ownership of the flows
 // in keep that are installed, and removes every other flow xdpq installed
 // on the netdev. It returns how many it removed.

@@ -300,6 +300,52 @@ func (s *steering) remove(in installed) error {
 	return errors.Join(errs...)
 }
 
+// verify checks that every flow of owner is installed as xdpq put it:
+// its rule at its location (hardware), its entries in the flow map
+// (software). It reads the NIC or the map, not xdpq's own record.
+func (s *steering) verify(owner string) error {
+	ins, ok := s.owners[owner]
+	if !ok {
+		return fmt.Errorf("%s has no flows of %s", s.ifname, owner)
+	}
+	if s.mode == SteerHardware {
+		rules, err := s.dev.Rules(s.ifname)
+		if err != nil {
+			return fmt.Errorf("verify steering on %s: %w", s.ifname, err)
+		}
+		at := map[uint32]ethtool.Rule{}
+		for _, r := range rules {
+			at[r.Location] = r
+		}
+		for _, in := range ins {
+			want, err := in.flow.rule(in.loc, in.ctx)
+			if err != nil {
+				return err
+			}
+			if r, ok := at[in.loc]; !ok || !ruleEqual(want, r) {
+				return fmt.Errorf("%s: the rule of %s's flow %v at location %d is missing or changed", s.ifname, owner, in.flow, in.loc)
+			}
+		}
+		return nil
+	}
+	have, err := s.prog.Flows()
+	if err != nil {
+		return fmt.Errorf("verify steering on %s: %w", s.ifname, err)
+	}
+	for _, in := range ins {
+		sfs, err := in.flow.softFlows()
+		if err != nil {
+			return err
+		}
+		for _, sf := range sfs {
+			if _, ok := have[sf]; !ok {
+				return fmt.Errorf("%s: %s's flow %v is missing from the filter's flow map", s.ifname, owner, in.flow)
+			}
+		}
+	}
+	return nil
+}
+
 // removeOwner removes every flow of owner; an unknown owner is no error.
 func (s *steering) removeOwner(owner string) error {
 	var errs []error

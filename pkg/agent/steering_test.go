@@ -193,6 +193,20 @@ func TestSteeringOnFakeNtupleNIC(t *testing.T) {
 	if r := nic.rules[100]; r.Type != ethtool.UDP4 || r.Dst != host("10.0.0.1") || r.DstPort != 5000 || r.Queue != 2 {
 		t.Errorf("rule 100 is %v", r)
 	}
+	if err := a.VerifySteering("xa", "pod-a"); err != nil {
+		t.Errorf("verify pod-a: %v", err)
+	}
+	if err := a.VerifySteering("xa", "pod-z"); err == nil || !strings.Contains(err.Error(), "no flows of pod-z") {
+		t.Errorf("verify an owner without flows: %v", err)
+	}
+	// A rule removed behind xdpq's back (ethtool -N delete): verify says
+	// which; the rule is put back as it was.
+	r100 := nic.rules[100]
+	nic.DeleteRule("xa", 100)
+	if err := a.VerifySteering("xa", "pod-a"); err == nil || !strings.Contains(err.Error(), "location 100 is missing") {
+		t.Errorf("verify with rule 100 gone: %v", err)
+	}
+	nic.AddRule("xa", r100)
 
 	// Overlap with pod-a: refused, naming pod-a, nothing inserted.
 	err := a.Steer("xa", "pod-b", []agent.Flow{{Protocol: xdp.UDP, Dst: netip.MustParsePrefix("10.0.0.0/8"), Queues: []uint32{1}}})
@@ -315,6 +329,31 @@ func TestSoftwareFallbackOnVeth(t *testing.T) {
 		t.Fatalf("kernel socket: %q, %v", buf[:n], err)
 	}
 	expectNothing(t, r0)
+
+	// verify reads the filter's flow map: an entry deleted behind xdpq's
+	// back (bpftool map delete) is reported, and put back.
+	if err := a.VerifySteering("xa", "pod-a"); err != nil {
+		t.Errorf("verify pod-a: %v", err)
+	}
+	prog, err := a.Program("xa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	have, err := prog.Flows()
+	if err != nil || len(have) == 0 {
+		t.Fatalf("flow map: %v %v", have, err)
+	}
+	for f := range have {
+		prog.DeleteFlow(f)
+	}
+	if err := a.VerifySteering("xa", "pod-a"); err == nil || !strings.Contains(err.Error(), "missing from the filter's flow map") {
+		t.Errorf("verify with the map emptied: %v", err)
+	}
+	for f, cookie := range have {
+		if err := prog.AddFlow(f, cookie); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	// Hardware steering on veth: a clear error.
 	a2 := newAgentWithNIC(t, p, nil, pins+"-hw", t.TempDir())

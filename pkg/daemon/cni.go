@@ -151,7 +151,8 @@ func (d *Daemon) CNIDel(containerID, ifName string) error {
 }
 
 // CNICheck reports whether the attachment is there, its flows installed
-// and its netdev's program state sound.
+// (read back from the NIC's rules or the filter's flow map) and its
+// netdev's program state sound.
 func (d *Daemon) CNICheck(containerID, ifName string) (*Attachment, error) {
 	d.mu.Lock()
 	att, ok := d.attachments[containerID+"/"+ifName]
@@ -166,8 +167,10 @@ func (d *Daemon) CNICheck(containerID, ifName string) (*Attachment, error) {
 		if s.State == agent.StateMissing || s.State == agent.StateOverridden {
 			return &att, fmt.Errorf("netdev %s is %s: %s", att.Netdev, s.State, s.Reason)
 		}
-		if s.Flows < len(att.Flows) {
-			return &att, fmt.Errorf("netdev %s steers %d flows, the attachment has %d", att.Netdev, s.Flows, len(att.Flows))
+		if len(att.Flows) > 0 {
+			if err := d.agent.VerifySteering(att.Netdev, key(att)); err != nil {
+				return &att, err
+			}
 		}
 		return &att, nil
 	}
