@@ -38,6 +38,9 @@ type node struct {
 	alloc  string
 	broker string // the allocation's broker socket
 	data   string // host-local's leases
+	// restart stops the daemon and starts it again on the same
+	// directories, running between the two (if not nil).
+	restart func(between func())
 }
 
 func startNode(t testing.TB) *node { return startNodeFor(t, 0) }
@@ -66,16 +69,23 @@ func startNodeFor(t testing.TB, uid uint32) *node {
 	allocDir, _ := os.MkdirTemp("", "xdpq-alloc-")
 	os.Chmod(allocDir, 0o755)
 	t.Cleanup(func() { os.RemoveAll(allocDir) })
-	d, err := daemon.New(daemon.Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
+	opts := daemon.Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
 		StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, Standalone: true, APISocket: sock,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	var stop func()
+	start := func() *daemon.Daemon {
+		d, err := daemon.New(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); d.Run(ctx) }()
+		stop = func() { cancel(); <-done }
+		return d
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); d.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	d := start()
+	t.Cleanup(func() { stop() })
 	a, err := d.Alloc("demo", 2, uid)
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +99,24 @@ func startNodeFor(t testing.TB, uid uint32) *node {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return &node{pair: p, d: d, bin: bin, socket: sock, alloc: a.ID, broker: a.Socket, data: filepath.Join(dir, "ipam")}
+	n := &node{pair: p, d: d, bin: bin, socket: sock, alloc: a.ID, broker: a.Socket, data: filepath.Join(dir, "ipam")}
+	n.restart = func(between func()) {
+		stop()
+		if between != nil {
+			between()
+		}
+		n.d = start()
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			if _, err := api.NewClient(sock).Status(); err == nil {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the restarted daemon's API did not come up")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return n
 }
 
 func (n *node) conf(ver string) []byte {
@@ -286,4 +313,66 @@ func withPrev(t *testing.T, args *skel.CmdArgs, r types.Result) *skel.CmdArgs {
 	c := *args
 	c.StdinData, _ = json.Marshal(conf)
 	return &c
+}
+
+// TestAttachmentsSurviveRestart: a restarted daemon keeps the attachments
+// it recorded with their flows installed (CHECK reads them back from the
+// flow map), and removes the flows of one whose record is gone; DEL then
+// works as before.
+func TestAttachmentsSurviveRestart(t *testing.T) {
+	n := startNode(t)
+	var checks []*skel.CmdArgs
+	for _, id := range []string{"kept", "forgotten"} {
+		args := &skel.CmdArgs{ContainerID: id, Netns: n.pair.NSPath(), IfName: "net1",
+			Args: "XDPQ_ALLOCATION=" + n.alloc, StdinData: n.conf("1.1.0")}
+		if id == "forgotten" { // its own flow, not the IPAM address's
+			args.StdinData = []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"upf","type":"xdpq","daemonSocket":%q,
+				"flows":[{"protocol":"udp","destination":"10.88.0.1","destinationPort":"53"}]}`, n.socket))
+		}
+		r, _, err := testutils.CmdAddWithArgs(args, func() error { return CmdAdd(args) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		checks = append(checks, withPrev(t, args, r))
+	}
+	if got := n.flows(t); got != 4 {
+		t.Fatalf("%d flows, want 4", got)
+	}
+	n.restart(nil)
+	if got := n.flows(t); got != 4 {
+		t.Errorf("after a restart: %d flows, want 4", got)
+	}
+	for _, c := range checks {
+		if err := testutils.CmdCheckWithArgs(c, func() error { return CmdCheck(c) }); err != nil {
+			t.Errorf("check %s after a restart: %v", c.ContainerID, err)
+		}
+	}
+	// While the daemon is down, the record of "forgotten" goes.
+	n.restart(func() {
+		path := filepath.Join(filepath.Dir(n.data), "state", "cni-attachments.json")
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var recs map[string]json.RawMessage
+		if err := json.Unmarshal(b, &recs); err != nil {
+			t.Fatalf("%s: %v\n%s", path, err, b)
+		}
+		delete(recs, "forgotten/net1")
+		b, _ = json.Marshal(recs)
+		os.WriteFile(path, b, 0o600)
+	})
+	if got := n.flows(t); got != 3 {
+		t.Errorf("after a restart without forgotten's record: %d flows, want 3", got)
+	}
+	if err := testutils.CmdCheckWithArgs(checks[0], func() error { return CmdCheck(checks[0]) }); err != nil {
+		t.Errorf("check kept: %v", err)
+	}
+	del := &skel.CmdArgs{ContainerID: "kept", Netns: n.pair.NSPath(), IfName: "net1", StdinData: n.conf("1.1.0")}
+	if err := testutils.CmdDelWithArgs(del, func() error { return CmdDel(del) }); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.flows(t); got != 0 {
+		t.Errorf("%d flows after DEL", got)
+	}
 }
