@@ -36,8 +36,9 @@ lint: tools
 	$(STATICCHECK) ./...
 
 demo:
-	@echo "building xdpqdemo, xdpqperf, the xdpq CNI plugin, host-local and cnitool into bin/ ..."
-	$(GO) build -o bin/ ./cmd/xdpqdemo ./cmd/xdpqperf github.com/containernetworking/cni/cnitool
+	@echo "building xdpqdemo, xdpqperf, the xdpq CNI plugin, host-local and cnitool into bin/"
+	@echo "(the first time takes a minute or two; -v lists each package as it is compiled)"
+	$(GO) build -v -o bin/ ./cmd/xdpqdemo ./cmd/xdpqperf github.com/containernetworking/cni/cnitool
 	$(GO) build -o bin/cni/xdpq ./cmd/cni
 	$(GO) build -o bin/cni/host-local github.com/containernetworking/plugins/plugins/ipam/host-local
 	./bin/xdpqdemo

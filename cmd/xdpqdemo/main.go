@@ -5,10 +5,13 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 
 	"github.com/xdpq/xdpq/internal/demo"
 )
@@ -26,7 +29,12 @@ func main() {
 		*dir = filepath.Dir(self)
 	}
 	bin := demo.Binaries{Perf: filepath.Join(*dir, "xdpqperf"), CNITool: filepath.Join(*dir, "cnitool"), CNIDir: filepath.Join(*dir, "cni")}
-	if err := demo.Run(os.Stdout, bin, *seconds); err != nil {
+	// Ctrl-C and kill end the demo early, its clean-up still run; a closed
+	// pipe on stdout (xdpqdemo | head) is a write error, not a death.
+	signal.Ignore(syscall.SIGPIPE)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := demo.Run(ctx, os.Stdout, bin, *seconds); err != nil {
 		fmt.Fprintln(os.Stderr, "xdpqdemo:", err)
 		os.Exit(1)
 	}

@@ -63,7 +63,8 @@ type Binaries struct {
 }
 
 // Run runs the demo with seconds seconds of traffic, writing to out.
-func Run(out io.Writer, bin Binaries, seconds int) (err error) {
+// When ctx ends (Ctrl-C), it stops early and still removes all it made.
+func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err error) {
 	if os.Geteuid() != 0 {
 		return errors.New("the demo needs root: it creates network namespaces and attaches XDP programs (sudo make demo)")
 	}
@@ -121,9 +122,9 @@ func Run(out io.Writer, bin Binaries, seconds int) (err error) {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	dctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan error, 1)
-	go func() { stopped <- d.Run(ctx) }()
+	go func() { stopped <- d.Run(dctx) }()
 	daemonDone := false
 	stopDaemon := func() error {
 		if daemonDone {
@@ -241,7 +242,13 @@ func Run(out io.Writer, bin Binaries, seconds int) (err error) {
 	}
 	var operator *ebpf.Program
 	for s := 1; s <= seconds; s++ {
-		time.Sleep(time.Second)
+		select {
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			stop.Store(true)
+			wg.Wait()
+			return fmt.Errorf("interrupted; everything the demo made is removed: %w", ctx.Err())
+		}
 		switch s {
 		case seconds/2 - 1:
 			if operator, err = attachOperator(nsPath, pair.A.Index); err != nil {

@@ -2,6 +2,7 @@ package demo
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,7 +35,7 @@ func TestDemo(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	if err := Run(&out, bin, 4); err != nil {
+	if err := Run(context.Background(), &out, bin, 4); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	s := out.String()
