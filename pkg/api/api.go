@@ -76,8 +76,9 @@ type CNIFlow struct {
 type CNIAddRequest struct {
 	ContainerID string `json:"containerID"`
 	IfName      string `json:"ifName"`
-	// The allocation: by its id (standalone, CNI_ARGS XDPQ_ALLOCATION) or
-	// by a device it holds (Kubernetes, Multus's deviceID).
+	// The allocation: by its id (standalone, CNI_ARGS XDPQ_ALLOCATION), by
+	// a device it holds (Kubernetes, Multus's deviceID), or else the one
+	// kubelet's PodResources reports for the pod (PodNamespace, PodName).
 	Allocation   string    `json:"allocation,omitempty"`
 	Resource     string    `json:"resource,omitempty"`
 	DeviceID     string    `json:"deviceID,omitempty"`

@@ -17,8 +17,10 @@ import (
 // DefaultAPISocket is where the daemon serves its local API.
 const DefaultAPISocket = api.DefaultSocket
 
-// serveAPI serves the local API (standalone mode) on a Unix socket only
-// root may use: POST /v1/alloc, POST /v1/free, GET /v1/status.
+// serveAPI serves the local API (both modes) on a Unix socket only root
+// may use: GET /v1/status; POST /v1/alloc and /v1/free (allocations
+// without kubelet); POST /v1/cni/{add,del,check,gc} for the CNI plugin.
+// docs/protocol.md lists them.
 func (d *Daemon) serveAPI(ctx context.Context) error {
 	path := d.opts.APISocket
 	if path == "" {
