@@ -43,6 +43,7 @@ import (
 	"github.com/xdpq/xdpq/internal/handover"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
+	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/daemon"
 	"github.com/xdpq/xdpq/pkg/xdp"
@@ -257,11 +258,23 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 				return err
 			}
 			cleanups = append(cleanups, func() { operator.Close() })
+			// The agent sees it on the netlink notification and steps aside.
+			if err := waitNetdev(d, func(n api.NetdevStatus) bool { return n.State == string(agent.StateOverridden) }); err != nil {
+				stop.Store(true)
+				wg.Wait()
+				return fmt.Errorf("the agent did not step aside for the operator's program: %w", err)
+			}
 		case seconds/2 + 1:
 			if err := detachOperator(nsPath, pair.A.Index); err != nil {
 				stop.Store(true)
 				wg.Wait()
 				return err
+			}
+			// ... and comes back when it goes.
+			if err := waitNetdev(d, func(n api.NetdevStatus) bool { return n.State == string(agent.StateFilter) }); err != nil {
+				stop.Store(true)
+				wg.Wait()
+				return fmt.Errorf("xdpq did not come back after the operator's program left: %w", err)
 			}
 		}
 		st, _ := netdevStatus(d)
