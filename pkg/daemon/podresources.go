@@ -13,23 +13,35 @@ import (
 // DefaultPodResourcesSocket is kubelet's PodResources API.
 const DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
-// heldDevices asks kubelet which devices running containers hold, as
-// "<resource>/<device id>".
-func (d *Daemon) heldDevices(ctx context.Context) (map[string]bool, error) {
+// podResources calls kubelet's PodResources API with a 10 s timeout.
+func (d *Daemon) podResources(ctx context.Context, call func(context.Context, podresources.PodResourcesListerClient) error) error {
 	path := d.opts.PodResourcesSocket
 	if path == "" {
 		path = DefaultPodResourcesSocket
 	}
 	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	resp, err := podresources.NewPodResourcesListerClient(conn).List(ctx, &podresources.ListPodResourcesRequest{})
+	if err := call(ctx, podresources.NewPodResourcesListerClient(conn)); err != nil {
+		return fmt.Errorf("kubelet pod resources at %s: %w", path, err)
+	}
+	return nil
+}
+
+// heldDevices asks kubelet which devices running containers hold, as
+// "<resource>/<device id>".
+func (d *Daemon) heldDevices(ctx context.Context) (map[string]bool, error) {
+	var resp *podresources.ListPodResourcesResponse
+	err := d.podResources(ctx, func(ctx context.Context, c podresources.PodResourcesListerClient) (err error) {
+		resp, err = c.List(ctx, &podresources.ListPodResourcesRequest{})
+		return err
+	})
 	if err != nil {
-		return nil, fmt.Errorf("kubelet pod resources at %s: %w", path, err)
+		return nil, err
 	}
 	held := map[string]bool{}
 	for _, p := range resp.PodResources {
@@ -47,21 +59,16 @@ func (d *Daemon) heldDevices(ctx context.Context) (map[string]bool, error) {
 // podDevices asks kubelet for the devices the pod's containers hold, by
 // resource name.
 func (d *Daemon) podDevices(ctx context.Context, namespace, name string) (map[string][]string, error) {
-	path := d.opts.PodResourcesSocket
-	if path == "" {
-		path = DefaultPodResourcesSocket
-	}
-	conn, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	var resp *podresources.GetPodResourcesResponse
+	err := d.podResources(ctx, func(ctx context.Context, c podresources.PodResourcesListerClient) (err error) {
+		resp, err = c.Get(ctx, &podresources.GetPodResourcesRequest{PodNamespace: namespace, PodName: name})
+		if err != nil {
+			err = fmt.Errorf("pod %s/%s: %w", namespace, name, err)
+		}
+		return err
+	})
 	if err != nil {
 		return nil, err
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	resp, err := podresources.NewPodResourcesListerClient(conn).Get(ctx,
-		&podresources.GetPodResourcesRequest{PodNamespace: namespace, PodName: name})
-	if err != nil {
-		return nil, fmt.Errorf("kubelet pod resources at %s, pod %s/%s: %w", path, namespace, name, err)
 	}
 	devs := map[string][]string{}
 	for _, c := range resp.GetPodResources().GetContainers() {

@@ -50,6 +50,22 @@ func (f *fakePodResources) List(context.Context, *podresources.ListPodResourcesR
 		{Name: "dns-0", Namespace: "default", Containers: []*podresources.ContainerResources{c}}}}, nil
 }
 
+// serveFakePodResources serves a fakePodResources at path until the test
+// ends.
+func serveFakePodResources(t *testing.T, path string) *fakePodResources {
+	t.Helper()
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := &fakePodResources{}
+	srv := grpc.NewServer()
+	podresources.RegisterPodResourcesListerServer(srv, pr)
+	go srv.Serve(ln)
+	t.Cleanup(srv.Stop)
+	return pr
+}
+
 // Get is kubelet's PodResources Get: the one pod, default/dns-0.
 func (f *fakePodResources) Get(ctx context.Context, req *podresources.GetPodResourcesRequest) (*podresources.GetPodResourcesResponse, error) {
 	l, _ := f.List(ctx, nil)
@@ -72,15 +88,7 @@ func TestCNIAddByPod(t *testing.T) {
 	os.MkdirAll(plugins, 0o755)
 	regs := kubelettest.Start(t, plugins).Registrations
 	prSock := filepath.Join(dir, "pod-resources.sock")
-	ln, err := net.Listen("unix", prSock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pr := &fakePodResources{}
-	prSrv := grpc.NewServer()
-	podresources.RegisterPodResourcesListerServer(prSrv, pr)
-	go prSrv.Serve(ln)
-	defer prSrv.Stop()
+	pr := serveFakePodResources(t, prSock)
 	cfg := filepath.Join(dir, "config.yaml")
 	os.WriteFile(cfg, []byte("pools: [{name: dns, steering: software, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
 	xdp.MountBPFFS(xdp.DefaultBPFFS)
@@ -133,15 +141,7 @@ func TestPodResources(t *testing.T) {
 	os.MkdirAll(plugins, 0o755)
 	regs := kubelettest.Start(t, plugins).Registrations
 	prSock := filepath.Join(dir, "pod-resources.sock")
-	ln, err := net.Listen("unix", prSock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pr := &fakePodResources{}
-	prSrv := grpc.NewServer()
-	podresources.RegisterPodResourcesListerServer(prSrv, pr)
-	go prSrv.Serve(ln)
-	defer prSrv.Stop()
+	pr := serveFakePodResources(t, prSock)
 
 	cfg := filepath.Join(dir, "config.yaml")
 	os.WriteFile(cfg, []byte("pools: [{name: dns, steering: hardware, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
