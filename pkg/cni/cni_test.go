@@ -90,15 +90,7 @@ func startNodeFor(t testing.TB, uid uint32) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		if _, err := api.NewClient(sock).Status(); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the daemon's API did not come up")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitAPI(t, sock)
 	n := &node{pair: p, d: d, bin: bin, socket: sock, alloc: a.ID, broker: a.Socket, data: filepath.Join(dir, "ipam")}
 	n.restart = func(between func()) {
 		stop()
@@ -106,17 +98,23 @@ func startNodeFor(t testing.TB, uid uint32) *node {
 			between()
 		}
 		n.d = start()
-		for deadline := time.Now().Add(5 * time.Second); ; {
-			if _, err := api.NewClient(sock).Status(); err == nil {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the restarted daemon's API did not come up")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		waitAPI(t, sock)
 	}
 	return n
+}
+
+// waitAPI waits until the daemon's API at sock answers.
+func waitAPI(t testing.TB, sock string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if _, err := api.NewClient(sock).Status(); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the daemon's API did not come up")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func (n *node) conf(ver string) []byte {

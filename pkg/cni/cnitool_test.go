@@ -198,8 +198,8 @@ func waitSockets(t testing.TB, sock string, want int) {
 
 // sendMixed sends, on xb's queues 0 and 1, perQueue frames of the pod's
 // flow (udp to podIP:2152) interleaved with as many to port 2153 and to
-// another address.
-func sendMixed(t testing.TB, n *node, podIP netip.Addr, perQueue int) {
+// another address, and returns the pod's frames by queue.
+func sendMixed(t testing.TB, n *node, podIP netip.Addr, perQueue int) [][][]byte {
 	t.Helper()
 	p := n.pair
 	umem, socks, err := xsk.Open(xsk.Netdev{Name: p.B.Name, Ifindex: p.B.Index, NetNS: p.NSPath()}, []uint32{0, 1}, 512,
@@ -209,6 +209,7 @@ func sendMixed(t testing.TB, n *node, podIP netip.Addr, perQueue int) {
 	}
 	defer umem.Close()
 	other := netip.MustParseAddr("10.77.1.9")
+	mine := make([][][]byte, len(socks))
 	for q, s := range socks {
 		defer s.Close()
 		var frames [][]byte
@@ -220,6 +221,9 @@ func sendMixed(t testing.TB, n *node, podIP netip.Addr, perQueue int) {
 					t.Fatal(err)
 				}
 				frames = append(frames, f)
+				if k == 0 {
+					mine[q] = append(mine[q], f)
+				}
 			}
 		}
 		addrs := make([]uint64, 256)
@@ -230,6 +234,7 @@ func sendMixed(t testing.TB, n *node, podIP netip.Addr, perQueue int) {
 			t.Fatal(err)
 		}
 	}
+	return mine
 }
 
 // BenchmarkCNIToolAddDel: ADD and DEL latency through cnitool and the
