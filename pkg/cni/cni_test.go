@@ -216,6 +216,29 @@ func TestAddRefused(t *testing.T) {
 	if entries, _ := os.ReadDir(filepath.Join(n.data, "upf")); len(entries) > 2 { // last_reserved_ip and lock only
 		t.Errorf("a refused ADD kept its IPAM lease: %v", entries)
 	}
+
+	// The same ADD twice is answered twice (a runtime's retry); an ADD
+	// of an attached container and interface with other flows is refused
+	// and leaves the first one's flows alone.
+	add := func(flows string) error {
+		a := &skel.CmdArgs{ContainerID: "c2", Netns: n.pair.NSPath(), IfName: "net1", Args: "XDPQ_ALLOCATION=" + n.alloc,
+			StdinData: []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"upf","type":"xdpq","daemonSocket":%q,"flows":%s}`, n.socket, flows))}
+		_, _, err := testutils.CmdAddWithArgs(a, func() error { return CmdAdd(a) })
+		return err
+	}
+	first := `[{"protocol":"udp","destination":"10.88.0.1","destinationPort":"53"}]`
+	for range 2 {
+		if err := add(first); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = add(`[{"protocol":"udp","destination":"10.88.0.2","destinationPort":"53"}]`)
+	if err == nil || !strings.Contains(err.Error(), "attached already") {
+		t.Errorf("ADD over an attachment with other flows: %v", err)
+	}
+	if got := n.flows(t); got != 1 {
+		t.Errorf("%d flows, want the first ADD's one", got)
+	}
 }
 
 // TestGCAndStatus: GC removes what is not in the valid list, nothing

@@ -46,8 +46,12 @@ func (d *Daemon) CNIAdd(req CNIAddRequest) (*Attachment, error) {
 		return nil, fmt.Errorf("cni add: %w", err)
 	}
 	att := Attachment{CNIAddRequest: req, AllocationID: a.ID, Netdev: a.Netdev, Queues: a.Queues}
-	if old, ok := d.attachments[key(att)]; ok && old.AllocationID == a.ID {
-		return &old, nil // a repeated ADD
+	if old, ok := d.attachments[key(att)]; ok {
+		if old.AllocationID == a.ID && slices.Equal(old.Flows, req.Flows) {
+			return &old, nil // a repeated ADD
+		}
+		return nil, fmt.Errorf("cni add: container %s interface %s is attached already (allocation %s, %d flows); DEL it first",
+			req.ContainerID, req.IfName, old.AllocationID, len(old.Flows))
 	}
 	flows, err := agentFlows(req.Flows, a.Queues)
 	if err != nil {
