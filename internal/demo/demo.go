@@ -27,7 +27,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -35,8 +34,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpq/xdpq/internal/frame"
@@ -391,39 +390,16 @@ func attachOperator(nsPath string, ifindex int) (*ebpf.Program, error) {
 func detachOperator(nsPath string, ifindex int) error { return setXDP(nsPath, ifindex, -1) }
 
 func setXDP(nsPath string, ifindex, fd int) error {
-	target, err := netns.GetFromPath(nsPath)
-	if err != nil {
-		return err
-	}
-	defer target.Close()
-	// The thread enters the namespace and goes back to its own before it
-	// is unlocked. It must not end instead: the pod was started with
-	// Pdeathsig, which fires when the thread that forked it exits, and
-	// that may be this one.
-	runtime.LockOSThread()
-	self, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer self.Close()
-	if err := netns.Set(target); err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer func() {
-		if netns.Set(self) == nil {
-			runtime.UnlockOSThread()
+	return ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
+		link, err := netlink.LinkByIndex(ifindex)
+		if err != nil {
+			return err
 		}
-	}()
-	link, err := netlink.LinkByIndex(ifindex)
-	if err != nil {
-		return err
-	}
-	if err := netlink.LinkSetXdpFdWithFlags(link, fd, unix.XDP_FLAGS_DRV_MODE); err != nil {
-		return fmt.Errorf("operator's xdp on %s: %w", link.Attrs().Name, err)
-	}
-	return nil
+		if err := netlink.LinkSetXdpFdWithFlags(link, fd, unix.XDP_FLAGS_DRV_MODE); err != nil {
+			return fmt.Errorf("operator's xdp on %s: %w", link.Attrs().Name, err)
+		}
+		return nil
+	})
 }
 
 // source is the traffic source: one socket per queue on xb, sharing a

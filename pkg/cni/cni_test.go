@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -52,10 +51,7 @@ func startNodeFor(t testing.TB, uid uint32) *node {
 	p := testnet.NewPair(t, 4)
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "bin")
-	if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, "host-local"),
-		"github.com/containernetworking/plugins/plugins/ipam/host-local").CombinedOutput(); err != nil {
-		t.Fatalf("build host-local: %v\n%s", err, out)
-	}
+	build(t, bin, map[string]string{"host-local": "github.com/containernetworking/plugins/plugins/ipam/host-local"})
 	// testutils runs the plugin with CNI_PATH set to PATH.
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
 	CacheDir = filepath.Join(dir, "cache")
