@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -50,3 +51,15 @@ func StartWith(tb testing.TB, dir string, ch chan *pluginapi.RegisterRequest) *R
 
 // Stop stops serving.
 func (r *Registry) Stop() { r.srv.Stop() }
+
+// Dial connects to the device plugin serving at socket, as kubelet does;
+// the connection closes when the test ends.
+func Dial(tb testing.TB, socket string) pluginapi.DevicePluginClient {
+	tb.Helper()
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	return pluginapi.NewDevicePluginClient(conn)
+}

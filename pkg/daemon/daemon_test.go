@@ -3,9 +3,7 @@ package daemon
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +17,6 @@ import (
 	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/client"
-	"github.com/xdpq/xdpq/pkg/xdp"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
 
@@ -40,37 +37,17 @@ func TestStandalone(t *testing.T) {
 	}
 	cfgPath := filepath.Join(dir, "config.yaml")
 	os.WriteFile(cfgPath, []byte("pools: [{name: demo, steering: hardware, devices: {netdevs: ['xa#0-1']}}]\n"), 0o644)
-	if err := xdp.MountBPFFS(xdp.DefaultBPFFS); err != nil {
-		t.Fatal(err)
-	}
-	pins, err := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(pins)
+	pins := testPins(t)
 	allocDir, _ := os.MkdirTemp("", "xdpq-alloc-")
 	defer os.RemoveAll(allocDir)
 	os.Chmod(allocDir, 0o755)
 	apiSock := filepath.Join(dir, "api.sock")
 	start := func() (stop func()) {
-		d, err := New(Options{ConfigPath: cfgPath, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
-			StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, Standalone: true, APISocket: apiSock,
-			Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error)
-		go func() { done <- d.Run(ctx) }()
-		return func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Error(err)
-			}
-		}
+		_, stop = runDaemon(t, Options{ConfigPath: cfgPath, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
+			StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, Standalone: true, APISocket: apiSock})
+		return stop
 	}
 	stop := start()
-	defer func() { stop() }()
 	ctl := func(args ...string) (string, error) {
 		out, err := exec.Command(filepath.Join(bin, "xdpqctl"), append([]string{"-api-socket", apiSock}, args...)...).CombinedOutput()
 		return string(out), err
@@ -141,7 +118,7 @@ func TestStandalone(t *testing.T) {
 	// The daemon restarts: the allocation is served again at the same path
 	// (its owner kept: root is refused, uid 65534 would be let in).
 	stop()
-	stop = start()
+	start() // stopped when the test ends
 	waitStatus(t, apiSock, func(s *Status) bool {
 		return len(s.Allocations) == 1 && s.Allocations[0].ID == alloc.ID && s.Pools[0].Free == 0
 	})

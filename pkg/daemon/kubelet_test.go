@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,13 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/xdpq/xdpq/internal/kubelettest"
 	"github.com/xdpq/xdpq/internal/testnet"
-	"github.com/xdpq/xdpq/pkg/xdp"
 )
 
 // TestKubernetesAllocate: in Kubernetes mode the daemon registers a
@@ -32,20 +28,11 @@ func TestKubernetesAllocate(t *testing.T) {
 
 	cfgPath := filepath.Join(dir, "config.yaml")
 	os.WriteFile(cfgPath, []byte("resourcePrefix: example.com\npools: [{name: fast-dns, steering: hardware, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
-	xdp.MountBPFFS(xdp.DefaultBPFFS)
-	pins, _ := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-test-")
-	defer os.RemoveAll(pins)
+	pins := testPins(t)
 	allocDir := filepath.Join(dir, "alloc")
-	d, err := New(Options{ConfigPath: cfgPath, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
-		StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, PluginDir: plugins, APISocket: filepath.Join(dir, "api.sock"),
-		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- d.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	runDaemon(t, Options{ConfigPath: cfgPath, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
+		StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, PluginDir: plugins, APISocket: filepath.Join(dir, "api.sock")})
+	ctx := context.Background()
 
 	var reg *pluginapi.RegisterRequest
 	select {
@@ -56,12 +43,7 @@ func TestKubernetesAllocate(t *testing.T) {
 	if reg.ResourceName != "example.com/fast-dns" {
 		t.Fatalf("registered %q", reg.ResourceName)
 	}
-	conn, err := grpc.NewClient("unix://"+filepath.Join(plugins, reg.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c := pluginapi.NewDevicePluginClient(conn)
+	c := kubelettest.Dial(t, filepath.Join(plugins, reg.Endpoint))
 	stream, err := c.ListAndWatch(ctx, &pluginapi.Empty{})
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -14,7 +13,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
@@ -22,7 +20,6 @@ import (
 	"github.com/xdpq/xdpq/internal/kubelettest"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
-	"github.com/xdpq/xdpq/pkg/xdp"
 )
 
 // fakePodResources is kubelet's PodResources List: one pod holding the
@@ -91,20 +88,10 @@ func TestCNIAddByPod(t *testing.T) {
 	pr := serveFakePodResources(t, prSock)
 	cfg := filepath.Join(dir, "config.yaml")
 	os.WriteFile(cfg, []byte("pools: [{name: dns, steering: software, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
-	xdp.MountBPFFS(xdp.DefaultBPFFS)
-	pins, _ := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-test-")
-	defer os.RemoveAll(pins)
 	apiSock := filepath.Join(dir, "api.sock")
-	d, err := New(Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
+	runDaemon(t, Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(testPins(t), "xdpq"),
 		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), APISocket: apiSock, PluginDir: plugins,
-		PodResourcesSocket: prSock, CollectPeriod: time.Hour, Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); d.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+		PodResourcesSocket: prSock, CollectPeriod: time.Hour})
 	<-regs
 	pr.set("xa-q2", "xa-q3")
 	allocateAgain(t, plugins)
@@ -145,36 +132,17 @@ func TestPodResources(t *testing.T) {
 
 	cfg := filepath.Join(dir, "config.yaml")
 	os.WriteFile(cfg, []byte("pools: [{name: dns, steering: hardware, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
-	xdp.MountBPFFS(xdp.DefaultBPFFS)
-	pins, _ := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-test-")
-	defer os.RemoveAll(pins)
+	pins := testPins(t)
 	start := func() (stop func()) {
-		d, err := New(Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
+		_, stop = runDaemon(t, Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
 			StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), APISocket: filepath.Join(dir, "api.sock"), PluginDir: plugins,
-			PodResourcesSocket: prSock, CollectPeriod: 100 * time.Millisecond,
-			Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); d.Run(ctx) }()
-		return func() { cancel(); <-done }
+			PodResourcesSocket: prSock, CollectPeriod: 100 * time.Millisecond})
+		return stop
 	}
 	allocate := func() string {
 		t.Helper()
-		reg := <-regs
-		conn, err := grpc.NewClient("unix://"+filepath.Join(plugins, reg.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		resp, err := pluginapi.NewDevicePluginClient(conn).Allocate(context.Background(), &pluginapi.AllocateRequest{
-			ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa-q2", "xa-q3"}}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp.ContainerResponses[0].Mounts[0].HostPath
+		<-regs
+		return allocateAgain(t, plugins)
 	}
 	socketUp := func(path string) bool {
 		_, err := os.Stat(filepath.Join(path, "xdpq.sock"))
@@ -220,12 +188,7 @@ func TestPodResources(t *testing.T) {
 
 func allocateAgain(t *testing.T, plugins string) string {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+filepath.Join(plugins, "xdpq-dns.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	resp, err := pluginapi.NewDevicePluginClient(conn).Allocate(context.Background(), &pluginapi.AllocateRequest{
+	resp, err := kubelettest.Dial(t, filepath.Join(plugins, "xdpq-dns.sock")).Allocate(context.Background(), &pluginapi.AllocateRequest{
 		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa-q2", "xa-q3"}}}})
 	if err != nil {
 		t.Fatal(err)

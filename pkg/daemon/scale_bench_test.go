@@ -15,8 +15,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/xdpq/xdpq/internal/kubelettest"
@@ -89,12 +87,7 @@ func BenchmarkScale64x64(b *testing.B) {
 	case <-time.After(5 * time.Minute):
 		b.Fatal("no registration")
 	}
-	conn, err := grpc.NewClient("unix://"+filepath.Join(plugins, reg.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
-	c := pluginapi.NewDevicePluginClient(conn)
+	c := kubelettest.Dial(b, filepath.Join(plugins, reg.Endpoint))
 	ctx := context.Background()
 	stream, err := c.ListAndWatch(ctx, &pluginapi.Empty{})
 	if err != nil {

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/xdpq/xdpq/internal/kubelettest"
@@ -79,12 +77,7 @@ func TestPluginWithFakeKubelet(t *testing.T) {
 	if r.ResourceName != "xdpq.io/upf" || r.Version != "v1beta1" || r.Endpoint != "xdpq-upf.sock" || !r.Options.GetPreferredAllocationAvailable {
 		t.Fatalf("register request %v", r)
 	}
-	conn, err := grpc.NewClient("unix://"+filepath.Join(dir, r.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c := pluginapi.NewDevicePluginClient(conn)
+	c := kubelettest.Dial(t, filepath.Join(dir, r.Endpoint))
 	stream, err := c.ListAndWatch(ctx, &pluginapi.Empty{})
 	if err != nil {
 		t.Fatal(err)
