@@ -29,7 +29,7 @@ func main() {
 	flag.StringVar(&o.PluginDir, "plugin-dir", "", "kubelet's device plugin directory (default /var/lib/kubelet/device-plugins)")
 	flag.StringVar(&o.RegistryDir, "registry-dir", "/var/lib/kubelet/plugins_registry", "kubelet's plugin watcher directory; used when it exists, else plugins register on kubelet.sock")
 	flag.BoolVar(&o.Standalone, "standalone", false, "run without kubelet: serve the local API for xdpqctl")
-	flag.StringVar(&o.APISocket, "api-socket", daemon.DefaultAPISocket, "standalone: the local API's socket")
+	flag.StringVar(&o.APISocket, "api-socket", daemon.DefaultAPISocket, "the local API's socket (xdpqctl and the CNI plugin's daemonSocket use it)")
 	debug := flag.Bool("debug", false, "log at debug level")
 	flag.Parse()
 	level := slog.LevelInfo

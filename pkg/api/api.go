@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"time"
 )
 
@@ -126,7 +127,8 @@ type Error struct {
 
 // Client talks to the daemon's local API.
 type Client struct {
-	http *http.Client
+	http   *http.Client
+	socket string
 }
 
 // NewClient returns a client of the API at socket ("" for the default).
@@ -134,7 +136,7 @@ func NewClient(socket string) *Client {
 	if socket == "" {
 		socket = DefaultSocket
 	}
-	return &Client{http: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+	return &Client{socket: socket, http: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", socket)
 		}}}}
@@ -152,7 +154,12 @@ func (c *Client) call(method, path string, in, out any) error {
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("xdpq daemon: %w (is it running in standalone mode?)", err)
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // not the made-up http://xdpq URL
+		}
+		return fmt.Errorf("the xdpq daemon's API at %s does not answer: %w (is the daemon running, with --api-socket %s?)",
+			c.socket, err, c.socket)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

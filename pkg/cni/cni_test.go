@@ -280,6 +280,9 @@ func TestGCAndStatus(t *testing.T) {
 	if err := CmdStatus(bad); !errors.As(err, &ce) || ce.Code != types.ErrPluginNotAvailable {
 		t.Errorf("status with no daemon: %v, want code 50", err)
 	}
+	if !strings.Contains(ce.Details, "API at /nonexistent.sock does not answer") || strings.Contains(ce.Details, "http://") {
+		t.Errorf("status with no daemon says %q", ce.Details)
+	}
 }
 
 // TestFreeEndsAttachments: when the daemon frees an allocation (xdpqctl
