@@ -87,15 +87,34 @@ type CNIAddRequest struct {
 	PodNamespace string    `json:"podNamespace,omitempty"`
 	PodName      string    `json:"podName,omitempty"`
 	Flows        []CNIFlow `json:"flows,omitempty"`
+	// Netns is the pod's network namespace (CNI_NETNS): a netdev-mode
+	// pool's netdev moves there, renamed IfName, with MTU if not zero.
+	Netns string `json:"netns,omitempty"`
+	MTU   int    `json:"mtu,omitempty"`
 }
 
 // Attachment is a pod's attachment as the daemon keeps it.
 type Attachment struct {
 	CNIAddRequest
 	AllocationID string   `json:"allocationID"`
-	Netdev       string   `json:"netdev"`
+	Netdev       string   `json:"netdev"` // its name in the daemon's namespace
 	Queues       []uint32 `json:"queues"`
+	// Mode is the pool's: queue (flows steered onto the allocation's queues
+	// of a netdev that stays on the node) or netdev (the netdev moved into
+	// Netns as IfName; Mac is its address there).
+	Mode string `json:"mode"`
+	Mac  string `json:"mac,omitempty"`
+	// NetnsInode identifies Netns as ADD found it: when the path is gone or
+	// names another namespace, the pod is gone and the daemon ends the
+	// attachment on its own (containerd never calls CNI GC).
+	NetnsInode uint64 `json:"netnsInode,omitempty"`
 }
+
+// Pool modes.
+const (
+	ModeQueue  = "queue"
+	ModeNetdev = "netdev"
+)
 
 // AllocRequest asks for queues of a pool (standalone).
 type AllocRequest struct {

@@ -74,10 +74,19 @@ type allocation struct {
 	Allocation
 	ln *net.UnixListener
 
-	mu    sync.Mutex // guards conns, leased and Owner
+	mu    sync.Mutex // guards conns, leased, Owner, Netdev and dp
+	dp    Datapath   // the agent of the netdev: the server's unless retargeted
 	conns map[*net.UnixConn]bool
 	// leased is true while a native client holds the allocation's sockets.
 	leased bool
+}
+
+// target is the netdev a connection binds on and the agent whose XSKMAP
+// takes its sockets, as of the connection's start.
+func (al *allocation) target() (xsk.Netdev, Datapath) {
+	al.mu.Lock()
+	defer al.mu.Unlock()
+	return al.Netdev, al.dp
 }
 
 func (al *allocation) owner() Owner {
@@ -128,7 +137,7 @@ func (s *Server) Add(a Allocation) error {
 		ln.Close()
 		return fmt.Errorf("broker: allocation %s: %w", a.ID, err)
 	}
-	al := &allocation{Allocation: a, ln: ln, conns: map[*net.UnixConn]bool{}}
+	al := &allocation{Allocation: a, ln: ln, dp: s.dp, conns: map[*net.UnixConn]bool{}}
 	s.allocs[a.ID] = al
 	s.wg.Add(1)
 	go s.accept(al)
@@ -149,6 +158,32 @@ func (s *Server) SetOwner(id string, o Owner) error {
 	al.mu.Lock()
 	al.Owner = o
 	al.mu.Unlock()
+	return nil
+}
+
+// Retarget moves an allocation to another netdev and agent: a netdev-mode
+// pool's netdev moved into its pod's network namespace (dev.NetNS), and
+// back. Open connections close, their sockets leaving the old XSKMAP: they
+// were bound where the netdev no longer is. A nil dp is the server's own.
+func (s *Server) Retarget(id string, dev xsk.Netdev, dp Datapath) error {
+	s.mu.Lock()
+	al, ok := s.allocs[id]
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("broker: no allocation %s", id)
+	}
+	if dp == nil {
+		dp = s.dp
+	}
+	al.mu.Lock()
+	defer al.mu.Unlock()
+	if len(al.conns) > 0 {
+		s.log.Info("connections end: the allocation's netdev moves", "allocation", id, "netdev", dev.Name, "connections", len(al.conns))
+	}
+	for c := range al.conns {
+		c.Close()
+	}
+	al.Netdev, al.dp = dev, dp
 	return nil
 }
 
@@ -309,7 +344,8 @@ func (s *Server) native(c *net.UnixConn, al *allocation, peer Peer, first []byte
 		al.mu.Unlock()
 	}()
 	lim := al.Limits
-	if err := s.send(c, Message{Type: TypeWelcome, Version: Version, Allocation: al.ID, Netdev: al.Netdev.Name,
+	dev, dp := al.target()
+	if err := s.send(c, Message{Type: TypeWelcome, Version: Version, Allocation: al.ID, Netdev: dev.Name,
 		Queues: al.Queues, Limits: &lim}); err != nil {
 		return err
 	}
@@ -336,7 +372,7 @@ func (s *Server) native(c *net.UnixConn, al *allocation, peer Peer, first []byte
 		return err
 	}
 	cfg.Mode = al.Mode
-	bound, err := xsk.Bind(al.Netdev, memfd, req.Queues, cfg)
+	bound, err := xsk.Bind(dev, memfd, req.Queues, cfg)
 	unix.Close(memfd)
 	if err != nil {
 		return refuse(CodeInternal, "%v", err)
@@ -362,9 +398,9 @@ func (s *Server) native(c *net.UnixConn, al *allocation, peer Peer, first []byte
 	}
 	var added []uint32
 	for _, bnd := range bound {
-		if err := s.dp.AddSocket(al.Netdev.Name, bnd.Queue, bnd.FD); err != nil {
+		if err := dp.AddSocket(dev.Name, bnd.Queue, bnd.FD); err != nil {
 			for _, q := range added {
-				s.dp.RemoveSocket(al.Netdev.Name, q)
+				dp.RemoveSocket(dev.Name, q)
 			}
 			return refuse(CodeInternal, "%v", err)
 		}
@@ -374,7 +410,7 @@ func (s *Server) native(c *net.UnixConn, al *allocation, peer Peer, first []byte
 	sockFDs = nil
 	defer func() {
 		for _, q := range added {
-			if err := s.dp.RemoveSocket(al.Netdev.Name, q); err != nil {
+			if err := dp.RemoveSocket(dev.Name, q); err != nil {
 				s.log.Warn("remove socket", "allocation", al.ID, "queue", q, "err", err)
 			}
 		}
@@ -420,11 +456,12 @@ func (s *Server) dpdk(c *net.UnixConn, al *allocation, peer Peer, msg []byte, fd
 		case cmd.name == dpdkVersion:
 			ok = reply(dpdkVersionAns)
 		case cmd.name == dpdkXSKMapFD:
-			if !connected || len(cmd.args) != 1 || cmd.args[0] != al.Netdev.Name {
+			dev, dp := al.target()
+			if !connected || len(cmd.args) != 1 || cmd.args[0] != dev.Name {
 				ok = reply(dpdkFDNak)
 				break
 			}
-			fd, err := s.dp.XSKMapFD(al.Netdev.Name)
+			fd, err := dp.XSKMapFD(dev.Name)
 			if err != nil {
 				s.log.Warn("xskmap fd", "allocation", al.ID, "err", err)
 				ok = reply(dpdkFDNak)

@@ -47,6 +47,13 @@ func startNode(t testing.TB) *node { return startNodeFor(t, 0) }
 // startNodeFor is startNode with the allocation owned by uid.
 func startNodeFor(t testing.TB, uid uint32) *node {
 	t.Helper()
+	return startNodeWith(t, uid, "pools: [{name: demo, steering: software, devices: {netdevs: ['xa#0-1']}}]\n", "demo", 2)
+}
+
+// startNodeWith is startNode with the daemon's config, and an allocation
+// of count devices of pool owned by uid.
+func startNodeWith(t testing.TB, uid uint32, config, pool string, count int) *node {
+	t.Helper()
 	testnet.RequireRoot(t)
 	p := testnet.NewPair(t, 4)
 	dir := t.TempDir()
@@ -56,7 +63,7 @@ func startNodeFor(t testing.TB, uid uint32) *node {
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
 	CacheDir = filepath.Join(dir, "cache")
 	cfg := filepath.Join(dir, "config.yaml")
-	os.WriteFile(cfg, []byte("pools: [{name: demo, steering: software, devices: {netdevs: ['xa#0-1']}}]\n"), 0o644)
+	os.WriteFile(cfg, []byte(config), 0o644)
 	xdp.MountBPFFS(xdp.DefaultBPFFS)
 	pins, _ := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-test-")
 	t.Cleanup(func() { os.RemoveAll(pins) })
@@ -67,6 +74,7 @@ func startNodeFor(t testing.TB, uid uint32) *node {
 	t.Cleanup(func() { os.RemoveAll(allocDir) })
 	opts := daemon.Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
 		StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, Standalone: true, APISocket: sock,
+		CollectPeriod: 100 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	var stop func()
 	start := func() *daemon.Daemon {
@@ -82,7 +90,7 @@ func startNodeFor(t testing.TB, uid uint32) *node {
 	}
 	d := start()
 	t.Cleanup(func() { stop() })
-	a, err := d.Alloc("demo", 2, uid)
+	a, err := d.Alloc(pool, count, uid)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -14,7 +15,10 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
+	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/containernetworking/plugins/pkg/ipam"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/xdpq/xdpq/pkg/api"
 )
@@ -73,7 +77,8 @@ func CmdAdd(args *skel.CmdArgs) error {
 	}
 	req := api.CNIAddRequest{ContainerID: args.ContainerID, IfName: args.IfName,
 		Allocation: string(ka.XDPQ_ALLOCATION), Resource: c.ResourceName, DeviceID: c.DeviceID,
-		PodUID: string(ka.K8S_POD_UID), PodNamespace: string(ka.K8S_POD_NAMESPACE), PodName: string(ka.K8S_POD_NAME)}
+		PodUID: string(ka.K8S_POD_UID), PodNamespace: string(ka.K8S_POD_NAMESPACE), PodName: string(ka.K8S_POD_NAME),
+		Netns: args.Netns, MTU: c.MTU}
 	var ips []netip.Addr
 	for _, ip := range result.IPs {
 		if a, ok := netip.AddrFromSlice(ip.Address.IP); ok {
@@ -84,9 +89,23 @@ func CmdAdd(args *skel.CmdArgs) error {
 		undoIPAM(c, args)
 		return err
 	}
-	if _, err := client(c).CNIAdd(req); err != nil {
+	att, err := client(c).CNIAdd(req)
+	if err != nil {
 		undoIPAM(c, args)
 		return &types.Error{Code: ErrDaemon, Msg: "xdpq daemon", Details: err.Error()}
+	}
+	if att.Mode == api.ModeNetdev {
+		// The daemon moved the netdev in as IfName: it carries the
+		// addresses, like host-device's.
+		result.Interfaces = []*current.Interface{{Name: args.IfName, Mac: att.Mac, Sandbox: args.Netns}}
+		for _, ip := range result.IPs {
+			ip.Interface = current.Int(0)
+		}
+		if err := ns.WithNetNSPath(args.Netns, func(ns.NetNS) error { return ipam.ConfigureIface(args.IfName, result) }); err != nil {
+			client(c).CNIDel(args.ContainerID, args.IfName)
+			undoIPAM(c, args)
+			return &types.Error{Code: ErrIPAM, Msg: "configure " + args.IfName, Details: err.Error()}
+		}
 	}
 	return types.PrintResult(result, c.CNIVersion)
 }
@@ -189,12 +208,54 @@ func CmdCheck(args *skel.CmdArgs) error {
 		return &types.Error{Code: ErrDaemon, Msg: "xdpq check: flows differ",
 			Details: fmt.Sprintf("configuration and prevResult give %v, the daemon steers %v", want, att.Flows)}
 	}
+	if att.Mode == api.ModeNetdev {
+		if err := checkInterface(args, c, prev, att); err != nil {
+			return &types.Error{Code: ErrDaemon, Msg: "xdpq check: interface " + args.IfName, Details: err.Error()}
+		}
+	}
 	if c.IPAM.Type != "" {
 		if err := ipam.ExecCheck(c.IPAM.Type, args.StdinData); err != nil {
 			return &types.Error{Code: ErrIPAM, Msg: "ipam check", Details: err.Error()}
 		}
 	}
 	return nil
+}
+
+// checkInterface checks a netdev-mode pool's netdev in the pod: there as
+// IfName, up, with the MAC prevResult reported, the MTU asked for, and
+// prevResult's addresses and routes.
+func checkInterface(args *skel.CmdArgs, c *NetConf, prev *current.Result, att *api.Attachment) error {
+	var found bool
+	for _, i := range prev.Interfaces {
+		if i.Name == args.IfName && i.Sandbox != "" {
+			found = true
+			if i.Mac != att.Mac {
+				return fmt.Errorf("prevResult gives MAC %s, the netdev has %s", i.Mac, att.Mac)
+			}
+		}
+	}
+	if !found {
+		return fmt.Errorf("prevResult has no interface %s in a sandbox", args.IfName)
+	}
+	return ns.WithNetNSPath(args.Netns, func(ns.NetNS) error {
+		l, err := netlink.LinkByName(args.IfName)
+		if err != nil {
+			return err
+		}
+		if l.Attrs().HardwareAddr.String() != att.Mac {
+			return fmt.Errorf("MAC %s, the daemon moved in %s", l.Attrs().HardwareAddr, att.Mac)
+		}
+		if l.Attrs().Flags&net.FlagUp == 0 {
+			return fmt.Errorf("down")
+		}
+		if c.MTU != 0 && l.Attrs().MTU != c.MTU {
+			return fmt.Errorf("mtu %d, configured %d", l.Attrs().MTU, c.MTU)
+		}
+		if err := ip.ValidateExpectedInterfaceIPs(args.IfName, prev.IPs); err != nil {
+			return err
+		}
+		return ip.ValidateExpectedRoute(prev.Routes)
+	})
 }
 
 func sameFlows(a, b []api.CNIFlow) bool {

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/xdp"
+	"golang.org/x/sys/unix"
 )
 
 // Attachment, CNIAddRequest and CNIFlow are the API's.
@@ -45,24 +47,41 @@ func (d *Daemon) CNIAdd(req CNIAddRequest) (*Attachment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cni add: %w", err)
 	}
-	att := Attachment{CNIAddRequest: req, AllocationID: a.ID, Netdev: a.Netdev, Queues: a.Queues}
+	p := d.pools[a.Pool]
+	mode := api.ModeQueue
+	if p != nil && p.cfg.Mode == api.ModeNetdev {
+		mode = api.ModeNetdev
+	}
+	att := Attachment{CNIAddRequest: req, AllocationID: a.ID, Netdev: a.Netdev, Queues: a.Queues, Mode: mode}
 	if old, ok := d.attachments[key(att)]; ok {
-		if old.AllocationID == a.ID && slices.Equal(old.Flows, req.Flows) {
+		if old.AllocationID == a.ID && slices.Equal(old.Flows, req.Flows) && old.MTU == req.MTU {
 			return &old, nil // a repeated ADD
 		}
 		return nil, fmt.Errorf("cni add: container %s interface %s is attached already (allocation %s, %d flows); DEL it first",
 			req.ContainerID, req.IfName, old.AllocationID, len(old.Flows))
 	}
+	if req.Netns != "" {
+		att.NetnsInode = netnsInode(req.Netns)
+	}
+	if mode == api.ModeQueue && req.MTU != 0 {
+		return nil, fmt.Errorf("cni add: mtu %d: pool %s shares queues of %s and gives the pod no interface; mtu applies to netdev-mode pools",
+			req.MTU, a.Pool, a.Netdev)
+	}
 	flows, err := agentFlows(req.Flows, a.Queues)
 	if err != nil {
 		return nil, fmt.Errorf("cni add: %w", err)
 	}
-	if err := d.agent.Steer(a.Netdev, key(att), flows); err != nil {
+	if mode == api.ModeNetdev {
+		err = d.moveInLocked(&att, a, p, flows)
+	} else {
+		err = d.agent.Steer(a.Netdev, key(att), flows)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("cni add: %w", err)
 	}
 	if req.PodUID != "" {
 		if err := d.broker.SetOwner(a.ID, broker.Owner{PodUID: req.PodUID}); err != nil {
-			d.agent.Unsteer(a.Netdev, key(att))
+			d.detachLocked(key(att), att)
 			return nil, fmt.Errorf("cni add: %w", err)
 		}
 	}
@@ -147,10 +166,22 @@ func (d *Daemon) CNIDel(containerID, ifName string) error {
 	if !ok {
 		return nil
 	}
-	err := d.agent.Unsteer(att.Netdev, key)
-	delete(d.attachments, key)
-	d.saveAttachmentsLocked()
+	err := d.detachLocked(key, att)
 	d.log.Info("detached", "container", containerID, "ifname", ifName)
+	return err
+}
+
+// detachLocked ends an attachment: its flows go, a netdev-mode pool's
+// netdev comes back to the node.
+func (d *Daemon) detachLocked(k string, att Attachment) error {
+	var err error
+	if m := d.moved[att.Netdev]; m != nil && m.Key == k {
+		err = d.moveOutLocked(att.Netdev)
+	} else if att.Mode != api.ModeNetdev {
+		err = d.agent.Unsteer(att.Netdev, k)
+	}
+	delete(d.attachments, k)
+	d.saveAttachmentsLocked()
 	return err
 }
 
@@ -159,12 +190,21 @@ func (d *Daemon) CNIDel(containerID, ifName string) error {
 // netdev's program state sound.
 func (d *Daemon) CNICheck(containerID, ifName string) (*Attachment, error) {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	att, ok := d.attachments[containerID+"/"+ifName]
-	d.mu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("no attachment of container %s interface %s", containerID, ifName)
 	}
-	for _, s := range d.agent.Status() {
+	verify := d.agent.VerifySteering
+	name := att.Netdev
+	if att.Mode == api.ModeNetdev {
+		m := d.moved[att.Netdev]
+		if m == nil || m.Key != key(att) {
+			return &att, fmt.Errorf("netdev %s is not in the pod", att.Netdev)
+		}
+		verify, name = m.agent.VerifySteering, m.IfName
+	}
+	for _, s := range d.statusLocked() {
 		if s.Netdev != att.Netdev {
 			continue
 		}
@@ -172,7 +212,7 @@ func (d *Daemon) CNICheck(containerID, ifName string) (*Attachment, error) {
 			return &att, fmt.Errorf("netdev %s is %s: %s", att.Netdev, s.State, s.Reason)
 		}
 		if len(att.Flows) > 0 {
-			if err := d.agent.VerifySteering(att.Netdev, key(att)); err != nil {
+			if err := verify(name, key(att)); err != nil {
 				return &att, err
 			}
 		}
@@ -227,6 +267,15 @@ func (d *Daemon) loadAttachments() {
 	}
 	keep := map[string]map[string][]agent.Flow{}
 	for k, a := range d.attachments {
+		if a.Mode == api.ModeNetdev {
+			// Its flows are its pod agent's; with its netdev gone from the
+			// pod (loadMoved), so is the attachment.
+			if m := d.moved[a.Netdev]; m == nil || m.Key != k {
+				d.log.Info("attachment ended: its netdev is no longer in the pod", "attachment", k, "netdev", a.Netdev)
+				delete(d.attachments, k)
+			}
+			continue
+		}
 		flows, err := agentFlows(a.Flows, a.Queues)
 		if err != nil {
 			continue
@@ -241,4 +290,43 @@ func (d *Daemon) loadAttachments() {
 			d.log.Info("steering synced with the attachments", "netdev", netdev, "removed", n, "err", err)
 		}
 	}
+}
+
+// netnsInode is the inode of the namespace at path, 0 when it cannot be
+// read (the daemon may not see the path; then it cannot judge).
+func netnsInode(path string) uint64 {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0
+	}
+	return st.Ino
+}
+
+// collectAttachments ends the attachments whose pod is gone without a DEL:
+// their netns path is gone or names another namespace now. The runtime
+// removes a pod's netns after the pod, and containerd never calls CNI GC.
+func (d *Daemon) collectAttachments() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var gone []string
+	for k, att := range d.attachments {
+		if att.Netns == "" || att.NetnsInode == 0 {
+			continue
+		}
+		var st unix.Stat_t
+		err := unix.Stat(att.Netns, &st)
+		if err == nil && st.Ino == att.NetnsInode {
+			continue
+		}
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			continue // cannot tell
+		}
+		if err := d.detachLocked(k, att); err != nil {
+			d.log.Warn("detach of a gone pod", "attachment", k, "err", err)
+		}
+		d.log.Info("attachment collected: its pod's netns is gone", "attachment", k, "netns", att.Netns)
+		gone = append(gone, k)
+	}
+	sort.Strings(gone)
+	return gone
 }

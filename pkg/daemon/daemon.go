@@ -58,8 +58,9 @@ type Options struct {
 	// DeviceInfoDir is where device-info files are written (Kubernetes
 	// mode); "" means deviceplugin.DeviceInfoDir.
 	DeviceInfoDir string
-	// CollectPeriod is how often allocations of gone pods are freed
-	// (Kubernetes mode); zero means 30s.
+	// CollectPeriod is how often attachments of gone pods end and
+	// (Kubernetes mode) allocations no container holds are freed; zero
+	// means 30s.
 	CollectPeriod time.Duration
 	// Standalone serves the local API at APISocket instead of kubelet.
 	Standalone bool
@@ -91,6 +92,8 @@ type Daemon struct {
 	allocs      map[string]*Allocation
 	attachments map[string]Attachment // CNI attachments by "containerID/ifName"
 	managed     map[string]bool       // netdevs under the agent
+	moved       map[string]*moved     // netdev-mode pools' netdevs in pods, by node name
+	discovered  map[string]nic.Netdev // the netdevs of the last config applied, moved ones included
 }
 
 type pool struct {
@@ -111,7 +114,8 @@ func New(opts Options) (*Daemon, error) {
 		opts.AllocDir = "/run/xdpq/alloc"
 	}
 	d := &Daemon{opts: opts, log: opts.Logger, pools: map[string]*pool{}, allocs: map[string]*Allocation{},
-		attachments: map[string]Attachment{}, managed: map[string]bool{}}
+		attachments: map[string]Attachment{}, managed: map[string]bool{}, moved: map[string]*moved{},
+		discovered: map[string]nic.Netdev{}}
 	ok := false
 	defer func() {
 		if !ok {
@@ -133,6 +137,7 @@ func New(opts Options) (*Daemon, error) {
 	if err := os.MkdirAll(opts.AllocDir, 0o755); err != nil {
 		return nil, err
 	}
+	d.loadMoved()
 	d.watcher, err = config.NewWatcher(opts.ConfigPath, d.apply, opts.Logger)
 	if err != nil {
 		return nil, err
@@ -140,6 +145,7 @@ func New(opts Options) (*Daemon, error) {
 	d.restore()
 	d.mu.Lock()
 	d.loadAttachments()
+	d.adoptMovedLocked()
 	for _, att := range d.attachments {
 		if att.PodUID != "" {
 			d.broker.SetOwner(att.AllocationID, broker.Owner{PodUID: att.PodUID})
@@ -226,13 +232,23 @@ func (d *Daemon) apply(c *config.Config) error {
 	if err != nil {
 		return err
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	// A netdev inside a pod is not on the node now, but still the pool's.
+	for name, m := range d.moved {
+		if !slices.ContainsFunc(netdevs, func(n nic.Netdev) bool { return n.Name == name }) {
+			netdevs = append(netdevs, m.Device)
+		}
+	}
 	pools := c.ForNode(d.opts.NodeName, d.opts.NodeLabels)
 	res, problems := config.Resolve(pools, netdevs)
 	for _, p := range problems {
 		d.log.Warn("pool", "problem", p)
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.discovered = map[string]nic.Netdev{}
+	for _, n := range netdevs {
+		d.discovered[n.Name] = n
+	}
 	// Manage every netdev a pool uses, with the first pool's policy.
 	policies := map[string]agent.Policy{}
 	for _, r := range res {
@@ -247,7 +263,7 @@ func (d *Daemon) apply(c *config.Config) error {
 		policies[r.Netdev.Name] = pol
 	}
 	for name, pol := range policies {
-		if d.managed[name] {
+		if d.managed[name] || d.moved[name] != nil {
 			continue
 		}
 		if err := d.agent.Manage(name, pol); err != nil {
@@ -266,9 +282,15 @@ func (d *Daemon) apply(c *config.Config) error {
 			if r.Pool != pc.Name {
 				continue
 			}
+			healthy := r.Netdev.OperUp || r.Netdev.Virtual
+			if pc.Mode == api.ModeNetdev {
+				p.devices = append(p.devices, deviceplugin.Device{ID: r.Netdev.Name, Netdev: r.Netdev.Name, Queue: r.Queues[0],
+					Queues: r.Queues, NUMA: r.Netdev.NUMANode, PCI: r.Netdev.PCI, Healthy: healthy})
+				continue
+			}
 			for _, q := range r.Queues {
 				p.devices = append(p.devices, deviceplugin.Device{ID: deviceplugin.DeviceID(r.Netdev.Name, q),
-					Netdev: r.Netdev.Name, Queue: q, NUMA: r.Netdev.NUMANode, PCI: r.Netdev.PCI, Healthy: r.Netdev.OperUp || r.Netdev.Virtual})
+					Netdev: r.Netdev.Name, Queue: q, NUMA: r.Netdev.NUMANode, PCI: r.Netdev.PCI, Healthy: healthy})
 			}
 		}
 		next[pc.Name] = p
@@ -358,7 +380,11 @@ func (d *Daemon) allocAt(p *pool, ids []string, owner broker.Owner, id string, c
 		if a := p.used[id]; a != "" {
 			return nil, fmt.Errorf("device %s is in use by allocation %s", id, a)
 		}
-		queues = append(queues, dev.Queue)
+		if dev.Queues != nil {
+			queues = append(queues, dev.Queues...)
+		} else {
+			queues = append(queues, dev.Queue)
+		}
 	}
 	sort.Slice(queues, func(i, j int) bool { return queues[i] < queues[j] })
 	if id == "" {
@@ -424,8 +450,7 @@ func (d *Daemon) Free(id string) error {
 	var errs []error
 	for k, att := range d.attachments {
 		if att.AllocationID == id {
-			errs = append(errs, d.agent.Unsteer(att.Netdev, k))
-			delete(d.attachments, k)
+			errs = append(errs, d.detachLocked(k, att))
 			d.log.Info("detached with its allocation", "container", att.ContainerID, "ifname", att.IfName, "allocation", id)
 		}
 	}
@@ -453,7 +478,7 @@ func (d *Daemon) Status() Status {
 		s.Allocations = append(s.Allocations, *a)
 	}
 	sort.Slice(s.Allocations, func(i, j int) bool { return s.Allocations[i].ID < s.Allocations[j].ID })
-	for _, n := range d.agent.Status() {
+	for _, n := range d.statusLocked() {
 		s.Netdevs = append(s.Netdevs, api.NetdevStatus{Netdev: n.Netdev, State: string(n.State), Mode: n.Mode.String(),
 			Steering: string(n.Steering), Flows: n.Flows, Sockets: n.Sockets, LinkUp: n.LinkUp, Reason: n.Reason})
 	}
@@ -494,23 +519,26 @@ func (d *Daemon) Run(ctx context.Context) error {
 	run(d.serveAPI)
 	if !d.opts.Standalone {
 		d.startPlugins(ctx)
-		run(func(ctx context.Context) error {
-			period := d.opts.CollectPeriod
-			if period == 0 {
-				period = 30 * time.Second
-			}
-			t := time.NewTicker(period)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return nil
-				case <-t.C:
+	}
+	run(func(ctx context.Context) error {
+		period := d.opts.CollectPeriod
+		if period == 0 {
+			period = 30 * time.Second
+		}
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+				d.collectAttachments()
+				if !d.opts.Standalone {
 					d.collect(ctx, period)
 				}
 			}
-		})
-	}
+		}
+	})
 	var err error
 	select {
 	case <-ctx.Done():
@@ -571,13 +599,17 @@ func (d *Daemon) devices(poolName string) []deviceplugin.Device {
 		queues int
 	}
 	health := map[string]state{}
-	for _, s := range d.agent.Status() {
+	for _, s := range d.statusLocked() {
 		health[s.Netdev] = state{s.LinkUp && s.State != agent.StateMissing && s.State != agent.StateOverridden, s.RXQueues}
 	}
 	out := slices.Clone(p.devices)
 	for i := range out {
 		h := health[out[i].Netdev]
-		out[i].Healthy = h.ok && int(out[i].Queue) < h.queues
+		last := out[i].Queue
+		if len(out[i].Queues) > 0 {
+			last = slices.Max(out[i].Queues)
+		}
+		out[i].Healthy = h.ok && int(last) < h.queues
 	}
 	return out
 }
@@ -652,6 +684,7 @@ func (d *Daemon) close() {
 	if d.broker != nil {
 		d.broker.Close()
 	}
+	d.closeMoved()
 	if d.agent != nil {
 		d.agent.Close()
 	}

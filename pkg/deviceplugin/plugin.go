@@ -20,9 +20,12 @@ import (
 
 // Device is one queue of the pool.
 type Device struct {
-	ID      string // "<netdev>-q<N>", at most 63 characters
-	Netdev  string
-	Queue   uint32
+	ID     string // "<netdev>-q<N>", at most 63 characters
+	Netdev string
+	Queue  uint32
+	// Queues, in a netdev-mode pool, are all the netdev's queues: the
+	// device is the whole netdev, its ID the netdev's name.
+	Queues  []uint32
 	NUMA    int    // -1 when unknown
 	PCI     string // the NIC's PCI address, "" for a virtual netdev
 	Healthy bool
