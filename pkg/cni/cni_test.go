@@ -75,7 +75,7 @@ func startNodeWith(t testing.TB, uid uint32, config, pool string, count int) *no
 	opts := daemon.Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
 		StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, Standalone: true, APISocket: sock,
 		CollectPeriod: 100 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil))}
 	var stop func()
 	start := func() *daemon.Daemon {
 		d, err := daemon.New(opts)
