@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpq/xdpq/pkg/xsk"
@@ -113,6 +114,13 @@ func StartPod(args []string, env string, stdout, stderr io.Writer) (*Pod, error)
 // 65534, no capabilities, in a new network namespace holding only lo, with
 // env added to this process's environment and a connection on fd 3.
 func StartProgram(path string, args, env []string, stdout, stderr io.Writer) (*Pod, error) {
+	return StartProgramIn("", path, args, env, stdout, stderr)
+}
+
+// StartProgramIn is StartProgram in the network namespace at netns (the
+// one a CNI ADD wired, as a runtime starts a pod's containers in its
+// sandbox's); "" makes a new one.
+func StartProgramIn(netns, path string, args, env []string, stdout, stderr io.Writer) (*Pod, error) {
 	// The go tool builds binaries where only root may enter: copy it.
 	dir, err := os.MkdirTemp("", "xdpq-pod-")
 	if err != nil {
@@ -147,7 +155,15 @@ func StartProgram(path string, args, env []string, stdout, stderr io.Writer) (*P
 		Credential: &syscall.Credential{Uid: 65534, Gid: 65534},
 		Pdeathsig:  syscall.SIGKILL,
 	}
-	if err := p.Cmd.Start(); err != nil {
+	start := p.Cmd.Start
+	if netns != "" {
+		// The child is forked from a thread inside netns; WithNetNSPath
+		// puts the thread back (an exiting thread would take the child
+		// with it: Pdeathsig is per thread).
+		p.Cmd.SysProcAttr.Cloneflags = 0
+		start = func() error { return ns.WithNetNSPath(netns, func(ns.NetNS) error { return p.Cmd.Start() }) }
+	}
+	if err := start(); err != nil {
 		p.Conn.Close()
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("start pod: %w", err)

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -12,6 +13,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/containernetworking/plugins/pkg/testutils"
 
 	"github.com/xdpq/xdpq/internal/frame"
 	"github.com/xdpq/xdpq/internal/handover"
@@ -91,32 +94,50 @@ func (n *node) leases(network string) []string {
 }
 
 // TestCNIToolEndToEnd: cnitool attaches a pod's flow through the
-// installed plugin; xdpqperf, as uid 65534 with no capabilities, takes
-// the allocation's sockets and receives exactly the frames of its flow
-// while the source interleaves frames to another port and another
-// address; DEL and GC (cnitool sends no valid-attachments list) leave no
-// flow, no socket and no lease. The pod's process runs in a netns of its
-// own, not the one given to cnitool: with a software-steered pool the
-// datapath does not depend on it.
+// installed plugin, in a queue pool (two queues of xa, software-steered)
+// and in a netdev pool (all of xa, moved into the pod); xdpqperf, as uid
+// 65534 with no capabilities in the netns cnitool wired (as a runtime
+// starts containers in the sandbox's), takes the allocation's sockets and
+// receives exactly the frames of its flow while the source interleaves
+// frames to another port and another address; DEL and GC (cnitool sends
+// no valid-attachments list) leave no flow, no socket and no lease, and
+// the netdev pool's xa back on the node.
 func TestCNIToolEndToEnd(t *testing.T) {
-	n := startNodeFor(t, 65534)
-	c := newCNITool(t, n)
 	perf := t.TempDir()
 	build(t, perf, map[string]string{"xdpqperf": "github.com/xdpq/xdpq/cmd/xdpqperf"})
+	t.Run("queue", func(t *testing.T) { cnitoolEndToEnd(t, startNodeFor(t, 65534), perf, 2) })
+	t.Run("netdev", func(t *testing.T) { cnitoolEndToEnd(t, startNodeWith(t, 65534, netdevPool, "vf", 1), perf, 4) })
+}
 
-	netns := n.pair.NSPath()
+func cnitoolEndToEnd(t *testing.T, n *node, perf string, queues int) {
+	c := newCNITool(t, n)
+	podNS, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer testutils.UnmountNS(podNS)
+	defer podNS.Close()
+	netns := podNS.Path()
 	out, err := c.run("add", netns)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var res struct {
 		CNIVersion string `json:"cniVersion"`
-		IPs        []struct {
+		Interfaces []struct {
+			Name    string `json:"name"`
+			Sandbox string `json:"sandbox"`
+		} `json:"interfaces"`
+		IPs []struct {
 			Address string `json:"address"`
 		} `json:"ips"`
 	}
 	if err := json.Unmarshal(out, &res); err != nil || len(res.IPs) != 1 || res.CNIVersion != "1.1.0" {
 		t.Fatalf("add result %s: %v", out, err)
+	}
+	netdev := queues == 4
+	if netdev && (len(res.Interfaces) != 1 || res.Interfaces[0].Name != "net1" || res.Interfaces[0].Sandbox != netns) {
+		t.Errorf("add result interfaces %+v, want net1 in %s", res.Interfaces, netns)
 	}
 	podIP := netip.MustParsePrefix(res.IPs[0].Address).Addr()
 	if got := n.flows(t); got != 1 {
@@ -127,13 +148,13 @@ func TestCNIToolEndToEnd(t *testing.T) {
 	}
 
 	var stdout, stderr bytes.Buffer
-	pod, err := handover.StartProgram(filepath.Join(perf, "xdpqperf"), []string{"-mode", "rxdrop", "-duration", "4s"},
+	pod, err := handover.StartProgramIn(netns, filepath.Join(perf, "xdpqperf"), []string{"-mode", "rxdrop", "-duration", "4s"},
 		[]string{"XDPQ_SOCKET=" + n.broker}, &stdout, &stderr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pod.Kill()
-	waitSockets(t, n.socket, 2)
+	waitSockets(t, n.socket, queues)
 
 	const perQueue = 100
 	sendMixed(t, n, podIP, perQueue)
@@ -148,8 +169,12 @@ func TestCNIToolEndToEnd(t *testing.T) {
 			totals[q] = rx
 		}
 	}
-	if totals[0] != perQueue || totals[1] != perQueue {
-		t.Errorf("the pod received %v, want %d on queues 0 and 1 (its flow only)\n%s", totals, perQueue, stdout.String())
+	want := map[int]int{0: perQueue, 1: perQueue} // sendMixed sends on queues 0 and 1
+	for q := 2; q < queues; q++ {
+		want[q] = 0
+	}
+	if !maps.Equal(totals, want) {
+		t.Errorf("the pod received %v, want %v (its flow only)\n%s", totals, want, stdout.String())
 	}
 
 	// cnitool gc: libcni DELs every attachment of the network in its
@@ -178,6 +203,9 @@ func TestCNIToolEndToEnd(t *testing.T) {
 	}
 	if _, err := c.run("check", netns); err == nil {
 		t.Error("CHECK passed after DEL")
+	}
+	if netdev {
+		n.checkHome(t)
 	}
 }
 
