@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/xdpq/xdpq/internal/kubelettest"
@@ -103,5 +107,87 @@ func TestKubernetesAllocate(t *testing.T) {
 	}
 	if _, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa-q0"}}}}); err == nil {
 		t.Error("a queue outside the pool was allocated")
+	}
+}
+
+// TestKubernetesNetdevPool: a netdev-mode pool offers each netdev whole
+// (device id: its name); Allocate gives all its queues; the Multus deviceID
+// finds the allocation at ADD, the netdev moves into the pod and stays a
+// healthy device while it is there, and DEL brings it back.
+func TestKubernetesNetdevPool(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	dir := t.TempDir()
+	plugins := filepath.Join(dir, "device-plugins")
+	os.MkdirAll(plugins, 0o755)
+	regs := kubelettest.Start(t, plugins).Registrations
+	cfgPath := filepath.Join(dir, "config.yaml")
+	os.WriteFile(cfgPath, []byte("pools: [{name: vf, mode: netdev, devices: {netdevs: [xa]}}]\n"), 0o644)
+	pins := testPins(t)
+	d, _ := runDaemon(t, Options{ConfigPath: cfgPath, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
+		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), PluginDir: plugins,
+		APISocket: filepath.Join(dir, "api.sock")})
+	var reg *pluginapi.RegisterRequest
+	select {
+	case reg = <-regs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no registration")
+	}
+	c := kubelettest.Dial(t, filepath.Join(plugins, reg.Endpoint))
+	ctx := context.Background()
+	stream, err := c.ListAndWatch(ctx, &pluginapi.Empty{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Devices) != 1 || list.Devices[0].ID != "xa" || list.Devices[0].Health != "Healthy" {
+		t.Fatalf("devices %v", list.Devices)
+	}
+	resp, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := resp.ContainerResponses[0].Envs["XDPQ_QUEUES_VF"]; q != "xa:0,xa:1,xa:2,xa:3" {
+		t.Errorf("queues %q, want all of xa's", q)
+	}
+
+	pod, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer testutils.UnmountNS(pod)
+	defer pod.Close()
+	att, err := d.CNIAdd(CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), DeviceID: "xa", Resource: "xdpq.io/vf", MTU: 1400})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if att.Mode != "netdev" || att.Mac != p.A.MAC.String() {
+		t.Errorf("attachment %+v", att)
+	}
+	if err := pod.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("net1")
+		if err == nil && l.Attrs().MTU != 1400 {
+			err = fmt.Errorf("mtu %d", l.Attrs().MTU)
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("net1 in the pod: %v", err)
+	}
+	if devs := d.devices("vf"); len(devs) != 1 || !devs[0].Healthy {
+		t.Errorf("the netdev in the pod is reported %+v", devs)
+	}
+	if _, err := d.CNICheck("c1", "net1"); err != nil {
+		t.Errorf("CHECK: %v", err)
+	}
+	if err := d.CNIDel("c1", "net1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.NS.Do(func(ns.NetNS) error { _, err := netlink.LinkByName("xa"); return err }); err != nil {
+		t.Errorf("xa not back on the node: %v", err)
+	}
+	if devs := d.devices("vf"); len(devs) != 1 || !devs[0].Healthy {
+		t.Errorf("the netdev back on the node is reported %+v", devs)
 	}
 }
