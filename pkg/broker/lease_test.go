@@ -123,6 +123,13 @@ func TestRefusals(t *testing.T) {
 		{"never ready", []step{{msg: hello}, {msg: request("[0,1]", rx64), fds: one(1<<20, true)}}, broker.CodeTimeout, "no message within"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			// The lease before this case ends after its sockets leave the map.
+			for deadline := time.Now().Add(5 * time.Second); e.Broker.Leased(e.Alloc.ID); {
+				if time.Now().After(deadline) {
+					t.Fatal("the allocation stays leased")
+				}
+				time.Sleep(time.Millisecond)
+			}
 			before := testnet.OpenFDs()
 			conn := dial(t, e)
 			defer conn.Close()

@@ -187,6 +187,20 @@ func (s *Server) Retarget(id string, dev xsk.Netdev, dp Datapath) error {
 	return nil
 }
 
+// Leased reports whether a client holds the allocation's sockets now. A
+// lease's sockets leave the XSKMAP before the lease is free for the next.
+func (s *Server) Leased(id string) bool {
+	s.mu.Lock()
+	al, ok := s.allocs[id]
+	s.mu.Unlock()
+	if !ok {
+		return false
+	}
+	al.mu.Lock()
+	defer al.mu.Unlock()
+	return al.leased
+}
+
 // Remove stops serving an allocation: its socket goes, its connections
 // close and their sockets leave the XSKMAP.
 func (s *Server) Remove(id string) error {
