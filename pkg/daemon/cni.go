@@ -302,6 +302,42 @@ func netnsInode(path string) uint64 {
 	return st.Ino
 }
 
+// netnsGone reports whether the attachment's pod netns is certainly gone:
+// its path is gone or names another namespace than at ADD.
+func netnsGone(att Attachment) bool {
+	if att.Netns == "" || att.NetnsInode == 0 {
+		return false // cannot tell
+	}
+	var st unix.Stat_t
+	err := unix.Stat(att.Netns, &st)
+	return (err == nil && st.Ino != att.NetnsInode) || errors.Is(err, unix.ENOENT)
+}
+
+// carryLocked gives attachments of a freed allocation to its successor on
+// the same devices (kubelet's Allocate for a restarted container): the
+// same pod, whose netns still lives. Others end.
+func (d *Daemon) carryLocked(kept map[string]Attachment, a *Allocation) {
+	for k, att := range kept {
+		if att.Netdev != a.Netdev || !slices.Equal(att.Queues, a.Queues) || att.NetnsInode == 0 || netnsGone(att) {
+			d.log.Info("attachment ended: its allocation was given to a new container", "attachment", k, "allocation", a.ID)
+			d.detachLocked(k, att)
+			continue
+		}
+		att.AllocationID = a.ID
+		d.attachments[k] = att
+		if att.PodUID != "" {
+			d.broker.SetOwner(a.ID, broker.Owner{PodUID: att.PodUID})
+		}
+		if m := d.moved[att.Netdev]; m != nil && m.Key == k {
+			if err := d.retargetMovedLocked(m, a.ID); err != nil {
+				d.log.Warn("netdev in the pod, sockets not bound there", "allocation", a.ID, "err", err)
+			}
+		}
+		d.log.Info("attachment kept for the restarted container", "attachment", k, "allocation", a.ID)
+	}
+	d.saveAttachmentsLocked()
+}
+
 // collectAttachments ends the attachments whose pod is gone without a DEL:
 // their netns path is gone or names another namespace now. The runtime
 // removes a pod's netns after the pod, and containerd never calls CNI GC.
@@ -310,16 +346,8 @@ func (d *Daemon) collectAttachments() []string {
 	defer d.mu.Unlock()
 	var gone []string
 	for k, att := range d.attachments {
-		if att.Netns == "" || att.NetnsInode == 0 {
+		if !netnsGone(att) {
 			continue
-		}
-		var st unix.Stat_t
-		err := unix.Stat(att.Netns, &st)
-		if err == nil && st.Ino == att.NetnsInode {
-			continue
-		}
-		if err != nil && !errors.Is(err, unix.ENOENT) {
-			continue // cannot tell
 		}
 		if err := d.detachLocked(k, att); err != nil {
 			d.log.Warn("detach of a gone pod", "attachment", k, "err", err)

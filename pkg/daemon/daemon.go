@@ -430,6 +430,13 @@ func (d *Daemon) netdev(name string) xsk.Netdev {
 func (d *Daemon) Free(id string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	return d.freeLocked(id, nil)
+}
+
+// freeLocked frees an allocation. Its CNI attachments end with it, unless
+// keep is given: they are then left in place and returned in it, for the
+// allocation that succeeds it.
+func (d *Daemon) freeLocked(id string, keep map[string]Attachment) error {
 	a := d.allocs[id]
 	if a == nil {
 		return fmt.Errorf("no allocation %q", id)
@@ -449,7 +456,9 @@ func (d *Daemon) Free(id string) error {
 	// queues' next holder.
 	var errs []error
 	for k, att := range d.attachments {
-		if att.AllocationID == id {
+		if att.AllocationID == id && keep != nil {
+			keep[k] = att
+		} else if att.AllocationID == id {
 			errs = append(errs, d.detachLocked(k, att))
 			d.log.Info("detached with its allocation", "container", att.ContainerID, "ifname", att.IfName, "allocation", id)
 		}
@@ -635,20 +644,25 @@ func (d *Daemon) allocate(poolName string, ids []string) (*pluginapi.ContainerAl
 		return nil, fmt.Errorf("no pool %s", poolName)
 	}
 	// kubelet calls Allocate again for a container it restarts: free what
-	// these devices were given before.
+	// these devices were given before, and hand their pod's attachments
+	// (its flows, its netdev) to the new allocation: CNI ADD does not run
+	// again for a container restart.
+	kept := map[string]Attachment{}
 	for _, id := range ids {
 		if old := p.used[id]; old != "" {
-			d.mu.Unlock()
-			d.Free(old)
-			d.mu.Lock()
+			d.freeLocked(old, kept)
 		}
 	}
 	// No owner yet: kubelet does not say which pod this is; the directory,
 	// mounted only into that container, is the boundary (see the package doc).
 	a, err := d.allocLocked(p, ids, broker.Owner{AnyPod: true}, "")
 	if err != nil {
+		for k, att := range kept {
+			d.detachLocked(k, att)
+		}
 		return nil, err
 	}
+	d.carryLocked(kept, a)
 	// Device-info files for CNI plugins, where the NIC is a PCI device.
 	for _, dev := range p.devices {
 		if slices.Contains(ids, dev.ID) && dev.PCI != "" {

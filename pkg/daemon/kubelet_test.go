@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,10 +32,10 @@ func TestKubernetesAllocate(t *testing.T) {
 	regs := kubelettest.Start(t, plugins).Registrations
 
 	cfgPath := filepath.Join(dir, "config.yaml")
-	os.WriteFile(cfgPath, []byte("resourcePrefix: example.com\npools: [{name: fast-dns, steering: hardware, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
+	os.WriteFile(cfgPath, []byte("resourcePrefix: example.com\npools: [{name: fast-dns, steering: software, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
 	pins := testPins(t)
 	allocDir := filepath.Join(dir, "alloc")
-	runDaemon(t, Options{ConfigPath: cfgPath, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
+	d, _ := runDaemon(t, Options{ConfigPath: cfgPath, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
 		StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, PluginDir: plugins, APISocket: filepath.Join(dir, "api.sock")})
 	ctx := context.Background()
 
@@ -93,11 +94,39 @@ func TestKubernetesAllocate(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(cr.Mounts[0].HostPath, "xdpq.sock")); err != nil {
 		t.Errorf("the mounted directory has no broker socket: %v", err)
 	}
+	// The pod's CNI ADD steers a flow onto its queues.
+	pod, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer testutils.UnmountNS(pod)
+	defer pod.Close()
+	flow := CNIFlow{Protocol: "udp", Dst: netip.MustParsePrefix("10.77.0.2/32"), DstPort: 53}
+	if _, err := d.CNIAdd(CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), DeviceID: "xa-q2",
+		Flows: []CNIFlow{flow}}); err != nil {
+		t.Fatal(err)
+	}
 	// kubelet calls Allocate again when it restarts the container: the old
-	// allocation goes, a new one takes the devices.
+	// allocation goes, a new one takes the devices, and the pod's flow
+	// (CNI does not run again) stays, now the new allocation's.
 	again, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa-q2", "xa-q3"}}}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if att, err := d.CNICheck("c1", "net1"); err != nil || att.AllocationID != again.ContainerResponses[0].Envs["XDPQ_ALLOCATION"] {
+		t.Errorf("after the container restart the attachment is %+v (%v), want it on the new allocation", att, err)
+	}
+	// A pod that is gone (its netns with it) keeps nothing at the next Allocate.
+	pod.Close()
+	testutils.UnmountNS(pod)
+	if _, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa-q2", "xa-q3"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.CNICheck("c1", "net1"); err == nil {
+		t.Error("the attachment of a gone pod went to the next Allocate of its devices")
+	}
+	if s := d.Status(); s.Netdevs[0].Flows != 0 {
+		t.Errorf("%d flows left of the gone pod", s.Netdevs[0].Flows)
 	}
 	if again.ContainerResponses[0].Mounts[0].HostPath == cr.Mounts[0].HostPath {
 		t.Error("the re-allocation reused the old allocation's directory")
@@ -180,6 +209,17 @@ func TestKubernetesNetdevPool(t *testing.T) {
 	}
 	if _, err := d.CNICheck("c1", "net1"); err != nil {
 		t.Errorf("CHECK: %v", err)
+	}
+	// A container restart (Allocate again) leaves the netdev in the pod.
+	again, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if att, err := d.CNICheck("c1", "net1"); err != nil || att.AllocationID != again.ContainerResponses[0].Envs["XDPQ_ALLOCATION"] {
+		t.Errorf("after the container restart the attachment is %+v (%v), want it on the new allocation", att, err)
+	}
+	if err := pod.Do(func(ns.NetNS) error { _, err := netlink.LinkByName("net1"); return err }); err != nil {
+		t.Errorf("net1 left the pod with the container restart: %v", err)
 	}
 	if err := d.CNIDel("c1", "net1"); err != nil {
 		t.Fatal(err)

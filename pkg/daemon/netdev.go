@@ -223,7 +223,7 @@ func (d *Daemon) moveInLocked(att *Attachment, a *Allocation, p *pool, flows []a
 	if err := d.startPodAgent(m, flows); err != nil {
 		return fail(err)
 	}
-	if err := d.broker.Retarget(a.ID, xsk.Netdev{Name: att.IfName, Ifindex: l.Attrs().Index, NetNS: m.nsPath()}, m.agent); err != nil {
+	if err := d.retargetMovedLocked(m, a.ID); err != nil {
 		d.stopPodAgent(m)
 		return fail(err)
 	}
@@ -469,15 +469,7 @@ func (d *Daemon) adoptMovedLocked() {
 			err = d.startPodAgent(m, flows)
 		}
 		if err == nil {
-			var l netlink.Link
-			var h *netlink.Handle
-			if h, err = netlink.NewHandleAt(m.ns); err == nil {
-				l, err = h.LinkByName(m.IfName)
-				h.Close()
-			}
-			if err == nil {
-				err = d.broker.Retarget(att.AllocationID, xsk.Netdev{Name: m.IfName, Ifindex: l.Attrs().Index, NetNS: m.nsPath()}, m.agent)
-			}
+			err = d.retargetMovedLocked(m, att.AllocationID)
 		}
 		if err != nil {
 			d.log.Warn("moved netdev not adopted; bringing it back", "netdev", name, "err", err)
@@ -488,6 +480,21 @@ func (d *Daemon) adoptMovedLocked() {
 		}
 		d.log.Info("moved netdev adopted", "netdev", name, "ifname", m.IfName, "netns", m.Netns)
 	}
+}
+
+// retargetMovedLocked has the broker bind the allocation's sockets on the
+// netdev inside the pod.
+func (d *Daemon) retargetMovedLocked(m *moved, alloc string) error {
+	h, err := netlink.NewHandleAt(m.ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(m.IfName)
+	if err != nil {
+		return err
+	}
+	return d.broker.Retarget(alloc, xsk.Netdev{Name: m.IfName, Ifindex: l.Attrs().Index, NetNS: m.nsPath()}, m.agent)
 }
 
 // statusLocked is every netdev's agent status, a moved netdev's under its
