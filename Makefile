@@ -30,6 +30,10 @@ bench:
 generate:
 	$(GO) generate ./...
 
+# staticcheck, built from its module the first time (CI starts without it).
+tools:
+	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
 lint: tools
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...

@@ -270,7 +270,24 @@ func sendMixed(t testing.TB, n *node, podIP netip.Addr, perQueue int) [][][]byte
 // its own; reports p50 and p99 of each, and the p50 of STATUS through
 // cnitool for the cost of starting the binaries. Run with -benchtime 100x.
 func BenchmarkCNIToolAddDel(b *testing.B) {
-	n := startNode(b)
+	b.Run("queue", func(b *testing.B) {
+		n := startNode(b)
+		benchAddDel(b, n, n.pair.NSPath())
+	})
+	// A netdev pool's ADD moves xa into the pod and starts its agent
+	// there (loading xdpq's program); DEL undoes it.
+	b.Run("netdev", func(b *testing.B) {
+		pod, err := testutils.NewNS()
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer testutils.UnmountNS(pod)
+		defer pod.Close()
+		benchAddDel(b, startNodeWith(b, 0, netdevPool, "vf", 1), pod.Path())
+	})
+}
+
+func benchAddDel(b *testing.B, n *node, netns string) {
 	c := newCNITool(b, n)
 	links := b.TempDir()
 	var add, del, status []time.Duration
@@ -278,7 +295,7 @@ func BenchmarkCNIToolAddDel(b *testing.B) {
 	for b.Loop() {
 		// cnitool names the container after the netns path.
 		path := filepath.Join(links, fmt.Sprintf("pod%d", i))
-		if err := os.Symlink(n.pair.NSPath(), path); err != nil {
+		if err := os.Symlink(netns, path); err != nil {
 			b.Fatal(err)
 		}
 		i++
