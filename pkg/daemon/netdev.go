@@ -39,12 +39,12 @@ type moved struct {
 
 // movedRecord is what a restarted daemon needs to find a moved netdev.
 type movedRecord struct {
-	Key    string     `json:"key"` // the attachment's
-	Netns  string     `json:"netns"`
-	IfName string     `json:"ifName"`
-	MTU    int        `json:"mtu"` // the node MTU, put back on return
-	Device nic.Netdev `json:"device"`
-	Policy agent.Policy
+	Key    string       `json:"key"` // the attachment's
+	Netns  string       `json:"netns"`
+	IfName string       `json:"ifName"`
+	MTU    int          `json:"mtu"` // the node MTU, put back on return
+	Device nic.Netdev   `json:"device"`
+	Policy agent.Policy `json:"policy"`
 }
 
 // nsPath is where code in this process reaches the pod's namespace, as long
