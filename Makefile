@@ -19,11 +19,13 @@ test:
 # Receive rates side by side on one veth pair (a table), the time the
 # agent takes to re-attach after a foreign program goes (100 trials), and
 # the daemon on 64 netdevs of 64 queues (first ListAndWatch, Allocate, RSS),
-# and CNI ADD/DEL latency through cnitool (100 attachments, p50/p99).
+# probing 16 queues for sockets one by one and at once, and CNI ADD/DEL
+# latency through cnitool (100 attachments, p50/p99).
 bench:
 	$(GO) run ./cmd/xdpqbench
 	$(GO) test -run '^$$' -bench Reattach -benchtime 100x ./pkg/agent
 	$(GO) test -run '^$$' -bench Scale64x64 -benchtime 1x ./pkg/daemon
+	$(GO) test -run '^$$' -bench BusyQueues -benchtime 10x ./pkg/xsk
 	$(GO) test -run '^$$' -bench CNIToolAddDel -benchtime 100x ./pkg/cni
 
 # Regenerate the BPF objects and their Go bindings (needs clang-14).

@@ -234,16 +234,15 @@ func (a *Agent) Manage(name string, p Policy) error {
 			return fmt.Errorf("agent: manage %s: %w", name, err)
 		}
 	}
-	for q := range queues {
-		busy, err := xsk.QueueBusy(a.dev(d), uint32(q))
-		if err != nil {
-			a.log.Warn("probe queue", "netdev", name, "queue", q, "err", err)
-			continue
-		}
-		if busy {
-			d.orphans[uint32(q)] = true
-		}
+	all := make([]uint32, queues)
+	for q := range all {
+		all[q] = uint32(q)
 	}
+	busy, err := xsk.BusyQueues(a.dev(d), all)
+	if err != nil {
+		a.log.Warn("probe queues", "netdev", name, "err", err)
+	}
+	maps.Copy(d.orphans, busy)
 	if p.Exclusive {
 		if l, err := link.LoadPinnedLink(filepath.Join(d.pins, "link"), nil); err == nil {
 			d.link = l
@@ -594,14 +593,22 @@ func (a *Agent) reconcileAll(probe bool) {
 
 // probeOrphans drops the queues found busy at start whose sockets are gone.
 func (a *Agent) probeOrphans(d *netdev) {
-	for q := range d.orphans {
-		busy, err := xsk.QueueBusy(a.dev(d), q)
-		if err == nil && !busy {
+	if len(d.orphans) == 0 {
+		return
+	}
+	queues := slices.Sorted(maps.Keys(d.orphans))
+	busy, err := xsk.BusyQueues(a.dev(d), queues)
+	if err != nil {
+		a.log.Warn("probe queues", "netdev", d.name, "err", err)
+		return
+	}
+	for _, q := range queues {
+		if !busy[q] {
 			delete(d.orphans, q)
-			if len(d.sockets)+len(d.orphans) == 0 {
-				a.startLinger(d)
-			}
 		}
+	}
+	if len(d.sockets)+len(d.orphans) == 0 {
+		a.startLinger(d)
 	}
 }
 

@@ -20,7 +20,7 @@
 //     outlive the daemon: traffic keeps flowing while it restarts. On
 //     start the agent loads its program on the maps pinned by its
 //     predecessor, adopts an attached xdpq program that uses them, finds
-//     the queues that still have sockets (see xsk.QueueBusy) and removes
+//     the queues that still have sockets (see xsk.BusyQueues) and removes
 //     the program from netdevs that have none.
 //
 // Policy.Exclusive instead holds the program with a pinned bpf_link:

@@ -2,6 +2,7 @@ package xsk_test
 
 import (
 	"bytes"
+	"maps"
 	"os"
 	"strconv"
 	"strings"
@@ -209,4 +210,87 @@ func TestQueueBusy(t *testing.T) {
 	if _, err := xsk.QueueBusy(dev, 9); err == nil || !strings.Contains(err.Error(), "xa/q9") {
 		t.Errorf("probe of a queue the netdev lacks: %v", err)
 	}
+}
+
+func TestBusyQueues(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	dev := xsk.Netdev{Name: p.A.Name, Ifindex: p.A.Index, NetNS: p.NSPath()}
+	cfg := xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: xsk.Rings{Fill: 64, Completion: 64, RX: 64}}
+	umem, socks, err := xsk.Open(dev, []uint32{0, 2}, 64, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer umem.Close()
+	for _, s := range socks {
+		defer s.Close()
+	}
+	// A queue the netdev lacks is named in the error; the others are
+	// still answered.
+	busy, err := xsk.BusyQueues(dev, []uint32{0, 1, 2, 3, 9})
+	if err == nil || !strings.Contains(err.Error(), "xa/q9") {
+		t.Errorf("probe with a queue the netdev lacks: %v", err)
+	}
+	if want := map[uint32]bool{0: true, 2: true}; !maps.Equal(busy, want) {
+		t.Errorf("busy %v, want %v", busy, want)
+	}
+	// The probes are gone when it returns: the free queues bind.
+	cfg.BusyRetry = 200 * time.Millisecond
+	umem2, socks2, err := xsk.Open(dev, []uint32{1, 3}, 64, cfg)
+	if err != nil {
+		t.Fatalf("bind the queues found free: %v", err)
+	}
+	for _, s := range socks2 {
+		s.Close()
+	}
+	umem2.Close()
+	if busy, err := xsk.BusyQueues(dev, nil); err != nil || len(busy) != 0 {
+		t.Errorf("no queues: %v, %v", busy, err)
+	}
+}
+
+// BenchmarkBusyQueues probes the 16 queues of a veth one by one and all at
+// once, side by side: each probe's close waits for an RCU grace period,
+// and concurrent closes share them.
+func BenchmarkBusyQueues(b *testing.B) {
+	p := testnet.NewPair(b, 16)
+	dev := xsk.Netdev{Name: p.A.Name, Ifindex: p.A.Index, NetNS: p.NSPath()}
+	queues := make([]uint32, 16)
+	for i := range queues {
+		queues[i] = uint32(i)
+	}
+	// Probing a queue leaves it busy for a while: wait until the last
+	// round's probes are released so each round finds all queues free.
+	settle := func(b *testing.B) {
+		b.StopTimer()
+		defer b.StartTimer()
+		for {
+			busy, err := xsk.BusyQueues(dev, queues)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if len(busy) == 0 {
+				time.Sleep(100 * time.Millisecond)
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	b.Run("one-by-one", func(b *testing.B) {
+		for b.Loop() {
+			settle(b)
+			for _, q := range queues {
+				if busy, err := xsk.QueueBusy(dev, q); err != nil || busy {
+					b.Fatalf("q%d: busy %v, %v", q, busy, err)
+				}
+			}
+		}
+	})
+	b.Run("batched", func(b *testing.B) {
+		for b.Loop() {
+			settle(b)
+			if busy, err := xsk.BusyQueues(dev, queues); err != nil || len(busy) != 0 {
+				b.Fatalf("busy %v, %v", busy, err)
+			}
+		}
+	})
 }
