@@ -218,6 +218,11 @@ func (a *Agent) Manage(name string, p Policy) error {
 	}
 	d.kind = map[Steering]xdp.Kind{SteerHardware: xdp.Direct, SteerSoftware: xdp.Filter}[mode]
 	a.chooseMode(d)
+	// Sockets a predecessor handed out can only be in its pinned XSKMAP:
+	// without one there is nothing to look for, and the probe (a bind per
+	// queue) would leave every queue busy for tens of milliseconds.
+	_, err = os.Stat(filepath.Join(d.pins, "xsks"))
+	predecessor := err == nil
 	if d.prog, err = a.loadProgram(d); err != nil {
 		return fmt.Errorf("agent: manage %s: %w", name, err)
 	}
@@ -234,15 +239,17 @@ func (a *Agent) Manage(name string, p Policy) error {
 			return fmt.Errorf("agent: manage %s: %w", name, err)
 		}
 	}
-	all := make([]uint32, queues)
-	for q := range all {
-		all[q] = uint32(q)
+	if predecessor {
+		all := make([]uint32, queues)
+		for q := range all {
+			all[q] = uint32(q)
+		}
+		busy, err := xsk.BusyQueues(a.dev(d), all)
+		if err != nil {
+			a.log.Warn("probe queues", "netdev", name, "err", err)
+		}
+		maps.Copy(d.orphans, busy)
 	}
-	busy, err := xsk.BusyQueues(a.dev(d), all)
-	if err != nil {
-		a.log.Warn("probe queues", "netdev", name, "err", err)
-	}
-	maps.Copy(d.orphans, busy)
 	if p.Exclusive {
 		if l, err := link.LoadPinnedLink(filepath.Join(d.pins, "link"), nil); err == nil {
 			d.link = l

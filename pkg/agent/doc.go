@@ -20,8 +20,10 @@
 //     outlive the daemon: traffic keeps flowing while it restarts. On
 //     start the agent loads its program on the maps pinned by its
 //     predecessor, adopts an attached xdpq program that uses them, finds
-//     the queues that still have sockets (see xsk.BusyQueues) and removes
-//     the program from netdevs that have none.
+//     the queues that still have sockets (see xsk.BusyQueues; only where
+//     a predecessor's XSKMAP is pinned, since a probe leaves the queues
+//     busy for a while) and removes the program from netdevs that have
+//     none.
 //
 // Policy.Exclusive instead holds the program with a pinned bpf_link:
 // the kernel then refuses every other XDP program on the netdev (no

@@ -118,6 +118,26 @@ func TestChannelsAndMode(t *testing.T) {
 	}
 }
 
+// TestFreshManageLeavesQueuesFree: with no predecessor's pins, Manage
+// binds nothing to look for leftover sockets, so the queues are free the
+// moment it returns: the rx queues can shrink to one at once (the kernel
+// refuses that while any probe socket's pool is still on a queue).
+func TestFreshManageLeavesQueuesFree(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	a := start(t, p, time.Second)
+	if err := a.Manage("xa", agent.Policy{Steering: agent.SteerSoftware}); err != nil {
+		t.Fatal(err)
+	}
+	h, err := ethtool.Open(p.NSPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := h.SetChannels("xa", ethtool.Channels{RX: 1, TX: 4}); err != nil {
+		t.Fatalf("shrink xa's rx queues right after Manage: %v", err)
+	}
+}
+
 // TestAttachAlways: the program is on while the netdev is managed, with
 // or without sockets, and goes when it is unmanaged.
 func TestAttachAlways(t *testing.T) {
