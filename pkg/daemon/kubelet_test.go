@@ -150,7 +150,7 @@ func TestKubernetesNetdevPool(t *testing.T) {
 	os.MkdirAll(plugins, 0o755)
 	regs := kubelettest.Start(t, plugins).Registrations
 	cfgPath := filepath.Join(dir, "config.yaml")
-	os.WriteFile(cfgPath, []byte("pools: [{name: vf, mode: netdev, devices: {netdevs: [xa]}}]\n"), 0o644)
+	os.WriteFile(cfgPath, []byte("pools: [{name: vf, mode: netdev, devices: {netdevs: [xa, xb]}}]\n"), 0o644)
 	pins := testPins(t)
 	d, _ := runDaemon(t, Options{ConfigPath: cfgPath, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
 		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), PluginDir: plugins,
@@ -171,8 +171,13 @@ func TestKubernetesNetdevPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(list.Devices) != 1 || list.Devices[0].ID != "xa" || list.Devices[0].Health != "Healthy" {
+	if len(list.Devices) != 2 || list.Devices[0].ID != "xa" || list.Devices[1].ID != "xb" || list.Devices[0].Health != "Healthy" {
 		t.Fatalf("devices %v", list.Devices)
+	}
+	// A device is a whole netdev: two are two netdevs, never one allocation.
+	if _, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa", "xb"}}}}); err == nil ||
+		!strings.Contains(err.Error(), "an allocation is on one netdev") {
+		t.Errorf("allocate two netdevs: %v", err)
 	}
 	resp, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa"}}}})
 	if err != nil {
@@ -204,7 +209,7 @@ func TestKubernetesNetdevPool(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("net1 in the pod: %v", err)
 	}
-	if devs := d.devices("vf"); len(devs) != 1 || !devs[0].Healthy {
+	if devs := d.devices("vf"); len(devs) != 2 || devs[0].ID != "xa" || !devs[0].Healthy {
 		t.Errorf("the netdev in the pod is reported %+v", devs)
 	}
 	if _, err := d.CNICheck("c1", "net1"); err != nil {
@@ -227,7 +232,7 @@ func TestKubernetesNetdevPool(t *testing.T) {
 	if err := p.NS.Do(func(ns.NetNS) error { _, err := netlink.LinkByName("xa"); return err }); err != nil {
 		t.Errorf("xa not back on the node: %v", err)
 	}
-	if devs := d.devices("vf"); len(devs) != 1 || !devs[0].Healthy {
+	if devs := d.devices("vf"); len(devs) != 2 || devs[0].ID != "xa" || !devs[0].Healthy {
 		t.Errorf("the netdev back on the node is reported %+v", devs)
 	}
 }
