@@ -313,12 +313,12 @@ func BusyQueues(dev Netdev, queues []uint32) (map[uint32]bool, error) {
 	if len(queues) == 0 {
 		return busy, nil
 	}
-	mf, err := NewMemfd("xdpq-probe", int64(os.Getpagesize()), false)
+	size := int64(os.Getpagesize())
+	mf, err := NewMemfd("xdpq-probe", size, false)
 	if err != nil {
 		return busy, err
 	}
 	defer mf.Close()
-	size := int64(os.Getpagesize())
 	fds, err := sockets(dev.NetNS, len(queues))
 	if err != nil {
 		return busy, fmt.Errorf("probe %s: %w", dev, err)
