@@ -248,7 +248,11 @@ func (a *Agent) Manage(name string, p Policy) error {
 		if err != nil {
 			a.log.Warn("probe queues", "netdev", name, "err", err)
 		}
-		maps.Copy(d.orphans, busy)
+		for q, b := range busy {
+			if b {
+				d.orphans[q] = true
+			}
+		}
 	}
 	if p.Exclusive {
 		if l, err := link.LoadPinnedLink(filepath.Join(d.pins, "link"), nil); err == nil {
@@ -603,14 +607,12 @@ func (a *Agent) probeOrphans(d *netdev) {
 	if len(d.orphans) == 0 {
 		return
 	}
-	queues := slices.Sorted(maps.Keys(d.orphans))
-	busy, err := xsk.BusyQueues(a.dev(d), queues)
+	busy, err := xsk.BusyQueues(a.dev(d), slices.Sorted(maps.Keys(d.orphans)))
 	if err != nil {
 		a.log.Warn("probe queues", "netdev", d.name, "err", err)
-		return
 	}
-	for _, q := range queues {
-		if !busy[q] {
+	for q, b := range busy {
+		if !b { // answered free; a queue the probe failed on stays
 			delete(d.orphans, q)
 		}
 	}

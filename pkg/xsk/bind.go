@@ -289,15 +289,8 @@ func Open(dev Netdev, queues []uint32, frames int, cfg Config) (*UMEM, []*Socket
 	return umem, socks, nil
 }
 
-// QueueBusy reports whether an AF_XDP socket is bound to queue of dev
-// (see BusyQueues).
-func QueueBusy(dev Netdev, queue uint32) (bool, error) {
-	busy, err := BusyQueues(dev, []uint32{queue})
-	return busy[queue], err
-}
-
-// BusyQueues reports which of the queues of dev have an AF_XDP socket
-// bound. The kernel lists AF_XDP sockets only with CONFIG_XDP_SOCKETS_DIAG,
+// BusyQueues answers, for each of the queues of dev, whether an AF_XDP
+// socket is bound to it (true) or not (false). The kernel lists AF_XDP sockets only with CONFIG_XDP_SOCKETS_DIAG,
 // which kernels such as this project's test machines lack, so it tries: a
 // small copy-mode socket per queue; one that binds means the queue was free
 // and is closed at once (the queue then stays busy for some tens of
@@ -306,8 +299,8 @@ func QueueBusy(dev Netdev, queue uint32) (bool, error) {
 // Closing a bound socket waits for an RCU grace period (8 to 30 ms here),
 // so the probes are closed concurrently: the grace periods overlap and a
 // 64-queue netdev costs about one, not 64. A queue that cannot be probed
-// (one dev lacks, say) is left out of the answer and named in the error;
-// the others are still answered.
+// (one dev lacks, say) has no answer and is named in the error; the
+// others are still answered.
 func BusyQueues(dev Netdev, queues []uint32) (map[uint32]bool, error) {
 	busy := map[uint32]bool{}
 	if len(queues) == 0 {
@@ -340,9 +333,11 @@ func BusyQueues(dev Netdev, queues []uint32) (map[uint32]bool, error) {
 			err = unix.Bind(fds[i], &unix.SockaddrXDP{Flags: unix.XDP_COPY, Ifindex: uint32(dev.Ifindex), QueueID: q})
 		}
 		switch {
+		case err == nil:
+			busy[q] = false
 		case errors.Is(err, unix.EBUSY):
 			busy[q] = true
-		case err != nil:
+		default:
 			errs = append(errs, fmt.Errorf("probe %s/q%d: %w", dev, q, err))
 		}
 	}
