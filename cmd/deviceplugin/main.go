@@ -55,6 +55,14 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		for range hup {
+			o.Logger.Info("SIGHUP: reloading the config")
+			d.Reload(ctx) // the outcome is logged
+		}
+	}()
 	if err := d.Run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "deviceplugin:", err)
 		os.Exit(1)

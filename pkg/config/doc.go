@@ -1,6 +1,6 @@
 // Package config is xdpq's pool configuration: its schema, its
 // validation with errors that name the field, and its reload when the file
-// changes or on SIGHUP.
+// changes or when the program asks (cmd/deviceplugin: on SIGHUP).
 //
 // A config lists pools. A pool is a resource (`xdpq.io/<name>`): the
 // queues it reserves on the netdevs its selectors match, how flows are

@@ -3,55 +3,62 @@ package config
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
 )
 
-// Watcher keeps the config of a file in force: it reloads the file when it
-// changes and on SIGHUP, applies a valid new config, and keeps the last
-// good one when the new one is invalid or cannot be applied.
+// Watcher keeps the config of a file in force. NewWatcher loads the first
+// one; Run applies every later version of the file (watched through its
+// directory, as a Kubernetes ConfigMap volume swaps a symlink) and every
+// Reload. An invalid file, or one the apply function refuses, leaves the
+// last good config in force and is kept as LastError.
+//
+// Only Run's goroutine calls apply, and it holds no lock of the watcher
+// while it does: apply may call Current or LastError, and a caller of
+// those never waits for an apply. The watcher registers no signal
+// handler; the program decides what SIGHUP means (cmd/deviceplugin calls
+// Reload).
 type Watcher struct {
-	path  string
-	apply func(*Config) error
-	log   *slog.Logger
-	fw    *fsnotify.Watcher
-	hup   chan os.Signal
+	path   string
+	log    *slog.Logger
+	reload chan chan error
 
-	mu      sync.Mutex // guards the fields below
+	mu      sync.Mutex // guards the three fields below, never held across apply
 	current *Config
 	raw     []byte
 	lastErr error
 }
 
-// NewWatcher loads path, which must be valid, and applies it. From then
-// on changes and SIGHUP are noticed; Run acts on them.
-func NewWatcher(path string, apply func(*Config) error, log *slog.Logger) (*Watcher, error) {
+// NewWatcher loads path, which must hold a valid config; it becomes
+// Current, to be put in force by the caller before Run starts.
+func NewWatcher(path string, log *slog.Logger) (*Watcher, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	w := &Watcher{path: path, apply: apply, log: log, hup: make(chan os.Signal, 1)}
-	if err := w.Reload(); err != nil {
+	raw, c, err := load(path)
+	if err != nil {
 		return nil, err
 	}
-	fw, err := fsnotify.NewWatcher()
+	return &Watcher{path: path, log: log, reload: make(chan chan error), current: c, raw: raw}, nil
+}
+
+func load(path string) ([]byte, *Config, error) {
+	raw, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("watch %s: %w", path, err)
+		return nil, nil, err // names the path
 	}
-	if err := fw.Add(filepath.Dir(path)); err != nil {
-		fw.Close()
-		return nil, fmt.Errorf("watch %s: %w", path, err)
+	c, err := Parse(raw)
+	if err != nil {
+		return raw, nil, fmt.Errorf("%s: %w", path, err)
 	}
-	w.fw = fw
-	signal.Notify(w.hup, syscall.SIGHUP)
-	return w, nil
+	return raw, c, nil
 }
 
 // Current returns the config in force.
@@ -69,68 +76,93 @@ func (w *Watcher) LastError() error {
 	return w.lastErr
 }
 
-// Reload reads the file again. An unchanged file does nothing; an invalid
-// one is refused, logged and kept as LastError, and the config in force
-// stays.
-func (w *Watcher) Reload() error {
-	raw, err := os.ReadFile(w.path)
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if err == nil && w.current != nil && bytes.Equal(raw, w.raw) {
-		return nil
+// Reload has Run read the file now and apply it even when it has not
+// changed (the program's own state may have: SIGHUP is how an operator
+// says so), and returns the outcome. It waits for Run; it returns ctx's
+// error if ctx ends first.
+func (w *Watcher) Reload(ctx context.Context) error {
+	done := make(chan error, 1)
+	select {
+	case w.reload <- done:
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	var c *Config
-	if err == nil {
-		c, err = Parse(raw)
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	if err == nil {
-		if aerr := w.apply(c); aerr != nil {
-			err = fmt.Errorf("apply config: %w", aerr)
-		}
-	}
-	if err != nil {
-		w.lastErr = fmt.Errorf("%s: %w", w.path, err)
-		if w.current != nil {
-			w.log.Error("config refused; the last good one stays in force", "path", w.path, "err", err)
-		}
-		return w.lastErr
-	}
-	w.current, w.raw, w.lastErr = c, raw, nil
-	w.log.Info("config in force", "path", w.path, "pools", len(c.Pools))
-	return nil
 }
 
-// Run reloads on changes to the file (watched through its directory, as
-// a Kubernetes ConfigMap volume swaps a symlink) and on SIGHUP, until ctx
-// ends; then it stops watching.
-func (w *Watcher) Run(ctx context.Context) error {
-	fw, hup := w.fw, w.hup
+// ErrWatchClosed is returned by Run when the file system watch ends on its
+// own.
+var ErrWatchClosed = errors.New("config watch closed")
+
+// Run applies the file whenever it changes and on Reload, until ctx ends.
+func (w *Watcher) Run(ctx context.Context, apply func(*Config) error) error {
+	fw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", w.path, err)
+	}
 	defer fw.Close()
-	defer signal.Stop(hup)
+	if err := fw.Add(filepath.Dir(w.path)); err != nil {
+		return fmt.Errorf("watch %s: %w", w.path, err)
+	}
+	// The file may have changed between NewWatcher and the watch.
+	w.apply(apply, false)
 	// Editors and ConfigMap updates write in several steps: settle first.
 	var settle <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-hup:
-			w.log.Info("SIGHUP: reloading config", "path", w.path)
-			w.Reload()
+		case done := <-w.reload:
+			done <- w.apply(apply, true)
 		case ev, ok := <-fw.Events:
 			if !ok {
-				return fmt.Errorf("watch %s: closed", w.path)
+				return fmt.Errorf("%s: %w", w.path, ErrWatchClosed)
 			}
 			if ev.Op&(fsnotify.Write|fsnotify.Create|fsnotify.Rename|fsnotify.Remove) != 0 {
 				settle = time.After(100 * time.Millisecond)
 			}
 		case err, ok := <-fw.Errors:
 			if !ok {
-				return fmt.Errorf("watch %s: closed", w.path)
+				return fmt.Errorf("%s: %w", w.path, ErrWatchClosed)
 			}
 			w.log.Error("watch config", "path", w.path, "err", err)
 		case <-settle:
 			settle = nil
-			w.Reload()
+			w.apply(apply, false)
 		}
 	}
+}
+
+// apply reads the file and, when it changed or force is set, applies it.
+func (w *Watcher) apply(apply func(*Config) error, force bool) error {
+	raw, c, err := load(w.path)
+	w.mu.Lock()
+	same := err == nil && bytes.Equal(raw, w.raw)
+	if same && !force {
+		w.lastErr = nil
+	}
+	w.mu.Unlock()
+	if same && !force {
+		return nil
+	}
+	if err == nil {
+		if aerr := apply(c); aerr != nil {
+			err = fmt.Errorf("%s: apply: %w", w.path, aerr)
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err != nil {
+		w.lastErr = err
+		w.log.Error("config refused; the last good one stays in force", "err", err)
+		return err
+	}
+	w.current, w.raw, w.lastErr = c, raw, nil
+	w.log.Info("config in force", "path", w.path, "pools", len(c.Pools))
+	return nil
 }

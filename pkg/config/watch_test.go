@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -45,13 +44,16 @@ func TestWatcher(t *testing.T) {
 		}
 		return nil
 	}
-	w, err := NewWatcher(path, apply, slog.New(slog.NewTextHandler(t.Output(), nil)))
+	w, err := NewWatcher(path, slog.New(slog.NewTextHandler(t.Output(), nil)))
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := apply(w.Current()); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
-	go func() { done <- w.Run(ctx) }()
+	go func() { done <- w.Run(ctx, apply) }()
 	defer func() { cancel(); <-done }()
 	waitFor := func(what string, f func() bool) {
 		t.Helper()
@@ -95,13 +97,69 @@ func TestWatcher(t *testing.T) {
 	os.Symlink("..data/config.yaml", path)
 	waitFor("symlink swap", func() bool { return lastApplied() == "c" })
 
-	// SIGHUP reloads even without a file event: change the target behind
-	// a directory the watcher does not see.
+	// Reload (what SIGHUP does in cmd/deviceplugin) reads the file even
+	// without a file event: change the target behind a directory the
+	// watcher does not see. It applies an unchanged file too.
 	os.WriteFile(filepath.Join(dir, "v1", "config.yaml"), []byte("pools: [{name: d, devices: {netdevs: [eth4#1]}}]"), 0o644)
-	syscall.Kill(os.Getpid(), syscall.SIGHUP)
-	waitFor("SIGHUP", func() bool { return lastApplied() == "d" && w.LastError() == nil })
+	if err := w.Reload(ctx); err != nil || lastApplied() != "d" || w.LastError() != nil {
+		t.Fatalf("reload: %v, applied %s, last error %v", err, lastApplied(), w.LastError())
+	}
+	mu.Lock()
+	n := len(applied)
+	mu.Unlock()
+	if err := w.Reload(ctx); err != nil || len(applied) != n+1 {
+		t.Fatalf("reload of an unchanged file: %v, %d applies, want %d", err, len(applied), n+1)
+	}
 
-	if _, err := NewWatcher(filepath.Join(dir, "missing.yaml"), apply, nil); err == nil {
+	if _, err := NewWatcher(filepath.Join(dir, "missing.yaml"), nil); err == nil {
 		t.Error("a missing file was accepted")
+	}
+}
+
+// TestWatcherApplyCallsBack: apply may ask the watcher for its state while
+// a Reload waits (the daemon's status does, from another goroutine, at
+// any time). A watcher that held its lock across apply deadlocked here.
+func TestWatcherApplyCallsBack(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(path, []byte("pools: [{name: a, devices: {netdevs: [eth1#8-15]}}]"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWatcher(path, slog.New(slog.NewTextHandler(t.Output(), nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var statusMu sync.Mutex // stands for the daemon's lock
+	apply := func(*Config) error {
+		statusMu.Lock()
+		defer statusMu.Unlock()
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	done := make(chan error)
+	go func() { done <- w.Run(ctx, apply) }()
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() { // status: the daemon's lock, then the watcher's
+			defer wg.Done()
+			for i := 0; i < 500 && ctx.Err() == nil; i++ {
+				statusMu.Lock()
+				w.LastError()
+				w.Current()
+				statusMu.Unlock()
+			}
+		}()
+	}
+	for i := 0; i < 200; i++ {
+		if err := w.Reload(ctx); err != nil {
+			t.Fatalf("reload %d: %v", i, err)
+		}
+	}
+	wg.Wait()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

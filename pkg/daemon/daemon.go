@@ -138,8 +138,11 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.loadMoved()
-	d.watcher, err = config.NewWatcher(opts.ConfigPath, d.apply, opts.Logger)
+	d.watcher, err = config.NewWatcher(opts.ConfigPath, opts.Logger)
 	if err != nil {
+		return nil, err
+	}
+	if err := d.apply(d.watcher.Current()); err != nil {
 		return nil, err
 	}
 	d.restore()
@@ -524,7 +527,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}()
 	}
 	run(d.agent.Run)
-	run(d.watcher.Run)
+	run(func(ctx context.Context) error { return d.watcher.Run(ctx, d.apply) })
 	run(d.serveAPI)
 	if !d.opts.Standalone {
 		d.startPlugins(ctx)
@@ -564,6 +567,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.plugins.Wait()
 	return err
 }
+
+// Reload reads the config file again and applies it, changed or not
+// (cmd/deviceplugin calls it on SIGHUP).
+func (d *Daemon) Reload(ctx context.Context) error { return d.watcher.Reload(ctx) }
 
 // startPlugins starts one device plugin per pool (Kubernetes mode).
 func (d *Daemon) startPlugins(ctx context.Context) {
