@@ -1,0 +1,682 @@
+package ledger
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/config"
+)
+
+// Errors the ledger's methods wrap; pkg/api maps them to HTTP status codes.
+var (
+	ErrNotFound    = api.ErrNotFound
+	ErrConflict    = api.ErrConflict
+	ErrInvalid     = api.ErrInvalid
+	ErrUnavailable = api.ErrUnavailable
+)
+
+// Device is one device of a pool: a queue of a netdev, or in a netdev
+// pool the whole netdev (its ID is then the netdev's name).
+type Device struct {
+	ID     string
+	Netdev string
+	Queues []uint32
+	NUMA   int    // -1 when unknown
+	PCI    string // "" for a virtual netdev
+}
+
+// Pool is a pool as the config and the netdevs found make it.
+type Pool struct {
+	Name     string
+	Resource string
+	Config   config.Pool // its settings, defaults filled in
+	Devices  []Device
+	// Problems say why the pool has fewer devices than its config names.
+	Problems []string
+}
+
+// Mode is the pool's mode: api.ModeQueue or api.ModeNetdev.
+func (p Pool) Mode() string {
+	if p.Config.Mode == api.ModeNetdev {
+		return api.ModeNetdev
+	}
+	return api.ModeQueue
+}
+
+// Owner is who may use an allocation.
+type Owner struct {
+	UID    *uint32 `json:"uid,omitempty"`
+	PodUID string  `json:"podUID,omitempty"`
+	AnyPod bool    `json:"anyPod,omitempty"`
+}
+
+// LeaseSocket is a socket the broker bound for an allocation's lease: the
+// pod that holds it may resume the lease with it after a daemon restart.
+type LeaseSocket struct {
+	Queue uint32 `json:"queue"`
+	Inode uint64 `json:"inode"`
+}
+
+// State is where an allocation or attachment is in its life.
+type State string
+
+// States. Pending and ending are the in-progress marks of the two phases.
+const (
+	Pending State = "pending" // being made; an allocation is not persisted yet
+	Active  State = "active"
+	Ending  State = "ending" // being freed or detached
+)
+
+// Allocation is a set of devices of one pool, on one netdev, given to one
+// owner, with the CNI attachments made for it.
+type Allocation struct {
+	ID      string    `json:"id"`
+	Pool    string    `json:"pool"`
+	Netdev  string    `json:"netdev"`
+	Queues  []uint32  `json:"queues"`
+	Devices []string  `json:"devices"`
+	Owner   Owner     `json:"owner"`
+	Created time.Time `json:"created"`
+	State   State     `json:"state"`
+	// Replaces are the allocations this one succeeds on the same devices
+	// (kubelet's Allocate for a restarted container); they are gone once
+	// this one is committed.
+	Replaces    []string      `json:"replaces,omitempty"`
+	Attachments []Attachment  `json:"attachments,omitempty"`
+	Lease       []LeaseSocket `json:"lease,omitempty"`
+}
+
+// Attachment is a CNI attachment of an allocation.
+type Attachment struct {
+	api.Attachment
+	State State `json:"state"`
+	// Moved is what the netdev mover needs to find a netdev-mode pool's
+	// netdev again (opaque to the ledger); recorded before the move.
+	Moved []byte `json:"moved,omitempty"`
+}
+
+// Key is the attachment's name: "containerID/ifName".
+func (a Attachment) Key() string { return Key(a.ContainerID, a.IfName) }
+
+// Key names an attachment.
+func Key(containerID, ifName string) string { return containerID + "/" + ifName }
+
+// Clock is the time source; tests give a fake one.
+type Clock interface{ Now() time.Time }
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// Ledger is the record. Its methods are safe for concurrent use; none
+// waits for the kernel or the network, and persistence is the only I/O.
+type Ledger struct {
+	store *store
+	clock Clock
+
+	mu     sync.Mutex // guards the fields below; held for memory work only
+	pools  map[string]*Pool
+	allocs map[string]*Allocation
+	held   map[string]map[string]string // pool -> device id -> allocation id
+	atts   map[string]string            // attachment key -> allocation id
+	broken map[string]error             // allocation id -> why its record is unreadable
+	// writing serialises the writes of each record (see persist).
+	writing map[string]*sync.Mutex
+}
+
+// Options configure Open.
+type Options struct {
+	// Dir holds one file per allocation; it is created if missing.
+	Dir   string
+	Clock Clock // nil: the real clock
+}
+
+// Open reads the records in dir. Records that cannot be read are kept on
+// disk and reported by Broken; Recovery says what the caller must finish
+// or roll back before serving.
+func Open(o Options) (*Ledger, error) {
+	if o.Clock == nil {
+		o.Clock = realClock{}
+	}
+	st, err := openStore(o.Dir)
+	if err != nil {
+		return nil, err
+	}
+	l := &Ledger{store: st, clock: o.Clock, pools: map[string]*Pool{}, allocs: map[string]*Allocation{},
+		held: map[string]map[string]string{}, atts: map[string]string{}, broken: map[string]error{}, writing: map[string]*sync.Mutex{}}
+	recs, broken := st.loadAll()
+	l.broken = broken
+	// A record that succeeds others wins over them: a crash after it was
+	// written and before theirs were removed leaves both.
+	gone := map[string]bool{}
+	for _, a := range recs {
+		for _, r := range a.Replaces {
+			gone[r] = true
+		}
+	}
+	for _, a := range recs {
+		if gone[a.ID] {
+			st.remove(a.ID)
+			continue
+		}
+		if err := l.conflictLocked(a); err != nil {
+			l.broken[a.ID] = fmt.Errorf("%s: %w", st.path(a.ID), err)
+			continue
+		}
+		a.Replaces = nil
+		l.insertLocked(a)
+	}
+	return l, nil
+}
+
+// insertLocked records a into the indexes.
+func (l *Ledger) insertLocked(a *Allocation) {
+	l.allocs[a.ID] = a
+	if l.held[a.Pool] == nil {
+		l.held[a.Pool] = map[string]string{}
+	}
+	for _, d := range a.Devices {
+		l.held[a.Pool][d] = a.ID
+	}
+	for _, att := range a.Attachments {
+		l.atts[att.Key()] = a.ID
+	}
+}
+
+func (l *Ledger) deleteLocked(a *Allocation) {
+	delete(l.allocs, a.ID)
+	for _, d := range a.Devices {
+		if l.held[a.Pool][d] == a.ID {
+			delete(l.held[a.Pool], d)
+		}
+	}
+	for _, att := range a.Attachments {
+		if l.atts[att.Key()] == a.ID {
+			delete(l.atts, att.Key())
+		}
+	}
+}
+
+// newID returns a fresh allocation id: the pool's name and 12 hex digits.
+func newID(pool string) string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return pool + "-" + hex.EncodeToString(b)
+}
+
+// poolOfID is the pool an allocation id names, "" when it names none.
+func poolOfID(id string) string {
+	i := strings.LastIndexByte(id, '-')
+	if i <= 0 || len(id)-i-1 != 12 {
+		return ""
+	}
+	if _, err := hex.DecodeString(id[i+1:]); err != nil {
+		return ""
+	}
+	return id[:i]
+}
+
+// PoolChanges says what SetPools changed.
+type PoolChanges struct {
+	Added, Removed []string // pool names
+	// Lingering are pools gone from the config that allocations still
+	// hold devices of; they are removed when the last is freed.
+	Lingering []string
+}
+
+// SetPools puts a new set of pools in force. A pool gone from the set
+// stays, with no devices, until its last allocation is freed; devices gone
+// from a pool stay with the allocations that hold them.
+func (l *Ledger) SetPools(pools []Pool) PoolChanges {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var ch PoolChanges
+	next := map[string]*Pool{}
+	for _, p := range pools {
+		p := p
+		p.Devices = slices.Clone(p.Devices)
+		if l.pools[p.Name] == nil {
+			ch.Added = append(ch.Added, p.Name)
+		}
+		next[p.Name] = &p
+	}
+	for name, p := range l.pools {
+		if next[name] != nil {
+			continue
+		}
+		if len(l.held[name]) > 0 {
+			keep := *p
+			keep.Devices = nil
+			keep.Problems = []string{"removed from the config; it goes when its allocations are freed"}
+			next[name] = &keep
+			ch.Lingering = append(ch.Lingering, name)
+			continue
+		}
+		ch.Removed = append(ch.Removed, name)
+	}
+	l.pools = next
+	slices.Sort(ch.Added)
+	slices.Sort(ch.Removed)
+	slices.Sort(ch.Lingering)
+	return ch
+}
+
+// dropEmptyLingeringLocked removes a pool that is gone from the config
+// once nothing holds its devices. It reports whether it did.
+func (l *Ledger) dropEmptyLingeringLocked(name string) bool {
+	p := l.pools[name]
+	if p == nil || len(l.held[name]) > 0 || !slices.Contains(p.Problems, "removed from the config; it goes when its allocations are freed") {
+		return false
+	}
+	delete(l.pools, name)
+	return true
+}
+
+// Pool returns a pool by name.
+func (l *Ledger) Pool(name string) (Pool, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p := l.pools[name]
+	if p == nil {
+		return Pool{}, false
+	}
+	return clonePool(p), true
+}
+
+// Pools returns every pool, by name.
+func (l *Ledger) Pools() []Pool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]Pool, 0, len(l.pools))
+	for _, name := range slices.Sorted(maps.Keys(l.pools)) {
+		out = append(out, clonePool(l.pools[name]))
+	}
+	return out
+}
+
+func clonePool(p *Pool) Pool {
+	c := *p
+	c.Devices = slices.Clone(p.Devices)
+	c.Problems = slices.Clone(p.Problems)
+	return c
+}
+
+// Holder returns the id of the allocation that holds a device of a pool,
+// "" when none does.
+func (l *Ledger) Holder(pool, device string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.held[pool][device]
+}
+
+// FreeDevices returns the devices of a pool that no allocation holds.
+func (l *Ledger) FreeDevices(pool string) ([]Device, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p := l.pools[pool]
+	if p == nil {
+		return nil, fmt.Errorf("no pool %q (pools: %s): %w", pool, strings.Join(slices.Sorted(maps.Keys(l.pools)), ", "), ErrNotFound)
+	}
+	var out []Device
+	for _, d := range p.Devices {
+		if l.held[pool][d.ID] == "" {
+			out = append(out, d)
+		}
+	}
+	return out, nil
+}
+
+// PoolUsage is a pool's count of devices.
+type PoolUsage struct {
+	Devices int // in the pool now
+	Free    int // of those, held by no allocation
+	// Beyond counts devices allocations hold that the pool no longer has
+	// (a shrink while they were held).
+	Beyond int
+	// Blocked says why the pool takes no allocation now, "" when it does.
+	Blocked string
+}
+
+// Usage counts a pool's devices.
+func (l *Ledger) Usage(pool string) PoolUsage {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var u PoolUsage
+	p := l.pools[pool]
+	in := map[string]bool{}
+	if p != nil {
+		for _, d := range p.Devices {
+			in[d.ID] = true
+			u.Devices++
+			if l.held[pool][d.ID] == "" {
+				u.Free++
+			}
+		}
+	}
+	for d := range l.held[pool] {
+		if !in[d] {
+			u.Beyond++
+		}
+	}
+	if err := l.blockedLocked(pool); err != nil {
+		u.Blocked = err.Error()
+	}
+	return u
+}
+
+// blockedLocked refuses allocations from a pool that an unreadable record
+// may hold queues of.
+func (l *Ledger) blockedLocked(pool string) error {
+	for id, err := range l.broken {
+		if p := poolOfID(id); p == pool || p == "" {
+			return fmt.Errorf("the record of allocation %s cannot be read (%v), and it may hold devices of pool %s: "+
+				"repair the file or remove it if that allocation is gone, then reload (SIGHUP): %w", id, err, pool, ErrUnavailable)
+		}
+	}
+	return nil
+}
+
+// Broken returns the records that could not be read, by allocation id.
+func (l *Ledger) Broken() map[string]error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.broken)
+}
+
+// Get returns an allocation.
+func (l *Ledger) Get(id string) (Allocation, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	a := l.allocs[id]
+	if a == nil {
+		return Allocation{}, false
+	}
+	return cloneAlloc(a), true
+}
+
+// Allocations returns every allocation but those being made, by id.
+func (l *Ledger) Allocations() []Allocation {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]Allocation, 0, len(l.allocs))
+	for _, id := range slices.Sorted(maps.Keys(l.allocs)) {
+		if a := l.allocs[id]; a.State != Pending {
+			out = append(out, cloneAlloc(a))
+		}
+	}
+	return out
+}
+
+func cloneAlloc(a *Allocation) Allocation {
+	c := *a
+	c.Queues = slices.Clone(a.Queues)
+	c.Devices = slices.Clone(a.Devices)
+	c.Replaces = slices.Clone(a.Replaces)
+	c.Lease = slices.Clone(a.Lease)
+	c.Attachments = make([]Attachment, len(a.Attachments))
+	for i, att := range a.Attachments {
+		c.Attachments[i] = cloneAtt(att)
+	}
+	if len(a.Attachments) == 0 {
+		c.Attachments = nil
+	}
+	if a.Owner.UID != nil {
+		u := *a.Owner.UID
+		c.Owner.UID = &u
+	}
+	return c
+}
+
+func cloneAtt(a Attachment) Attachment {
+	a.Flows = slices.Clone(a.Flows)
+	a.Queues = slices.Clone(a.Queues)
+	a.Moved = slices.Clone(a.Moved)
+	return a
+}
+
+// Reservation asks for devices of a pool.
+type Reservation struct {
+	Pool    string
+	Devices []string
+	Owner   Owner
+	// Replace lets the reservation take devices that allocations hold:
+	// they are ended (BeginFree) and succeeded by this one (kubelet's
+	// Allocate for a restarted container). Without it a held device is
+	// ErrConflict.
+	Replace bool
+}
+
+// Reserve makes a pending allocation of the devices: they are held from
+// now on, but the allocation is neither persisted nor reported until
+// Commit. With Replace, the allocations that hold any of the devices are
+// marked ending and returned in Replaces; the caller undoes them and
+// Commit removes them (Abort gives them back).
+func (l *Ledger) Reserve(r Reservation) (Allocation, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p := l.pools[r.Pool]
+	if p == nil {
+		return Allocation{}, fmt.Errorf("no pool %q (pools: %s): %w", r.Pool, strings.Join(slices.Sorted(maps.Keys(l.pools)), ", "), ErrNotFound)
+	}
+	if len(r.Devices) == 0 {
+		return Allocation{}, fmt.Errorf("pool %s: no devices asked for: %w", r.Pool, ErrInvalid)
+	}
+	if err := l.blockedLocked(r.Pool); err != nil {
+		return Allocation{}, err
+	}
+	byID := map[string]Device{}
+	for _, d := range p.Devices {
+		byID[d.ID] = d
+	}
+	a := &Allocation{Pool: r.Pool, Owner: r.Owner, Created: l.clock.Now(), State: Pending}
+	replaces := map[string]bool{}
+	for _, id := range r.Devices {
+		d, ok := byID[id]
+		switch {
+		case !ok:
+			return Allocation{}, fmt.Errorf("device %s is not in pool %s: %w", id, r.Pool, ErrInvalid)
+		case slices.Contains(a.Devices, id):
+			return Allocation{}, fmt.Errorf("device %s asked for twice: %w", id, ErrInvalid)
+		case a.Netdev != "" && d.Netdev != a.Netdev:
+			return Allocation{}, fmt.Errorf("devices %v span netdevs %s and %s; an allocation is on one netdev: %w", r.Devices, a.Netdev, d.Netdev, ErrInvalid)
+		}
+		if h := l.held[r.Pool][id]; h != "" {
+			old := l.allocs[h]
+			if !r.Replace || old.State != Active {
+				return Allocation{}, fmt.Errorf("device %s is in use by allocation %s (%s): %w", id, h, old.State, ErrConflict)
+			}
+			if err := l.checkEndableLocked(old); err != nil {
+				return Allocation{}, err
+			}
+			replaces[h] = true
+		}
+		a.Netdev = d.Netdev
+		a.Devices = append(a.Devices, id)
+		a.Queues = append(a.Queues, d.Queues...)
+	}
+	slices.Sort(a.Queues)
+	for {
+		a.ID = newID(r.Pool)
+		if l.allocs[a.ID] == nil && l.broken[a.ID] == nil {
+			break
+		}
+	}
+	a.Replaces = slices.Sorted(maps.Keys(replaces))
+	for _, old := range a.Replaces {
+		o := l.allocs[old]
+		o.State = Ending
+		// Its devices pass to the new allocation now; those it holds
+		// beyond the reservation stay its own until it is gone.
+	}
+	l.insertLocked(a)
+	return cloneAlloc(a), nil
+}
+
+// checkEndableLocked refuses to end an allocation one of whose
+// attachments is being made or removed.
+func (l *Ledger) checkEndableLocked(a *Allocation) error {
+	for _, att := range a.Attachments {
+		if att.State != Active {
+			return fmt.Errorf("allocation %s: attachment %s is %s; try again: %w", a.ID, att.Key(), att.State, ErrConflict)
+		}
+	}
+	return nil
+}
+
+// Commit makes a pending allocation active, with the attachments given
+// (those carried over from the allocations it replaces), persists it and
+// removes the allocations it replaces, whose other attachments the caller
+// has undone.
+func (l *Ledger) Commit(id string, carried []Attachment) error {
+	l.mu.Lock()
+	a := l.allocs[id]
+	if a == nil || a.State != Pending {
+		l.mu.Unlock()
+		return fmt.Errorf("commit %s: not a pending allocation: %w", id, ErrConflict)
+	}
+	for _, att := range carried {
+		att = cloneAtt(att)
+		att.AllocationID = id
+		att.State = Active
+		a.Attachments = append(a.Attachments, att)
+		l.atts[att.Key()] = id
+	}
+	a.State = Active
+	var gone []string
+	for _, old := range a.Replaces {
+		if o := l.allocs[old]; o != nil {
+			l.deleteLocked(o)
+			gone = append(gone, old)
+		}
+	}
+	// deleteLocked may have dropped devices the new allocation holds.
+	for _, d := range a.Devices {
+		l.held[a.Pool][d] = id
+	}
+	for _, att := range a.Attachments {
+		l.atts[att.Key()] = id
+	}
+	l.mu.Unlock()
+	// The successor is written first: it names what it replaces, so a
+	// crash between the two leaves a state Open resolves.
+	if err := l.persist(id); err != nil {
+		return err
+	}
+	var errs []error
+	for _, old := range gone {
+		errs = append(errs, l.persist(old))
+	}
+	l.mu.Lock()
+	a.Replaces = nil
+	if len(gone) > 0 {
+		l.dropEmptyLingeringLocked(a.Pool)
+	}
+	l.mu.Unlock()
+	if len(gone) > 0 {
+		errs = append(errs, l.persist(id))
+	}
+	return errors.Join(errs...)
+}
+
+// Abort drops a pending allocation; the allocations it was to replace are
+// active again.
+func (l *Ledger) Abort(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	a := l.allocs[id]
+	if a == nil || a.State != Pending {
+		return
+	}
+	l.deleteLocked(a)
+	for _, old := range a.Replaces {
+		if o := l.allocs[old]; o != nil {
+			o.State = Active
+			for _, d := range o.Devices {
+				l.held[o.Pool][d] = o.ID
+			}
+		}
+	}
+}
+
+// BeginFree marks an allocation ending and returns it; the caller undoes
+// its attachments and stops serving it, then calls EndFree. The ending
+// mark is persisted: a daemon that restarts finishes the free.
+func (l *Ledger) BeginFree(id string) (Allocation, error) {
+	l.mu.Lock()
+	a := l.allocs[id]
+	if a == nil {
+		l.mu.Unlock()
+		return Allocation{}, fmt.Errorf("no allocation %q: %w", id, ErrNotFound)
+	}
+	if a.State != Active {
+		l.mu.Unlock()
+		return Allocation{}, fmt.Errorf("allocation %s is %s: %w", id, a.State, ErrConflict)
+	}
+	if err := l.checkEndableLocked(a); err != nil {
+		l.mu.Unlock()
+		return Allocation{}, err
+	}
+	a.State = Ending
+	c := cloneAlloc(a)
+	l.mu.Unlock()
+	return c, l.persist(id)
+}
+
+// EndFree removes an ending allocation and its attachments; its devices
+// are free.
+func (l *Ledger) EndFree(id string) error {
+	l.mu.Lock()
+	a := l.allocs[id]
+	if a == nil || a.State != Ending {
+		l.mu.Unlock()
+		return fmt.Errorf("end free %s: not ending: %w", id, ErrConflict)
+	}
+	l.deleteLocked(a)
+	l.dropEmptyLingeringLocked(a.Pool)
+	l.mu.Unlock()
+	return l.persist(id)
+}
+
+// SetOwner records who may use an allocation (Kubernetes learns the pod
+// only at CNI ADD).
+func (l *Ledger) SetOwner(id string, o Owner) error {
+	l.mu.Lock()
+	a := l.allocs[id]
+	if a == nil {
+		l.mu.Unlock()
+		return fmt.Errorf("no allocation %q: %w", id, ErrNotFound)
+	}
+	a.Owner = o
+	l.mu.Unlock()
+	return l.persist(id)
+}
+
+// SetLease records the sockets of an allocation's lease (nil when it
+// ended).
+func (l *Ledger) SetLease(id string, socks []LeaseSocket) error {
+	l.mu.Lock()
+	a := l.allocs[id]
+	if a == nil {
+		l.mu.Unlock()
+		return fmt.Errorf("no allocation %q: %w", id, ErrNotFound)
+	}
+	if slices.Equal(a.Lease, socks) {
+		l.mu.Unlock()
+		return nil
+	}
+	a.Lease = slices.Clone(socks)
+	pending := a.State == Pending
+	l.mu.Unlock()
+	if pending {
+		return nil // Commit writes it
+	}
+	return l.persist(id)
+}
