@@ -135,11 +135,14 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 		return <-stopped
 	}
 	cleanups = append(cleanups, func() { stopDaemon() })
-	if err := waitAPI(apiSock); err != nil {
-		return err
+	select {
+	case <-d.Ready():
+	case err := <-stopped:
+		daemonDone = true
+		return fmt.Errorf("the daemon stopped: %w", err)
 	}
 	say("[2/8] daemon (standalone) serves %s; pool demo: xa queues 0-1, software steering (veth has no ntuple filters)", apiSock)
-	alloc, err := d.Alloc("demo", 2, podUID)
+	alloc, err := d.Alloc(dctx, api.AllocRequest{Pool: "demo", Count: 2, UID: podUID})
 	if err != nil {
 		return err
 	}
@@ -326,19 +329,8 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 	return nil
 }
 
-func waitAPI(sock string) error {
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if _, err := api.NewClient(sock).Status(); err == nil {
-			return nil
-		} else if time.Now().After(deadline) {
-			return fmt.Errorf("the daemon's API did not come up: %w", err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func netdevStatus(d *daemon.Daemon) (api.NetdevStatus, bool) {
-	for _, n := range d.Status().Netdevs {
+	for _, n := range d.Status(context.Background()).Netdevs {
 		if n.Netdev == "xa" {
 			return n, true
 		}

@@ -39,7 +39,15 @@ type Status struct {
 	Pools       []PoolStatus   `json:"pools"`
 	Allocations []Allocation   `json:"allocations"`
 	Netdevs     []NetdevStatus `json:"netdevs"`
-	ConfigError string         `json:"configError,omitempty"`
+	// ConfigError says why the config in force is not the file on disk,
+	// or what of it could not be put in force on this node.
+	ConfigError string `json:"configError,omitempty"`
+	// StateErrors are the daemon's records it cannot read: each keeps its
+	// pool from new allocations until it is repaired or removed.
+	StateErrors []string `json:"stateErrors,omitempty"`
+	// Collected is when the daemon last finished looking for attachments
+	// of gone pods (and, with kubelet, allocations no container holds).
+	Collected time.Time `json:"collected,omitzero"`
 }
 
 // PoolStatus is one pool's capacity.
@@ -48,6 +56,9 @@ type PoolStatus struct {
 	Resource string `json:"resource"`
 	Queues   int    `json:"queues"`
 	Free     int    `json:"free"`
+	// Reason says why the pool has fewer queues than its config names, or
+	// takes no allocation now.
+	Reason string `json:"reason,omitempty"`
 }
 
 // NetdevStatus is what the agent reports of a netdev.

@@ -10,7 +10,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -83,18 +85,31 @@ func startNodeWith(t testing.TB, uid uint32, config, pool string, count int) *no
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); d.Run(ctx) }()
-		stop = func() { cancel(); <-done }
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		var once sync.Once
+		stop = func() {
+			once.Do(func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("the daemon: %v", err)
+				}
+			})
+		}
+		select {
+		case <-d.Ready():
+		case err := <-done:
+			stop = func() {}
+			t.Fatalf("the daemon stopped: %v", err)
+		}
 		return d
 	}
 	d := start()
 	t.Cleanup(func() { stop() })
-	a, err := d.Alloc(pool, count, uid)
+	a, err := d.Alloc(context.Background(), api.AllocRequest{Pool: pool, Count: count, UID: uid})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitAPI(t, sock)
 	n := &node{pair: p, d: d, bin: bin, socket: sock, alloc: a.ID, broker: a.Socket, data: filepath.Join(dir, "ipam")}
 	n.restart = func(between func()) {
 		stop()
@@ -102,23 +117,8 @@ func startNodeWith(t testing.TB, uid uint32, config, pool string, count int) *no
 			between()
 		}
 		n.d = start()
-		waitAPI(t, sock)
 	}
 	return n
-}
-
-// waitAPI waits until the daemon's API at sock answers.
-func waitAPI(t testing.TB, sock string) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		if _, err := api.NewClient(sock).Status(); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the daemon's API did not come up")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func (n *node) conf(ver string) []byte {
@@ -308,7 +308,7 @@ func TestFreeEndsAttachments(t *testing.T) {
 	if got := n.flows(t); got != 3 {
 		t.Fatalf("%d flows after ADD", got)
 	}
-	if err := n.d.Free(n.alloc); err != nil {
+	if err := n.d.Free(context.Background(), n.alloc); err != nil {
 		t.Fatal(err)
 	}
 	if got := n.flows(t); got != 0 {
@@ -375,19 +375,22 @@ func TestAttachmentsSurviveRestart(t *testing.T) {
 			t.Errorf("check %s after a restart: %v", c.ContainerID, err)
 		}
 	}
-	// While the daemon is down, the record of "forgotten" goes.
+	// While the daemon is down, the record of "forgotten" goes from its
+	// allocation's.
 	n.restart(func() {
-		path := filepath.Join(filepath.Dir(n.data), "state", "cni-attachments.json")
+		path := filepath.Join(filepath.Dir(n.data), "state", "allocations", n.alloc+".json")
 		b, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var recs map[string]json.RawMessage
-		if err := json.Unmarshal(b, &recs); err != nil {
+		var rec map[string]json.RawMessage
+		var atts []map[string]any
+		if err := json.Unmarshal(b, &rec); err != nil || json.Unmarshal(rec["attachments"], &atts) != nil {
 			t.Fatalf("%s: %v\n%s", path, err, b)
 		}
-		delete(recs, "forgotten/net1")
-		b, _ = json.Marshal(recs)
+		atts = slices.DeleteFunc(atts, func(a map[string]any) bool { return a["containerID"] == "forgotten" })
+		rec["attachments"], _ = json.Marshal(atts)
+		b, _ = json.Marshal(rec)
 		os.WriteFile(path, b, 0o600)
 	})
 	if got := n.flows(t); got != 3 {

@@ -67,6 +67,21 @@ func (n *node) checkHome(t *testing.T) {
 	}
 }
 
+// waitStatusOf waits until ok holds of the node daemon's status.
+func waitStatusOf(t *testing.T, n *node, ok func(*api.Status) bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		s, err := api.NewClient(n.socket).Status()
+		if err == nil && ok(s) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon's status: %+v %v", s, err)
+		}
+		time.Sleep(10 * time.Millisecond) // the daemon has no event stream to wait on
+	}
+}
+
 // TestNetdevPool: in a netdev-mode pool, ADD moves the whole netdev into
 // the pod's netns, renamed to CNI_IFNAME with the MTU asked for and the
 // IPAM address on it; CHECK verifies it against prevResult; DEL brings it
@@ -340,8 +355,11 @@ func TestCollectGonePods(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Still there while the pods live.
-	time.Sleep(300 * time.Millisecond)
+	// Still there after a collection that ran while the pods live.
+	began := time.Now()
+	for _, n := range []*node{q, v} {
+		waitStatusOf(t, n, func(s *api.Status) bool { return s.Collected.After(began) })
+	}
 	if q.flows(t) == 0 || linkIn(t, v.pair.NSPath(), "xa") != nil {
 		t.Fatal("attachments of live pods were collected")
 	}
@@ -349,12 +367,15 @@ func TestCollectGonePods(t *testing.T) {
 		pod.Close()
 		testutils.UnmountNS(pod)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for q.flows(t) != 0 || linkIn(t, v.pair.NSPath(), "xa") == nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("not collected: %d flows on the queue pool's netdev, xa on the node: %v", q.flows(t), linkIn(t, v.pair.NSPath(), "xa") != nil)
-		}
-		time.Sleep(50 * time.Millisecond)
+	// Gone when the daemon says so: its CHECK no longer knows them.
+	for _, n := range []*node{q, v} {
+		waitStatusOf(t, n, func(*api.Status) bool {
+			_, err := api.NewClient(n.socket).CNICheck("gone", "net1")
+			return err != nil && strings.Contains(err.Error(), "no attachment")
+		})
+	}
+	if q.flows(t) != 0 {
+		t.Errorf("%d flows of the gone pod", q.flows(t))
 	}
 	v.checkHome(t)
 	for _, n := range []*node{q, v} {

@@ -119,7 +119,7 @@ func TestStandalone(t *testing.T) {
 	// (its owner kept: root is refused, uid 65534 would be let in).
 	stop()
 	start() // stopped when the test ends
-	waitStatus(t, apiSock, func(s *Status) bool {
+	waitStatus(t, apiSock, func(s *api.Status) bool {
 		return len(s.Allocations) == 1 && s.Allocations[0].ID == alloc.ID && s.Pools[0].Free == 0
 	})
 	_, err = client.Connect(alloc.Socket, client.Options{Timeout: 2 * time.Second})
@@ -143,14 +143,14 @@ func TestStandalone(t *testing.T) {
 	// Hot reload: a bigger pool is applied; an invalid file is refused
 	// and reported, and the pool stays.
 	os.WriteFile(cfgPath, []byte("pools: [{name: demo, steering: hardware, devices: {netdevs: ['xa#0-3']}}]\n"), 0o644)
-	waitStatus(t, apiSock, func(s *Status) bool { return len(s.Pools) == 1 && s.Pools[0].Queues == 4 })
+	waitStatus(t, apiSock, func(s *api.Status) bool { return len(s.Pools) == 1 && s.Pools[0].Queues == 4 })
 	os.WriteFile(cfgPath, []byte("pools: [{name: demo, devices: {netdevs: ['xa#0-3']}, mtu: 9000}]\n"), 0o644)
-	waitStatus(t, apiSock, func(s *Status) bool {
+	waitStatus(t, apiSock, func(s *api.Status) bool {
 		return strings.Contains(s.ConfigError, "pools[0].mtu: unknown field") && s.Pools[0].Queues == 4
 	})
 }
 
-func waitStatus(t *testing.T, sock string, ok func(*Status) bool) {
+func waitStatus(t *testing.T, sock string, ok func(*api.Status) bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {

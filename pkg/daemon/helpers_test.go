@@ -50,5 +50,10 @@ func runDaemon(t testing.TB, opts Options) (*Daemon, func()) {
 		})
 	}
 	t.Cleanup(stop)
+	select {
+	case <-d.Ready():
+	case err := <-done:
+		t.Fatalf("the daemon stopped: %v", err)
+	}
 	return d, stop
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/xdpq/xdpq/internal/kubelettest"
 	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/pkg/api"
 )
 
 // TestKubernetesAllocate: in Kubernetes mode the daemon registers a
@@ -101,9 +102,9 @@ func TestKubernetesAllocate(t *testing.T) {
 	}
 	defer testutils.UnmountNS(pod)
 	defer pod.Close()
-	flow := CNIFlow{Protocol: "udp", Dst: netip.MustParsePrefix("10.77.0.2/32"), DstPort: 53}
-	if _, err := d.CNIAdd(CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), DeviceID: "xa-q2",
-		Flows: []CNIFlow{flow}}); err != nil {
+	flow := api.CNIFlow{Protocol: "udp", Dst: netip.MustParsePrefix("10.77.0.2/32"), DstPort: 53}
+	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), DeviceID: "xa-q2",
+		Flows: []api.CNIFlow{flow}}); err != nil {
 		t.Fatal(err)
 	}
 	// kubelet calls Allocate again when it restarts the container: the old
@@ -113,7 +114,7 @@ func TestKubernetesAllocate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if att, err := d.CNICheck("c1", "net1"); err != nil || att.AllocationID != again.ContainerResponses[0].Envs["XDPQ_ALLOCATION"] {
+	if att, err := d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil || att.AllocationID != again.ContainerResponses[0].Envs["XDPQ_ALLOCATION"] {
 		t.Errorf("after the container restart the attachment is %+v (%v), want it on the new allocation", att, err)
 	}
 	// A pod that is gone (its netns with it) keeps nothing at the next Allocate.
@@ -122,10 +123,10 @@ func TestKubernetesAllocate(t *testing.T) {
 	if _, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa-q2", "xa-q3"}}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.CNICheck("c1", "net1"); err == nil {
+	if _, err := d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err == nil {
 		t.Error("the attachment of a gone pod went to the next Allocate of its devices")
 	}
-	if s := d.Status(); s.Netdevs[0].Flows != 0 {
+	if s := d.Status(ctx); s.Netdevs[0].Flows != 0 {
 		t.Errorf("%d flows left of the gone pod", s.Netdevs[0].Flows)
 	}
 	if again.ContainerResponses[0].Mounts[0].HostPath == cr.Mounts[0].HostPath {
@@ -193,7 +194,7 @@ func TestKubernetesNetdevPool(t *testing.T) {
 	}
 	defer testutils.UnmountNS(pod)
 	defer pod.Close()
-	att, err := d.CNIAdd(CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), DeviceID: "xa", Resource: "xdpq.io/vf", MTU: 1400})
+	att, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), DeviceID: "xa", Resource: "xdpq.io/vf", MTU: 1400})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +213,7 @@ func TestKubernetesNetdevPool(t *testing.T) {
 	if devs := d.devices("vf"); len(devs) != 2 || devs[0].ID != "xa" || !devs[0].Healthy {
 		t.Errorf("the netdev in the pod is reported %+v", devs)
 	}
-	if _, err := d.CNICheck("c1", "net1"); err != nil {
+	if _, err := d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 		t.Errorf("CHECK: %v", err)
 	}
 	// A container restart (Allocate again) leaves the netdev in the pod.
@@ -220,13 +221,13 @@ func TestKubernetesNetdevPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if att, err := d.CNICheck("c1", "net1"); err != nil || att.AllocationID != again.ContainerResponses[0].Envs["XDPQ_ALLOCATION"] {
+	if att, err := d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil || att.AllocationID != again.ContainerResponses[0].Envs["XDPQ_ALLOCATION"] {
 		t.Errorf("after the container restart the attachment is %+v (%v), want it on the new allocation", att, err)
 	}
 	if err := pod.Do(func(ns.NetNS) error { _, err := netlink.LinkByName("net1"); return err }); err != nil {
 		t.Errorf("net1 left the pod with the container restart: %v", err)
 	}
-	if err := d.CNIDel("c1", "net1"); err != nil {
+	if err := d.CNIDel(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.NS.Do(func(ns.NetNS) error { _, err := netlink.LinkByName("xa"); return err }); err != nil {

@@ -7,49 +7,66 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/xdpq/xdpq/pkg/agent"
-	"github.com/xdpq/xdpq/pkg/deviceplugin"
+	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/nic"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
 
-// A netdev-mode pool hands a whole netdev to one pod, like containernetworking's
-// host-device: ADD moves it into the pod's network namespace, renamed to the
-// CNI interface name (its node name kept as its alias), with the MTU asked
-// for; DEL brings it back. While it is away, an agent of its own manages it
-// from inside that namespace (program, steering, XSKMAP: the daemon holds the
-// namespace open, so its agent reaches it by a descriptor path that outlives
-// the pod's bind mount), and the broker binds the allocation's sockets there.
-// The node agent stops managing it on the way out and takes it back on return.
+// A netdev-mode pool hands a whole netdev to one pod, like
+// containernetworking's host-device: ADD moves it into the pod's network
+// namespace renamed to the CNI interface name, DEL brings it back. While
+// it is away an agent of its own manages it from inside that namespace
+// (program, steering, XSKMAP: the daemon holds the namespace open, so its
+// agent reaches it by a descriptor path that outlives the pod's bind
+// mount), and the broker binds the allocation's sockets there. The node
+// agent lets it go before the move and takes it back after the return
+// (the reconciler leaves out netdevs that have a netdev attachment).
 
-// moved is a netdev-mode pool's netdev inside a pod.
-type moved struct {
-	movedRecord
-	ns    netns.NsHandle // the pod's namespace, held open
-	agent *agent.Agent   // manages the netdev inside it
-	stop  context.CancelFunc
-	done  chan struct{}
-}
-
-// movedRecord is what a restarted daemon needs to find a moved netdev.
+// movedRecord is what the daemon records of a netdev in a pod, in its
+// attachment, before it moves it: enough for a restarted daemon to find
+// it and bring it back.
 type movedRecord struct {
-	Key    string       `json:"key"` // the attachment's
+	Netdev string       `json:"netdev"` // its name on the node
 	Netns  string       `json:"netns"`
 	IfName string       `json:"ifName"`
-	MTU    int          `json:"mtu"` // the node MTU, put back on return
+	MTU    int          `json:"mtu"` // on the node, put back on return
 	Device nic.Netdev   `json:"device"`
 	Policy agent.Policy `json:"policy"`
 }
 
-// nsPath is where code in this process reaches the pod's namespace, as long
-// as the daemon holds it: the pod's own path may go before DEL comes.
-func (m *moved) nsPath() string { return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), int(m.ns)) }
+func decodeMoved(b []byte) (movedRecord, error) {
+	var m movedRecord
+	err := json.Unmarshal(b, &m)
+	return m, err
+}
+
+// podNetdev is a netdev in a pod, managed by its own agent.
+type podNetdev struct {
+	key   string // its attachment's
+	alloc string
+	rec   movedRecord
+	ns    netns.NsHandle // the pod's namespace, held open
+	agent *agent.Agent
+	stop  context.CancelFunc
+	done  chan struct{}
+}
+
+// nsPath is where code in this process reaches the pod's namespace, as
+// long as the daemon holds it.
+func (p *podNetdev) nsPath() string { return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), int(p.ns)) }
+
+func (d *Daemon) pod(netdev string) *podNetdev {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.pods[netdev]
+}
 
 // holdNetNS opens the network namespace at path through procfs, from a
 // thread inside it: a descriptor of the path itself would keep the
@@ -65,23 +82,6 @@ func holdNetNS(path string) (netns.NsHandle, error) {
 	return h, err
 }
 
-// closeMoved lets go of the pods' netdevs when the daemon stops: their
-// agents' handles close, what they attached stays (a restarted daemon
-// adopts it), and so do the netdevs.
-func (d *Daemon) closeMoved() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for name, m := range d.moved {
-		if m.agent != nil {
-			m.stop()
-			<-m.done
-			m.agent.Close()
-		}
-		m.ns.Close()
-		delete(d.moved, name)
-	}
-}
-
 func (d *Daemon) hostNS() (netns.NsHandle, error) {
 	path := d.opts.NetNS
 	if path == "" {
@@ -90,426 +90,279 @@ func (d *Daemon) hostNS() (netns.NsHandle, error) {
 	return netns.GetFromPath(path)
 }
 
-func (d *Daemon) podPinDir(m *moved) string {
-	pins := d.opts.PinDir
-	if pins == "" {
-		pins = agent.DefaultPinDir
-	}
-	return filepath.Join(pins, "pods", m.Device.Name)
-}
-
-func (d *Daemon) podStateDir(m *moved) string {
-	dir := d.opts.StateDir
-	if dir == "" {
-		dir = agent.DefaultStateDir
-	}
-	return filepath.Join(dir, "pods", m.Device.Name)
-}
-
-// moveLink moves the link named from in src into dst, renamed to and with
-// the alias and MTU (if not zero) given, and sets it up there. It goes
-// through a temporary name so that a namesake in dst cannot stop it.
-func moveLink(src, dst netns.NsHandle, from, to, alias string, mtu int) (netlink.Link, error) {
-	hs, err := netlink.NewHandleAt(src)
-	if err != nil {
-		return nil, err
-	}
-	defer hs.Close()
-	hd, err := netlink.NewHandleAt(dst)
-	if err != nil {
-		return nil, err
-	}
-	defer hd.Close()
-	l, err := hs.LinkByName(from)
-	if err != nil {
-		return nil, fmt.Errorf("netdev %s: %w", from, err)
-	}
-	tmp := fmt.Sprintf("xdpq%d", l.Attrs().Index)
-	if err := hs.LinkSetDown(l); err != nil {
-		return nil, fmt.Errorf("set %s down: %w", from, err)
-	}
-	if err := hs.LinkSetName(l, tmp); err != nil {
-		return nil, fmt.Errorf("rename %s: %w", from, err)
-	}
-	if err := hs.LinkSetNsFd(l, int(dst)); err != nil {
-		hs.LinkSetName(l, from)
-		return nil, fmt.Errorf("move %s: %w", from, err)
-	}
-	back := func(err error) (netlink.Link, error) {
-		if l, e := hd.LinkByName(tmp); e == nil {
-			hd.LinkSetNsFd(l, int(src))
-			if l, e := hs.LinkByName(tmp); e == nil {
-				hs.LinkSetName(l, from)
-			}
-		}
-		return nil, err
-	}
-	if l, err = hd.LinkByName(tmp); err != nil {
-		return back(fmt.Errorf("find %s after the move: %w", from, err))
-	}
-	if err := hd.LinkSetName(l, to); err != nil {
-		return back(fmt.Errorf("rename %s to %s: %w", from, to, err))
-	}
-	if err := hd.LinkSetAlias(l, alias); err != nil {
-		return back(fmt.Errorf("alias of %s: %w", to, err))
-	}
-	if mtu != 0 && mtu != l.Attrs().MTU {
-		if err := hd.LinkSetMTU(l, mtu); err != nil {
-			return back(fmt.Errorf("mtu %d on %s: %w", mtu, to, err))
-		}
-	}
-	if err := hd.LinkSetUp(l); err != nil {
-		return back(fmt.Errorf("set %s up: %w", to, err))
-	}
-	return hd.LinkByName(to)
-}
-
-// moveIn moves the allocation's netdev into the pod and starts its agent
-// there; on failure the netdev is back under the node agent.
-func (d *Daemon) moveInLocked(att *Attachment, a *Allocation, p *pool, flows []agent.Flow) error {
-	if att.Netns == "" {
-		return fmt.Errorf("pool %s hands out whole netdevs: the request needs the pod's netns", p.cfg.Name)
-	}
-	if m := d.moved[a.Netdev]; m != nil {
-		return fmt.Errorf("netdev %s is in use by attachment %s", a.Netdev, m.Key)
-	}
-	dev, ok := d.discovered[a.Netdev]
+// prepareMove reads what the record of a netdev about to move into a pod
+// needs.
+func (d *Daemon) prepareMove(netdev string, req api.CNIAddRequest, pol agent.Policy) ([]byte, error) {
+	d.mu.Lock()
+	dev, ok := d.found[netdev]
+	d.mu.Unlock()
 	if !ok {
-		return fmt.Errorf("netdev %s was not found on the node", a.Netdev)
+		return nil, fmt.Errorf("netdev %s was not found on the node: %w", netdev, api.ErrUnavailable)
+	}
+	host, err := d.hostNS()
+	if err != nil {
+		return nil, err
+	}
+	defer host.Close()
+	h, err := netlink.NewHandleAt(host)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(netdev)
+	if err != nil {
+		return nil, fmt.Errorf("netdev %s: %w", netdev, err)
+	}
+	return json.Marshal(movedRecord{Netdev: netdev, Netns: req.Netns, IfName: req.IfName, MTU: l.Attrs().MTU, Device: dev, Policy: pol})
+}
+
+// moveIn moves a pending netdev attachment's netdev into its pod and
+// starts its agent there; on failure the netdev is back on the node.
+func (d *Daemon) moveIn(ctx context.Context, att *ledger.Attachment, flows []agent.Flow) error {
+	rec, err := decodeMoved(att.Moved)
+	if err != nil {
+		return err
 	}
 	podNS, err := holdNetNS(att.Netns)
 	if err != nil {
 		return fmt.Errorf("netns %s: %w", att.Netns, err)
 	}
+	// The node agent lets the netdev go: the ledger has it in a pod now.
+	if err := d.syncNetdevs(ctx); err != nil {
+		podNS.Close()
+		return err
+	}
 	host, err := d.hostNS()
 	if err != nil {
 		podNS.Close()
 		return err
 	}
 	defer host.Close()
-	pol := netdevPolicy(p, len(flows) > 0)
-	m := &moved{movedRecord: movedRecord{Key: key(*att), Netns: att.Netns, IfName: att.IfName, Device: dev, Policy: pol}, ns: podNS}
-	hl, err := netlink.NewHandleAt(host)
-	if err == nil {
-		var l netlink.Link
-		if l, err = hl.LinkByName(a.Netdev); err == nil {
-			m.MTU = l.Attrs().MTU
-		}
-		hl.Close()
-	}
+	l, err := moveLink(host, podNS, rec.Netdev, rec.IfName, rec.Netdev, att.MTU)
 	if err != nil {
 		podNS.Close()
-		return fmt.Errorf("netdev %s: %w", a.Netdev, err)
-	}
-	if err := d.agent.Unmanage(a.Netdev); err != nil {
-		d.log.Warn("unmanage before the move", "netdev", a.Netdev, "err", err)
-	}
-	d.managed[a.Netdev] = false
-	fail := func(err error) error {
-		if l, e := moveLink(podNS, host, att.IfName, a.Netdev, "", m.MTU); e != nil && l == nil {
-			d.log.Warn("netdev not brought back", "netdev", a.Netdev, "err", e)
-		}
-		podNS.Close()
-		d.manageBackLocked(a.Netdev, p)
-		return err
-	}
-	l, err := moveLink(host, podNS, a.Netdev, att.IfName, a.Netdev, att.MTU)
-	if err != nil {
-		podNS.Close()
-		d.manageBackLocked(a.Netdev, p)
 		return err
 	}
 	att.Mac = l.Attrs().HardwareAddr.String()
-	if err := d.startPodAgent(m, flows); err != nil {
-		return fail(err)
+	pn := &podNetdev{key: att.Key(), alloc: att.AllocationID, rec: rec, ns: podNS}
+	if err := d.startPodAgent(pn, flows); err != nil {
+		d.returnLink(host, pn)
+		podNS.Close()
+		return err
 	}
-	if err := d.retargetMovedLocked(m, a.ID); err != nil {
-		d.stopPodAgent(m)
-		return fail(err)
+	d.mu.Lock()
+	d.pods[rec.Netdev] = pn
+	d.mu.Unlock()
+	if err := d.retargetToPod(att.AllocationID, rec.Netdev); err != nil {
+		d.moveOut(ctx, *att)
+		return err
 	}
-	d.moved[a.Netdev] = m
-	d.saveMovedLocked()
-	d.log.Info("netdev moved into the pod", "netdev", a.Netdev, "ifname", att.IfName, "netns", att.Netns, "mtu", att.MTU)
+	d.log.Info("netdev moved into the pod", "netdev", rec.Netdev, "ifname", rec.IfName, "netns", att.Netns, "mtu", att.MTU)
 	return nil
 }
 
-// netdevPolicy is how a pod's netdev is managed: the pool's policy, and with
-// no flows the direct program (every packet of a queue with a socket goes
-// to it: the netdev is the pod's).
-func netdevPolicy(p *pool, flows bool) agent.Policy {
-	pol := agent.Policy{Steering: agent.Steering(p.cfg.Steering), AttachAlways: p.cfg.Attach == "always", Exclusive: p.cfg.Exclusive}
-	if !flows {
-		pol.Steering = agent.SteerHardware
+// retargetToPod has the broker bind the allocation's sockets on its
+// netdev inside the pod.
+func (d *Daemon) retargetToPod(alloc, netdev string) error {
+	pn := d.pod(netdev)
+	if pn == nil {
+		return fmt.Errorf("netdev %s is not in a pod", netdev)
 	}
-	return pol
-}
-
-func (d *Daemon) startPodAgent(m *moved, flows []agent.Flow) error {
-	ag, err := agent.New(agent.Config{NetNS: m.nsPath(), PinDir: d.podPinDir(m), StateDir: d.podStateDir(m),
-		Logger: d.log.With("pod_netdev", m.Device.Name), OnChange: d.devicesChanged})
+	h, err := netlink.NewHandleAt(pn.ns)
 	if err != nil {
 		return err
 	}
-	if err := ag.Manage(m.IfName, m.Policy); err != nil {
+	defer h.Close()
+	l, err := h.LinkByName(pn.rec.IfName)
+	if err != nil {
+		return fmt.Errorf("netdev %s in the pod as %s: %w", netdev, pn.rec.IfName, err)
+	}
+	return d.broker.Retarget(alloc, xsk.Netdev{Name: pn.rec.IfName, Ifindex: l.Attrs().Index, NetNS: pn.nsPath()}, pn.agent)
+}
+
+func (d *Daemon) podPinDir(netdev string) string {
+	pins := d.opts.PinDir
+	if pins == "" {
+		pins = agent.DefaultPinDir
+	}
+	return filepath.Join(pins, "pods", netdev)
+}
+
+func (d *Daemon) podStateDir(netdev string) string {
+	return filepath.Join(d.opts.StateDir, "pods", netdev)
+}
+
+func (d *Daemon) startPodAgent(pn *podNetdev, flows []agent.Flow) error {
+	ag, err := agent.New(agent.Config{NetNS: pn.nsPath(), PinDir: d.podPinDir(pn.rec.Netdev), StateDir: d.podStateDir(pn.rec.Netdev),
+		Logger: d.log.With("pod_netdev", pn.rec.Netdev), OnChange: d.devicesChanged})
+	if err != nil {
+		return err
+	}
+	if err := ag.Manage(pn.rec.IfName, pn.rec.Policy); err != nil {
 		ag.Close()
 		return err
 	}
 	if len(flows) > 0 {
-		if err := ag.Steer(m.IfName, m.Key, flows); err != nil {
-			ag.Unmanage(m.IfName)
+		if err := ag.Steer(pn.rec.IfName, pn.key, flows); err != nil {
+			ag.Unmanage(pn.rec.IfName)
 			ag.Close()
 			return err
 		}
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	m.agent, m.stop, m.done = ag, stop, make(chan struct{})
+	pn.agent, pn.stop, pn.done = ag, stop, make(chan struct{})
 	go func() {
-		defer close(m.done)
+		defer close(pn.done)
 		if err := ag.Run(ctx); err != nil {
-			d.log.Error("pod netdev agent", "netdev", m.Device.Name, "err", err)
+			d.log.Error("pod netdev agent", "netdev", pn.rec.Netdev, "err", err)
 		}
 	}()
 	return nil
 }
 
-// stopPodAgent stops the pod's agent and takes xdpq's program and pins off
-// the netdev.
-func (d *Daemon) stopPodAgent(m *moved) error {
-	m.stop()
-	<-m.done
-	err := m.agent.Unmanage(m.IfName)
-	m.agent.Close()
-	os.RemoveAll(d.podPinDir(m))
-	os.RemoveAll(d.podStateDir(m))
+// stopPodAgent stops the pod's agent; with unmanage it takes xdpq's
+// program and pins off the netdev, else they stay (the daemon stops).
+func (d *Daemon) stopPodAgent(pn *podNetdev, unmanage bool) error {
+	if pn.agent == nil {
+		return nil
+	}
+	pn.stop()
+	<-pn.done
+	var err error
+	if unmanage {
+		err = pn.agent.Unmanage(pn.rec.IfName)
+	}
+	pn.agent.Close()
+	if unmanage {
+		os.RemoveAll(d.podPinDir(pn.rec.Netdev))
+		os.RemoveAll(d.podStateDir(pn.rec.Netdev))
+	}
 	return err
 }
 
-// manageBackLocked has the node agent manage a netdev again.
-func (d *Daemon) manageBackLocked(name string, p *pool) {
-	pol := agent.Policy{Steering: agent.Steering(p.cfg.Steering), AttachAlways: p.cfg.Attach == "always", Exclusive: p.cfg.Exclusive}
-	if err := d.agent.Manage(name, pol); err != nil {
-		d.log.Error("netdev back on the node but not managed", "netdev", name, "err", err)
-		return
+// moveOut brings a netdev attachment's netdev back to the node: its agent
+// stops, the link returns under its node name and MTU, and the broker
+// binds the allocation's sockets on the node again. A netdev no longer in
+// the pod (returned by the kernel when the namespace went) is looked for
+// on the node by its alias.
+func (d *Daemon) moveOut(ctx context.Context, att ledger.Attachment) error {
+	rec, err := decodeMoved(att.Moved)
+	if err != nil {
+		return fmt.Errorf("the record of netdev %s is unreadable: %w", att.Netdev, err)
 	}
-	d.managed[name] = true
-}
-
-// moveOutLocked brings a pod's netdev back to the node: its agent stops,
-// the broker's sockets bind on the node again, and the node agent manages
-// it. A netdev no longer in the pod (deleted with it, or returned by the
-// kernel when the namespace went) is looked for on the node by its alias.
-func (d *Daemon) moveOutLocked(name string) error {
-	m := d.moved[name]
-	if m == nil {
-		return nil
+	d.mu.Lock()
+	pn := d.pods[rec.Netdev]
+	if pn != nil && pn.key == att.Key() {
+		delete(d.pods, rec.Netdev)
+	} else {
+		pn = nil
 	}
-	var errs []error
-	if m.agent != nil {
-		errs = append(errs, d.stopPodAgent(m))
-	}
+	d.mu.Unlock()
 	host, err := d.hostNS()
 	if err != nil {
 		return err
 	}
 	defer host.Close()
-	if _, err := moveLink(m.ns, host, m.IfName, name, "", m.MTU); err != nil {
-		if e := d.renameReturned(host, name, m.MTU); e != nil {
-			errs = append(errs, fmt.Errorf("netdev %s: not in the pod (%v) nor on the node: %w", name, err, e))
+	var errs []error
+	if pn == nil {
+		// Not adopted (a restart): find it where the record says.
+		pn = &podNetdev{key: att.Key(), rec: rec, ns: netns.None()}
+		if h, err := holdNetNS(rec.Netns); err == nil {
+			pn.ns = h
 		}
 	}
-	if err := d.clearAlias(host, name); err != nil {
-		errs = append(errs, err)
+	errs = append(errs, d.stopPodAgent(pn, true))
+	errs = append(errs, d.returnLink(host, pn))
+	if pn.ns.IsOpen() {
+		pn.ns.Close()
 	}
-	m.ns.Close()
-	delete(d.moved, name)
-	d.saveMovedLocked()
-	for _, p := range d.pools {
-		if slices.ContainsFunc(p.devices, func(dv deviceplugin.Device) bool { return dv.Netdev == name }) {
-			d.manageBackLocked(name, p)
-			break
+	if _, ok := d.ledger.Get(att.AllocationID); ok {
+		if err := d.broker.Retarget(att.AllocationID, d.nodeNetdev(rec.Netdev), nil); err != nil {
+			d.log.Debug("retarget", "allocation", att.AllocationID, "err", err)
 		}
 	}
-	for _, a := range d.allocs {
-		if a.Netdev == name {
-			errs = append(errs, d.broker.Retarget(a.ID, d.netdev(name), nil))
-		}
-	}
-	d.log.Info("netdev back on the node", "netdev", name)
+	d.log.Info("netdev back on the node", "netdev", rec.Netdev)
 	return errors.Join(errs...)
 }
 
-// renameReturned finds a netdev the kernel gave back to the node (its
-// alias is its node name) and renames it.
-func (d *Daemon) renameReturned(host netns.NsHandle, name string, mtu int) error {
-	h, err := netlink.NewHandleAt(host)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	if _, err := h.LinkByName(name); err == nil {
-		return nil
-	}
-	links, err := h.LinkList()
-	if err != nil {
-		return err
-	}
-	for _, l := range links {
-		if l.Attrs().Alias != name {
-			continue
+// returnLink moves the netdev back from the pod, or finds it on the node.
+func (d *Daemon) returnLink(host netns.NsHandle, pn *podNetdev) error {
+	var err error
+	if pn.ns.IsOpen() {
+		if _, err = moveLink(pn.ns, host, pn.rec.IfName, pn.rec.Netdev, "", pn.rec.MTU); err == nil {
+			return clearAlias(host, pn.rec.Netdev)
 		}
-		h.LinkSetDown(l)
-		if err := h.LinkSetName(l, name); err != nil {
-			return err
-		}
-		if mtu != 0 {
-			h.LinkSetMTU(l, mtu)
-		}
-		return h.LinkSetUp(l)
 	}
-	return fmt.Errorf("no netdev %s (or aliased %s) on the node", name, name)
+	if e := renameReturned(host, pn.rec.Netdev, pn.rec.MTU); e != nil {
+		return fmt.Errorf("netdev %s: not in the pod (%v) nor on the node: %w", pn.rec.Netdev, err, e)
+	}
+	return clearAlias(host, pn.rec.Netdev)
 }
 
-func (d *Daemon) clearAlias(host netns.NsHandle, name string) error {
-	h, err := netlink.NewHandleAt(host)
+// adoptPods takes back, at start, the netdevs a previous daemon moved
+// into pods that still run; a netdev whose pod is gone comes back to the
+// node and its attachment ends.
+func (d *Daemon) adoptPods(ctx context.Context) {
+	for _, att := range d.ledger.Attachments() {
+		if att.Mode != api.ModeNetdev || att.State != ledger.Active {
+			continue
+		}
+		err := d.adoptPod(att)
+		if err == nil {
+			d.log.Info("netdev in a pod adopted", "netdev", att.Netdev, "attachment", att.Key())
+			continue
+		}
+		d.log.Info("the pod of a netdev is gone; bringing it back", "netdev", att.Netdev, "attachment", att.Key(), "err", err)
+		if _, _, err := d.ledger.BeginDetach(att.Key()); err == nil {
+			if err := d.moveOut(ctx, att); err != nil {
+				d.log.Warn("netdev not brought back", "netdev", att.Netdev, "err", err)
+			}
+			d.ledger.EndDetach(att.Key())
+		}
+	}
+}
+
+func (d *Daemon) adoptPod(att ledger.Attachment) error {
+	rec, err := decodeMoved(att.Moved)
 	if err != nil {
 		return err
 	}
-	defer h.Close()
-	l, err := h.LinkByName(name)
+	h, err := holdNetNS(rec.Netns)
 	if err != nil {
-		return nil // gone: nothing to clear
+		return err
 	}
-	if l.Attrs().Alias != "" {
-		return h.LinkSetAlias(l, "")
+	pn := &podNetdev{key: att.Key(), alloc: att.AllocationID, rec: rec, ns: h}
+	nh, err := netlink.NewHandleAt(h)
+	if err == nil {
+		_, err = nh.LinkByName(rec.IfName)
+		nh.Close()
 	}
+	if err == nil {
+		var flows []agent.Flow
+		if flows, err = agentFlows(att.Flows, att.Queues); err == nil {
+			err = d.startPodAgent(pn, flows)
+		}
+	}
+	if err != nil {
+		h.Close()
+		return err
+	}
+	d.mu.Lock()
+	d.pods[rec.Netdev] = pn
+	d.mu.Unlock()
 	return nil
 }
 
-func (d *Daemon) movedPath() string {
-	dir := d.opts.StateDir
-	if dir == "" {
-		dir = agent.DefaultStateDir
+// releasePods lets go of the pods' netdevs when the daemon stops: their
+// agents' handles close; what they attached stays (a restarted daemon
+// adopts it), and so do the netdevs.
+func (d *Daemon) releasePods() {
+	d.mu.Lock()
+	pods := d.pods
+	d.pods = map[string]*podNetdev{}
+	d.mu.Unlock()
+	for _, pn := range pods {
+		d.stopPodAgent(pn, false)
+		pn.ns.Close()
 	}
-	return filepath.Join(dir, "moved-netdevs.json")
-}
-
-func (d *Daemon) saveMovedLocked() {
-	recs := map[string]movedRecord{}
-	for name, m := range d.moved {
-		recs[name] = m.movedRecord
-	}
-	b, _ := json.Marshal(recs)
-	os.MkdirAll(filepath.Dir(d.movedPath()), 0o700)
-	if err := os.WriteFile(d.movedPath(), b, 0o600); err != nil {
-		d.log.Error("save moved netdevs", "err", err)
-	}
-}
-
-// loadMoved runs before the first config: a netdev a previous daemon moved
-// into a pod that still runs stays there (apply counts it as found, and
-// adoptMovedLocked starts its agent); one whose pod namespace is gone is
-// brought back to the node under its own name.
-func (d *Daemon) loadMoved() {
-	b, err := os.ReadFile(d.movedPath())
-	if err != nil {
-		return
-	}
-	var recs map[string]movedRecord
-	if err := json.Unmarshal(b, &recs); err != nil {
-		d.log.Warn("moved netdevs not restored", "err", err)
-		return
-	}
-	host, err := d.hostNS()
-	if err != nil {
-		return
-	}
-	defer host.Close()
-	for name, r := range recs {
-		m := &moved{movedRecord: r}
-		m.ns, err = holdNetNS(r.Netns)
-		if err == nil {
-			var h *netlink.Handle
-			if h, err = netlink.NewHandleAt(m.ns); err == nil {
-				_, err = h.LinkByName(r.IfName)
-				h.Close()
-			}
-			if err != nil {
-				m.ns.Close()
-			}
-		}
-		if err != nil {
-			d.log.Info("the pod of a moved netdev is gone; bringing it back", "netdev", name, "netns", r.Netns, "err", err)
-			if err := d.renameReturned(host, name, r.MTU); err != nil {
-				d.log.Warn("moved netdev not found", "netdev", name, "err", err)
-			}
-			d.clearAlias(host, name)
-			continue
-		}
-		d.moved[name] = m
-	}
-	d.saveMovedLocked()
-}
-
-// adoptMovedLocked starts the agents of the netdevs loadMoved kept in
-// their pods and points their allocations' sockets there.
-func (d *Daemon) adoptMovedLocked() {
-	for name, m := range d.moved {
-		if m.agent != nil {
-			continue
-		}
-		att, ok := d.attachments[m.Key]
-		var flows []agent.Flow
-		var err error
-		if ok {
-			flows, err = agentFlows(att.Flows, att.Queues)
-		} else {
-			err = fmt.Errorf("no attachment %s", m.Key)
-		}
-		if err == nil {
-			err = d.startPodAgent(m, flows)
-		}
-		if err == nil {
-			err = d.retargetMovedLocked(m, att.AllocationID)
-		}
-		if err != nil {
-			d.log.Warn("moved netdev not adopted; bringing it back", "netdev", name, "err", err)
-			d.moveOutLocked(name)
-			delete(d.attachments, m.Key)
-			d.saveAttachmentsLocked()
-			continue
-		}
-		d.log.Info("moved netdev adopted", "netdev", name, "ifname", m.IfName, "netns", m.Netns)
-	}
-}
-
-// retargetMovedLocked has the broker bind the allocation's sockets on the
-// netdev inside the pod.
-func (d *Daemon) retargetMovedLocked(m *moved, alloc string) error {
-	h, err := netlink.NewHandleAt(m.ns)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	l, err := h.LinkByName(m.IfName)
-	if err != nil {
-		return err
-	}
-	return d.broker.Retarget(alloc, xsk.Netdev{Name: m.IfName, Ifindex: l.Attrs().Index, NetNS: m.nsPath()}, m.agent)
-}
-
-// statusLocked is every netdev's agent status, a moved netdev's under its
-// node name.
-func (d *Daemon) statusLocked() []agent.Status {
-	out := d.agent.Status()
-	for name, m := range d.moved {
-		if m.agent == nil {
-			continue
-		}
-		for _, s := range m.agent.Status() {
-			s.Netdev = name
-			s.Reason = fmt.Sprintf("in pod netns %s as %s. %s", m.Netns, m.IfName, s.Reason)
-			out = append(out, s)
-		}
-	}
-	return out
 }

@@ -80,38 +80,12 @@ func (d *Daemon) podDevices(ctx context.Context, namespace, name string) (map[st
 }
 
 // heldBy reports whether kubelet says a container holds any of the
-// allocation's devices.
-func (d *Daemon) heldBy(held map[string]bool, resource string, ids []string) bool {
+// devices ids of resource.
+func heldBy(held map[string]bool, resource string, ids []string) bool {
 	for _, id := range ids {
 		if held[resource+"/"+id] {
 			return true
 		}
 	}
 	return false
-}
-
-// collect frees the allocations whose devices no running container holds
-// any more (their pods are gone; containerd never calls CNI GC for us).
-// Allocations younger than grace are left: kubelet records an allocation
-// only after Allocate returned.
-func (d *Daemon) collect(ctx context.Context, grace time.Duration) {
-	held, err := d.heldDevices(ctx)
-	if err != nil {
-		d.log.Warn("cannot ask kubelet which devices are in use; collecting nothing", "err", err)
-		return
-	}
-	var gone []string
-	d.mu.Lock()
-	for id, a := range d.allocs {
-		p := d.pools[a.Pool]
-		if p == nil || time.Since(a.Created) < grace || d.heldBy(held, p.resource, a.Devices) {
-			continue
-		}
-		gone = append(gone, id)
-	}
-	d.mu.Unlock()
-	for _, id := range gone {
-		d.log.Info("no container holds the allocation's devices any more; freeing it", "allocation", id)
-		d.Free(id)
-	}
 }

@@ -96,9 +96,9 @@ func TestCNIAddByPod(t *testing.T) {
 	pr.set("xa-q2", "xa-q3")
 	allocateAgain(t, plugins)
 
-	add := func(pod string) (*Attachment, error) {
-		return api.NewClient(apiSock).CNIAdd(CNIAddRequest{ContainerID: "c-" + pod, IfName: "net1", PodNamespace: "default", PodName: pod,
-			Flows: []CNIFlow{{Protocol: "udp", Dst: netip.MustParsePrefix("10.1.2.3/32"), DstPort: 53}}})
+	add := func(pod string) (*api.Attachment, error) {
+		return api.NewClient(apiSock).CNIAdd(api.CNIAddRequest{ContainerID: "c-" + pod, IfName: "net1", PodNamespace: "default", PodName: pod,
+			Flows: []api.CNIFlow{{Protocol: "udp", Dst: netip.MustParsePrefix("10.1.2.3/32"), DstPort: 53}}})
 	}
 	att, err := add("dns-0")
 	if err != nil {
@@ -107,7 +107,7 @@ func TestCNIAddByPod(t *testing.T) {
 	if len(att.Queues) != 2 || att.Queues[0] != 2 || att.Queues[1] != 3 || att.AllocationID == "" {
 		t.Errorf("attachment %+v", att)
 	}
-	waitStatus(t, apiSock, func(s *Status) bool { return len(s.Netdevs) == 1 && s.Netdevs[0].Flows == 1 })
+	waitStatus(t, apiSock, func(s *api.Status) bool { return len(s.Netdevs) == 1 && s.Netdevs[0].Flows == 1 })
 	if _, err := add("web-0"); err == nil || !strings.Contains(err.Error(), "pod web-0 not found") {
 		t.Errorf("ADD for a pod kubelet does not know: %v", err)
 	}

@@ -155,6 +155,20 @@ func (l *Ledger) EndDetach(key string) error {
 	return l.persist(id)
 }
 
+// CancelDetach makes an ending attachment active again: undoing it
+// failed, and a DEL retried by the runtime will try again.
+func (l *Ledger) CancelDetach(key string) error {
+	l.mu.Lock()
+	id := l.atts[key]
+	if id == "" {
+		l.mu.Unlock()
+		return fmt.Errorf("no attachment %s: %w", key, ErrNotFound)
+	}
+	l.allocs[id].Attachments[l.indexLocked(id, key)].State = Active
+	l.mu.Unlock()
+	return l.persist(id)
+}
+
 // Attachment returns an attachment by key.
 func (l *Ledger) Attachment(key string) (Attachment, bool) {
 	l.mu.Lock()

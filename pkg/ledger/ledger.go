@@ -248,19 +248,25 @@ func (l *Ledger) SetPools(pools []Pool) PoolChanges {
 		}
 		next[p.Name] = &p
 	}
-	for name, p := range l.pools {
-		if next[name] != nil {
+	for name, held := range l.held {
+		if next[name] != nil || len(held) == 0 {
 			continue
 		}
-		if len(l.held[name]) > 0 {
-			keep := *p
-			keep.Devices = nil
-			keep.Problems = []string{"removed from the config; it goes when its allocations are freed"}
-			next[name] = &keep
-			ch.Lingering = append(ch.Lingering, name)
-			continue
+		// Gone from the config, or never in it since this ledger opened
+		// (a restart with records of a pool the new config lacks).
+		keep := Pool{Name: name}
+		if p := l.pools[name]; p != nil {
+			keep = *p
 		}
-		ch.Removed = append(ch.Removed, name)
+		keep.Devices = nil
+		keep.Problems = []string{lingering}
+		next[name] = &keep
+		ch.Lingering = append(ch.Lingering, name)
+	}
+	for name := range l.pools {
+		if next[name] == nil {
+			ch.Removed = append(ch.Removed, name)
+		}
 	}
 	l.pools = next
 	slices.Sort(ch.Added)
@@ -269,11 +275,14 @@ func (l *Ledger) SetPools(pools []Pool) PoolChanges {
 	return ch
 }
 
+// lingering is the problem of a pool gone from the config.
+const lingering = "removed from the config; it goes when its allocations are freed"
+
 // dropEmptyLingeringLocked removes a pool that is gone from the config
 // once nothing holds its devices. It reports whether it did.
 func (l *Ledger) dropEmptyLingeringLocked(name string) bool {
 	p := l.pools[name]
-	if p == nil || len(l.held[name]) > 0 || !slices.Contains(p.Problems, "removed from the config; it goes when its allocations are freed") {
+	if p == nil || len(l.held[name]) > 0 || !slices.Contains(p.Problems, lingering) {
 		return false
 	}
 	delete(l.pools, name)

@@ -1,0 +1,244 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/deviceplugin"
+	"github.com/xdpq/xdpq/pkg/ledger"
+)
+
+// apiAllocation is how the API shows an allocation.
+func (d *Daemon) apiAllocation(a ledger.Allocation) *api.Allocation {
+	return &api.Allocation{ID: a.ID, Pool: a.Pool, Netdev: a.Netdev, Queues: a.Queues, Socket: d.brokerSocket(a.ID),
+		UID: a.Owner.UID, Created: a.Created, Devices: a.Devices}
+}
+
+func (d *Daemon) brokerSocket(id string) string {
+	return broker.Allocation{Dir: d.allocDir(id)}.SocketPath()
+}
+
+// Alloc hands count devices of a pool to a local user (standalone mode).
+func (d *Daemon) Alloc(ctx context.Context, req api.AllocRequest) (*api.Allocation, error) {
+	if !d.opts.Standalone {
+		return nil, fmt.Errorf("allocations come from kubelet on this node; xdpqctl alloc is for a standalone daemon: %w", api.ErrInvalid)
+	}
+	if req.Count < 1 {
+		return nil, fmt.Errorf("pool %s: %d queues asked; at least 1: %w", req.Pool, req.Count, api.ErrInvalid)
+	}
+	uid := req.UID
+	owner := ledger.Owner{UID: &uid}
+	// Another allocation may take a device between the choice and the
+	// reservation; choose again then.
+	for try := 0; ; try++ {
+		free, err := d.ledger.FreeDevices(req.Pool)
+		if err != nil {
+			return nil, err
+		}
+		ids := deviceplugin.Prefer(d.withHealth(free), nil, req.Count)
+		if len(ids) < req.Count {
+			return nil, fmt.Errorf("pool %s: %d queues asked, %d free: %w", req.Pool, req.Count, len(ids), api.ErrConflict)
+		}
+		a, err := d.ledger.Reserve(ledger.Reservation{Pool: req.Pool, Devices: ids, Owner: owner})
+		if errors.Is(err, ledger.ErrConflict) && try < 3 {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if err := d.serveNew(a); err != nil {
+			return nil, err
+		}
+		if err := d.ledger.Commit(a.ID, nil); err != nil {
+			d.abandon(ctx, a.ID)
+			return nil, fmt.Errorf("allocation %s not recorded: %w", a.ID, err)
+		}
+		d.log.Info("allocated", "allocation", a.ID, "pool", a.Pool, "netdev", a.Netdev, "queues", a.Queues, "uid", uid)
+		return d.apiAllocation(a), nil
+	}
+}
+
+// serveNew has the broker serve a reserved allocation; on failure the
+// reservation is dropped.
+func (d *Daemon) serveNew(a ledger.Allocation) error {
+	p, _ := d.ledger.Pool(a.Pool)
+	if err := d.broker.Add(d.brokerAllocation(a, p.Config)); err != nil {
+		d.ledger.Abort(a.ID)
+		os.RemoveAll(d.allocDir(a.ID))
+		return err
+	}
+	return nil
+}
+
+// abandon frees an allocation whose record could not be written.
+func (d *Daemon) abandon(ctx context.Context, id string) {
+	if err := d.free(ctx, id, "its record could not be written"); err != nil {
+		d.log.Error("abandoned allocation not freed", "allocation", id, "err", err)
+	}
+}
+
+// Free ends an allocation: its attachments end, its lease (if any) ends,
+// its devices are free.
+func (d *Daemon) Free(ctx context.Context, id string) error {
+	return d.free(ctx, id, "asked")
+}
+
+func (d *Daemon) free(ctx context.Context, id, why string) error {
+	a, err := d.ledger.BeginFree(id)
+	if err != nil {
+		return err
+	}
+	return d.finishFree(ctx, a, why)
+}
+
+// finishFree undoes what an ending allocation has in the kernel and
+// removes it from the ledger.
+func (d *Daemon) finishFree(ctx context.Context, a ledger.Allocation, why string) error {
+	var errs []error
+	netdevs := false
+	for _, att := range a.Attachments {
+		if err := d.undoAttachment(ctx, att); err != nil {
+			errs = append(errs, fmt.Errorf("attachment %s: %w", att.Key(), err))
+		}
+		netdevs = netdevs || att.Mode == api.ModeNetdev
+		d.log.Info("detached with its allocation", "attachment", att.Key(), "allocation", a.ID)
+	}
+	d.unserve(a)
+	if err := d.ledger.EndFree(a.ID); err != nil {
+		errs = append(errs, err)
+	}
+	// A pool removed from the config may go with its last allocation, a
+	// netdev back from a pod is managed on the node again.
+	if err := d.syncNetdevs(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	d.log.Info("freed", "allocation", a.ID, "why", why)
+	return errors.Join(errs...)
+}
+
+// unserve stops serving an allocation: its lease ends, its directory and
+// device-info files go.
+func (d *Daemon) unserve(a ledger.Allocation) {
+	d.broker.Remove(a.ID) // an allocation not served is fine
+	os.RemoveAll(d.allocDir(a.ID))
+	if !d.opts.Standalone {
+		if p, ok := d.ledger.Pool(a.Pool); ok {
+			for _, dev := range a.Devices {
+				deviceplugin.RemoveDeviceInfo(d.devInfoDir(), p.Resource, dev)
+			}
+		}
+	}
+}
+
+func (d *Daemon) devInfoDir() string {
+	if d.opts.DeviceInfoDir != "" {
+		return d.opts.DeviceInfoDir
+	}
+	return deviceplugin.DeviceInfoDir
+}
+
+// allocate answers kubelet's Allocate: a broker allocation for the
+// devices, its directory mounted at /run/xdpq, and the environment.
+// kubelet calls it again with the same devices when it restarts a
+// container: the allocation that held them is succeeded by the new one,
+// which takes over its attachments (CNI does not run again for a
+// container restart) where the pod is still there.
+func (d *Daemon) allocate(ctx context.Context, pool string, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	a, err := d.ledger.Reserve(ledger.Reservation{Pool: pool, Devices: ids, Owner: ledger.Owner{AnyPod: true}, Replace: true})
+	if err != nil {
+		return nil, err
+	}
+	if err := d.serveNew(a); err != nil {
+		return nil, err
+	}
+	var carried []ledger.Attachment
+	var podUID string
+	netdevs := false
+	for _, oldID := range a.Replaces {
+		old, ok := d.ledger.Get(oldID)
+		if !ok {
+			continue
+		}
+		d.unserve(old)
+		for _, att := range old.Attachments {
+			if carry(att, a) {
+				carried = append(carried, att)
+				if att.PodUID != "" {
+					podUID = att.PodUID
+				}
+				d.log.Info("attachment kept for the restarted container", "attachment", att.Key(), "allocation", a.ID, "was", oldID)
+				continue
+			}
+			d.log.Info("attachment ended: its allocation was given to a new container", "attachment", att.Key(), "allocation", a.ID)
+			if err := d.undoAttachment(ctx, att); err != nil {
+				d.log.Warn("detach", "attachment", att.Key(), "err", err)
+			}
+			netdevs = netdevs || att.Mode == api.ModeNetdev
+		}
+	}
+	if err := d.ledger.Commit(a.ID, carried); err != nil {
+		d.abandon(ctx, a.ID)
+		return nil, fmt.Errorf("allocation %s not recorded: %w", a.ID, err)
+	}
+	for _, att := range carried {
+		if att.Mode == api.ModeNetdev {
+			d.retargetToPod(a.ID, att.Netdev)
+		}
+	}
+	if podUID != "" {
+		d.setOwner(a.ID, ledger.Owner{PodUID: podUID})
+	}
+	if netdevs {
+		if err := d.syncNetdevs(ctx); err != nil {
+			d.log.Warn("netdevs", "err", err)
+		}
+	}
+	p, _ := d.ledger.Pool(pool)
+	// Device-info files for CNI plugins, where the NIC is a PCI device.
+	for _, dev := range p.Devices {
+		if slices.Contains(ids, dev.ID) && dev.PCI != "" {
+			if err := deviceplugin.WriteDeviceInfo(d.devInfoDir(), p.Resource, dev.ID, dev.PCI); err != nil {
+				d.log.Warn("device info", "device", dev.ID, "err", err)
+			}
+		}
+	}
+	d.log.Info("allocated", "allocation", a.ID, "pool", pool, "netdev", a.Netdev, "queues", a.Queues, "replaces", a.Replaces)
+	env := strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(pool))
+	var qs []string
+	for _, q := range a.Queues {
+		qs = append(qs, fmt.Sprintf("%s:%d", a.Netdev, q))
+	}
+	return &pluginapi.ContainerAllocateResponse{
+		Envs: map[string]string{
+			"XDPQ_SOCKET":        "/run/xdpq/" + broker.SocketName,
+			"XDPQ_QUEUES_" + env: strings.Join(qs, ","),
+			"XDPQ_NETDEV_" + env: a.Netdev,
+			"XDPQ_ALLOCATION":    a.ID,
+		},
+		Mounts: []*pluginapi.Mount{{ContainerPath: "/run/xdpq", HostPath: d.allocDir(a.ID)}},
+	}, nil
+}
+
+// carry says whether a restarted container's new allocation a keeps an
+// attachment of the old one: the same netdev and queues, and the pod's
+// netns still the one ADD saw.
+func carry(att ledger.Attachment, a ledger.Allocation) bool {
+	return att.Netdev == a.Netdev && slices.Equal(att.Queues, a.Queues) && att.NetnsInode != 0 && !netnsGone(att.Attachment)
+}
+
+// setOwner records who may use an allocation, in the ledger and the
+// broker.
+func (d *Daemon) setOwner(id string, o ledger.Owner) error {
+	if err := d.broker.SetOwner(id, brokerOwner(o)); err != nil {
+		return err
+	}
+	return d.ledger.SetOwner(id, o)
+}

@@ -1,0 +1,64 @@
+package daemon
+
+import (
+	"context"
+	"time"
+
+	"github.com/xdpq/xdpq/pkg/api"
+)
+
+// collectLoop ends, every CollectPeriod, what no one will end: the
+// attachments of pods that went without a DEL (containerd never calls CNI
+// GC) and, with kubelet, the allocations no running container holds.
+func (d *Daemon) collectLoop(ctx context.Context) error {
+	t := time.NewTicker(d.opts.CollectPeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			d.collect(ctx)
+			d.mu.Lock()
+			d.collected = time.Now()
+			d.mu.Unlock()
+		}
+	}
+}
+
+// collect runs one collection; it returns the attachments and
+// allocations it ended.
+func (d *Daemon) collect(ctx context.Context) (atts, allocs []string) {
+	for _, att := range d.ledger.Attachments() {
+		if !netnsGone(att.Attachment) {
+			continue
+		}
+		if err := d.CNIDel(ctx, api.AttachmentRef{ContainerID: att.ContainerID, IfName: att.IfName}); err != nil {
+			d.log.Warn("detach of a gone pod", "attachment", att.Key(), "err", err)
+			continue
+		}
+		d.log.Info("attachment collected: its pod's netns is gone", "attachment", att.Key(), "netns", att.Netns)
+		atts = append(atts, att.Key())
+	}
+	if d.opts.Standalone {
+		return atts, nil
+	}
+	held, err := d.heldDevices(ctx)
+	if err != nil {
+		d.log.Warn("cannot ask kubelet which devices are in use; collecting no allocation", "err", err)
+		return atts, nil
+	}
+	for _, a := range d.ledger.Allocations() {
+		p, ok := d.ledger.Pool(a.Pool)
+		// kubelet records an allocation only after Allocate returned.
+		if !ok || time.Since(a.Created) < d.opts.CollectPeriod || heldBy(held, p.Resource, a.Devices) {
+			continue
+		}
+		if err := d.free(ctx, a.ID, "no running container holds its devices"); err != nil {
+			d.log.Warn("free", "allocation", a.ID, "err", err)
+			continue
+		}
+		allocs = append(allocs, a.ID)
+	}
+	return atts, allocs
+}

@@ -1,0 +1,91 @@
+package daemon
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+
+	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/config"
+	"github.com/xdpq/xdpq/pkg/ledger"
+	"github.com/xdpq/xdpq/pkg/xsk"
+)
+
+// policyFor is how the agent manages a netdev of pool p: the one place a
+// pool's settings become a netdev's policy. reserved are the queues to
+// keep RSS off (every pool's on the netdev).
+func policyFor(p config.Pool, reserved []uint32) agent.Policy {
+	pol := agent.Policy{
+		Steering:     agent.Steering(p.Steering),
+		AttachAlways: p.Attach == "always",
+		Exclusive:    p.Exclusive,
+	}
+	if pol.Steering != agent.SteerSoftware {
+		pol.Reserved = slices.Clone(reserved)
+	}
+	return pol
+}
+
+// podPolicy is how a netdev-mode pool's netdev is managed inside its
+// pod: the pool's policy, and with no flows the direct program (every
+// frame of a queue with a socket goes to it: the netdev is the pod's).
+func podPolicy(p config.Pool, flows bool) agent.Policy {
+	pol := policyFor(p, nil)
+	if !flows {
+		pol.Steering = agent.SteerHardware
+	}
+	return pol
+}
+
+func policyEqual(a, b agent.Policy) bool {
+	return a.Steering == b.Steering && a.Rules == b.Rules && slices.Equal(a.Reserved, b.Reserved) && a.Mode == b.Mode &&
+		a.AttachAlways == b.AttachAlways && a.Exclusive == b.Exclusive
+}
+
+// brokerLimits are what one lease of pool p may ask for.
+func brokerLimits(p config.Pool) broker.Limits {
+	l := p.Limits
+	return broker.Limits{MaxUMEM: l.MaxUMEMBytes, MaxRing: l.MaxRing, AllowTX: p.AllowTX, MaxQueue: l.MaxQueuesPerPod}
+}
+
+func brokerOwner(o ledger.Owner) broker.Owner {
+	return broker.Owner{UID: o.UID, PodUID: o.PodUID, AnyPod: o.AnyPod}
+}
+
+// brokerAllocation is how the broker serves allocation a of pool p, on
+// the node's netdev (retargeted to a pod's by the caller).
+func (d *Daemon) brokerAllocation(a ledger.Allocation, p config.Pool) broker.Allocation {
+	return broker.Allocation{ID: a.ID, Netdev: d.nodeNetdev(a.Netdev), Queues: slices.Clone(a.Queues), Owner: brokerOwner(a.Owner),
+		Limits: brokerLimits(p), Dir: d.allocDir(a.ID)}
+}
+
+func (d *Daemon) allocDir(id string) string { return filepath.Join(d.opts.AllocDir, id) }
+
+// nodeNetdev names a netdev of the node for a bind.
+func (d *Daemon) nodeNetdev(name string) xsk.Netdev {
+	d.mu.Lock()
+	n, ok := d.found[name]
+	d.mu.Unlock()
+	dev := xsk.Netdev{Name: name, NetNS: d.opts.NetNS}
+	if ok {
+		dev.Ifindex = n.Ifindex
+	}
+	return dev
+}
+
+// setPolicy manages a netdev with a policy, or brings a managed one to a
+// new policy. Only the reconciler calls it.
+func (d *Daemon) setPolicy(name string, p agent.Policy) error {
+	d.mu.Lock()
+	_, managed := d.managed[name]
+	d.mu.Unlock()
+	if !managed {
+		return d.agent.Manage(name, p)
+	}
+	return fmt.Errorf("a new policy for a managed netdev waits for the agent's Set")
+}
+
+// updateLimits gives the live allocations their pools' limits, for their
+// next lease.
+func (d *Daemon) updateLimits() {}

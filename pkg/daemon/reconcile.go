@@ -1,0 +1,307 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/config"
+	"github.com/xdpq/xdpq/pkg/deviceplugin"
+	"github.com/xdpq/xdpq/pkg/ledger"
+	"github.com/xdpq/xdpq/pkg/nic"
+)
+
+// The reconciler is the one goroutine that changes what the node agent
+// manages and which device plugins run. A config change, a reload, the
+// resync ticker and the CNI verbs (a netdev moving into a pod and back)
+// ask it through reqs and wait for its answer; nobody else calls the
+// node agent's Set or Unmanage, so two of them can never interleave.
+
+type reconcileRequest struct {
+	cfg      *config.Config // a new config; nil: the one in force
+	discover bool           // list the netdevs again
+	done     chan error
+}
+
+// applier is the config watcher's apply: the reconciler puts c in force.
+func (d *Daemon) applier(ctx context.Context) func(*config.Config) error {
+	return func(c *config.Config) error {
+		if err := d.request(ctx, reconcileRequest{cfg: c, discover: true}); err != nil {
+			return err
+		}
+		for _, a := range d.ledger.Rescan() {
+			d.log.Info("allocation record readable again", "allocation", a.ID)
+			d.serveRestored(ctx, a)
+		}
+		return nil
+	}
+}
+
+// request has the reconciler run r and waits for the outcome.
+func (d *Daemon) request(ctx context.Context, r reconcileRequest) error {
+	r.done = make(chan error, 1)
+	select {
+	case d.reqs <- r:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-r.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// syncNetdevs brings the node agent's netdevs in line with the ledger now
+// (a netdev moved into a pod or back).
+func (d *Daemon) syncNetdevs(ctx context.Context) error {
+	select {
+	case <-d.ready:
+		return d.request(ctx, reconcileRequest{})
+	default: // starting: this is the only goroutine
+		return d.reconcile(ctx, reconcileRequest{})
+	}
+}
+
+func (d *Daemon) reconcileLoop(ctx context.Context) error {
+	t := time.NewTicker(d.opts.Resync)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case r := <-d.reqs:
+			r.done <- d.reconcile(ctx, r)
+		case <-t.C:
+			if err := d.reconcile(ctx, reconcileRequest{discover: true}); err != nil {
+				d.log.Warn("resync", "err", err)
+			}
+		}
+	}
+}
+
+// reconcile puts a config in force on the netdevs found: the pools and
+// their devices in the ledger, the node agent's netdevs and policies, the
+// live allocations' limits and the device plugins. Netdev-level problems
+// (a queue range the netdev lacks, pools that disagree on a netdev) do
+// not refuse the config: they are reported with the pools they concern.
+func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
+	cfg := r.cfg
+	if cfg == nil {
+		cfg = d.watcher.Current()
+	}
+	d.mu.Lock()
+	found := maps.Clone(d.found)
+	d.mu.Unlock()
+	if r.discover || len(found) == 0 {
+		list, err := (nic.Discoverer{SysRoot: d.opts.SysRoot, NetNS: d.opts.NetNS}).List()
+		if err != nil {
+			return err
+		}
+		found = map[string]nic.Netdev{}
+		for _, n := range list {
+			found[n.Name] = n
+		}
+	}
+	// A netdev in a pod is not on the node, but still its pool's.
+	inPods := map[string]bool{}
+	for _, att := range d.ledger.Attachments() {
+		if att.Mode != api.ModeNetdev {
+			continue
+		}
+		inPods[att.Netdev] = true
+		if _, ok := found[att.Netdev]; !ok {
+			if m, err := decodeMoved(att.Moved); err == nil {
+				found[att.Netdev] = m.Device
+			}
+		}
+	}
+	netdevs := slices.SortedFunc(maps.Values(found), func(a, b nic.Netdev) int { return strings.Compare(a.Name, b.Name) })
+	pools := cfg.ForNode(d.opts.NodeName, d.opts.NodeLabels)
+	res, resolveProblems := config.Resolve(pools, netdevs)
+	lpools, desired, problems := plan(cfg, pools, res, resolveProblems)
+	for name := range inPods {
+		delete(desired, name)
+	}
+	changes := d.ledger.SetPools(lpools)
+	for _, p := range changes.Lingering {
+		d.log.Info("pool removed from the config; it goes once its allocations are freed", "pool", p)
+	}
+	for _, p := range problems {
+		d.log.Error("config", "problem", p)
+	}
+
+	// The node agent: what it manages and how.
+	d.mu.Lock()
+	managed := maps.Clone(d.managed)
+	d.mu.Unlock()
+	for _, name := range slices.Sorted(maps.Keys(desired)) {
+		pol := desired[name]
+		if old, ok := managed[name]; ok && policyEqual(old, pol) {
+			continue
+		}
+		if err := d.setPolicy(name, pol); err != nil {
+			problems = append(problems, fmt.Sprintf("netdev %s: %v", name, err))
+			d.log.Error("netdev not managed", "netdev", name, "err", err)
+			continue
+		}
+		managed[name] = pol
+	}
+	for _, name := range slices.Sorted(maps.Keys(managed)) {
+		if _, ok := desired[name]; ok {
+			continue
+		}
+		if err := d.agent.Unmanage(name); err != nil {
+			d.log.Warn("unmanage", "netdev", name, "err", err)
+		}
+		delete(managed, name)
+	}
+	d.mu.Lock()
+	d.found, d.problems, d.managed = found, problems, managed
+	d.mu.Unlock()
+
+	d.updateLimits()
+	d.syncPlugins()
+	return nil
+}
+
+// plan turns the pools in force and what they resolved to on this node
+// into the ledger's pools and the node agent's policy per netdev.
+func plan(cfg *config.Config, pools []config.Pool, res []config.Reservation, resolveProblems []error) ([]ledger.Pool, map[string]agent.Policy, []string) {
+	var problems []string
+	perPool := map[string][]string{}
+	for _, e := range resolveProblems {
+		msg := e.Error()
+		problems = append(problems, msg)
+		if name, rest, ok := strings.Cut(strings.TrimPrefix(msg, "pool "), ": "); ok {
+			perPool[name] = append(perPool[name], rest)
+		}
+	}
+	var out []ledger.Pool
+	for _, pc := range pools {
+		lp := ledger.Pool{Name: pc.Name, Resource: cfg.Resource(pc), Config: pc, Problems: perPool[pc.Name]}
+		for _, r := range res {
+			if r.Pool != pc.Name {
+				continue
+			}
+			if pc.Mode == api.ModeNetdev {
+				lp.Devices = append(lp.Devices, ledger.Device{ID: r.Netdev.Name, Netdev: r.Netdev.Name, Queues: r.Queues,
+					NUMA: r.Netdev.NUMANode, PCI: r.Netdev.PCI})
+				continue
+			}
+			for _, q := range r.Queues {
+				lp.Devices = append(lp.Devices, ledger.Device{ID: deviceplugin.DeviceID(r.Netdev.Name, q), Netdev: r.Netdev.Name,
+					Queues: []uint32{q}, NUMA: r.Netdev.NUMANode, PCI: r.Netdev.PCI})
+			}
+		}
+		if len(lp.Devices) == 0 && len(lp.Problems) == 0 {
+			lp.Problems = []string{"no netdev on this node matches its devices selector"}
+		}
+		out = append(out, lp)
+	}
+
+	// One policy per netdev: the first pool's that uses it, with the
+	// queues of every pool on it kept off RSS.
+	byNetdev := map[string][]config.Reservation{}
+	var order []string
+	for _, r := range res {
+		if byNetdev[r.Netdev.Name] == nil {
+			order = append(order, r.Netdev.Name)
+		}
+		byNetdev[r.Netdev.Name] = append(byNetdev[r.Netdev.Name], r)
+	}
+	desired := map[string]agent.Policy{}
+	for _, name := range order {
+		rs := byNetdev[name]
+		first := poolNamed(pools, rs[0].Pool)
+		var reserved []uint32
+		for _, r := range rs {
+			reserved = append(reserved, r.Queues...)
+			if other := poolNamed(pools, r.Pool); r.Pool != first.Name {
+				if diff := netdevSettingsDiffer(first, other); diff != "" {
+					msg := fmt.Sprintf("pools %s and %s share netdev %s and disagree on %s; %s's applies", first.Name, other.Name, name, diff, first.Name)
+					problems = append(problems, msg)
+				}
+			}
+		}
+		sort.Slice(reserved, func(i, j int) bool { return reserved[i] < reserved[j] })
+		if first.Mode == api.ModeNetdev {
+			reserved = nil // the netdev is one pod's; RSS is its business
+		}
+		desired[name] = policyFor(first, reserved)
+	}
+	return out, desired, problems
+}
+
+func poolNamed(pools []config.Pool, name string) config.Pool {
+	for _, p := range pools {
+		if p.Name == name {
+			return p
+		}
+	}
+	return config.Pool{}
+}
+
+// netdevSettingsDiffer names the netdev-wide settings two pools on one
+// netdev disagree on.
+func netdevSettingsDiffer(a, b config.Pool) string {
+	var d []string
+	if a.Steering != b.Steering {
+		d = append(d, "steering")
+	}
+	if a.Attach != b.Attach {
+		d = append(d, "attach")
+	}
+	if a.Exclusive != b.Exclusive {
+		d = append(d, "exclusive")
+	}
+	if a.Linger != b.Linger {
+		d = append(d, "linger")
+	}
+	if (a.BusyPoll == nil) != (b.BusyPoll == nil) {
+		d = append(d, "busyPoll")
+	}
+	return strings.Join(d, ", ")
+}
+
+// syncPlugins runs one device plugin per pool of the ledger (Kubernetes
+// mode): a pool added gets one, a pool gone loses it, a pool whose
+// resource name changed gets a new one; all send their devices again.
+// Only the reconciler calls it.
+func (d *Daemon) syncPlugins() {
+	if d.opts.Standalone {
+		return
+	}
+	want := map[string]string{}
+	for _, p := range d.ledger.Pools() {
+		want[p.Name] = p.Resource
+	}
+	d.mu.Lock()
+	running := maps.Clone(d.plugins)
+	d.mu.Unlock()
+	for name, pl := range running {
+		if want[name] != pl.resource {
+			pl.stop()
+			delete(running, name)
+			d.log.Info("device plugin stopped", "pool", name, "resource", pl.resource)
+		}
+	}
+	for name, resource := range want {
+		if running[name] == nil {
+			running[name] = d.startPlugin(name, resource)
+		}
+	}
+	d.mu.Lock()
+	d.plugins = running
+	d.mu.Unlock()
+	for _, pl := range running {
+		pl.p.Changed()
+	}
+}

@@ -1,0 +1,163 @@
+package daemon
+
+import (
+	"context"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/ledger"
+)
+
+// start puts the config in force and takes over from a previous daemon:
+// what it left half done is finished or rolled back as its records say,
+// the netdevs it moved into pods that still run are adopted (and those of
+// gone pods brought back), the flows of its attachments are kept and
+// every other xdpq flow removed (unless a record is unreadable: then
+// nothing is removed), and its allocations are served again at the same
+// paths, their leases resumable.
+func (d *Daemon) start(ctx context.Context) error {
+	if err := d.reconcile(ctx, reconcileRequest{discover: true}); err != nil {
+		return err
+	}
+	rec := d.ledger.Recovery()
+	for _, a := range rec.Freeing {
+		d.log.Info("finishing the free a previous daemon began", "allocation", a.ID)
+		if err := d.finishFree(ctx, a, "a previous daemon began freeing it"); err != nil {
+			d.log.Warn("free", "allocation", a.ID, "err", err)
+		}
+	}
+	for _, att := range rec.Attaching {
+		d.log.Info("rolling back an ADD a previous daemon began", "attachment", att.Key())
+		if att.Mode == api.ModeNetdev && len(att.Moved) > 0 {
+			if err := d.moveOut(ctx, att); err != nil {
+				d.log.Warn("netdev not brought back", "netdev", att.Netdev, "err", err)
+			}
+		}
+		d.ledger.EndAttach(att, false) // its flows go with the sync below
+	}
+	for _, att := range rec.Detaching {
+		d.log.Info("finishing the DEL a previous daemon began", "attachment", att.Key())
+		if att.Mode == api.ModeNetdev {
+			if err := d.moveOut(ctx, att); err != nil {
+				d.log.Warn("netdev not brought back", "netdev", att.Netdev, "err", err)
+			}
+		}
+		d.ledger.EndDetach(att.Key())
+	}
+	d.adoptPods(ctx)
+	if err := d.reconcile(ctx, reconcileRequest{}); err != nil { // netdevs back from pods
+		return err
+	}
+	d.syncSteering()
+	d.restoreAllocations(ctx)
+	d.removeStrayDirs()
+	return nil
+}
+
+// syncSteering keeps the node agent's flows that attachments own. With
+// every record read, it removes the rest (a crashed ADD's, a freed
+// allocation's); with a record unreadable it removes nothing.
+func (d *Daemon) syncSteering() {
+	keep := map[string]map[string][]agent.Flow{}
+	for _, att := range d.ledger.Attachments() {
+		if att.Mode != api.ModeQueue || att.State != ledger.Active {
+			continue
+		}
+		flows, err := agentFlows(att.Flows, att.Queues)
+		if err != nil {
+			continue
+		}
+		if keep[att.Netdev] == nil {
+			keep[att.Netdev] = map[string][]agent.Flow{}
+		}
+		keep[att.Netdev][att.Key()] = flows
+	}
+	broken := len(d.ledger.Broken()) > 0
+	d.mu.Lock()
+	netdevs := slices.Sorted(maps.Keys(d.managed))
+	d.mu.Unlock()
+	for _, n := range netdevs {
+		if broken {
+			d.log.Warn("a record is unreadable: flows no record owns are left in place", "netdev", n)
+			// TODO(agent): adopt without removing.
+			continue
+		}
+		if removed, err := d.agent.SyncSteering(n, keep[n]); err != nil || removed > 0 {
+			d.log.Info("steering synced with the attachments", "netdev", n, "removed", removed, "err", err)
+		}
+	}
+}
+
+// restoreAllocations serves a previous daemon's allocations again. With
+// kubelet, one whose devices no running container holds is freed (when
+// kubelet cannot be asked, all are kept: losing a live pod's socket is
+// worse).
+func (d *Daemon) restoreAllocations(ctx context.Context) {
+	allocs := d.ledger.Allocations()
+	var held map[string]bool
+	if !d.opts.Standalone && len(allocs) > 0 {
+		var err error
+		if held, err = d.heldDevices(ctx); err != nil {
+			d.log.Warn("cannot ask kubelet which devices are in use; restoring every allocation", "err", err)
+		}
+	}
+	for _, a := range allocs {
+		p, _ := d.ledger.Pool(a.Pool)
+		if held != nil && !heldBy(held, p.Resource, a.Devices) {
+			d.serveRestored(ctx, a) // served, so that free can stop serving it
+			if err := d.free(ctx, a.ID, "kubelet says no running container holds its devices"); err != nil {
+				d.log.Warn("free", "allocation", a.ID, "err", err)
+			}
+			continue
+		}
+		d.serveRestored(ctx, a)
+	}
+}
+
+// serveRestored has the broker serve a restored allocation at its path
+// again, on the pod's netdev if it is in one.
+func (d *Daemon) serveRestored(ctx context.Context, a ledger.Allocation) {
+	p, _ := d.ledger.Pool(a.Pool)
+	ba := d.brokerAllocation(a, p.Config)
+	if err := d.broker.Add(ba); err != nil {
+		d.log.Error("allocation not served", "allocation", a.ID, "err", err)
+		return
+	}
+	for _, att := range a.Attachments {
+		if att.Mode == api.ModeNetdev && att.State == ledger.Active {
+			if err := d.retargetToPod(a.ID, att.Netdev); err != nil {
+				d.log.Warn("netdev in the pod, sockets not bound there", "allocation", a.ID, "err", err)
+			}
+		}
+	}
+	d.log.Info("allocation restored", "allocation", a.ID, "devices", a.Devices)
+}
+
+// removeStrayDirs removes allocation directories that no record names: an
+// allocation that was being made when the daemon stopped.
+func (d *Daemon) removeStrayDirs() {
+	ents, err := os.ReadDir(d.opts.AllocDir)
+	if err != nil {
+		return
+	}
+	broken := d.ledger.Broken()
+	for _, e := range ents {
+		id := e.Name()
+		if !e.IsDir() || strings.HasPrefix(id, ".") {
+			continue
+		}
+		if _, ok := d.ledger.Get(id); ok {
+			continue
+		}
+		if _, ok := broken[id]; ok {
+			continue
+		}
+		d.log.Info("removing the directory of an allocation no record names", "dir", filepath.Join(d.opts.AllocDir, id))
+		os.RemoveAll(filepath.Join(d.opts.AllocDir, id))
+	}
+}

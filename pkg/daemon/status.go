@@ -1,0 +1,52 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/xdpq/xdpq/pkg/api"
+)
+
+// Status reports pools, allocations, netdevs and what is wrong with the
+// config or the records. It waits for no kernel call but the agents'
+// status.
+func (d *Daemon) Status(ctx context.Context) api.Status {
+	var s api.Status
+	for _, p := range d.ledger.Pools() {
+		u := d.ledger.Usage(p.Name)
+		ps := api.PoolStatus{Name: p.Name, Resource: p.Resource, Queues: u.Devices, Free: u.Free}
+		reasons := append([]string(nil), p.Problems...)
+		if u.Beyond > 0 {
+			reasons = append(reasons, fmt.Sprintf("%d devices held by allocations are no longer in the pool; they leave when freed", u.Beyond))
+		}
+		if u.Blocked != "" {
+			reasons = append(reasons, u.Blocked)
+		}
+		ps.Reason = strings.Join(reasons, "; ")
+		s.Pools = append(s.Pools, ps)
+	}
+	for _, a := range d.ledger.Allocations() {
+		s.Allocations = append(s.Allocations, *d.apiAllocation(a))
+	}
+	for _, n := range d.netdevStatus() {
+		s.Netdevs = append(s.Netdevs, api.NetdevStatus{Netdev: n.Netdev, State: string(n.State), Mode: n.Mode.String(),
+			Steering: string(n.Steering), Flows: n.Flows, Sockets: n.Sockets, LinkUp: n.LinkUp, Reason: n.Reason})
+	}
+	sort.Slice(s.Netdevs, func(i, j int) bool { return s.Netdevs[i].Netdev < s.Netdevs[j].Netdev })
+	var problems []string
+	if err := d.watcher.LastError(); err != nil {
+		problems = append(problems, err.Error())
+	}
+	d.mu.Lock()
+	problems = append(problems, d.problems...)
+	s.Collected = d.collected
+	d.mu.Unlock()
+	s.ConfigError = strings.Join(problems, "; ")
+	for id, err := range d.ledger.Broken() {
+		s.StateErrors = append(s.StateErrors, fmt.Sprintf("allocation %s: %v", id, err))
+	}
+	sort.Strings(s.StateErrors)
+	return s
+}
