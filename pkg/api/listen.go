@@ -214,7 +214,9 @@ func bind(path string) (net.Listener, error) {
 }
 
 // listener is the API's socket; its Close unlinks path only if path is
-// still the socket it bound.
+// still the socket it bound. Device and inode numbers tell: while the
+// listener is open its socket holds its inode, so no other file can have
+// that number, even after the socket was unlinked.
 type listener struct {
 	net.Listener
 	path     string
