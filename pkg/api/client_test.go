@@ -107,6 +107,7 @@ func TestClientErrorKinds(t *testing.T) {
 	}{
 		{fmt.Errorf("no pool %q (pools: upf): %w", "nope", ErrNotFound), 404, CodeNotFound, ErrNotFound},
 		{fmt.Errorf("pool upf: 3 queues asked, 2 free: %w", ErrConflict), 409, CodeConflict, ErrConflict},
+		{Errorf(ErrConflict, "device xa-q2 is in use by allocation upf-1"), 409, CodeConflict, ErrConflict},
 		{fmt.Errorf("flow protocol \"sctp\": udp or tcp: %w", ErrInvalid), 400, CodeInvalid, ErrInvalid},
 		{fmt.Errorf("allocations come from kubelet here; xdpqctl alloc is for a standalone daemon: %w", ErrNotSupported), 501, CodeNotSupported, ErrNotSupported},
 		{fmt.Errorf("pool upf is blocked: its state file is unreadable: %w", ErrUnavailable), 503, CodeUnavailable, ErrUnavailable},

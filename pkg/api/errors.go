@@ -8,7 +8,9 @@ import (
 )
 
 // The kinds of refusal. A [Backend] wraps one with %w to choose the status
-// code of its error; [NewHandler] answers anything else with 500. On the
+// code of its error (fmt.Errorf("pool %q: %w", name, api.ErrNotFound)
+// reads `pool "x": not found`), or marks a message complete without it
+// with [Errorf]; [NewHandler] answers anything else with 500. On the
 // client side the [*StatusError] of a refusal wraps the same sentinel, so
 // errors.Is(err, api.ErrNotFound) holds on both ends of the socket.
 var (
@@ -48,6 +50,23 @@ const (
 	CodeUnknownPath      = "unknown-path"       // 404, ErrVersionSkew at the client
 	CodeMethodNotAllowed = "method-not-allowed" // 405, ErrVersionSkew at the client
 )
+
+// Errorf formats an error as fmt.Errorf does (%w included) and marks it
+// as of kind, one of the sentinels above: errors.Is(err, kind) holds, and
+// its message is the formatted one alone, for messages that say it all:
+//
+//	api.Errorf(api.ErrConflict, "device %s is in use by allocation %s", dev, id)
+func Errorf(kind error, format string, a ...any) error {
+	return &kindError{kind: kind, err: fmt.Errorf(format, a...)}
+}
+
+// kindError is an error of Errorf.
+type kindError struct {
+	kind, err error
+}
+
+func (e *kindError) Error() string   { return e.err.Error() }
+func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
 
 // classify gives the status and code of a backend's error: its sentinel's,
 // else 503 for a request out of time or cancelled (the daemon stopping),

@@ -396,3 +396,18 @@ func FuzzDecodeRequest(f *testing.F) {
 		}
 	})
 }
+
+// TestErrorf: an error marked with Errorf keeps its message alone, is of
+// its kind, and still wraps what its format wraps.
+func TestErrorf(t *testing.T) {
+	inner := errors.New("open /var/lib/xdpq/upf.json: permission denied")
+	err := Errorf(ErrUnavailable, "pool upf is blocked until its state file can be read: %w", inner)
+	if err.Error() != "pool upf is blocked until its state file can be read: open /var/lib/xdpq/upf.json: permission denied" ||
+		!errors.Is(err, ErrUnavailable) || !errors.Is(err, inner) || errors.Is(err, ErrNotFound) {
+		t.Fatalf("%v", err)
+	}
+	w := serve(t, &fakeBackend{fn: failing(fmt.Errorf("cni add: %w", err))}, "POST", "/v1/cni/add", `{}`)
+	if e := refusal(t, w); w.Code != 503 || e.Code != CodeUnavailable || e.Error != "cni add: "+err.Error() {
+		t.Fatalf("%d %+v", w.Code, e)
+	}
+}
