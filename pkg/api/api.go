@@ -1,24 +1,17 @@
-// Package api is the xdpq daemon's local API on a Unix socket: the types
-// its requests and answers carry, and a client. xdpqctl and the CNI plugin
-// use it; they need nothing else of the daemon.
 package api
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"net/netip"
-	"net/url"
 	"time"
 )
 
 // DefaultSocket is where the daemon serves its local API.
 const DefaultSocket = "/run/xdpq/xdpq-api.sock"
+
+// Version is the version of the API this package speaks, answered by
+// GET /v1/version. It changes when a request or answer changes in a way an
+// older peer cannot read; added fields do not change it.
+const Version = 1
 
 // Allocation is a set of queues handed out, as the API reports it.
 type Allocation struct {
@@ -150,99 +143,25 @@ type GCRequest struct {
 	Valid []string `json:"valid"` // "containerID/ifName"
 }
 
-// Error is a refused request.
+// FreeAnswer answers POST /v1/free.
+type FreeAnswer struct {
+	Freed string `json:"freed"` // the allocation's id
+}
+
+// GCAnswer answers POST /v1/cni/gc.
+type GCAnswer struct {
+	Removed []string `json:"removed"` // "containerID/ifName", never null
+}
+
+// VersionInfo answers GET /v1/version.
+type VersionInfo struct {
+	API int `json:"api"` // the daemon's [Version]
+}
+
+// Error is the body of every answer that is not 200: the refusal's
+// message, for a person, and its code (one of the Code constants), for a
+// program. Daemons before codes existed sent only the message.
 type Error struct {
 	Error string `json:"error"`
-}
-
-// Client talks to the daemon's local API.
-type Client struct {
-	http   *http.Client
-	socket string
-}
-
-// NewClient returns a client of the API at socket ("" for the default).
-func NewClient(socket string) *Client {
-	if socket == "" {
-		socket = DefaultSocket
-	}
-	return &Client{socket: socket, http: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", socket)
-		}}}}
-}
-
-func (c *Client) call(method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, _ := json.Marshal(in)
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, "http://xdpq"+path, body)
-	if err != nil {
-		return err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // not the made-up http://xdpq URL
-		}
-		return fmt.Errorf("the xdpq daemon's API at %s does not answer: %w (is the daemon running, with --api-socket %s?)",
-			c.socket, err, c.socket)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		var e Error
-		json.NewDecoder(resp.Body).Decode(&e)
-		return errors.New(e.Error)
-	}
-	return json.NewDecoder(resp.Body).Decode(out)
-}
-
-// Alloc asks for count queues of pool for uid.
-func (c *Client) Alloc(pool string, count int, uid uint32) (*Allocation, error) {
-	var a Allocation
-	err := c.call("POST", "/v1/alloc", AllocRequest{pool, count, uid}, &a)
-	return &a, err
-}
-
-// Free ends an allocation.
-func (c *Client) Free(id string) error {
-	var out map[string]string
-	return c.call("POST", "/v1/free", FreeRequest{id}, &out)
-}
-
-// CNIAdd makes an attachment.
-func (c *Client) CNIAdd(req CNIAddRequest) (*Attachment, error) {
-	var a Attachment
-	err := c.call("POST", "/v1/cni/add", req, &a)
-	return &a, err
-}
-
-// CNIDel removes an attachment (none is no error).
-func (c *Client) CNIDel(containerID, ifName string) error {
-	var out map[string]string
-	return c.call("POST", "/v1/cni/del", AttachmentRef{containerID, ifName}, &out)
-}
-
-// CNICheck verifies an attachment.
-func (c *Client) CNICheck(containerID, ifName string) (*Attachment, error) {
-	var a Attachment
-	err := c.call("POST", "/v1/cni/check", AttachmentRef{containerID, ifName}, &a)
-	return &a, err
-}
-
-// CNIGC removes the attachments not in valid ("containerID/ifName").
-func (c *Client) CNIGC(valid []string) ([]string, error) {
-	var out map[string][]string
-	err := c.call("POST", "/v1/cni/gc", GCRequest{valid}, &out)
-	return out["removed"], err
-}
-
-// Status reports the daemon's state.
-func (c *Client) Status() (*Status, error) {
-	var s Status
-	err := c.call("GET", "/v1/status", nil, &s)
-	return &s, err
+	Code  string `json:"code,omitempty"`
 }

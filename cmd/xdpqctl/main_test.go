@@ -1,0 +1,140 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/xdpq/xdpq/pkg/api"
+)
+
+// backend is a standalone daemon's API with one pool of 4 queues; it
+// records what it is asked.
+type backend struct {
+	mu    sync.Mutex
+	asked []string
+}
+
+func (b *backend) ask(format string, a ...any) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.asked = append(b.asked, fmt.Sprintf(format, a...))
+}
+
+func (b *backend) Status(context.Context) (*api.Status, error) {
+	b.ask("status")
+	return &api.Status{Pools: []api.PoolStatus{{Name: "upf", Queues: 4, Free: 4}}}, nil
+}
+
+func (b *backend) Alloc(_ context.Context, req api.AllocRequest) (*api.Allocation, error) {
+	b.ask("alloc %s %d %d", req.Pool, req.Count, req.UID)
+	if req.Pool != "upf" {
+		return nil, api.Errorf(api.ErrNotFound, "no pool %q (pools: upf)", req.Pool)
+	}
+	return &api.Allocation{ID: "upf-1", Pool: "upf", Netdev: "eth1", Queues: []uint32{0, 1}[:req.Count]}, nil
+}
+
+func (b *backend) Free(_ context.Context, id string) error {
+	b.ask("free %s", id)
+	if id != "upf-1" {
+		return api.Errorf(api.ErrNotFound, "no allocation %q", id)
+	}
+	return nil
+}
+
+func (b *backend) CNIAdd(context.Context, api.CNIAddRequest) (*api.Attachment, error) {
+	return nil, api.ErrNotSupported
+}
+func (b *backend) CNIDel(context.Context, api.AttachmentRef) error { return api.ErrNotSupported }
+func (b *backend) CNICheck(context.Context, api.AttachmentRef) (*api.Attachment, error) {
+	return nil, api.ErrNotSupported
+}
+func (b *backend) CNIGC(context.Context, api.GCRequest) ([]string, error) {
+	return nil, api.ErrNotSupported
+}
+
+func daemon(t *testing.T) (socket string, b *backend) {
+	t.Helper()
+	socket = filepath.Join(t.TempDir(), "api.sock")
+	ln, err := api.Listen(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = &backend{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- api.Serve(ctx, ln, api.NewHandler(b, nil), nil) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return socket, b
+}
+
+func TestCommandLine(t *testing.T) {
+	socket, b := daemon(t)
+	for _, tt := range []struct {
+		args   string
+		code   int
+		stdout string // a part of it
+		stderr string // a part of it
+		asked  string // what the daemon was asked, "" for nothing
+	}{
+		{"", 2, "", "usage: xdpqctl [-api-socket PATH] COMMAND", ""},
+		{"-h", 0, "usage: xdpqctl [-api-socket PATH] COMMAND", "", ""},
+		{"--help", 0, "usage: xdpqctl", "", ""},
+		{"help", 0, "usage: xdpqctl", "", ""},
+		{"-bogus status", 2, "", "xdpqctl: flag provided but not defined: -bogus\nusage: xdpqctl", ""},
+		{"nope", 2, "", `xdpqctl: unknown command "nope"`, ""},
+		{"free -h", 0, "usage: xdpqctl [-api-socket PATH] free ID\n", "", ""},
+		{"free --help", 0, "usage: xdpqctl [-api-socket PATH] free ID\n", "", ""},
+		{"free upf-1 -h", 0, "usage: xdpqctl [-api-socket PATH] free ID\n", "", ""},
+		{"free", 2, "", "xdpqctl free: the allocation id is missing\nusage: xdpqctl [-api-socket PATH] free ID", ""},
+		{"free a b", 2, "", `xdpqctl free: takes one allocation id, got 2 arguments ["a" "b"]`, ""},
+		{"free -x upf-1", 2, "", "xdpqctl free: flag provided but not defined: -x", ""},
+		{"free upf-1", 0, `"freed": "upf-1"`, "", "free upf-1"},
+		{"free -- -h", 1, "", `xdpqctl free: no allocation "-h"`, "free -h"},
+		{"free upf-2", 1, "", "xdpqctl free: no allocation \"upf-2\"\n", "free upf-2"},
+		{"alloc -h", 0, "usage: xdpqctl [-api-socket PATH] alloc -pool POOL [-n N] [-uid UID]\n", "", ""},
+		{"alloc", 2, "", "xdpqctl alloc: -pool is required", ""},
+		{"alloc -pool", 2, "", "xdpqctl alloc: flag needs an argument: -pool", ""},
+		{"alloc -pool upf extra", 2, "", `xdpqctl alloc: takes no arguments, got ["extra"]`, ""},
+		{"alloc -pool upf -n 0", 2, "", "xdpqctl alloc: -n 0: at least 1 queue", ""},
+		{"alloc -pool upf -n x", 2, "", `xdpqctl alloc: invalid value "x" for flag -n`, ""},
+		{"alloc -pool upf -uid 4294967296", 2, "", "xdpqctl alloc: -uid 4294967296: not a uid", ""},
+		{"alloc -pool upf -n 2 -uid 1000", 0, `"id": "upf-1"`, "", "alloc upf 2 1000"},
+		{"alloc -n 2 -pool upf -uid 1000", 0, `"queues": [`, "", "alloc upf 2 1000"},
+		{"alloc -pool nope", 1, "", "xdpqctl alloc: no pool \"nope\" (pools: upf)\n", "alloc nope 1"},
+		{"status -h", 0, "usage: xdpqctl [-api-socket PATH] status\n", "", ""},
+		{"status now", 2, "", `xdpqctl status: takes no arguments, got ["now"]`, ""},
+		{"status", 0, `"name": "upf"`, "", "status"},
+	} {
+		t.Run(tt.args, func(t *testing.T) {
+			b.mu.Lock()
+			b.asked = nil
+			b.mu.Unlock()
+			var stdout, stderr bytes.Buffer
+			args := append([]string{"-api-socket", socket}, strings.Fields(tt.args)...)
+			code := run(args, &stdout, &stderr)
+			if code != tt.code || !strings.Contains(stdout.String(), tt.stdout) || !strings.Contains(stderr.String(), tt.stderr) {
+				t.Errorf("exit %d, want %d\nstdout %q, want %q in it\nstderr %q, want %q in it", code, tt.code, stdout.String(), tt.stdout, stderr.String(), tt.stderr)
+			}
+			if code == 0 && tt.stdout != "" && !strings.HasPrefix(tt.stdout, "usage") && !json.Valid(stdout.Bytes()) {
+				t.Errorf("not JSON: %s", stdout.String())
+			}
+			b.mu.Lock()
+			asked := strings.Join(b.asked, "; ")
+			b.mu.Unlock()
+			if !strings.HasPrefix(asked, tt.asked) || (tt.asked == "") != (asked == "") {
+				t.Errorf("daemon asked %q, want %q", asked, tt.asked)
+			}
+		})
+	}
+}
