@@ -9,6 +9,6 @@ import (
 )
 
 func main() {
-	skel.PluginMainFuncs(skel.CNIFuncs{Add: cni.CmdAdd, Del: cni.CmdDel, Check: cni.CmdCheck, GC: cni.CmdGC, Status: cni.CmdStatus},
+	skel.PluginMainFuncs(cni.Plugin{CacheDir: cni.DefaultCacheDir}.Funcs(),
 		cni.SupportedVersions, "xdpq: AF_XDP queues for pods")
 }

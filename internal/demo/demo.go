@@ -330,7 +330,8 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 }
 
 func netdevStatus(d *daemon.Daemon) (api.NetdevStatus, bool) {
-	for _, n := range d.Status(context.Background()).Netdevs {
+	s, _ := d.Status(context.Background())
+	for _, n := range s.Netdevs {
 		if n.Netdev == "xa" {
 			return n, true
 		}

@@ -29,6 +29,16 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
 
+// testPlugin is the plugin the tests' verbs call; startNodeWith gives it
+// a cache directory of the test's own.
+var testPlugin Plugin
+
+func CmdAdd(args *skel.CmdArgs) error    { return testPlugin.Add(args) }
+func CmdDel(args *skel.CmdArgs) error    { return testPlugin.Del(args) }
+func CmdCheck(args *skel.CmdArgs) error  { return testPlugin.Check(args) }
+func CmdGC(args *skel.CmdArgs) error     { return testPlugin.GC(args) }
+func CmdStatus(args *skel.CmdArgs) error { return testPlugin.Status(args) }
+
 // node runs a standalone daemon in a netns with a software-steered pool
 // of xa's queues 0 and 1, builds host-local IPAM, and allocates the pool.
 type node struct {
@@ -63,7 +73,7 @@ func startNodeWith(t testing.TB, uid uint32, config, pool string, count int) *no
 	build(t, bin, map[string]string{"host-local": "github.com/containernetworking/plugins/plugins/ipam/host-local"})
 	// testutils runs the plugin with CNI_PATH set to PATH.
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
-	CacheDir = filepath.Join(dir, "cache")
+	testPlugin = Plugin{CacheDir: filepath.Join(dir, "cache")}
 	cfg := filepath.Join(dir, "config.yaml")
 	os.WriteFile(cfg, []byte(config), 0o644)
 	xdp.MountBPFFS(xdp.DefaultBPFFS)

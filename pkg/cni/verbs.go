@@ -23,8 +23,27 @@ import (
 	"github.com/xdpq/xdpq/pkg/api"
 )
 
-// CacheDir keeps what DEL needs, written at the start of ADD.
-var CacheDir = "/var/lib/cni/xdpq"
+// DefaultCacheDir is where the plugin keeps what DEL needs, written at
+// the start of ADD.
+const DefaultCacheDir = "/var/lib/cni/xdpq"
+
+// Plugin is the xdpq CNI plugin; cmd/cni runs its verbs through skel.
+type Plugin struct {
+	// CacheDir keeps what DEL needs; "" means DefaultCacheDir.
+	CacheDir string
+}
+
+// Funcs are the plugin's verbs for skel.PluginMainFuncs.
+func (p Plugin) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, GC: p.GC, Status: p.Status}
+}
+
+func (p Plugin) cacheDir() string {
+	if p.CacheDir == "" {
+		return DefaultCacheDir
+	}
+	return p.CacheDir
+}
 
 // Error codes of the plugin (≥ 100; 50 is the spec's "not available").
 const (
@@ -45,13 +64,13 @@ type k8sArgs struct {
 
 func client(c *NetConf) *api.Client { return api.NewClient(c.DaemonSocket) }
 
-func cachePath(args *skel.CmdArgs) string {
-	return filepath.Join(CacheDir, args.ContainerID+"-"+args.IfName+".json")
+func (p Plugin) cachePath(args *skel.CmdArgs) string {
+	return filepath.Join(p.cacheDir(), args.ContainerID+"-"+args.IfName+".json")
 }
 
-// CmdAdd attaches the pod: IPAM first, then the daemon steers the flows
+// Add attaches the pod: IPAM first, then the daemon steers the flows
 // (their "ipam" destinations the addresses IPAM gave) to the pod's queues.
-func CmdAdd(args *skel.CmdArgs) error {
+func (p Plugin) Add(args *skel.CmdArgs) error {
 	c, flows, err := ParseNetConf(args.StdinData)
 	if err != nil {
 		return err
@@ -61,8 +80,8 @@ func CmdAdd(args *skel.CmdArgs) error {
 		return fieldError("CNI_ARGS", "%v", err)
 	}
 	// What DEL needs, before anything else happens.
-	if err := os.MkdirAll(CacheDir, 0o700); err == nil {
-		os.WriteFile(cachePath(args), args.StdinData, 0o600)
+	if err := os.MkdirAll(p.cacheDir(), 0o700); err == nil {
+		os.WriteFile(p.cachePath(args), args.StdinData, 0o600)
 	}
 	result := &current.Result{CNIVersion: current.ImplementedSpecVersion}
 	if c.IPAM.Type != "" {
@@ -147,11 +166,11 @@ func undoIPAM(c *NetConf, args *skel.CmdArgs) {
 	}
 }
 
-// CmdDel detaches: idempotent, and fine when the netns is gone or the
+// Del detaches: idempotent, and fine when the netns is gone or the
 // daemon has no record.
-func CmdDel(args *skel.CmdArgs) error {
+func (p Plugin) Del(args *skel.CmdArgs) error {
 	data := args.StdinData
-	if cached, err := os.ReadFile(cachePath(args)); err == nil {
+	if cached, err := os.ReadFile(p.cachePath(args)); err == nil {
 		data = cached // the configuration ADD saw
 	}
 	c, _, err := ParseNetConf(data)
@@ -166,14 +185,14 @@ func CmdDel(args *skel.CmdArgs) error {
 			return &types.Error{Code: ErrIPAM, Msg: "ipam " + c.IPAM.Type, Details: err.Error()}
 		}
 	}
-	if err := os.Remove(cachePath(args)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := os.Remove(p.cachePath(args)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	return nil
 }
 
-// CmdCheck verifies the attachment with the daemon and the addresses with IPAM.
-func CmdCheck(args *skel.CmdArgs) error {
+// Check verifies the attachment with the daemon and the addresses with IPAM.
+func (p Plugin) Check(args *skel.CmdArgs) error {
 	c, flows, err := ParseNetConf(args.StdinData)
 	if err != nil {
 		return err
@@ -270,8 +289,8 @@ func sameFlows(a, b []api.CNIFlow) bool {
 	return slices.Equal(key(a), key(b))
 }
 
-// CmdStatus says whether the plugin can take ADDs: the daemon answers.
-func CmdStatus(args *skel.CmdArgs) error {
+// Status says whether the plugin can take ADDs: the daemon answers.
+func (p Plugin) Status(args *skel.CmdArgs) error {
 	c, _, err := ParseNetConf(args.StdinData)
 	if err != nil {
 		return err
@@ -282,9 +301,9 @@ func CmdStatus(args *skel.CmdArgs) error {
 	return nil
 }
 
-// CmdGC removes the attachments not in cni.dev/valid-attachments; with no
+// GC removes the attachments not in cni.dev/valid-attachments; with no
 // such list it collects nothing.
-func CmdGC(args *skel.CmdArgs) error {
+func (p Plugin) GC(args *skel.CmdArgs) error {
 	c, _, err := ParseNetConf(args.StdinData)
 	if err != nil {
 		return err

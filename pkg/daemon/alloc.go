@@ -29,10 +29,10 @@ func (d *Daemon) brokerSocket(id string) string {
 // Alloc hands count devices of a pool to a local user (standalone mode).
 func (d *Daemon) Alloc(ctx context.Context, req api.AllocRequest) (*api.Allocation, error) {
 	if !d.opts.Standalone {
-		return nil, fmt.Errorf("allocations come from kubelet on this node; xdpqctl alloc is for a standalone daemon: %w", api.ErrInvalid)
+		return nil, api.Errorf(api.ErrNotSupported, "allocations come from kubelet on this node; xdpqctl alloc is for a standalone daemon")
 	}
 	if req.Count < 1 {
-		return nil, fmt.Errorf("pool %s: %d queues asked; at least 1: %w", req.Pool, req.Count, api.ErrInvalid)
+		return nil, api.Errorf(api.ErrInvalid, "pool %s: %d queues asked; at least 1", req.Pool, req.Count)
 	}
 	uid := req.UID
 	owner := ledger.Owner{UID: &uid}
@@ -45,7 +45,7 @@ func (d *Daemon) Alloc(ctx context.Context, req api.AllocRequest) (*api.Allocati
 		}
 		ids := deviceplugin.Prefer(d.withHealth(free), nil, req.Count)
 		if len(ids) < req.Count {
-			return nil, fmt.Errorf("pool %s: %d queues asked, %d free: %w", req.Pool, req.Count, len(ids), api.ErrConflict)
+			return nil, api.Errorf(api.ErrConflict, "pool %s: %d queues asked, %d free", req.Pool, req.Count, len(ids))
 		}
 		a, err := d.ledger.Reserve(ledger.Reservation{Pool: req.Pool, Devices: ids, Owner: owner})
 		if errors.Is(err, ledger.ErrConflict) && try < 3 {

@@ -19,7 +19,7 @@ import (
 // the pod UID, binds the allocation's socket to that pod.
 func (d *Daemon) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attachment, error) {
 	if req.ContainerID == "" || req.IfName == "" {
-		return nil, fmt.Errorf("container id and interface name are required: %w", api.ErrInvalid)
+		return nil, api.Errorf(api.ErrInvalid, "container id and interface name are required")
 	}
 	a, err := d.findAllocation(ctx, req)
 	if err != nil {
@@ -39,7 +39,7 @@ func (d *Daemon) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attach
 		return nil, err
 	}
 	if att.Mode == api.ModeNetdev && req.Netns == "" {
-		return nil, fmt.Errorf("pool %s hands out whole netdevs: the request needs the pod's netns: %w", a.Pool, api.ErrInvalid)
+		return nil, api.Errorf(api.ErrInvalid, "pool %s hands out whole netdevs: the request needs the pod's netns", a.Pool)
 	}
 	got, again, err := d.ledger.BeginAttach(a.ID, att)
 	if err != nil {
@@ -100,7 +100,7 @@ func (d *Daemon) findAllocation(ctx context.Context, req api.CNIAddRequest) (led
 	get := func(id string) (ledger.Allocation, error) {
 		a, ok := d.ledger.Get(id)
 		if !ok {
-			return a, fmt.Errorf("no allocation %q: %w", id, api.ErrNotFound)
+			return a, api.Errorf(api.ErrNotFound, "no allocation %q", id)
 		}
 		return a, nil
 	}
@@ -120,11 +120,11 @@ func (d *Daemon) findAllocation(ctx context.Context, req api.CNIAddRequest) (led
 		return ledger.Allocation{}, fmt.Errorf("no allocation holds device %q of %s; the pod must request the pool's resource: %w",
 			req.DeviceID, req.Resource, api.ErrNotFound)
 	case req.PodName == "" || d.opts.Standalone:
-		return ledger.Allocation{}, fmt.Errorf("no allocation id, device id or pod name to find the pod's queues by: %w", api.ErrInvalid)
+		return ledger.Allocation{}, api.Errorf(api.ErrInvalid, "no allocation id, device id or pod name to find the pod's queues by")
 	}
 	podDevs, err := d.podDevices(ctx, req.PodNamespace, req.PodName)
 	if err != nil {
-		return ledger.Allocation{}, fmt.Errorf("%w: %w", err, api.ErrUnavailable)
+		return ledger.Allocation{}, api.Errorf(api.ErrUnavailable, "%w", err)
 	}
 	var found []string
 	for _, p := range pools {
@@ -162,7 +162,7 @@ func agentFlows(fs []api.CNIFlow, queues []uint32) ([]agent.Flow, error) {
 		case "tcp":
 			proto = xdp.TCP
 		default:
-			return nil, fmt.Errorf("flow protocol %q: udp or tcp: %w", f.Protocol, api.ErrInvalid)
+			return nil, api.Errorf(api.ErrInvalid, "flow protocol %q: udp or tcp", f.Protocol)
 		}
 		out = append(out, agent.Flow{Protocol: proto, Dst: f.Dst, DstPort: f.DstPort, Src: f.Src, SrcPort: f.SrcPort,
 			VLAN: f.VLAN, Queues: slices.Clone(queues)})
@@ -210,10 +210,10 @@ func (d *Daemon) CNICheck(ctx context.Context, ref api.AttachmentRef) (*api.Atta
 	key := ledger.Key(ref.ContainerID, ref.IfName)
 	att, ok := d.ledger.Attachment(key)
 	if !ok {
-		return nil, fmt.Errorf("no attachment of container %s interface %s: %w", ref.ContainerID, ref.IfName, api.ErrNotFound)
+		return nil, api.Errorf(api.ErrNotFound, "no attachment of container %s interface %s", ref.ContainerID, ref.IfName)
 	}
 	if att.State != ledger.Active {
-		return &att.Attachment, fmt.Errorf("attachment %s is %s: %w", key, att.State, api.ErrConflict)
+		return &att.Attachment, api.Errorf(api.ErrConflict, "attachment %s is %s", key, att.State)
 	}
 	verify, name := d.agent.VerifySteering, att.Netdev
 	if att.Mode == api.ModeNetdev {

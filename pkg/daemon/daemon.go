@@ -125,7 +125,7 @@ func New(opts Options) (_ *Daemon, err error) {
 	if d.unlock, err = lockStateDir(opts.StateDir); err != nil {
 		return nil, err
 	}
-	if d.apiLn, err = listenAPI(opts.APISocket); err != nil {
+	if d.apiLn, err = api.Listen(opts.APISocket); err != nil {
 		return nil, err
 	}
 	if d.watcher, err = config.NewWatcher(opts.ConfigPath, opts.Logger); err != nil {
@@ -196,7 +196,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	part("agent", d.agent.Run)
 	part("config watcher", func(ctx context.Context) error { return d.watcher.Run(ctx, d.applier(ctx)) })
 	part("reconciler", d.reconcileLoop)
-	part("local api", d.serveAPI)
+	part("local api", func(ctx context.Context) error { return api.Serve(ctx, d.apiLn, api.NewHandler(d, d.log), d.log) })
 	part("collector", d.collectLoop)
 	close(d.ready)
 	d.log.Info("daemon ready", "standalone", d.opts.Standalone, "api", d.opts.APISocket, "state", d.opts.StateDir)
@@ -238,3 +238,5 @@ func (d *Daemon) mountSysfs() error {
 	d.unmount = func() { unix.Unmount(dir, unix.MNT_DETACH); os.Remove(dir) }
 	return nil
 }
+
+var _ api.Backend = (*Daemon)(nil)

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -150,6 +151,12 @@ func TestStandalone(t *testing.T) {
 	})
 }
 
+var seq atomic.Uint64
+
+// nextSeq numbers frames across calls, so that a frame received is the
+// one sent, not an earlier one's twin.
+func nextSeq() uint64 { return seq.Add(1) }
+
 func waitStatus(t *testing.T, sock string, ok func(*api.Status) bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
@@ -165,9 +172,12 @@ func waitStatus(t *testing.T, sock string, ok func(*api.Status) bool) {
 	}
 }
 
-// sendFrames sends n frames from xb's queues 0 and 1 each.
-func sendFrames(t *testing.T, p *testnet.Pair, n int) {
+// sendFrames sends n frames (udp to xa's address, port 5000, each
+// payload unique) from xb's queues 0 and 1 each, and returns them by
+// queue.
+func sendFrames(t *testing.T, p *testnet.Pair, n int) [][][]byte {
 	t.Helper()
+	sent := make([][][]byte, 2)
 	dev := xsk.Netdev{Name: p.B.Name, Ifindex: p.B.Index, NetNS: p.NSPath()}
 	umem, socks, err := xsk.Open(dev, []uint32{0, 1}, 1024, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048},
 		Rings: xsk.Rings{Fill: 64, Completion: 512, TX: 512}})
@@ -178,9 +188,9 @@ func sendFrames(t *testing.T, p *testnet.Pair, n int) {
 	for i, s := range socks {
 		defer s.Close()
 		var frames [][]byte
-		for j := range n {
+		for range n {
 			f, _ := frame.Spec{SrcMAC: p.B.MAC, DstMAC: p.A.MAC, Src: p.B.Addr, Dst: p.A.Addr, Protocol: 17,
-				SrcPort: 1, DstPort: 5000, Payload: frame.Payload(uint32(i), uint64(j), 40)}.Build()
+				SrcPort: 1, DstPort: 5000, Payload: frame.Payload(uint32(i), nextSeq(), 40)}.Build()
 			frames = append(frames, f)
 		}
 		addrs := make([]uint64, 512)
@@ -190,5 +200,7 @@ func sendFrames(t *testing.T, p *testnet.Pair, n int) {
 		if err := traffic.NewSender(s, addrs, 0).Send(frames, time.Now().Add(5*time.Second)); err != nil {
 			t.Fatal(err)
 		}
+		sent[i] = frames
 	}
+	return sent
 }

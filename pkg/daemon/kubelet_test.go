@@ -126,7 +126,7 @@ func TestKubernetesAllocate(t *testing.T) {
 	if _, err := d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err == nil {
 		t.Error("the attachment of a gone pod went to the next Allocate of its devices")
 	}
-	if s := d.Status(ctx); s.Netdevs[0].Flows != 0 {
+	if s, _ := d.Status(ctx); s.Netdevs[0].Flows != 0 {
 		t.Errorf("%d flows left of the gone pod", s.Netdevs[0].Flows)
 	}
 	if again.ContainerResponses[0].Mounts[0].HostPath == cr.Mounts[0].HostPath {

@@ -97,7 +97,7 @@ func (d *Daemon) prepareMove(netdev string, req api.CNIAddRequest, pol agent.Pol
 	dev, ok := d.found[netdev]
 	d.mu.Unlock()
 	if !ok {
-		return nil, fmt.Errorf("netdev %s was not found on the node: %w", netdev, api.ErrUnavailable)
+		return nil, api.Errorf(api.ErrUnavailable, "netdev %s was not found on the node", netdev)
 	}
 	host, err := d.hostNS()
 	if err != nil {

@@ -12,8 +12,8 @@ import (
 // Status reports pools, allocations, netdevs and what is wrong with the
 // config or the records. It waits for no kernel call but the agents'
 // status.
-func (d *Daemon) Status(ctx context.Context) api.Status {
-	var s api.Status
+func (d *Daemon) Status(ctx context.Context) (*api.Status, error) {
+	s := &api.Status{}
 	for _, p := range d.ledger.Pools() {
 		u := d.ledger.Usage(p.Name)
 		ps := api.PoolStatus{Name: p.Name, Resource: p.Resource, Queues: u.Devices, Free: u.Free}
@@ -48,5 +48,5 @@ func (d *Daemon) Status(ctx context.Context) api.Status {
 		s.StateErrors = append(s.StateErrors, fmt.Sprintf("allocation %s: %v", id, err))
 	}
 	sort.Strings(s.StateErrors)
-	return s
+	return s, nil
 }

@@ -19,10 +19,10 @@ func (l *Ledger) BeginAttach(alloc string, att Attachment) (_ Attachment, again 
 	switch {
 	case a == nil:
 		l.mu.Unlock()
-		return Attachment{}, false, fmt.Errorf("no allocation %q: %w", alloc, ErrNotFound)
+		return Attachment{}, false, api.Errorf(api.ErrNotFound, "no allocation %q", alloc)
 	case a.State != Active:
 		l.mu.Unlock()
-		return Attachment{}, false, fmt.Errorf("allocation %s is %s: %w", alloc, a.State, ErrConflict)
+		return Attachment{}, false, api.Errorf(api.ErrConflict, "allocation %s is %s", alloc, a.State)
 	}
 	if owner := l.atts[key]; owner != "" {
 		old := l.allocs[owner].Attachments[l.indexLocked(owner, key)]
@@ -40,7 +40,7 @@ func (l *Ledger) BeginAttach(alloc string, att Attachment) (_ Attachment, again 
 	for _, other := range a.Attachments {
 		if other.Mode == api.ModeNetdev && att.Mode == api.ModeNetdev {
 			l.mu.Unlock()
-			return Attachment{}, false, fmt.Errorf("netdev %s is in use by attachment %s: %w", a.Netdev, other.Key(), ErrConflict)
+			return Attachment{}, false, api.Errorf(api.ErrConflict, "netdev %s is in use by attachment %s", a.Netdev, other.Key())
 		}
 	}
 	att = cloneAtt(att)
@@ -81,7 +81,7 @@ func (l *Ledger) UpdateAttachment(att Attachment) error {
 	id := l.atts[key]
 	if id == "" {
 		l.mu.Unlock()
-		return fmt.Errorf("no attachment %s: %w", key, ErrNotFound)
+		return api.Errorf(api.ErrNotFound, "no attachment %s", key)
 	}
 	i := l.indexLocked(id, key)
 	cur := l.allocs[id].Attachments[i]
@@ -108,7 +108,7 @@ func (l *Ledger) EndAttach(att Attachment, ok bool) error {
 	id := l.atts[key]
 	if id == "" {
 		l.mu.Unlock()
-		return fmt.Errorf("end attach %s: no such attachment: %w", key, ErrNotFound)
+		return api.Errorf(api.ErrNotFound, "end attach %s: no such attachment", key)
 	}
 	i := l.indexLocked(id, key)
 	att = cloneAtt(att)
@@ -134,11 +134,11 @@ func (l *Ledger) BeginDetach(key string) (Attachment, bool, error) {
 	if att.State != Active {
 		st := att.State
 		l.mu.Unlock()
-		return Attachment{}, true, fmt.Errorf("attachment %s: an operation on it is in progress (%s); try again: %w", key, st, ErrConflict)
+		return Attachment{}, true, api.Errorf(api.ErrConflict, "attachment %s: an operation on it is in progress (%s); try again", key, st)
 	}
 	if s := l.allocs[id].State; s != Active {
 		l.mu.Unlock()
-		return Attachment{}, true, fmt.Errorf("attachment %s: its allocation %s is %s; try again: %w", key, id, s, ErrConflict)
+		return Attachment{}, true, api.Errorf(api.ErrConflict, "attachment %s: its allocation %s is %s; try again", key, id, s)
 	}
 	att.State = Ending
 	c := cloneAtt(*att)
@@ -162,7 +162,7 @@ func (l *Ledger) CancelDetach(key string) error {
 	id := l.atts[key]
 	if id == "" {
 		l.mu.Unlock()
-		return fmt.Errorf("no attachment %s: %w", key, ErrNotFound)
+		return api.Errorf(api.ErrNotFound, "no attachment %s", key)
 	}
 	l.allocs[id].Attachments[l.indexLocked(id, key)].State = Active
 	l.mu.Unlock()

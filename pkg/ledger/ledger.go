@@ -125,7 +125,10 @@ type Ledger struct {
 	mu     sync.Mutex // guards the fields below; held for memory work only
 	pools  map[string]*Pool
 	allocs map[string]*Allocation
-	held   map[string]map[string]string // pool -> device id -> allocation id
+	// held says which allocation holds each queue of each netdev: two
+	// pools (a config before and after a reload) may name one queue by
+	// different devices, and it is still held once.
+	held map[queue]string
 	atts   map[string]string            // attachment key -> allocation id
 	broken map[string]error             // allocation id -> why its record is unreadable
 	// writing serialises the writes of each record (see persist).
@@ -151,7 +154,7 @@ func Open(o Options) (*Ledger, error) {
 		return nil, err
 	}
 	l := &Ledger{store: st, clock: o.Clock, pools: map[string]*Pool{}, allocs: map[string]*Allocation{},
-		held: map[string]map[string]string{}, atts: map[string]string{}, broken: map[string]error{}, writing: map[string]*sync.Mutex{}}
+		held: map[queue]string{}, atts: map[string]string{}, broken: map[string]error{}, writing: map[string]*sync.Mutex{}}
 	recs, broken := st.loadAll()
 	l.broken = broken
 	// A record that succeeds others wins over them: a crash after it was
@@ -177,25 +180,53 @@ func Open(o Options) (*Ledger, error) {
 	return l, nil
 }
 
+// queue is a queue of a netdev.
+type queue struct {
+	netdev string
+	q      uint32
+}
+
 // insertLocked records a into the indexes.
 func (l *Ledger) insertLocked(a *Allocation) {
 	l.allocs[a.ID] = a
-	if l.held[a.Pool] == nil {
-		l.held[a.Pool] = map[string]string{}
-	}
-	for _, d := range a.Devices {
-		l.held[a.Pool][d] = a.ID
-	}
+	l.holdLocked(a)
 	for _, att := range a.Attachments {
 		l.atts[att.Key()] = a.ID
 	}
 }
 
+func (l *Ledger) holdLocked(a *Allocation) {
+	for _, q := range a.Queues {
+		l.held[queue{a.Netdev, q}] = a.ID
+	}
+}
+
+// holderLocked is the allocation that holds any of a netdev's queues,
+// "" when none does.
+func (l *Ledger) holderLocked(netdev string, qs []uint32) string {
+	for _, q := range qs {
+		if h := l.held[queue{netdev, q}]; h != "" {
+			return h
+		}
+	}
+	return ""
+}
+
+// holdsLocked reports whether an allocation of pool exists.
+func (l *Ledger) holdsLocked(pool string) bool {
+	for _, a := range l.allocs {
+		if a.Pool == pool {
+			return true
+		}
+	}
+	return false
+}
+
 func (l *Ledger) deleteLocked(a *Allocation) {
 	delete(l.allocs, a.ID)
-	for _, d := range a.Devices {
-		if l.held[a.Pool][d] == a.ID {
-			delete(l.held[a.Pool], d)
+	for _, q := range a.Queues {
+		if l.held[queue{a.Netdev, q}] == a.ID {
+			delete(l.held, queue{a.Netdev, q})
 		}
 	}
 	for _, att := range a.Attachments {
@@ -248,8 +279,9 @@ func (l *Ledger) SetPools(pools []Pool) PoolChanges {
 		}
 		next[p.Name] = &p
 	}
-	for name, held := range l.held {
-		if next[name] != nil || len(held) == 0 {
+	for _, a := range l.allocs {
+		name := a.Pool
+		if next[name] != nil {
 			continue
 		}
 		// Gone from the config, or never in it since this ledger opened
@@ -282,7 +314,7 @@ const lingering = "removed from the config; it goes when its allocations are fre
 // once nothing holds its devices. It reports whether it did.
 func (l *Ledger) dropEmptyLingeringLocked(name string) bool {
 	p := l.pools[name]
-	if p == nil || len(l.held[name]) > 0 || !slices.Contains(p.Problems, lingering) {
+	if p == nil || l.holdsLocked(name) || !slices.Contains(p.Problems, lingering) {
 		return false
 	}
 	delete(l.pools, name)
@@ -318,12 +350,25 @@ func clonePool(p *Pool) Pool {
 	return c
 }
 
-// Holder returns the id of the allocation that holds a device of a pool,
-// "" when none does.
+// Holder returns the id of the allocation that holds a device of a pool
+// (one of its queues, or the device itself when a shrink took it out of
+// the pool), "" when none does.
 func (l *Ledger) Holder(pool, device string) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.held[pool][device]
+	if p := l.pools[pool]; p != nil {
+		for _, d := range p.Devices {
+			if d.ID == device {
+				return l.holderLocked(d.Netdev, d.Queues)
+			}
+		}
+	}
+	for _, a := range l.allocs {
+		if a.Pool == pool && slices.Contains(a.Devices, device) {
+			return a.ID
+		}
+	}
+	return ""
 }
 
 // FreeDevices returns the devices of a pool that no allocation holds.
@@ -332,11 +377,11 @@ func (l *Ledger) FreeDevices(pool string) ([]Device, error) {
 	defer l.mu.Unlock()
 	p := l.pools[pool]
 	if p == nil {
-		return nil, fmt.Errorf("no pool %q (pools: %s): %w", pool, strings.Join(slices.Sorted(maps.Keys(l.pools)), ", "), ErrNotFound)
+		return nil, api.Errorf(api.ErrNotFound, "no pool %q (pools: %s)", pool, strings.Join(slices.Sorted(maps.Keys(l.pools)), ", "))
 	}
 	var out []Device
 	for _, d := range p.Devices {
-		if l.held[pool][d.ID] == "" {
+		if l.holderLocked(d.Netdev, d.Queues) == "" {
 			out = append(out, d)
 		}
 	}
@@ -347,8 +392,8 @@ func (l *Ledger) FreeDevices(pool string) ([]Device, error) {
 type PoolUsage struct {
 	Devices int // in the pool now
 	Free    int // of those, held by no allocation
-	// Beyond counts devices allocations hold that the pool no longer has
-	// (a shrink while they were held).
+	// Beyond counts devices the pool's allocations hold that the pool no
+	// longer has (a shrink while they were held).
 	Beyond int
 	// Blocked says why the pool takes no allocation now, "" when it does.
 	Blocked string
@@ -365,14 +410,19 @@ func (l *Ledger) Usage(pool string) PoolUsage {
 		for _, d := range p.Devices {
 			in[d.ID] = true
 			u.Devices++
-			if l.held[pool][d.ID] == "" {
+			if l.holderLocked(d.Netdev, d.Queues) == "" {
 				u.Free++
 			}
 		}
 	}
-	for d := range l.held[pool] {
-		if !in[d] {
-			u.Beyond++
+	for _, a := range l.allocs {
+		if a.Pool != pool {
+			continue
+		}
+		for _, d := range a.Devices {
+			if !in[d] {
+				u.Beyond++
+			}
 		}
 	}
 	if err := l.blockedLocked(pool); err != nil {
@@ -386,8 +436,8 @@ func (l *Ledger) Usage(pool string) PoolUsage {
 func (l *Ledger) blockedLocked(pool string) error {
 	for id, err := range l.broken {
 		if p := poolOfID(id); p == pool || p == "" {
-			return fmt.Errorf("the record of allocation %s cannot be read (%v), and it may hold devices of pool %s: "+
-				"repair the file or remove it if that allocation is gone, then reload (SIGHUP): %w", id, err, pool, ErrUnavailable)
+			return api.Errorf(api.ErrUnavailable, "the record of allocation %s cannot be read (%v), and it may hold devices of pool %s: "+
+				"repair the file or remove it if that allocation is gone, then reload (SIGHUP)", id, err, pool)
 		}
 	}
 	return nil
@@ -473,10 +523,10 @@ func (l *Ledger) Reserve(r Reservation) (Allocation, error) {
 	defer l.mu.Unlock()
 	p := l.pools[r.Pool]
 	if p == nil {
-		return Allocation{}, fmt.Errorf("no pool %q (pools: %s): %w", r.Pool, strings.Join(slices.Sorted(maps.Keys(l.pools)), ", "), ErrNotFound)
+		return Allocation{}, api.Errorf(api.ErrNotFound, "no pool %q (pools: %s)", r.Pool, strings.Join(slices.Sorted(maps.Keys(l.pools)), ", "))
 	}
 	if len(r.Devices) == 0 {
-		return Allocation{}, fmt.Errorf("pool %s: no devices asked for: %w", r.Pool, ErrInvalid)
+		return Allocation{}, api.Errorf(api.ErrInvalid, "pool %s: no devices asked for", r.Pool)
 	}
 	if err := l.blockedLocked(r.Pool); err != nil {
 		return Allocation{}, err
@@ -491,16 +541,20 @@ func (l *Ledger) Reserve(r Reservation) (Allocation, error) {
 		d, ok := byID[id]
 		switch {
 		case !ok:
-			return Allocation{}, fmt.Errorf("device %s is not in pool %s: %w", id, r.Pool, ErrInvalid)
+			return Allocation{}, api.Errorf(api.ErrInvalid, "device %s is not in pool %s", id, r.Pool)
 		case slices.Contains(a.Devices, id):
-			return Allocation{}, fmt.Errorf("device %s asked for twice: %w", id, ErrInvalid)
+			return Allocation{}, api.Errorf(api.ErrInvalid, "device %s asked for twice", id)
 		case a.Netdev != "" && d.Netdev != a.Netdev:
-			return Allocation{}, fmt.Errorf("devices %v span netdevs %s and %s; an allocation is on one netdev: %w", r.Devices, a.Netdev, d.Netdev, ErrInvalid)
+			return Allocation{}, api.Errorf(api.ErrInvalid, "devices %v span netdevs %s and %s; an allocation is on one netdev", r.Devices, a.Netdev, d.Netdev)
 		}
-		if h := l.held[r.Pool][id]; h != "" {
+		for _, q := range d.Queues {
+			h := l.held[queue{d.Netdev, q}]
+			if h == "" || replaces[h] {
+				continue
+			}
 			old := l.allocs[h]
-			if !r.Replace || old.State != Active {
-				return Allocation{}, fmt.Errorf("device %s is in use by allocation %s (%s): %w", id, h, old.State, ErrConflict)
+			if !r.Replace || old.State != Active || old.Pool != r.Pool {
+				return Allocation{}, api.Errorf(api.ErrConflict, "device %s is in use by allocation %s (%s)", id, h, old.State)
 			}
 			if err := l.checkEndableLocked(old); err != nil {
 				return Allocation{}, err
@@ -534,7 +588,7 @@ func (l *Ledger) Reserve(r Reservation) (Allocation, error) {
 func (l *Ledger) checkEndableLocked(a *Allocation) error {
 	for _, att := range a.Attachments {
 		if att.State != Active {
-			return fmt.Errorf("allocation %s: attachment %s is %s; try again: %w", a.ID, att.Key(), att.State, ErrConflict)
+			return api.Errorf(api.ErrConflict, "allocation %s: attachment %s is %s; try again", a.ID, att.Key(), att.State)
 		}
 	}
 	return nil
@@ -549,7 +603,7 @@ func (l *Ledger) Commit(id string, carried []Attachment) error {
 	a := l.allocs[id]
 	if a == nil || a.State != Pending {
 		l.mu.Unlock()
-		return fmt.Errorf("commit %s: not a pending allocation: %w", id, ErrConflict)
+		return api.Errorf(api.ErrConflict, "commit %s: not a pending allocation", id)
 	}
 	for _, att := range carried {
 		att = cloneAtt(att)
@@ -566,10 +620,8 @@ func (l *Ledger) Commit(id string, carried []Attachment) error {
 			gone = append(gone, old)
 		}
 	}
-	// deleteLocked may have dropped devices the new allocation holds.
-	for _, d := range a.Devices {
-		l.held[a.Pool][d] = id
-	}
+	// deleteLocked may have dropped queues the new allocation holds.
+	l.holdLocked(a)
 	for _, att := range a.Attachments {
 		l.atts[att.Key()] = id
 	}
@@ -608,9 +660,7 @@ func (l *Ledger) Abort(id string) {
 	for _, old := range a.Replaces {
 		if o := l.allocs[old]; o != nil {
 			o.State = Active
-			for _, d := range o.Devices {
-				l.held[o.Pool][d] = o.ID
-			}
+			l.holdLocked(o)
 		}
 	}
 }
@@ -623,11 +673,11 @@ func (l *Ledger) BeginFree(id string) (Allocation, error) {
 	a := l.allocs[id]
 	if a == nil {
 		l.mu.Unlock()
-		return Allocation{}, fmt.Errorf("no allocation %q: %w", id, ErrNotFound)
+		return Allocation{}, api.Errorf(api.ErrNotFound, "no allocation %q", id)
 	}
 	if a.State != Active {
 		l.mu.Unlock()
-		return Allocation{}, fmt.Errorf("allocation %s is %s: %w", id, a.State, ErrConflict)
+		return Allocation{}, api.Errorf(api.ErrConflict, "allocation %s is %s", id, a.State)
 	}
 	if err := l.checkEndableLocked(a); err != nil {
 		l.mu.Unlock()
@@ -646,7 +696,7 @@ func (l *Ledger) EndFree(id string) error {
 	a := l.allocs[id]
 	if a == nil || a.State != Ending {
 		l.mu.Unlock()
-		return fmt.Errorf("end free %s: not ending: %w", id, ErrConflict)
+		return api.Errorf(api.ErrConflict, "end free %s: not ending", id)
 	}
 	l.deleteLocked(a)
 	l.dropEmptyLingeringLocked(a.Pool)
@@ -661,7 +711,7 @@ func (l *Ledger) SetOwner(id string, o Owner) error {
 	a := l.allocs[id]
 	if a == nil {
 		l.mu.Unlock()
-		return fmt.Errorf("no allocation %q: %w", id, ErrNotFound)
+		return api.Errorf(api.ErrNotFound, "no allocation %q", id)
 	}
 	a.Owner = o
 	l.mu.Unlock()
@@ -675,7 +725,7 @@ func (l *Ledger) SetLease(id string, socks []LeaseSocket) error {
 	a := l.allocs[id]
 	if a == nil {
 		l.mu.Unlock()
-		return fmt.Errorf("no allocation %q: %w", id, ErrNotFound)
+		return api.Errorf(api.ErrNotFound, "no allocation %q", id)
 	}
 	if slices.Equal(a.Lease, socks) {
 		l.mu.Unlock()

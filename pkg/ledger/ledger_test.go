@@ -201,6 +201,21 @@ func TestPoolChanges(t *testing.T) {
 	if _, ok := l.Pool("dns"); ok {
 		t.Error("a removed pool stays after its last allocation went")
 	}
+	// Another pool that names a's queues by other devices (a reload that
+	// gives the netdev to a new pool) cannot give them out, even to a
+	// replacing Allocate.
+	l.SetPools([]Pool{queuePool("upf", []string{"eth1"}, 0, 1), queuePool("web", []string{"eth1"}, 0, 1, 2, 3)})
+	if free, _ := l.FreeDevices("web"); len(free) != 2 {
+		t.Errorf("web's free devices %v, want q0 and q1 (a holds q2 and q3)", free)
+	}
+	for _, replace := range []bool{false, true} {
+		if _, err := l.Reserve(Reservation{Pool: "web", Devices: []string{"eth1-q3"}, Replace: replace}); !errors.Is(err, ErrConflict) {
+			t.Errorf("web's q3 (replace %v): %v", replace, err)
+		}
+	}
+	if l.Holder("upf", "eth1-q3") != a.ID || l.Holder("web", "eth1-q3") != a.ID {
+		t.Error("the holder of q3 is not a's")
+	}
 	// Growing back: a still holds its queues.
 	l.SetPools([]Pool{queuePool("upf", []string{"eth1"}, 0, 1, 2, 3)})
 	if u := l.Usage("upf"); u.Free != 2 || u.Beyond != 0 || l.Holder("upf", "eth1-q3") != a.ID {

@@ -204,9 +204,9 @@ func (l *Ledger) conflictLocked(a *Allocation) error {
 	if l.allocs[a.ID] != nil {
 		return fmt.Errorf("allocation %s exists", a.ID)
 	}
-	for _, d := range a.Devices {
-		if h := l.held[a.Pool][d]; h != "" {
-			return fmt.Errorf("device %s is held by allocation %s", d, h)
+	for _, q := range a.Queues {
+		if h := l.held[queue{a.Netdev, q}]; h != "" {
+			return fmt.Errorf("queue %d of %s is held by allocation %s", q, a.Netdev, h)
 		}
 	}
 	for _, att := range a.Attachments {

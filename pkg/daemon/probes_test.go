@@ -1,0 +1,209 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/traffic"
+	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/client"
+)
+
+// standaloneOpts are a standalone daemon's options on pair p, everything
+// under dir.
+func standaloneOpts(t *testing.T, p *testnet.Pair, dir, pins, config string) Options {
+	t.Helper()
+	cfg := filepath.Join(dir, "config.yaml")
+	if _, err := os.Stat(cfg); os.IsNotExist(err) {
+		os.WriteFile(cfg, []byte(config), 0o644)
+	}
+	return Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"), StateDir: filepath.Join(dir, "state"),
+		AllocDir: filepath.Join(dir, "alloc"), Standalone: true, APISocket: filepath.Join(dir, "api.sock"), CollectPeriod: time.Hour}
+}
+
+// TestAPISocketUnusable: a daemon that cannot serve its API at the path
+// it was given exits at once with an error that names the path, and
+// removes nothing that is there. (Before, it ran on without an API and
+// said nothing until SIGTERM; an empty directory there was deleted.)
+func TestAPISocketUnusable(t *testing.T) {
+	p := testnet.NewPair(t, 2)
+	pins := testPins(t)
+	bin := t.TempDir()
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/xdpq/xdpq/cmd/deviceplugin").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	for name, setup := range map[string]func(path string){
+		"a file":              func(path string) { os.WriteFile(path, []byte("keep me"), 0o644) },
+		"an empty directory":  func(path string) { os.Mkdir(path, 0o755) },
+		"a full directory":    func(path string) { os.Mkdir(path, 0o755); os.WriteFile(filepath.Join(path, "x"), nil, 0o644) },
+		"a file as parent":    func(path string) { os.WriteFile(filepath.Dir(path), nil, 0o644) },
+		"a path too long":     func(string) {},
+		"a live socket there": nil, // below
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			o := standaloneOpts(t, p, dir, pins, "pools: [{name: demo, steering: software, devices: {netdevs: ['xa#0-1']}}]\n")
+			switch name {
+			case "a file as parent":
+				o.APISocket = filepath.Join(dir, "parent", "api.sock")
+			case "a path too long":
+				o.APISocket = filepath.Join(dir, strings.Repeat("x", 120), "api.sock")
+			case "a live socket there":
+				other, err := api.Listen(o.APISocket)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer other.Close()
+			}
+			if setup != nil {
+				setup(o.APISocket)
+			}
+			before, _ := os.Lstat(o.APISocket)
+			cmd := exec.Command(filepath.Join(bin, "deviceplugin"), "--standalone", "--config", o.ConfigPath, "--netns", o.NetNS,
+				"--pin-dir", o.PinDir, "--state-dir", o.StateDir, "--alloc-dir", o.AllocDir, "--api-socket", o.APISocket)
+			done := make(chan error, 1)
+			var out strings.Builder
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err := <-done:
+				var ee *exec.ExitError
+				if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(out.String(), o.APISocket) {
+					t.Errorf("exit %v, output %q: want exit 1 naming %s", err, out.String(), o.APISocket)
+				}
+			case <-time.After(30 * time.Second):
+				cmd.Process.Kill()
+				t.Fatalf("the daemon runs on without its API:\n%s", out.String())
+			}
+			if after, _ := os.Lstat(o.APISocket); (before == nil) != (after == nil) || (before != nil && !os.SameFile(before, after)) {
+				t.Errorf("what was at the socket path changed: %v -> %v", before, after)
+			}
+		})
+	}
+}
+
+// TestSecondDaemon: a second daemon on the same state directory is
+// refused with the first one's pid; one on another state directory but
+// the same API socket is refused too; the first keeps its API.
+func TestSecondDaemon(t *testing.T) {
+	p := testnet.NewPair(t, 2)
+	dir := t.TempDir()
+	o := standaloneOpts(t, p, dir, testPins(t), "pools: [{name: demo, steering: software, devices: {netdevs: ['xa#0-1']}}]\n")
+	runDaemon(t, o)
+	if _, err := New(o); err == nil || !strings.Contains(err.Error(), "another xdpq daemon (pid ") {
+		t.Errorf("a second daemon on the state directory: %v", err)
+	}
+	o2 := o
+	o2.StateDir = filepath.Join(dir, "state2")
+	if _, err := New(o2); err == nil || !strings.Contains(err.Error(), o.APISocket) {
+		t.Errorf("a second daemon on the API socket: %v", err)
+	}
+	if _, err := api.NewClient(o.APISocket).Status(); err != nil {
+		t.Errorf("the first daemon lost its API: %v", err)
+	}
+}
+
+// TestBrokenRecord: the daemon stops; its allocation's record is cut in
+// half (or emptied, or replaced by garbage). On restart nothing is
+// removed: the pod's flow stays and its traffic keeps arriving, the
+// record is reported in status, the pool refuses new allocations saying
+// what to do, another pool works; repaired and reloaded, the allocation
+// is back. (Before, the flows were removed and the allocation dropped,
+// and the next allocation got its queues and the old pod's traffic.)
+func TestBrokenRecord(t *testing.T) {
+	for name, damage := range map[string]func([]byte) []byte{
+		"cut in half": func(b []byte) []byte { return b[:len(b)/2] },
+		"emptied":     func([]byte) []byte { return nil },
+		"garbage":     func([]byte) []byte { return []byte("\x7fELF garbage") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := testnet.NewPair(t, 4)
+			dir := t.TempDir()
+			o := standaloneOpts(t, p, dir, testPins(t), "pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}},"+
+				" {name: dns, steering: software, devices: {netdevs: ['xa#2-3']}}]\n")
+			d, stop := runDaemon(t, o)
+			ctx := context.Background()
+			a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2, UID: 0})
+			if err != nil {
+				t.Fatal(err)
+			}
+			flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(p.A.Addr, 32), DstPort: 5000}
+			if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}}); err != nil {
+				t.Fatal(err)
+			}
+			lease, err := client.Connect(a.Socket, client.Options{Ring: 256, Timeout: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lease.Close()
+			recv := make([]*traffic.Receiver, len(lease.Sockets))
+			for i, s := range lease.Sockets {
+				if recv[i], err = traffic.NewReceiver(s, lease.RXFrames(i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			expect := func(when string) {
+				t.Helper()
+				sent := sendFrames(t, p, 20)
+				for i, q := range lease.Queues {
+					if err := recv[i].Expect(sent[q], time.Now().Add(5*time.Second)); err != nil {
+						t.Fatalf("%s: queue %d: %v", when, q, err)
+					}
+				}
+			}
+			expect("before")
+
+			stop()
+			record := filepath.Join(o.StateDir, "allocations", a.ID+".json")
+			good, err := os.ReadFile(record)
+			if err != nil {
+				t.Fatal(err)
+			}
+			os.WriteFile(record, damage(good), 0o600)
+			d, _ = runDaemon(t, o)
+			expect("after the restart")
+
+			s, _ := d.Status(ctx)
+			if len(s.StateErrors) != 1 || !strings.Contains(s.StateErrors[0], record) {
+				t.Errorf("state errors %q", s.StateErrors)
+			}
+			if s.Netdevs[0].Flows != 1 {
+				t.Errorf("%d flows on xa, want the pod's 1", s.Netdevs[0].Flows)
+			}
+			_, err = d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 1})
+			if !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "repair the file or remove it") {
+				t.Errorf("alloc from the pool of the broken record: %v", err)
+			}
+			if _, err := d.Alloc(ctx, api.AllocRequest{Pool: "dns", Count: 1}); err != nil {
+				t.Errorf("alloc from another pool: %v", err)
+			}
+			if got, _ := os.ReadFile(record); string(got) != string(damage(good)) {
+				t.Error("the broken record was changed")
+			}
+
+			os.WriteFile(record, good, 0o600)
+			if err := d.Reload(ctx); err != nil {
+				t.Fatal(err)
+			}
+			s, _ = d.Status(ctx)
+			if len(s.StateErrors) != 0 || len(s.Allocations) != 2 {
+				t.Errorf("after the repair: state errors %q, %d allocations", s.StateErrors, len(s.Allocations))
+			}
+			if _, err := d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
+				t.Errorf("check after the repair: %v", err)
+			}
+			expect("after the repair")
+		})
+	}
+}
