@@ -172,8 +172,14 @@ func TestOtherPodRefused(t *testing.T) {
 	}
 }
 
-// podMain is the pod process.
-func podMain(string) int { return handover.RunPod(30*time.Second, pod) }
+// podMain is the pod process: a client of the broker, or (role flood) a
+// hostile local user flooding an allocation's socket.
+func podMain(role string) int {
+	if role == "flood" {
+		return handover.RunPod(2*time.Minute, flood)
+	}
+	return handover.RunPod(30*time.Second, pod)
+}
 
 func pod(c *net.UnixConn) error {
 	m, _, err := handover.Expect(c, "go", 0)

@@ -506,8 +506,12 @@ func (s *Server) admit(c *net.UnixConn, al *allocation) {
 					al.mu.Unlock()
 				}
 			}
-			l = s.serve(c, al, peer, release)
+			var err error
+			l, err = s.serve(c, al, peer, release)
 			release()
+			if err != nil { // told, and logged, once the slot is free again
+				s.fail(c, al, peer, err)
+			}
 		}
 		c.Close()
 		al.mu.Lock()
@@ -589,28 +593,26 @@ func (s *Server) recv(c *net.UnixConn, maxFDs int, timeout time.Duration) ([]byt
 
 // serve runs the owner's connection: a device plugin handshake, or the
 // native one and then, once active, the lease until the connection
-// closes. It returns the lease, if one became active: the caller ends it.
-// Once the lease is active it calls release: it no longer takes a
-// handshake slot.
-func (s *Server) serve(c *net.UnixConn, al *allocation, peer Peer, release func()) *lease {
+// closes. It returns the lease, if one became active (the caller ends
+// it), and why the handshake failed (the caller tells the client). Once
+// the lease is active it calls release: it no longer takes a handshake
+// slot.
+func (s *Server) serve(c *net.UnixConn, al *allocation, peer Peer, release func()) (*lease, error) {
 	first, fds, err := s.recv(c, 1, s.cfg.StepTimeout)
 	if err != nil {
-		s.fail(c, al, peer, err)
-		return nil
+		return nil, err
 	}
 	if first[0] == '/' {
 		s.dpdk(c, al, peer, first, fds)
-		return nil
+		return nil, nil
 	}
 	if len(fds) > 0 {
 		closeFDs(fds)
-		s.fail(c, al, peer, refuse(CodeBadMessage, "hello carries no descriptor"))
-		return nil
+		return nil, refuse(CodeBadMessage, "hello carries no descriptor")
 	}
 	l, err := s.native(c, al, peer, first)
 	if err != nil {
-		s.fail(c, al, peer, err)
-		return l
+		return l, err
 	}
 	release()
 	// The connection is the lease: wait for it to close.
@@ -619,7 +621,7 @@ func (s *Server) serve(c *net.UnixConn, al *allocation, peer Peer, release func(
 		closeFDs(fds)
 		var pe *ProtocolError
 		if err != nil && !errors.As(err, &pe) {
-			return l
+			return l, nil
 		}
 	}
 }
