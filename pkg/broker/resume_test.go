@@ -315,7 +315,23 @@ func TestResumeForged(t *testing.T) {
 		t.Fatal("a forged resume left the allocation leased")
 	}
 	if evs := e.leases.snapshot(); len(evs) != 2 {
-		t.Errorf("forged resumes were reported as leases: %+v", evs[2:])
+		t.Errorf("forged resumes were reported: %+v", evs[2:])
+	}
+
+	// Moving an allocation to another netdev forgets its recorded lease
+	// (its sockets are bound where the netdev no longer is); staying where
+	// it is does not.
+	if err := e.srv.Retarget(a1.ID, a1.Netdev, nil); err != nil {
+		t.Fatal(err)
+	}
+	moved := a2.Netdev
+	moved.NetNS = "/proc/self/ns/net"
+	if err := e.srv.Retarget(a2.ID, moved, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.waitEnded(t, a2.ID)
+	if m := resume(a2, `{"type":"resume","queues":[2,3]}`, s2); m.Code != broker.CodeForbidden || !strings.Contains(m.Reason, "no lease to resume") {
+		t.Errorf("resume of a lease forgotten by Retarget: %+v", m)
 	}
 
 	// The genuine resume, as a raw client: it is the lease again.

@@ -75,12 +75,15 @@ type Config struct {
 	// OnLease, if set, is told of every lease of an allocation, for the
 	// daemon to record and hand to its successor as
 	// Allocation.Resumable: the sockets of a lease (queue and inode) when
-	// it becomes active, before the client is told so, and nil once it has
-	// ended and its sockets have left the XSKMAP. It is called without any
-	// lock of the server held, on the lease's connection goroutine; calls
-	// for one allocation come in order (a lease's end is reported before
-	// the next lease's start), calls for different allocations may run
-	// concurrently. A lease's end may be reported after Remove returned.
+	// it becomes active (also when resumed), before the client is told
+	// so, and nil once it has ended and its sockets have left the XSKMAP,
+	// or when Retarget forgets a recorded lease. It is called without any
+	// lock of the server held, never on the goroutine of a call into the
+	// server (so it may take the lock its caller holds); calls for one
+	// allocation come in order (a lease's end is reported before the next
+	// lease's start), calls for different allocations may run
+	// concurrently. A lease's end may be reported after Remove returned;
+	// Remove does not report a recorded lease that was never resumed.
 	// Close reports nothing: the leases stay in the kernel for the next
 	// daemon to resume.
 	OnLease func(alloc string, socks []LeaseSocket)
@@ -359,10 +362,24 @@ func (s *Server) Retarget(id string, dev xsk.Netdev, dp Datapath) error {
 	}
 	if ended != nil {
 		s.log.Info("recorded lease forgotten: the allocation's netdev moved", "allocation", id, "netdev", dev.Name)
-		if s.cfg.OnLease != nil {
-			s.cfg.OnLease(id, nil)
+		// Not on the caller's goroutine: it may hold the lock OnLease takes.
+		s.mu.Lock()
+		closed := s.closed // Close reports nothing, and waits for no more goroutines
+		if !closed {
+			s.wg.Add(1)
 		}
-		close(ended)
+		s.mu.Unlock()
+		if closed {
+			close(ended)
+			return nil
+		}
+		go func() {
+			defer s.wg.Done()
+			if s.cfg.OnLease != nil {
+				s.cfg.OnLease(id, nil)
+			}
+			close(ended)
+		}()
 	}
 	return nil
 }
