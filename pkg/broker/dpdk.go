@@ -56,11 +56,11 @@ func busyPollArgs(args []string) (timeout, budget int, err error) {
 	if len(args) != 2 {
 		return 0, 0, fmt.Errorf("want timeout and budget, got %d arguments", len(args))
 	}
-	if timeout, err = strconv.Atoi(args[0]); err != nil || timeout <= 0 || timeout > 1_000_000 {
-		return 0, 0, fmt.Errorf("busy poll timeout %q: want 1..1000000 µs", args[0])
+	if timeout, err = strconv.Atoi(args[0]); err != nil || timeout <= 0 || timeout > maxBusyPollTimeout {
+		return 0, 0, fmt.Errorf("busy poll timeout %q: want 1..%d µs", args[0], maxBusyPollTimeout)
 	}
-	if budget, err = strconv.Atoi(args[1]); err != nil || budget <= 0 || budget > 65535 {
-		return 0, 0, fmt.Errorf("busy poll budget %q: want 1..65535", args[1])
+	if budget, err = strconv.Atoi(args[1]); err != nil || budget <= 0 || budget > maxBusyPollBudget {
+		return 0, 0, fmt.Errorf("busy poll budget %q: want 1..%d", args[1], maxBusyPollBudget)
 	}
 	return timeout, budget, nil
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -32,10 +33,18 @@ func TestLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.Netdev != "xa" || len(l.Sockets) != 2 || l.ZeroCopy {
+	if l.Netdev != "xa" || len(l.Sockets) != 2 || l.ZeroCopy || l.BusyPoll != nil {
 		t.Fatalf("lease %+v", l)
 	}
-	e.waitSockets(t, 2)
+	// The lease was reported, with the sockets the client holds, before
+	// the client heard it was active; they are in the XSKMAP.
+	recorded := e.leases.snapshot()
+	if len(recorded) != 1 || !slices.Equal(recorded[0].socks, clientSockets(t, l)) {
+		t.Errorf("OnLease reported %+v; the client holds %+v", recorded, clientSockets(t, l))
+	}
+	if s := e.sockets(); !slices.Equal(s, []uint32{0, 1}) {
+		t.Errorf("sockets in the XSKMAP: %v", s)
+	}
 	for i, q := range l.Queues {
 		want := frames(e.p.B, e.p.A, q, 500)
 		if err := pr.Send[i].Send(want, time.Now().Add(5*time.Second)); err != nil {
@@ -59,12 +68,29 @@ func TestLease(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	e.waitSockets(t, 0)
+	e.waitEnded(t, e.alloc.ID)
+	if s := e.sockets(); len(s) != 0 {
+		t.Errorf("sockets in the XSKMAP after the lease: %v", s)
+	}
 	l2, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64})
 	if err != nil {
 		t.Fatalf("the next lease: %v", err)
 	}
 	l2.Close()
+}
+
+// clientSockets returns what the lease's sockets are to the kernel.
+func clientSockets(t *testing.T, l *client.Lease) []broker.LeaseSocket {
+	t.Helper()
+	var out []broker.LeaseSocket
+	for i, s := range l.Sockets {
+		var st unix.Stat_t
+		if err := unix.Fstat(s.FD(), &st); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, broker.LeaseSocket{Queue: l.Queues[i], Inode: st.Ino})
+	}
+	return out
 }
 
 // TestRefusals: every bad request is refused with a reason, the daemon
@@ -97,7 +123,7 @@ func TestRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	warm.Close()
-	e.waitSockets(t, 0)
+	e.waitEnded(t, e.alloc.ID)
 	type step struct {
 		msg string
 		fds func() []int
@@ -116,19 +142,18 @@ func TestRefusals(t *testing.T) {
 		{"oversized memfd", []step{{msg: hello}, {msg: request("[0]", rx64), fds: one(2<<20, true)}}, broker.CodeLimit, "at most 1048576"},
 		{"unsealed memfd", []step{{msg: hello}, {msg: request("[0]", rx64), fds: one(1<<20, false)}}, broker.CodeBadRequest, "not sealed"},
 		{"queue not given", []step{{msg: hello}, {msg: request("[3]", rx64), fds: one(1<<20, true)}}, broker.CodeForbidden, "queue 3 was not given"},
-		{"too many fds", []step{{msg: hello}, {msg: request("[0]", rx64), fds: func() []int { return []int{memfd(1<<20, true), memfd(4096, true)} }}}, broker.CodeBadMessage, "too many descriptors"},
+		{"two fds", []step{{msg: hello}, {msg: request("[0]", rx64), fds: func() []int { return []int{memfd(1<<20, true), memfd(4096, true)} }}}, broker.CodeBadRequest, "exactly one descriptor"},
+		{"too many fds", []step{{msg: hello}, {msg: request("[0]", rx64), fds: func() []int { return []int{memfd(1<<20, true), memfd(4096, true), memfd(4096, true)} }}}, broker.CodeBadMessage, "too many descriptors"},
+		{"unknown type", []step{{msg: hello}, {msg: `{"type":"ready"}`}}, broker.CodeBadMessage, `want "request" or "resume"`},
 		{"no memfd", []step{{msg: hello}, {msg: request("[0]", rx64)}}, broker.CodeBadRequest, "exactly one descriptor"},
 		{"tx not allowed", []step{{msg: hello}, {msg: request("[0]", `{"fill":64,"completion":64,"rx":64,"tx":64}`), fds: one(1<<20, true)}}, broker.CodeLimit, "receive-only"},
 		{"ring too large", []step{{msg: hello}, {msg: request("[0]", `{"fill":2048,"completion":64,"rx":64,"tx":0}`), fds: one(1<<20, true)}}, broker.CodeLimit, "at most 1024"},
 		{"never ready", []step{{msg: hello}, {msg: request("[0,1]", rx64), fds: one(1<<20, true)}}, broker.CodeTimeout, "no message within"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			// The lease before this case ends after its sockets leave the map.
-			for deadline := time.Now().Add(5 * time.Second); e.Broker.Leased(e.Alloc.ID); {
-				if time.Now().After(deadline) {
-					t.Fatal("the allocation stays leased")
-				}
-				time.Sleep(time.Millisecond)
+			// No case becomes a lease; the warm-up lease has ended.
+			if e.srv.Leased(e.alloc.ID) {
+				t.Fatal("the allocation is leased")
 			}
 			before := testnet.OpenFDs()
 			conn := dial(t, e)
@@ -210,22 +235,12 @@ func TestRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.Close()
-	e.waitSockets(t, 0)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		var left []string
-		for fd, target := range testnet.OpenFDs() {
-			if before[fd] != target {
-				left = append(left, fd+" -> "+target)
-			}
+	// The server reports the end after closing the lease's connection.
+	e.waitEnded(t, e.alloc.ID)
+	for fd, target := range testnet.OpenFDs() {
+		if before[fd] != target {
+			t.Errorf("after disconnects mid-handshake, descriptor %s -> %s left open", fd, target)
 		}
-		if len(left) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after disconnects mid-handshake, descriptors left: %v", left)
-		}
-		time.Sleep(10 * time.Millisecond) // the server closes the last lease's connection
 	}
 	if err := e.srv.Add(e.alloc); err == nil {
 		t.Error("an allocation was added twice")
@@ -243,11 +258,13 @@ func TestOneLeaseAtATime(t *testing.T) {
 	if _, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64, Timeout: 200 * time.Millisecond}); !refusedWith(err, broker.CodeBusy) {
 		t.Errorf("second lease: %v", err)
 	}
-	if _, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64, TX: true, Timeout: 200 * time.Millisecond}); err == nil {
-		t.Error("tx granted by default limits")
-	}
 	l.Close()
-	e.waitSockets(t, 0)
+	e.waitEnded(t, e.alloc.ID)
+	// The default limits hand out receive-only sockets.
+	if _, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64, TX: true}); !refusedWith(err, broker.CodeLimit) ||
+		!strings.Contains(err.Error(), "receive-only") {
+		t.Errorf("a TX ring under the default limits: %v", err)
+	}
 	_, err = client.Connect(e.alloc.SocketPath(), client.Options{Queues: []uint32{7}, Timeout: 5 * time.Second})
 	if err == nil || !strings.Contains(err.Error(), "queue 7 is not in allocation alloc-1") {
 		t.Errorf("a queue outside the allocation: %v", err)
@@ -264,7 +281,10 @@ func TestOneLeaseAtATime(t *testing.T) {
 	if err := e.srv.Remove(e.alloc.ID); err != nil {
 		t.Fatal(err)
 	}
-	e.waitSockets(t, 0)
+	e.waitEnded(t, e.alloc.ID)
+	if s := e.sockets(); len(s) != 0 {
+		t.Errorf("sockets in the XSKMAP after Remove: %v", s)
+	}
 	if _, err := os.Stat(e.alloc.SocketPath()); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("socket left after Remove: %v", err)
 	}
@@ -360,12 +380,32 @@ func TestDPDKHandshake(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// CNDP's busy-poll request, on the client's own AF_XDP socket.
-	if r, _ := request("/config_busy_poll,20,64", socks[0].FD()); r != "/config_busy_poll_ack" {
-		t.Fatalf("/config_busy_poll: %q", r)
+	// CNDP's busy-poll request, on the client's own AF_XDP socket: none
+	// while the pool has no busy polling, then within the pool's setting
+	// (which a configuration reload changes for open connections too).
+	if r, _ := request("/config_busy_poll,20,64", socks[0].FD()); r != "/config_busy_poll_nak" {
+		t.Fatalf("/config_busy_poll without busy polling in the pool: %q", r)
+	}
+	if err := e.srv.SetLimits(e.alloc.ID, broker.Limits{}, &broker.BusyPoll{TimeoutMicros: 50, Budget: 64}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		cmd, want string
+	}{
+		{"/config_busy_poll,51,64", "/config_busy_poll_nak"},
+		{"/config_busy_poll,20,65", "/config_busy_poll_nak"},
+		{"/config_busy_poll,1000000,65535", "/config_busy_poll_nak"},
+		{"/config_busy_poll,20,64", "/config_busy_poll_ack"},
+	} {
+		if r, _ := request(c.cmd, socks[0].FD()); r != c.want {
+			t.Errorf("%s: %q, want %q", c.cmd, r, c.want)
+		}
 	}
 	if v, _ := unix.GetsockoptInt(socks[0].FD(), unix.SOL_SOCKET, unix.SO_BUSY_POLL); v != 20 {
 		t.Errorf("SO_BUSY_POLL %d, want 20", v)
+	}
+	if v, _ := unix.GetsockoptInt(socks[0].FD(), unix.SOL_SOCKET, unix.SO_PREFER_BUSY_POLL); v != 1 {
+		t.Errorf("SO_PREFER_BUSY_POLL %d, want 1", v)
 	}
 	if r, _ := request("/config_busy_poll,20,64", mapFD); r != "/config_busy_poll_nak" {
 		t.Errorf("busy poll on a map fd: %q", r)

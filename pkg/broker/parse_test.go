@@ -59,6 +59,9 @@ func TestParseMessage(t *testing.T) {
 		{``, TypeHello, false},
 		{`{"type":"request","frame_size":2048,"rings":{"fill":64,"completion":64,"rx":64,"tx":0},"queues":[1]}`, TypeRequest, true},
 		{`{"type":"request","queues":[-1]}`, TypeRequest, false},
+		{`{"type":"resume","queues":[0,1]}`, TypeResume, true},
+		{`{"type":"resume","queues":[0,1],"inodes":[5]}`, TypeResume, false},
+		{`{"type":"welcome","busy_poll":{"timeout_us":50,"budget":64}}`, TypeWelcome, true},
 		{strings.Repeat(" ", MaxMessage+1), TypeHello, false},
 	} {
 		_, err := ParseMessage([]byte(c.in), c.want)
@@ -73,6 +76,8 @@ func FuzzParseMessage(f *testing.F) {
 	f.Add([]byte(`{"type":"hello","version":1,"client":"xdpqperf"}`), TypeHello)
 	f.Add([]byte(`{"type":"request","frame_size":2048,"headroom":0,"rings":{"fill":2048,"completion":64,"rx":2048,"tx":0},"queues":[0,1]}`), TypeRequest)
 	f.Add([]byte(`{"type":"ready"}`), TypeReady)
+	f.Add([]byte(`{"type":"resume","queues":[0,1]}`), TypeResume)
+	f.Add([]byte(`{"type":"welcome","version":1,"allocation":"a","netdev":"eth1","queues":[8,9],"busy_poll":{"timeout_us":50,"budget":64}}`), TypeWelcome)
 	f.Fuzz(func(t *testing.T, b []byte, want string) {
 		m, err := ParseMessage(b, want)
 		if err != nil {
@@ -85,8 +90,15 @@ func FuzzParseMessage(f *testing.F) {
 		if m.Type != want {
 			t.Fatalf("type %q, want %q", m.Type, want)
 		}
-		if m.Type == TypeRequest {
-			checkRequest(m, []uint32{0, 1}, DefaultLimits) // must not panic
+		switch m.Type { // must not panic
+		case TypeRequest:
+			checkRequest(m, []uint32{0, 1}, DefaultLimits)
+		case TypeResume:
+			checkResume(m, len(m.Queues), []LeaseSocket{{Queue: 0, Inode: 1}, {Queue: 1, Inode: 2}})
+		case TypeWelcome:
+			if m.BusyPoll != nil {
+				m.BusyPoll.Validate()
+			}
 		}
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -106,7 +107,10 @@ func TestUnprivilegedPod(t *testing.T) {
 	if m.UID != "65534" || strings.Trim(m.CapEff, "0") != "" || len(m.Links) != 1 || m.Links[0] != "lo" {
 		t.Errorf("the pod was not unprivileged: uid %s CapEff %s links %v", m.UID, m.CapEff, m.Links)
 	}
-	e.waitSockets(t, 2)
+	e.waitActive(t, e.alloc.ID)
+	if s := e.sockets(); !slices.Equal(s, []uint32{0, 1}) {
+		t.Errorf("sockets in the XSKMAP: %v", s)
+	}
 	for i := range 2 {
 		if err := pr.Send[i].Send(frames(e.p.B, e.p.A, uint32(i), perQueue), time.Now().Add(5*time.Second)); err != nil {
 			t.Fatal(err)
@@ -135,7 +139,10 @@ func TestUnprivilegedPod(t *testing.T) {
 	if err := pod.Wait(); err != nil {
 		t.Fatalf("pod: %v\n%s", err, stderr)
 	}
-	e.waitSockets(t, 0)
+	e.waitEnded(t, e.alloc.ID)
+	if s := e.sockets(); len(s) != 0 {
+		t.Errorf("sockets in the XSKMAP after the pod exited: %v", s)
+	}
 }
 
 // TestOtherPodRefused: a process of another pod, or of no pod, is refused
@@ -165,8 +172,14 @@ func TestOtherPodRefused(t *testing.T) {
 	}
 }
 
-// podMain is the pod process.
-func podMain(string) int { return handover.RunPod(30*time.Second, pod) }
+// podMain is the pod process: a client of the broker, or (role flood) a
+// hostile local user flooding an allocation's socket.
+func podMain(role string) int {
+	if role == "flood" {
+		return handover.RunPod(2*time.Minute, flood)
+	}
+	return handover.RunPod(30*time.Second, pod)
+}
 
 func pod(c *net.UnixConn) error {
 	m, _, err := handover.Expect(c, "go", 0)

@@ -20,6 +20,7 @@ const (
 	TypeHello   = "hello"   // client: version, client name
 	TypeWelcome = "welcome" // server: the allocation and its limits
 	TypeRequest = "request" // client: UMEM layout, rings, queues; memfd attached
+	TypeResume  = "resume"  // client: instead of a request, the sockets of a lease the daemon recorded
 	TypeSockets = "sockets" // server: bound sockets attached, in queue order
 	TypeReady   = "ready"   // client: fill rings are filled
 	TypeActive  = "active"  // server: the sockets are in the XSKMAP
@@ -34,10 +35,11 @@ type Message struct {
 	// hello
 	Client string `json:"client,omitempty"`
 	// welcome
-	Allocation string  `json:"allocation,omitempty"`
-	Netdev     string  `json:"netdev,omitempty"`
-	Limits     *Limits `json:"limits,omitempty"`
-	// request and sockets
+	Allocation string    `json:"allocation,omitempty"`
+	Netdev     string    `json:"netdev,omitempty"`
+	Limits     *Limits   `json:"limits,omitempty"`
+	BusyPoll   *BusyPoll `json:"busy_poll,omitempty"`
+	// request, sockets and resume
 	FrameSize uint32   `json:"frame_size,omitempty"`
 	Headroom  uint32   `json:"headroom,omitempty"`
 	Rings     *Rings   `json:"rings,omitempty"`
@@ -71,6 +73,41 @@ type Limits struct {
 // DefaultLimits are used when a pool sets none.
 var DefaultLimits = Limits{MaxUMEM: 256 << 20, MaxRing: 8192, AllowTX: false, MaxQueue: 64}
 
+// BusyPoll is a pool's preferred busy polling: the broker sets
+// SO_PREFER_BUSY_POLL, SO_BUSY_POLL (TimeoutMicros) and
+// SO_BUSY_POLL_BUDGET (Budget) on the sockets it hands out, which a pod
+// cannot do itself without CAP_NET_ADMIN. The application then drives the
+// queue from its own loop (recvfrom/sendto on the socket) and the NIC's
+// interrupts can stay off (napi_defer_hard_irqs, gro_flush_timeout).
+type BusyPoll struct {
+	TimeoutMicros int `json:"timeout_us"`
+	Budget        int `json:"budget"`
+}
+
+// Validate checks the setting against the kernel's bounds.
+func (b BusyPoll) Validate() error {
+	if b.TimeoutMicros <= 0 || b.TimeoutMicros > maxBusyPollTimeout {
+		return fmt.Errorf("busy poll timeout %d µs: want 1..%d", b.TimeoutMicros, maxBusyPollTimeout)
+	}
+	if b.Budget <= 0 || b.Budget > maxBusyPollBudget {
+		return fmt.Errorf("busy poll budget %d: want 1..%d", b.Budget, maxBusyPollBudget)
+	}
+	return nil
+}
+
+const (
+	maxBusyPollTimeout = 1_000_000 // µs; the kernel takes any int, a second is plenty
+	maxBusyPollBudget  = 65535     // SO_BUSY_POLL_BUDGET is a u16
+)
+
+// LeaseSocket is one socket of a lease as the kernel knows it: the queue
+// it is bound to and its inode (fstat of its descriptor), which stays the
+// same in every process that holds the socket.
+type LeaseSocket struct {
+	Queue uint32 `json:"queue"`
+	Inode uint64 `json:"inode"`
+}
+
 // Error codes of TypeError.
 const (
 	CodeBadMessage = "bad-message" // not valid JSON or not the expected type
@@ -98,6 +135,18 @@ func refuse(code, format string, args ...any) *ProtocolError {
 // ParseMessage decodes one native message and checks that it is of type
 // want. Unknown fields, trailing data and oversized messages are refused.
 func ParseMessage(b []byte, want string) (*Message, error) {
+	m, err := decodeMessage(b)
+	if err != nil {
+		return nil, err
+	}
+	if m.Type != want {
+		return nil, refuse(CodeBadMessage, "got a %q message, want %q", m.Type, want)
+	}
+	return m, nil
+}
+
+// decodeMessage decodes one native message of any type, strictly.
+func decodeMessage(b []byte) (*Message, error) {
 	if len(b) == 0 || len(b) > MaxMessage {
 		return nil, refuse(CodeBadMessage, "message of %d bytes; want 1 to %d", len(b), MaxMessage)
 	}
@@ -109,9 +158,6 @@ func ParseMessage(b []byte, want string) (*Message, error) {
 	}
 	if dec.More() {
 		return nil, refuse(CodeBadMessage, "trailing data after the message")
-	}
-	if m.Type != want {
-		return nil, refuse(CodeBadMessage, "got a %q message, want %q", m.Type, want)
 	}
 	return &m, nil
 }
@@ -155,6 +201,32 @@ func checkRequest(m *Message, queues []uint32, lim Limits) (xsk.Config, error) {
 		}
 	}
 	return cfg, nil
+}
+
+// checkResume validates a resume message against the allocation's
+// recorded lease: it must name every recorded socket's queue once, with as
+// many descriptors, in the same order.
+func checkResume(m *Message, nfds int, recorded []LeaseSocket) error {
+	if len(recorded) == 0 {
+		return refuse(CodeForbidden, "this allocation has no lease to resume; connect afresh")
+	}
+	if len(m.Queues) != nfds {
+		return refuse(CodeBadRequest, "a resume carries one socket per queue; got %d sockets for queues %v", nfds, m.Queues)
+	}
+	if len(m.Queues) != len(recorded) {
+		return refuse(CodeBadRequest, "the lease to resume has %d sockets; a resume carries all of them, got %d", len(recorded), len(m.Queues))
+	}
+	if m.Rings != nil || m.FrameSize != 0 || m.Headroom != 0 {
+		return refuse(CodeBadRequest, "a resume carries only queues and their sockets")
+	}
+	seen := map[uint32]bool{}
+	for _, q := range m.Queues {
+		if seen[q] {
+			return refuse(CodeBadRequest, "queue %d named twice", q)
+		}
+		seen[q] = true
+	}
+	return nil
 }
 
 // checkMemfd validates the UMEM memfd against the layout and the limits.

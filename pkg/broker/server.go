@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -38,12 +40,20 @@ type Allocation struct {
 	Queues []uint32
 	Owner  Owner
 	Limits Limits
+	// BusyPoll, if set, is the pool's busy polling: every socket a lease
+	// is given is set up for it, and a DPDK client may ask for no more.
+	BusyPoll *BusyPoll
 	// Mode is how sockets bind: auto (zero-copy where the driver has it),
 	// copy or zero-copy.
 	Mode xsk.Mode
 	// Dir is the directory the allocation's socket is created in; only the
 	// allocation's container should see it.
 	Dir string
+	// Resumable is the lease a previous daemon reported for this
+	// allocation (its last Config.OnLease call): a client still holding
+	// those sockets may resume the lease with them instead of binding new
+	// ones. Nil when the allocation had no lease.
+	Resumable []LeaseSocket
 }
 
 // SocketPath is where the allocation's socket is.
@@ -56,7 +66,28 @@ type Config struct {
 	// StepTimeout bounds how long the server waits for each client message
 	// of a handshake; zero means 10s.
 	StepTimeout time.Duration
-	Logger      *slog.Logger
+	// MaxHandshakes bounds the owner's connections of one allocation that
+	// are in a handshake at once (a device plugin handshake counts for as
+	// long as it is open); more are closed as soon as they are accepted.
+	// Zero means 16. Peers that are not the owner never take one of these:
+	// they are refused at once.
+	MaxHandshakes int
+	// OnLease, if set, is told of every lease of an allocation, for the
+	// daemon to record and hand to its successor as
+	// Allocation.Resumable: the sockets of a lease (queue and inode) when
+	// it becomes active (also when resumed), before the client is told
+	// so, and nil once it has ended and its sockets have left the XSKMAP,
+	// or when Retarget forgets a recorded lease. It is called without any
+	// lock of the server held, never on the goroutine of a call into the
+	// server (so it may take the lock its caller holds); calls for one
+	// allocation come in order (a lease's end is reported before the next
+	// lease's start), calls for different allocations may run
+	// concurrently. A lease's end may be reported after Remove returned;
+	// Remove does not report a recorded lease that was never resumed.
+	// Close reports nothing: the leases stay in the kernel for the next
+	// daemon to resume.
+	OnLease func(alloc string, socks []LeaseSocket)
+	Logger  *slog.Logger
 }
 
 // Server serves the allocations' sockets.
@@ -65,34 +96,77 @@ type Server struct {
 	dp  Datapath
 	log *slog.Logger
 
-	mu     sync.Mutex // guards allocs
+	mu     sync.Mutex // guards allocs, adding and closed
 	allocs map[string]*allocation
+	adding map[string]bool // ids whose socket Add is creating
+	closed bool
 	wg     sync.WaitGroup // connection and accept goroutines
 }
 
+// How long a peer that is not the owner has to send its first message
+// (so that it learns why it is refused, in its protocol), and how many
+// such peers are answered at once; more are closed without an answer.
+const (
+	refuseWait        = 500 * time.Millisecond
+	maxRefusals       = 4
+	defaultHandshakes = 16
+)
+
 type allocation struct {
-	Allocation
-	ln *net.UnixListener
+	id     string
+	queues []uint32
+	mode   xsk.Mode
+	ln     *net.UnixListener
+	done   chan struct{} // closed when the allocation stops being served
 
-	mu    sync.Mutex // guards conns, leased, Owner, Netdev and dp
-	dp    Datapath   // the agent of the netdev: the server's unless retargeted
-	conns map[*net.UnixConn]bool
-	// leased is true while a native client holds the allocation's sockets.
+	mu       sync.Mutex // guards everything below
+	owner    Owner
+	dev      xsk.Netdev // where sockets bind
+	dp       Datapath   // the agent of the netdev: the server's unless retargeted
+	limits   Limits
+	busyPoll *BusyPoll
+	conns    map[*net.UnixConn]bool
+	stopping bool // the allocation is being removed or the server closed
+	detached bool // the server closed: its leases stay for the next daemon
+	// leased is true while a native client holds the allocation (from its
+	// hello until its lease's end has been dealt with).
 	leased bool
+	// lease is the sockets of the active lease, or of the lease a previous
+	// daemon recorded until it is resumed or replaced.
+	lease []LeaseSocket
+	// ended is closed once the last lease's end has been reported.
+	ended                chan struct{}
+	handshakes, refusals int
+	quietUntil           time.Time // rate limit of warnings about connections
+	quietCount           int       // warnings not logged since the last
+	stopOnce             sync.Once
 }
 
-// target is the netdev a connection binds on and the agent whose XSKMAP
-// takes its sockets, as of the connection's start.
-func (al *allocation) target() (xsk.Netdev, Datapath) {
-	al.mu.Lock()
-	defer al.mu.Unlock()
-	return al.Netdev, al.dp
+// policy is what a connection works with, as of its start.
+type policy struct {
+	owner    Owner
+	dev      xsk.Netdev
+	dp       Datapath
+	limits   Limits
+	busyPoll *BusyPoll
 }
 
-func (al *allocation) owner() Owner {
+func (al *allocation) policy() policy {
 	al.mu.Lock()
 	defer al.mu.Unlock()
-	return al.Owner
+	p := policy{owner: al.owner, dev: al.dev, dp: al.dp, limits: al.limits}
+	if al.busyPoll != nil {
+		bp := *al.busyPoll
+		p.busyPoll = &bp
+	}
+	return p
+}
+
+// lease is an active lease: its sockets are in dp's XSKMAP of dev.
+type lease struct {
+	dev   xsk.Netdev
+	dp    Datapath
+	socks []LeaseSocket
 }
 
 // NewServer returns a server that puts sockets into dp's XSKMAPs.
@@ -103,10 +177,13 @@ func NewServer(cfg Config, dp Datapath) *Server {
 	if cfg.StepTimeout == 0 {
 		cfg.StepTimeout = 10 * time.Second
 	}
+	if cfg.MaxHandshakes <= 0 {
+		cfg.MaxHandshakes = defaultHandshakes
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Server{cfg: cfg, dp: dp, log: cfg.Logger, allocs: map[string]*allocation{}}
+	return &Server{cfg: cfg, dp: dp, log: cfg.Logger, allocs: map[string]*allocation{}, adding: map[string]bool{}}
 }
 
 // Add starts serving an allocation at its socket path.
@@ -117,46 +194,137 @@ func (s *Server) Add(a Allocation) error {
 	if a.Limits == (Limits{}) {
 		a.Limits = DefaultLimits
 	}
+	if a.BusyPoll != nil {
+		if err := a.BusyPoll.Validate(); err != nil {
+			return fmt.Errorf("broker: allocation %s: %w", a.ID, err)
+		}
+	}
+	if err := checkResumable(a.Resumable, a.Queues); err != nil {
+		return fmt.Errorf("broker: allocation %s: resumable lease: %w", a.ID, err)
+	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.allocs[a.ID]; ok {
+	_, exists := s.allocs[a.ID]
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		return fmt.Errorf("broker: allocation %s: the server is closed", a.ID)
+	case exists || s.adding[a.ID]:
+		s.mu.Unlock()
 		return fmt.Errorf("broker: allocation %s exists", a.ID)
 	}
+	s.adding[a.ID] = true
+	s.mu.Unlock()
+
+	al, err := s.listen(a)
+	s.mu.Lock()
+	delete(s.adding, a.ID)
+	if err == nil && s.closed {
+		err = fmt.Errorf("broker: allocation %s: the server is closed", a.ID)
+		al.ln.Close()
+	}
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	s.allocs[a.ID] = al
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go s.accept(al)
+	s.log.Info("serving allocation", "allocation", a.ID, "netdev", a.Netdev.Name, "queues", a.Queues,
+		"socket", a.SocketPath(), "resumable", len(a.Resumable) > 0)
+	return nil
+}
+
+// listen creates the allocation's socket.
+func (s *Server) listen(a Allocation) (*allocation, error) {
 	if err := os.MkdirAll(a.Dir, 0o755); err != nil {
-		return fmt.Errorf("broker: allocation %s: %w", a.ID, err)
+		return nil, fmt.Errorf("broker: allocation %s: %w", a.ID, err)
 	}
 	path := a.SocketPath()
 	os.Remove(path) // a predecessor's socket; no process listens on it
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
-		return fmt.Errorf("broker: allocation %s: %w", a.ID, err)
+		return nil, fmt.Errorf("broker: allocation %s: %w", a.ID, err)
 	}
 	// Anyone who sees the socket may connect; who may use it is decided
-	// by the peer's credentials.
+	// by the peer's credentials, at once.
 	if err := os.Chmod(path, 0o666); err != nil {
 		ln.Close()
-		return fmt.Errorf("broker: allocation %s: %w", a.ID, err)
+		return nil, fmt.Errorf("broker: allocation %s: %w", a.ID, err)
 	}
-	al := &allocation{Allocation: a, ln: ln, dp: s.dp, conns: map[*net.UnixConn]bool{}}
-	s.allocs[a.ID] = al
-	s.wg.Add(1)
-	go s.accept(al)
-	s.log.Info("serving allocation", "allocation", a.ID, "netdev", a.Netdev.Name, "queues", a.Queues, "socket", path)
+	al := &allocation{id: a.ID, queues: slices.Clone(a.Queues), mode: a.Mode, ln: ln, done: make(chan struct{}),
+		owner: a.Owner, dev: a.Netdev, dp: s.dp, limits: a.Limits, conns: map[*net.UnixConn]bool{},
+		lease: slices.Clone(a.Resumable)}
+	if a.BusyPoll != nil {
+		bp := *a.BusyPoll
+		al.busyPoll = &bp
+	}
+	return al, nil
+}
+
+// checkResumable checks a recorded lease against the allocation's queues.
+func checkResumable(socks []LeaseSocket, queues []uint32) error {
+	seen := map[uint32]bool{}
+	for _, ls := range socks {
+		if !slices.Contains(queues, ls.Queue) {
+			return fmt.Errorf("queue %d is not the allocation's (%v)", ls.Queue, queues)
+		}
+		if seen[ls.Queue] {
+			return fmt.Errorf("queue %d recorded twice", ls.Queue)
+		}
+		if ls.Inode == 0 {
+			return fmt.Errorf("queue %d: no inode", ls.Queue)
+		}
+		seen[ls.Queue] = true
+	}
 	return nil
+}
+
+func (s *Server) lookup(id string) (*allocation, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	al, ok := s.allocs[id]
+	if !ok {
+		return nil, fmt.Errorf("broker: no allocation %s", id)
+	}
+	return al, nil
 }
 
 // SetOwner changes who may use an allocation from now on (connections
 // already open are not affected): Kubernetes learns the pod of an
 // allocation only after Allocate, from the CNI plugin.
 func (s *Server) SetOwner(id string, o Owner) error {
-	s.mu.Lock()
-	al, ok := s.allocs[id]
-	s.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("broker: no allocation %s", id)
+	al, err := s.lookup(id)
+	if err != nil {
+		return err
 	}
 	al.mu.Lock()
-	al.Owner = o
+	al.owner = o
+	al.mu.Unlock()
+	return nil
+}
+
+// SetLimits changes an allocation's limits and busy polling (nil: none),
+// after a change of its pool's configuration. They hold for the next
+// lease and for device plugin commands from now on; a lease already
+// active, or resumed, keeps the sockets it has.
+func (s *Server) SetLimits(id string, lim Limits, bp *BusyPoll) error {
+	if lim == (Limits{}) {
+		lim = DefaultLimits
+	}
+	if bp != nil {
+		if err := bp.Validate(); err != nil {
+			return fmt.Errorf("broker: allocation %s: %w", id, err)
+		}
+		c := *bp
+		bp = &c
+	}
+	al, err := s.lookup(id)
+	if err != nil {
+		return err
+	}
+	al.mu.Lock()
+	al.limits, al.busyPoll = lim, bp
 	al.mu.Unlock()
 	return nil
 }
@@ -164,36 +332,63 @@ func (s *Server) SetOwner(id string, o Owner) error {
 // Retarget moves an allocation to another netdev and agent: a netdev-mode
 // pool's netdev moved into its pod's network namespace (dev.NetNS), and
 // back. Open connections close, their sockets leaving the old XSKMAP: they
-// were bound where the netdev no longer is. A nil dp is the server's own.
+// were bound where the netdev no longer is. For the same reason a lease
+// recorded by a previous daemon and not resumed yet is forgotten (and
+// reported ended), unless dev is where the allocation already was. A nil
+// dp is the server's own.
 func (s *Server) Retarget(id string, dev xsk.Netdev, dp Datapath) error {
-	s.mu.Lock()
-	al, ok := s.allocs[id]
-	s.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("broker: no allocation %s", id)
+	al, err := s.lookup(id)
+	if err != nil {
+		return err
 	}
 	if dp == nil {
 		dp = s.dp
 	}
 	al.mu.Lock()
-	defer al.mu.Unlock()
-	if len(al.conns) > 0 {
-		s.log.Info("connections end: the allocation's netdev moves", "allocation", id, "netdev", dev.Name, "connections", len(al.conns))
+	conns := slices.Collect(maps.Keys(al.conns))
+	var ended chan struct{}
+	if al.dev != dev && !al.leased && len(al.lease) > 0 {
+		al.lease = nil
+		ended = make(chan struct{})
+		al.ended = ended
 	}
-	for c := range al.conns {
+	al.dev, al.dp = dev, dp
+	al.mu.Unlock()
+	if len(conns) > 0 {
+		s.log.Info("connections end: the allocation's netdev moves", "allocation", id, "netdev", dev.Name, "connections", len(conns))
+	}
+	for _, c := range conns {
 		c.Close()
 	}
-	al.Netdev, al.dp = dev, dp
+	if ended != nil {
+		s.log.Info("recorded lease forgotten: the allocation's netdev moved", "allocation", id, "netdev", dev.Name)
+		// Not on the caller's goroutine: it may hold the lock OnLease takes.
+		s.mu.Lock()
+		closed := s.closed // Close reports nothing, and waits for no more goroutines
+		if !closed {
+			s.wg.Add(1)
+		}
+		s.mu.Unlock()
+		if closed {
+			close(ended)
+			return nil
+		}
+		go func() {
+			defer s.wg.Done()
+			if s.cfg.OnLease != nil {
+				s.cfg.OnLease(id, nil)
+			}
+			close(ended)
+		}()
+	}
 	return nil
 }
 
 // Leased reports whether a client holds the allocation's sockets now. A
 // lease's sockets leave the XSKMAP before the lease is free for the next.
 func (s *Server) Leased(id string) bool {
-	s.mu.Lock()
-	al, ok := s.allocs[id]
-	s.mu.Unlock()
-	if !ok {
+	al, err := s.lookup(id)
+	if err != nil {
 		return false
 	}
 	al.mu.Lock()
@@ -202,7 +397,8 @@ func (s *Server) Leased(id string) bool {
 }
 
 // Remove stops serving an allocation: its socket goes, its connections
-// close and their sockets leave the XSKMAP.
+// close, and its lease ends (its sockets leave the XSKMAP and OnLease
+// reports the end, perhaps after Remove returned).
 func (s *Server) Remove(id string) error {
 	s.mu.Lock()
 	al, ok := s.allocs[id]
@@ -211,54 +407,180 @@ func (s *Server) Remove(id string) error {
 	if !ok {
 		return fmt.Errorf("broker: no allocation %s", id)
 	}
-	al.ln.Close() // unlinks the socket file
-	al.mu.Lock()
-	for c := range al.conns {
-		c.Close()
-	}
-	al.mu.Unlock()
+	s.stop(al, false)
 	return nil
 }
 
-// Close removes every allocation and waits for their connections to end.
+// Close stops serving every allocation and waits for the connections to
+// end. It is the daemon going away, not the allocations: the leases stay
+// as they are in the kernel (their sockets in the XSKMAP, traffic
+// flowing), nothing is reported to OnLease, and their clients resume them
+// with the next daemon.
 func (s *Server) Close() {
 	s.mu.Lock()
-	var ids []string
-	for id := range s.allocs {
-		ids = append(ids, id)
-	}
+	s.closed = true
+	als := slices.Collect(maps.Values(s.allocs))
+	clear(s.allocs)
 	s.mu.Unlock()
-	for _, id := range ids {
-		s.Remove(id)
+	for _, al := range als {
+		s.stop(al, true)
 	}
 	s.wg.Wait()
 }
 
+// stop closes the allocation's socket and connections; detach leaves the
+// lease to a successor.
+func (s *Server) stop(al *allocation, detach bool) {
+	al.mu.Lock()
+	al.stopping, al.detached = true, detach
+	conns := slices.Collect(maps.Keys(al.conns))
+	al.mu.Unlock()
+	al.stopOnce.Do(func() { close(al.done) })
+	al.ln.Close() // unlinks the socket file
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+// accept serves the allocation's socket until it closes. Errors such as
+// EMFILE, ENFILE or ECONNABORTED leave the socket open: the loop backs off
+// (5 ms doubling to 1 s, as net/http does) and goes on.
 func (s *Server) accept(al *allocation) {
 	defer s.wg.Done()
+	var delay time.Duration
 	for {
 		c, err := al.ln.AcceptUnix()
 		if err != nil {
-			if !errors.Is(err, net.ErrClosed) {
-				s.log.Error("accept", "allocation", al.ID, "err", err)
+			if errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			s.log.Error("accept; retrying", "allocation", al.id, "err", err, "retry_in", delay)
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-al.done:
+				t.Stop()
+				return
+			}
+			continue
 		}
-		al.mu.Lock()
-		al.conns[c] = true
-		al.mu.Unlock()
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			defer func() {
-				al.mu.Lock()
-				delete(al.conns, c)
-				al.mu.Unlock()
-				c.Close()
-			}()
-			s.serve(c, al)
-		}()
+		delay = 0
+		s.admit(c, al)
 	}
+}
+
+// admit identifies the peer of a new connection at once. The owner gets a
+// handshake slot; anyone else is told why it is refused, a few at a time,
+// and closed; what is over either bound is closed at once. A flood of
+// connections from others thus costs the owner nothing.
+func (s *Server) admit(c *net.UnixConn, al *allocation) {
+	peer, err := peerOf(c, s.cfg.ProcRoot)
+	if err != nil {
+		c.Close()
+		s.warn(al, "peer not identified; connection closed", "err", err)
+		return
+	}
+	p := al.policy()
+	why := p.owner.check(peer)
+	al.mu.Lock()
+	admitted := false
+	switch {
+	case al.stopping:
+	case why != nil && al.refusals < maxRefusals:
+		al.refusals++
+		admitted = true
+	case why == nil && al.handshakes < s.cfg.MaxHandshakes:
+		al.handshakes++
+		admitted = true
+	}
+	if admitted {
+		al.conns[c] = true
+		s.wg.Add(1)
+	}
+	al.mu.Unlock()
+	if !admitted {
+		c.Close()
+		if why != nil {
+			s.warn(al, "refused", "peer", peer.String(), "reason", why, "answered", false)
+		} else {
+			s.warn(al, "too many connections in a handshake; closed", "peer", peer.String(), "limit", s.cfg.MaxHandshakes)
+		}
+		return
+	}
+	go func() {
+		defer s.wg.Done()
+		var l *lease
+		if why != nil {
+			s.refuseForeign(c, al, peer, why)
+		} else {
+			held := true
+			release := func() {
+				if held {
+					held = false
+					al.mu.Lock()
+					al.handshakes--
+					al.mu.Unlock()
+				}
+			}
+			var err error
+			l, err = s.serve(c, al, peer, release)
+			release()
+			if err != nil { // told, and logged, once the slot is free again
+				s.fail(c, al, peer, err)
+			}
+		}
+		c.Close()
+		al.mu.Lock()
+		delete(al.conns, c)
+		if why != nil {
+			al.refusals--
+		}
+		al.mu.Unlock()
+		if l != nil {
+			s.end(al, l)
+		}
+	}()
+}
+
+// warn logs a warning about a connection, at most one a second per
+// allocation, with the count of those left out since.
+func (s *Server) warn(al *allocation, msg string, args ...any) {
+	al.mu.Lock()
+	now := time.Now()
+	quiet := now.Before(al.quietUntil)
+	left := al.quietCount
+	if quiet {
+		al.quietCount++
+	} else {
+		al.quietUntil, al.quietCount = now.Add(time.Second), 0
+	}
+	al.mu.Unlock()
+	if quiet {
+		return
+	}
+	if left > 0 {
+		args = append(args, "not_logged_before", left)
+	}
+	s.log.Warn(msg, append([]any{"allocation", al.id}, args...)...)
+}
+
+// refuseForeign tells a peer that is not the owner why, in the protocol
+// its first message speaks, if it sends one soon.
+func (s *Server) refuseForeign(c *net.UnixConn, al *allocation, peer Peer, why error) {
+	s.warn(al, "refused", "peer", peer.String(), "reason", why)
+	first, fds, err := s.recv(c, 1, min(s.cfg.StepTimeout, refuseWait))
+	closeFDs(fds)
+	if err != nil {
+		return
+	}
+	c.SetWriteDeadline(time.Now().Add(s.cfg.StepTimeout))
+	if first[0] == '/' {
+		xsk.SendFDs(c, []byte(dpdkHostNak), nil)
+		return
+	}
+	pe := refuse(CodeForbidden, "%v", why)
+	s.send(c, Message{Type: TypeError, Code: pe.Code, Reason: pe.Reason})
 }
 
 // recv reads one message with at most maxFDs descriptors within the step timeout.
@@ -286,28 +608,38 @@ func (s *Server) recv(c *net.UnixConn, maxFDs int, timeout time.Duration) ([]byt
 	return buf[:n], fds, nil
 }
 
-func (s *Server) serve(c *net.UnixConn, al *allocation) {
-	peer, err := peerOf(c, s.cfg.ProcRoot)
-	if err != nil {
-		s.log.Warn("peer not identified", "allocation", al.ID, "err", err)
-		return
-	}
+// serve runs the owner's connection: a device plugin handshake, or the
+// native one and then, once active, the lease until the connection
+// closes. It returns the lease, if one became active (the caller ends
+// it), and why the handshake failed (the caller tells the client). Once
+// the lease is active it calls release: it no longer takes a handshake
+// slot.
+func (s *Server) serve(c *net.UnixConn, al *allocation, peer Peer, release func()) (*lease, error) {
 	first, fds, err := s.recv(c, 1, s.cfg.StepTimeout)
 	if err != nil {
-		s.fail(c, al, peer, err)
-		return
+		return nil, err
 	}
 	if first[0] == '/' {
 		s.dpdk(c, al, peer, first, fds)
-		return
+		return nil, nil
 	}
 	if len(fds) > 0 {
 		closeFDs(fds)
-		s.fail(c, al, peer, refuse(CodeBadMessage, "hello carries no descriptor"))
-		return
+		return nil, refuse(CodeBadMessage, "hello carries no descriptor")
 	}
-	if err := s.native(c, al, peer, first); err != nil {
-		s.fail(c, al, peer, err)
+	l, err := s.native(c, al, peer, first)
+	if err != nil {
+		return l, err
+	}
+	release()
+	// The connection is the lease: wait for it to close.
+	for {
+		_, fds, err := s.recv(c, 0, 24*time.Hour*365)
+		closeFDs(fds)
+		var pe *ProtocolError
+		if err != nil && !errors.As(err, &pe) {
+			return l, nil
+		}
 	}
 }
 
@@ -316,12 +648,12 @@ func (s *Server) fail(c *net.UnixConn, al *allocation, peer Peer, err error) {
 	var pe *ProtocolError
 	if !errors.As(err, &pe) {
 		if errors.Is(err, errClosed) || errors.Is(err, net.ErrClosed) {
-			s.log.Info("client left during the handshake", "allocation", al.ID, "peer", peer.String())
+			s.log.Info("client left during the handshake", "allocation", al.id, "peer", peer.String())
 			return
 		}
 		pe = refuse(CodeInternal, "%v", err)
 	}
-	s.log.Warn("refused", "allocation", al.ID, "peer", peer.String(), "code", pe.Code, "reason", pe.Reason)
+	s.log.Warn("refused", "allocation", al.id, "peer", peer.String(), "code", pe.Code, "reason", pe.Reason)
 	s.send(c, Message{Type: TypeError, Code: pe.Code, Reason: pe.Reason})
 }
 
@@ -334,62 +666,78 @@ func (s *Server) send(c *net.UnixConn, m Message, fds ...int) error {
 	return xsk.SendFDs(c, b, fds)
 }
 
-func (s *Server) native(c *net.UnixConn, al *allocation, peer Peer, first []byte) error {
+// native runs the native handshake. A lease it returns is active (its
+// sockets are in the XSKMAP), even with an error (the client did not
+// learn so): the caller ends it.
+func (s *Server) native(c *net.UnixConn, al *allocation, peer Peer, first []byte) (*lease, error) {
 	hello, err := ParseMessage(first, TypeHello)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if hello.Version != Version {
-		return refuse(CodeVersion, "protocol version %d; this daemon speaks %d", hello.Version, Version)
-	}
-	if err := al.owner().check(peer); err != nil {
-		return refuse(CodeForbidden, "%v", err)
+		return nil, refuse(CodeVersion, "protocol version %d; this daemon speaks %d", hello.Version, Version)
 	}
 	al.mu.Lock()
 	if al.leased {
 		al.mu.Unlock()
-		return refuse(CodeBusy, "allocation %s is in use by another connection; close it first", al.ID)
+		return nil, refuse(CodeBusy, "allocation %s is in use by another connection; close it first", al.id)
 	}
 	al.leased = true
 	al.mu.Unlock()
-	defer func() {
+	l, err := s.handshake(c, al, peer)
+	if l == nil {
 		al.mu.Lock()
 		al.leased = false
 		al.mu.Unlock()
-	}()
-	lim := al.Limits
-	dev, dp := al.target()
-	if err := s.send(c, Message{Type: TypeWelcome, Version: Version, Allocation: al.ID, Netdev: dev.Name,
-		Queues: al.Queues, Limits: &lim}); err != nil {
-		return err
 	}
+	return l, err
+}
 
-	b, fds, err := s.recv(c, 1, s.cfg.StepTimeout)
-	if err != nil {
-		return err
+func (s *Server) handshake(c *net.UnixConn, al *allocation, peer Peer) (*lease, error) {
+	p := al.policy()
+	lim := p.limits
+	if err := s.send(c, Message{Type: TypeWelcome, Version: Version, Allocation: al.id, Netdev: p.dev.Name,
+		Queues: al.queues, Limits: &lim, BusyPoll: p.busyPoll}); err != nil {
+		return nil, err
 	}
-	req, err := ParseMessage(b, TypeRequest)
-	if err != nil || len(fds) != 1 {
+	b, fds, err := s.recv(c, max(1, len(al.queues)), s.cfg.StepTimeout)
+	if err != nil {
+		return nil, err
+	}
+	m, err := decodeMessage(b)
+	switch {
+	case err != nil:
+	case m.Type == TypeRequest:
+		return s.request(c, al, peer, p, m, fds)
+	case m.Type == TypeResume:
+		return s.resume(c, al, peer, p, m, fds)
+	default:
+		err = refuse(CodeBadMessage, "got a %q message, want %q or %q", m.Type, TypeRequest, TypeResume)
+	}
+	closeFDs(fds)
+	return nil, err
+}
+
+// request binds new sockets with the client's memfd as their UMEM.
+func (s *Server) request(c *net.UnixConn, al *allocation, peer Peer, p policy, req *Message, fds []int) (*lease, error) {
+	if len(fds) != 1 {
 		closeFDs(fds)
-		if err == nil {
-			err = refuse(CodeBadRequest, "a request carries exactly one descriptor, the UMEM memfd; got %d", len(fds))
-		}
-		return err
+		return nil, refuse(CodeBadRequest, "a request carries exactly one descriptor, the UMEM memfd; got %d", len(fds))
 	}
 	memfd := fds[0]
-	cfg, err := checkRequest(req, al.Queues, lim)
+	cfg, err := checkRequest(req, al.queues, p.limits)
 	if err == nil {
-		err = checkMemfd(memfd, cfg.UMEM, lim)
+		err = checkMemfd(memfd, cfg.UMEM, p.limits)
 	}
 	if err != nil {
 		unix.Close(memfd)
-		return err
+		return nil, err
 	}
-	cfg.Mode = al.Mode
-	bound, err := xsk.Bind(dev, memfd, req.Queues, cfg)
+	cfg.Mode = al.mode
+	bound, err := xsk.Bind(p.dev, memfd, req.Queues, cfg)
 	unix.Close(memfd)
 	if err != nil {
-		return refuse(CodeInternal, "%v", err)
+		return nil, refuse(CodeInternal, "%v", err)
 	}
 	// The copies here go once the sockets are in the XSKMAP or refused:
 	// an open copy would keep a socket alive after the pod let it go.
@@ -397,53 +745,128 @@ func (s *Server) native(c *net.UnixConn, al *allocation, peer Peer, first []byte
 	for i, b := range bound {
 		sockFDs[i] = b.FD
 	}
-	defer func() { closeFDs(sockFDs) }() // whatever is left at return
+	defer closeFDs(sockFDs)
+	socks := make([]LeaseSocket, len(bound))
+	for i, b := range bound {
+		if err := setBusyPoll(b.FD, p.busyPoll); err != nil {
+			return nil, refuse(CodeInternal, "busy poll on %s/q%d: %v", p.dev, b.Queue, err)
+		}
+		ino, err := socketInode(b.FD)
+		if err != nil {
+			return nil, refuse(CodeInternal, "%s/q%d: %v", p.dev, b.Queue, err)
+		}
+		socks[i] = LeaseSocket{Queue: b.Queue, Inode: ino}
+	}
 	if err := s.send(c, Message{Type: TypeSockets, Queues: req.Queues, Rings: req.Rings, FrameSize: req.FrameSize,
 		Headroom: req.Headroom, ZeroCopy: bound[0].ZeroCopy}, sockFDs...); err != nil {
-		return err
+		return nil, err
 	}
-
-	b, _, err = s.recv(c, 0, s.cfg.StepTimeout)
+	b, _, err := s.recv(c, 0, s.cfg.StepTimeout)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := ParseMessage(b, TypeReady); err != nil {
-		return err
+		return nil, err
 	}
-	var added []uint32
-	for _, bnd := range bound {
-		if err := dp.AddSocket(dev.Name, bnd.Queue, bnd.FD); err != nil {
-			for _, q := range added {
-				dp.RemoveSocket(dev.Name, q)
-			}
-			return refuse(CodeInternal, "%v", err)
-		}
-		added = append(added, bnd.Queue)
-	}
-	closeFDs(sockFDs)
-	sockFDs = nil
-	defer func() {
-		for _, q := range added {
-			if err := dp.RemoveSocket(dev.Name, q); err != nil {
-				s.log.Warn("remove socket", "allocation", al.ID, "queue", q, "err", err)
-			}
-		}
-		s.log.Info("lease ended", "allocation", al.ID, "peer", peer.String(), "queues", added)
-	}()
-	if err := s.send(c, Message{Type: TypeActive}); err != nil {
-		return err
-	}
-	s.log.Info("lease active", "allocation", al.ID, "peer", peer.String(), "queues", added, "zero_copy", bound[0].ZeroCopy)
+	return s.activate(c, al, peer, p, socks, sockFDs, "new")
+}
 
-	// The connection is the lease: wait for it to close.
-	for {
-		_, fds, err := s.recv(c, 0, 24*time.Hour*365)
-		closeFDs(fds)
-		var pe *ProtocolError
-		if err != nil && !errors.As(err, &pe) {
-			return nil
+// resume takes back the sockets of the allocation's recorded lease from
+// the client that holds them: each must be an AF_XDP socket whose inode
+// the lease recorded for the queue it is named for. They are the same
+// sockets, bound as they were: nothing is bound, no option changes.
+func (s *Server) resume(c *net.UnixConn, al *allocation, peer Peer, p policy, m *Message, fds []int) (*lease, error) {
+	defer closeFDs(fds) // the daemon keeps no copy: the pod holds its sockets
+	al.mu.Lock()
+	recorded := slices.Clone(al.lease)
+	al.mu.Unlock()
+	if err := checkResume(m, len(fds), recorded); err != nil {
+		return nil, err
+	}
+	socks := make([]LeaseSocket, len(fds))
+	for i, fd := range fds {
+		q := m.Queues[i]
+		ino, err := xdpSocketInode(fd)
+		if err != nil {
+			return nil, refuse(CodeBadRequest, "the descriptor for queue %d: %v", q, err)
+		}
+		j := slices.IndexFunc(recorded, func(ls LeaseSocket) bool { return ls.Inode == ino })
+		if j < 0 {
+			return nil, refuse(CodeForbidden, "the socket for queue %d (inode %d) is not one of this allocation's lease", q, ino)
+		}
+		if recorded[j].Queue != q {
+			return nil, refuse(CodeForbidden, "the socket of inode %d is bound to queue %d, not %d", ino, recorded[j].Queue, q)
+		}
+		socks[i] = recorded[j]
+	}
+	return s.activate(c, al, peer, p, socks, fds, "resumed")
+}
+
+// activate puts the lease's sockets into the XSKMAP, reports the lease and
+// tells the client.
+func (s *Server) activate(c *net.UnixConn, al *allocation, peer Peer, p policy, socks []LeaseSocket, fds []int, how string) (*lease, error) {
+	var added []uint32
+	for i, ls := range socks {
+		if err := p.dp.AddSocket(p.dev.Name, ls.Queue, fds[i]); err != nil {
+			for _, q := range added {
+				p.dp.RemoveSocket(p.dev.Name, q)
+			}
+			return nil, refuse(CodeInternal, "%v", err)
+		}
+		added = append(added, ls.Queue)
+	}
+	l := &lease{dev: p.dev, dp: p.dp, socks: socks}
+	al.mu.Lock()
+	al.lease = slices.Clone(socks)
+	prev := al.ended
+	al.mu.Unlock()
+	if prev != nil {
+		<-prev // the previous lease's end is reported first
+	}
+	// Reported before the client learns it is active: a lease a client
+	// holds has always been recorded.
+	if s.cfg.OnLease != nil {
+		s.cfg.OnLease(al.id, slices.Clone(socks))
+	}
+	if err := s.send(c, Message{Type: TypeActive}); err != nil {
+		return l, err
+	}
+	s.log.Info("lease active", "allocation", al.id, "peer", peer.String(), "queues", added, "lease", how)
+	return l, nil
+}
+
+// end ends a lease whose connection closed: its sockets leave the XSKMAP
+// and OnLease hears of it. When the server is closing, the lease stays as
+// it is for the next daemon.
+func (s *Server) end(al *allocation, l *lease) {
+	queues := make([]uint32, len(l.socks))
+	for i, ls := range l.socks {
+		queues[i] = ls.Queue
+	}
+	al.mu.Lock()
+	detached := al.detached
+	if detached {
+		al.leased = false
+	}
+	al.mu.Unlock()
+	if detached {
+		s.log.Info("server closing; the lease stays in the kernel for the next daemon", "allocation", al.id, "queues", queues)
+		return
+	}
+	for _, q := range queues {
+		if err := l.dp.RemoveSocket(l.dev.Name, q); err != nil {
+			s.log.Warn("remove socket", "allocation", al.id, "queue", q, "err", err)
 		}
 	}
+	ended := make(chan struct{})
+	al.mu.Lock()
+	al.lease, al.leased, al.ended = nil, false, ended
+	al.mu.Unlock()
+	if s.cfg.OnLease != nil {
+		s.cfg.OnLease(al.id, nil)
+	}
+	close(ended)
+	s.log.Info("lease ended", "allocation", al.id, "queues", queues)
 }
 
 func (s *Server) dpdk(c *net.UnixConn, al *allocation, peer Peer, msg []byte, fds []int) {
@@ -459,32 +882,31 @@ func (s *Server) dpdk(c *net.UnixConn, al *allocation, peer Peer, msg []byte, fd
 		case err != nil:
 			ok = reply(dpdkNak)
 		case cmd.name == dpdkConnect:
-			if err := al.owner().check(peer); err != nil {
-				s.log.Warn("refused", "allocation", al.ID, "peer", peer.String(), "protocol", "dpdk", "reason", err)
-				reply(dpdkHostNak)
-				closeFDs(fds)
-				return
-			}
+			// The peer was found to be the owner when it connected.
 			connected = true
 			ok = reply(dpdkHostOK)
 		case cmd.name == dpdkVersion:
 			ok = reply(dpdkVersionAns)
 		case cmd.name == dpdkXSKMapFD:
-			dev, dp := al.target()
-			if !connected || len(cmd.args) != 1 || cmd.args[0] != dev.Name {
+			p := al.policy()
+			if !connected || len(cmd.args) != 1 || cmd.args[0] != p.dev.Name {
 				ok = reply(dpdkFDNak)
 				break
 			}
-			fd, err := dp.XSKMapFD(dev.Name)
+			fd, err := p.dp.XSKMapFD(p.dev.Name)
 			if err != nil {
-				s.log.Warn("xskmap fd", "allocation", al.ID, "err", err)
+				s.log.Warn("xskmap fd", "allocation", al.id, "err", err)
 				ok = reply(dpdkFDNak)
 				break
 			}
 			ok = reply(dpdkFDAck, fd)
 			unix.Close(fd)
 		case cmd.name == dpdkBusyPoll:
-			ok = reply(s.busyPoll(connected, cmd, fds))
+			ans, why := s.busyPoll(connected, cmd, fds, al.policy().busyPoll)
+			if why != nil {
+				s.log.Warn("busy poll refused", "allocation", al.id, "peer", peer.String(), "protocol", "dpdk", "reason", why)
+			}
+			ok = reply(ans)
 		case cmd.name == dpdkFin:
 			reply(dpdkFinAck)
 			closeFDs(fds)
@@ -503,21 +925,77 @@ func (s *Server) dpdk(c *net.UnixConn, al *allocation, peer Peer, msg []byte, fd
 }
 
 // busyPoll configures preferred busy polling on the AF_XDP socket the
-// client sent, which it may not do itself without CAP_NET_ADMIN.
-func (s *Server) busyPoll(connected bool, cmd dpdkCommand, fds []int) string {
+// client sent, which it may not do itself without CAP_NET_ADMIN, within
+// the allocation's setting: none at all when it has none.
+func (s *Server) busyPoll(connected bool, cmd dpdkCommand, fds []int, limit *BusyPoll) (string, error) {
 	timeout, budget, err := busyPollArgs(cmd.args)
-	if !connected || err != nil || len(fds) != 1 {
-		return dpdkBusyNak
+	switch {
+	case !connected:
+		return dpdkBusyNak, errors.New("not connected")
+	case err != nil:
+		return dpdkBusyNak, err
+	case len(fds) != 1:
+		return dpdkBusyNak, fmt.Errorf("%d descriptors; want the AF_XDP socket", len(fds))
+	case limit == nil:
+		return dpdkBusyNak, errors.New("the pool has no busy polling")
+	case timeout > limit.TimeoutMicros || budget > limit.Budget:
+		return dpdkBusyNak, fmt.Errorf("timeout %d µs, budget %d; the pool allows at most %d µs, %d", timeout, budget, limit.TimeoutMicros, limit.Budget)
 	}
-	if domain, err := unix.GetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_DOMAIN); err != nil || domain != unix.AF_XDP {
-		return dpdkBusyNak
+	if _, err := xdpSocketInode(fds[0]); err != nil {
+		return dpdkBusyNak, err
 	}
-	for _, o := range [][2]int{{unix.SO_PREFER_BUSY_POLL, 1}, {unix.SO_BUSY_POLL, timeout}, {unix.SO_BUSY_POLL_BUDGET, budget}} {
-		if err := unix.SetsockoptInt(fds[0], unix.SOL_SOCKET, o[0], o[1]); err != nil {
-			return dpdkBusyNak
+	if err := setBusyPoll(fds[0], &BusyPoll{TimeoutMicros: timeout, Budget: budget}); err != nil {
+		return dpdkBusyNak, err
+	}
+	return dpdkBusyAck, nil
+}
+
+// setBusyPoll sets a socket up for preferred busy polling; nil does nothing.
+func setBusyPoll(fd int, bp *BusyPoll) error {
+	if bp == nil {
+		return nil
+	}
+	for _, o := range []struct {
+		name    string
+		opt, is int
+	}{
+		{"SO_PREFER_BUSY_POLL", unix.SO_PREFER_BUSY_POLL, 1},
+		{"SO_BUSY_POLL", unix.SO_BUSY_POLL, bp.TimeoutMicros},
+		{"SO_BUSY_POLL_BUDGET", unix.SO_BUSY_POLL_BUDGET, bp.Budget},
+	} {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, o.opt, o.is); err != nil {
+			return fmt.Errorf("%s %d: %w", o.name, o.is, err)
 		}
 	}
-	return dpdkBusyAck
+	return nil
+}
+
+// socketInode returns the inode of the socket fd refers to.
+func socketInode(fd int) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return 0, fmt.Errorf("fstat: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return 0, fmt.Errorf("not a socket (mode %#o)", st.Mode)
+	}
+	return st.Ino, nil
+}
+
+// xdpSocketInode returns the inode of fd if it is an AF_XDP socket.
+func xdpSocketInode(fd int) (uint64, error) {
+	ino, err := socketInode(fd)
+	if err != nil {
+		return 0, err
+	}
+	domain, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	if err != nil {
+		return 0, fmt.Errorf("socket domain: %w", err)
+	}
+	if domain != unix.AF_XDP {
+		return 0, fmt.Errorf("not an AF_XDP socket (domain %d)", domain)
+	}
+	return ino, nil
 }
 
 func closeFDs(fds []int) {

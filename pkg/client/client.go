@@ -1,8 +1,3 @@
-// Package client is the pod side of xdpq's socket broker: it connects to
-// the allocation's socket ($XDPQ_SOCKET), proves nothing itself (the
-// daemon reads its credentials), hands over a memfd it allocated as the
-// UMEM, and returns sockets bound to its queues, ready for the datapath.
-// It needs no privilege.
 package client
 
 import (
@@ -13,6 +8,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -33,8 +29,56 @@ type Options struct {
 	Ring      uint32 // entries of every ring; default 2048
 	TX        bool   // ask for a TX ring too (the pool must allow it)
 	HugeTLB   bool   // back the UMEM with huge pages
-	Timeout   time.Duration
+	// Timeout bounds each handshake (of Connect and of a resume), and how
+	// long Connect retries a busy allocation; default 30s.
+	Timeout time.Duration
+	// OnEvent, if set, hears what happens to the lease after Connect:
+	// lost, resumed, failed. It is called on the lease's own goroutine,
+	// one event at a time and in order; it may call Close (which then
+	// does not wait for that goroutine, which ends when OnEvent returns).
+	OnEvent func(Event)
 }
+
+// EventKind says what happened to a lease.
+type EventKind int
+
+const (
+	// EventLost: the daemon's end of the connection went (the daemon
+	// stopped or restarted). The sockets keep working; the lease redials
+	// to resume.
+	EventLost EventKind = iota + 1
+	// EventResumed: a daemon took the lease back; it is tracked again.
+	EventResumed
+	// EventFailed: the daemon refused the resume (Err says why); the lease
+	// stops trying. Close it and Connect again.
+	EventFailed
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case EventLost:
+		return "lost"
+	case EventResumed:
+		return "resumed"
+	case EventFailed:
+		return "failed"
+	}
+	return fmt.Sprintf("EventKind(%d)", int(k))
+}
+
+// Event is something that happened to a lease.
+type Event struct {
+	Kind EventKind
+	// Err is how the connection ended (EventLost) or why the lease cannot
+	// be resumed (EventFailed); nil for EventResumed.
+	Err error
+}
+
+// Resume backoff: the first redial is at once, then 50 ms doubling to 2 s.
+const (
+	firstBackoff = 50 * time.Millisecond
+	maxBackoff   = 2 * time.Second
+)
 
 // Lease holds the sockets; closing it gives them back.
 type Lease struct {
@@ -45,9 +89,23 @@ type Lease struct {
 	UMEM       *xsk.UMEM
 	ZeroCopy   bool
 	Limits     broker.Limits
-	conn       *net.UnixConn
-	rx, spare  [][]uint64
-	tx         [][]uint64
+	// BusyPoll is the busy polling the daemon set the sockets up for, or
+	// nil (see the package documentation).
+	BusyPoll *broker.BusyPoll
+
+	path      string
+	opts      Options
+	rx, spare [][]uint64
+	tx        [][]uint64
+
+	mu      sync.Mutex    // guards conn, closed and inEvent
+	conn    *net.UnixConn // to the daemon; nil while redialing
+	closed  bool          // Close was called
+	inEvent bool          // OnEvent runs
+	stop    chan struct{} // closed by Close
+	done    chan struct{} // closed when watch returns
+	once    sync.Once     // of Close
+	errs    error         // what Close returns
 }
 
 // RXFrames returns the UMEM frames socket i was given for receiving
@@ -62,36 +120,43 @@ func (l *Lease) SpareFrames(i int) []uint64 { return l.spare[i] }
 // TXFrames returns the UMEM frames socket i may transmit from.
 func (l *Lease) TXFrames(i int) []uint64 { return l.tx[i] }
 
-// Close gives the sockets back: they leave the XSKMAP and close.
+// Close gives the sockets back: they leave the XSKMAP and close. It stops
+// a resume in progress and waits for the lease's goroutine to end (unless
+// called from OnEvent). Closing again does nothing.
 func (l *Lease) Close() error {
-	var errs []error
-	for _, s := range l.Sockets {
-		errs = append(errs, s.Close())
-	}
-	errs = append(errs, l.conn.Close(), l.UMEM.Close())
-	return errors.Join(errs...)
+	l.once.Do(func() {
+		l.mu.Lock()
+		l.closed = true
+		c, wait := l.conn, !l.inEvent
+		l.conn = nil
+		l.mu.Unlock()
+		var errs []error
+		if l.stop != nil {
+			close(l.stop)
+		}
+		if c != nil {
+			errs = append(errs, c.Close())
+		}
+		if wait && l.done != nil {
+			<-l.done
+		}
+		for _, s := range l.Sockets {
+			errs = append(errs, s.Close())
+		}
+		if l.UMEM != nil {
+			errs = append(errs, l.UMEM.Close())
+		}
+		l.errs = errors.Join(errs...)
+	})
+	return l.errs
 }
 
 // Connect runs the whole handshake with the daemon at path ("" means
 // $XDPQ_SOCKET) and returns the lease. While the allocation is still held
 // by a connection the daemon has not seen close yet (a restarted
-// container's predecessor), it retries until the timeout.
+// container's predecessor), or the daemon's socket has a full backlog, it
+// retries until the timeout.
 func Connect(path string, o Options) (*Lease, error) {
-	if o.Timeout == 0 {
-		o.Timeout = 30 * time.Second
-	}
-	deadline := time.Now().Add(o.Timeout)
-	for {
-		l, err := connect(path, o)
-		var pe *broker.ProtocolError
-		if err == nil || !errors.As(err, &pe) || pe.Code != broker.CodeBusy || time.Now().After(deadline) {
-			return l, err
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func connect(path string, o Options) (*Lease, error) {
 	if path == "" {
 		path = os.Getenv(EnvSocket)
 		if path == "" {
@@ -110,9 +175,36 @@ func connect(path string, o Options) (*Lease, error) {
 	if o.Name == "" {
 		o.Name = "xdpq-client"
 	}
+	deadline := time.Now().Add(o.Timeout)
+	for {
+		l, err := connect(path, o, time.Now().Add(o.Timeout))
+		if err == nil {
+			l.path, l.opts = path, o
+			l.stop, l.done = make(chan struct{}), make(chan struct{})
+			go l.watch()
+			return l, nil
+		}
+		var pe *broker.ProtocolError
+		retry := (errors.As(err, &pe) && pe.Code == broker.CodeBusy) || errors.Is(err, unix.EAGAIN)
+		if !retry || time.Now().After(deadline) {
+			return nil, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func dial(path string) (*net.UnixConn, error) {
 	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
 		return nil, fmt.Errorf("xdpq: connect %s: %w", path, err)
+	}
+	return c, nil
+}
+
+func connect(path string, o Options, deadline time.Time) (*Lease, error) {
+	c, err := dial(path)
+	if err != nil {
+		return nil, err
 	}
 	l := &Lease{conn: c}
 	ok := false
@@ -127,16 +219,13 @@ func connect(path string, o Options) (*Lease, error) {
 			c.Close()
 		}
 	}()
-	c.SetDeadline(time.Now().Add(o.Timeout))
+	c.SetDeadline(deadline)
 
-	if err := send(c, broker.Message{Type: broker.TypeHello, Version: broker.Version, Client: o.Name}); err != nil {
-		return nil, err
-	}
-	w, _, err := expect(c, broker.TypeWelcome, 0)
+	w, err := hello(c, o.Name)
 	if err != nil {
 		return nil, err
 	}
-	l.Allocation, l.Netdev, l.Queues = w.Allocation, w.Netdev, w.Queues
+	l.Allocation, l.Netdev, l.Queues, l.BusyPoll = w.Allocation, w.Netdev, w.Queues, w.BusyPoll
 	if w.Limits != nil {
 		l.Limits = *w.Limits
 	}
@@ -217,6 +306,170 @@ func connect(path string, o Options) (*Lease, error) {
 	return l, nil
 }
 
+// hello opens the handshake and returns the daemon's welcome.
+func hello(c *net.UnixConn, name string) (*broker.Message, error) {
+	if err := send(c, broker.Message{Type: broker.TypeHello, Version: broker.Version, Client: name}); err != nil {
+		return nil, err
+	}
+	w, _, err := expect(c, broker.TypeWelcome, 0)
+	return w, err
+}
+
+// watch follows the connection to the daemon: when the daemon's end goes,
+// it redials and resumes, until Close.
+func (l *Lease) watch() {
+	defer close(l.done)
+	for {
+		l.mu.Lock()
+		c := l.conn
+		l.mu.Unlock()
+		if c == nil { // closed
+			return
+		}
+		why := waitClosed(c)
+		if !l.setConn(nil) {
+			return // Close closed it
+		}
+		c.Close()
+		l.emit(Event{Kind: EventLost, Err: why})
+		if !l.redial() {
+			return
+		}
+	}
+}
+
+// waitClosed reads the connection until the daemon closes it (the daemon
+// sends nothing once the lease is active; what a newer one might send is
+// ignored) and says how it ended.
+func waitClosed(c *net.UnixConn) error {
+	buf := make([]byte, broker.MaxMessage)
+	for {
+		n, fds, err := xsk.RecvFDs(c, buf, 0)
+		closeFDs(fds)
+		switch {
+		case errors.Is(err, io.EOF) || (err == nil && n == 0):
+			return errors.New("xdpq: the daemon closed the connection")
+		case errors.Is(err, xsk.ErrTruncated):
+		case err != nil:
+			return fmt.Errorf("xdpq: connection to the daemon: %w", err)
+		}
+	}
+}
+
+// redial resumes the lease, backing off between attempts. It returns
+// true once resumed, false when the lease is closed or the daemon refused.
+func (l *Lease) redial() bool {
+	delay := time.Duration(0)
+	for {
+		if delay > 0 {
+			t := time.NewTimer(delay)
+			select {
+			case <-l.stop:
+				t.Stop()
+				return false
+			case <-t.C:
+			}
+		}
+		delay = min(max(2*delay, firstBackoff), maxBackoff)
+		err := l.resume()
+		var pe *broker.ProtocolError
+		switch {
+		case err == nil:
+			l.emit(Event{Kind: EventResumed})
+			return true
+		case l.isClosed():
+			return false
+		case errors.As(err, &pe) && pe.Code != broker.CodeBusy && pe.Code != broker.CodeTimeout && pe.Code != broker.CodeInternal:
+			l.emit(Event{Kind: EventFailed, Err: err})
+			return false
+		case errors.Is(err, errOther):
+			l.emit(Event{Kind: EventFailed, Err: err})
+			return false
+		}
+		// The daemon is not back yet (no socket, refused, closed during
+		// the handshake), busy, or failed for now: try again.
+	}
+}
+
+var errOther = errors.New("the socket serves another allocation")
+
+// resume runs one resume handshake on a new connection.
+func (l *Lease) resume() error {
+	c, err := dial(l.path)
+	if err != nil {
+		return err
+	}
+	if !l.setConn(c) {
+		c.Close()
+		return net.ErrClosed
+	}
+	ok := false
+	defer func() {
+		if !ok && l.setConn(nil) {
+			c.Close()
+		}
+	}()
+	c.SetDeadline(time.Now().Add(l.opts.Timeout))
+	w, err := hello(c, l.opts.Name)
+	if err != nil {
+		return err
+	}
+	if w.Allocation != l.Allocation {
+		return fmt.Errorf("xdpq: %w: %s, not %s", errOther, w.Allocation, l.Allocation)
+	}
+	fds := make([]int, len(l.Sockets))
+	for i, s := range l.Sockets {
+		fds[i] = s.FD()
+	}
+	if err := send(c, broker.Message{Type: broker.TypeResume, Queues: l.Queues}, fds...); err != nil {
+		return err
+	}
+	if _, _, err := expect(c, broker.TypeActive, 0); err != nil {
+		return err
+	}
+	c.SetDeadline(time.Time{})
+	ok = true
+	return nil
+}
+
+// setConn makes c the lease's connection; false if the lease is closed
+// (or, for nil, if Close took the connection already).
+func (l *Lease) setConn(c *net.UnixConn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.conn = c
+	return true
+}
+
+func (l *Lease) isClosed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
+}
+
+// emit tells OnEvent, unless the lease is closed.
+func (l *Lease) emit(e Event) {
+	if l.opts.OnEvent == nil {
+		return
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return
+	}
+	l.inEvent = true
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.inEvent = false
+		l.mu.Unlock()
+	}()
+	l.opts.OnEvent(e)
+}
+
 func send(c *net.UnixConn, m broker.Message, fds ...int) error {
 	b, err := json.Marshal(m)
 	if err != nil {
@@ -229,7 +482,8 @@ func send(c *net.UnixConn, m broker.Message, fds ...int) error {
 }
 
 // expect receives the next message; the daemon's refusal becomes an
-// error carrying its code and reason.
+// error carrying its code and reason. Fields it does not know are
+// ignored: a newer daemon may add some.
 func expect(c *net.UnixConn, want string, maxFDs int) (*broker.Message, []int, error) {
 	buf := make([]byte, broker.MaxMessage)
 	n, fds, err := xsk.RecvFDs(c, buf, maxFDs)
@@ -240,16 +494,20 @@ func expect(c *net.UnixConn, want string, maxFDs int) (*broker.Message, []int, e
 		closeFDs(fds)
 		return nil, nil, fmt.Errorf("xdpq: the daemon closed the connection before %s", want)
 	}
-	if e, perr := broker.ParseMessage(buf[:n], broker.TypeError); perr == nil {
+	var m broker.Message
+	if err := json.Unmarshal(buf[:n], &m); err != nil {
 		closeFDs(fds)
-		return nil, nil, fmt.Errorf("xdpq: refused: %w", &broker.ProtocolError{Code: e.Code, Reason: e.Reason})
+		return nil, nil, fmt.Errorf("xdpq: waiting for %s: not a protocol message: %w", want, err)
 	}
-	m, err := broker.ParseMessage(buf[:n], want)
-	if err != nil {
+	if m.Type == broker.TypeError {
 		closeFDs(fds)
-		return nil, nil, fmt.Errorf("xdpq: %w", err)
+		return nil, nil, fmt.Errorf("xdpq: refused: %w", &broker.ProtocolError{Code: m.Code, Reason: m.Reason})
 	}
-	return m, fds, nil
+	if m.Type != want {
+		closeFDs(fds)
+		return nil, nil, fmt.Errorf("xdpq: got a %q message, want %q", m.Type, want)
+	}
+	return &m, fds, nil
 }
 
 func closeFDs(fds []int) {

@@ -1,0 +1,238 @@
+package broker_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xdpq/xdpq/internal/handover"
+	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/client"
+	"github.com/xdpq/xdpq/pkg/xsk"
+)
+
+// TestAcceptSurvivesFlood: an allocation's socket is open to every local
+// user. The accept loop survives running out of descriptors (EMFILE); a
+// flood of connections from another user (uid 65534), with the daemon's
+// descriptor limit low, does not keep the owner from its lease; and the
+// owner's own connections in a handshake are bounded.
+func TestAcceptSurvivesFlood(t *testing.T) {
+	e := newEnvWith(t, envConfig{owner: rootOwned, stepTimeout: 5 * time.Second, maxHandshakes: 2})
+	var stderr bytes.Buffer
+	fl, err := handover.StartPod([]string{"-test.run=^$"}, podEnv+"=flood", nil, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fl.Kill)
+	fl.Conn.SetDeadline(time.Now().Add(time.Minute))
+	command := func(step, answer string) handover.Msg {
+		t.Helper()
+		if err := handover.Send(fl.Conn, handover.Msg{Step: step, Path: e.alloc.SocketPath()}); err != nil {
+			t.Fatal(err)
+		}
+		m, _, err := handover.Expect(fl.Conn, answer, 0)
+		if err != nil {
+			t.Fatalf("%s: %v\nflooder stderr:\n%s", step, err, &stderr)
+		}
+		return m
+	}
+	var orig unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &orig); err != nil {
+		t.Fatal(err)
+	}
+	restore := func() {
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &orig); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(restore)
+	limit := func(n uint64) {
+		t.Helper()
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: n, Max: orig.Max}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lease := func(what string) {
+		t.Helper()
+		l, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64, Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatalf("the owner's lease %s: %v", what, err)
+		}
+		l.Close()
+		e.waitEnded(t, e.alloc.ID)
+	}
+
+	// No descriptor left: accept fails with EMFILE, and goes on once there
+	// are descriptors again.
+	limit(lowestFreeFD())
+	if fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0); !errors.Is(err, unix.EMFILE) {
+		unix.Close(fd)
+		t.Fatalf("open with the limit at the lowest free descriptor: %v, want EMFILE", err)
+	}
+	command("connect", "connected")
+	e.logs.wait(t, "accept failing with EMFILE", func(msgs []string) bool {
+		for _, m := range msgs {
+			if strings.HasPrefix(m, "accept; retrying") && strings.Contains(m, "too many open files") {
+				return true
+			}
+		}
+		return false
+	})
+	restore()
+	lease("after accept failed with EMFILE")
+
+	// A flood from another user while the daemon has few descriptors to
+	// spare: each of its connections is refused and closed at once, so the
+	// daemon never runs out of descriptors.
+	acceptErrs := countLogs(e.logs.snapshot(), "accept; retrying")
+	limit(lowestFreeFD() + 128)
+	command("flood", "flooding")
+	for i := range 3 {
+		lease(fmt.Sprintf("during the flood, try %d", i+1))
+	}
+	st := command("stop", "stopped")
+	restore()
+	if n := countLogs(e.logs.snapshot(), "accept; retrying") - acceptErrs; n > 0 {
+		t.Errorf("accept failed %d times during the flood", n)
+	}
+	t.Logf("the flooder made %d connections (%d attempts failed)", st.Counts[0], st.Counts[1])
+	if st.Counts[0] < floodProgress {
+		t.Errorf("the flood made only %d connections", st.Counts[0])
+	}
+
+	// The owner's own connections in a handshake are bounded: with two
+	// silent ones open, a third is closed without a welcome.
+	left := countLogs(e.logs.snapshot(), "client left during the handshake")
+	a, b := dial(t, e), dial(t, e)
+	c := dial(t, e)
+	defer c.Close()
+	if err := xsk.SendFDs(c, []byte(`{"type":"hello","version":1}`), nil); err != nil && !errors.Is(err, unix.EPIPE) {
+		t.Fatal(err)
+	}
+	buf := make([]byte, broker.MaxMessage)
+	if n, _, err := xsk.RecvFDs(c, buf, 0); n != 0 || (err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, unix.ECONNRESET)) {
+		t.Errorf("a third connection in a handshake got %q (%v), want it closed", buf[:n], err)
+	}
+	a.Close()
+	b.Close()
+	e.logs.wait(t, "the two handshakes to end", func(msgs []string) bool {
+		return countLogs(msgs, "client left during the handshake") >= left+2
+	})
+	lease("once the handshakes ended")
+	command("exit", "bye")
+	if err := fl.Wait(); err != nil {
+		t.Fatalf("flooder: %v\n%s", err, &stderr)
+	}
+}
+
+// lowestFreeFD returns the lowest descriptor number not open: with
+// RLIMIT_NOFILE there, nothing more can be opened.
+func lowestFreeFD() uint64 {
+	for fd := 0; ; fd++ {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); errors.Is(err, unix.EBADF) {
+			return uint64(fd)
+		}
+	}
+}
+
+// floodProgress is how many connections the flooder has made when it
+// says it is flooding; it holds up to floodHeld at a time.
+const (
+	floodProgress = 2000
+	floodHeld     = 3000
+)
+
+// flood is the hostile user: it connects to the allocation's socket once
+// and holds the connection ("connect"), or as fast as it can, holding up
+// to floodHeld connections at a time, half of them silent and half sending
+// a hello ("flood", until "stop").
+func flood(c *net.UnixConn) error {
+	var held []*net.UnixConn
+	defer func() {
+		for _, h := range held {
+			h.Close()
+		}
+	}()
+	var stop chan struct{}
+	var done chan [2]uint64
+	for {
+		m, _, err := handover.Recv(c, 0)
+		if err != nil {
+			return err
+		}
+		switch m.Step {
+		case "connect":
+			h, derr := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: m.Path, Net: "unixpacket"})
+			if derr != nil {
+				return derr
+			}
+			held = append(held, h)
+			err = handover.Send(c, handover.Msg{Step: "connected"})
+		case "flood":
+			stop, done = make(chan struct{}), make(chan [2]uint64, 1)
+			progress := make(chan struct{})
+			go floodLoop(m.Path, stop, progress, done)
+			select {
+			case <-progress:
+			case n := <-done:
+				return fmt.Errorf("the flood stopped after %d connections", n[0])
+			}
+			err = handover.Send(c, handover.Msg{Step: "flooding"})
+		case "stop":
+			close(stop)
+			n := <-done
+			err = handover.Send(c, handover.Msg{Step: "stopped", Counts: n[:]})
+		case "exit":
+			return handover.Send(c, handover.Msg{Step: "bye"})
+		default:
+			return errors.New("unknown step " + m.Step)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func floodLoop(path string, stop, progress chan struct{}, done chan<- [2]uint64) {
+	var open []*net.UnixConn
+	var made, failed uint64
+	defer func() {
+		for _, o := range open {
+			o.Close()
+		}
+		done <- [2]uint64{made, failed}
+	}()
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		o, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+		if err != nil {
+			failed++ // EAGAIN: the socket's backlog is full
+			continue
+		}
+		made++
+		if made%2 == 0 {
+			o.Write([]byte(`{"type":"hello","version":1}`))
+		}
+		open = append(open, o)
+		if len(open) == floodHeld {
+			for _, o := range open {
+				o.Close()
+			}
+			open = open[:0]
+		}
+		if made == floodProgress {
+			close(progress)
+		}
+	}
+}

@@ -1,0 +1,35 @@
+// Package client is the pod side of xdpq's socket broker: it connects to
+// the allocation's socket ($XDPQ_SOCKET), proves nothing itself (the
+// daemon reads its credentials), hands over a memfd it allocated as the
+// UMEM, and returns sockets bound to its queues, ready for the datapath.
+// It needs no privilege.
+//
+// # The lease
+//
+// Connect returns a Lease; its connection to the daemon is the lease, and
+// Close gives the sockets back. The sockets do not depend on the daemon:
+// the XDP program and its XSKMAP stay in the kernel when the daemon stops
+// or restarts, and traffic keeps flowing.
+//
+// When the daemon's end of the connection goes (a daemon restart), the
+// lease keeps its sockets, reports EventLost, and redials the same socket
+// path, backing off from 50 ms to 2 s, until a daemon answers; it then
+// resumes the lease with the sockets it holds (no new bind, no new UMEM)
+// and reports EventResumed. If the daemon refuses the resume (it does not
+// know the lease, for example because the allocation moved or the daemon
+// lost its record), the lease reports EventFailed with the refusal and
+// stops trying: the sockets still work, but the daemon no longer tracks
+// them, so the application should Close the lease and Connect again.
+// Options.OnEvent hears of all three. Close stops the redialing at any
+// point and leaves no goroutine behind.
+//
+// # Busy polling
+//
+// When the pool has busy polling, Lease.BusyPoll says so: the daemon has
+// set SO_PREFER_BUSY_POLL, SO_BUSY_POLL and SO_BUSY_POLL_BUDGET on the
+// sockets. The NIC's interrupts may then be deferred, and the application
+// drives its queues itself: each round of its loop makes a non-blocking
+// recvfrom on a socket it receives on (xsk.Socket.Receive does one only
+// when the fill ring asks for a wakeup) and a sendto on one it transmits
+// on (xsk.Socket.Kick), instead of sleeping in poll.
+package client
