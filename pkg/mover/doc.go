@@ -19,6 +19,11 @@
 //   - for a netdev with a device of its own, its parent device and permanent
 //     address, whatever it is called.
 //
+// A pod with CAP_NET_ADMIN in its namespace can change the first three, or
+// delete a virtual netdev and give a link of its own the same names: only
+// the hardware identity is beyond its reach, so virtual netdevs (veth)
+// suit tests and trusted pods only.
+//
 // The order of the steps makes a half-done move visible as such: a name a
 // watcher waits for appears only when everything that can precede it is
 // done. MoveIn goes down, sets the alias, drops the alternative names,

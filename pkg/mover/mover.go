@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,7 +22,7 @@ var (
 	// initial namespaces: one with a driver of its own not back within
 	// Config.ReturnWait, or one the pod deleted or stripped of its marks
 	// (renamed and alias cleared). Keep the Record: it may show up later.
-	ErrNotFound = errors.New("in none of the pod's, the node's and the initial network namespaces")
+	ErrNotFound = errors.New("not found in the pod's, the node's or the initial network namespace")
 	// ErrNameTaken is a name the netdev needs held by another link.
 	ErrNameTaken = errors.New("name taken")
 )
@@ -189,16 +190,20 @@ func (m *Mover) moveIn(r Record, pod netns.NsHandle, limit int) (Link, []string,
 	case err != nil:
 		return fail(err)
 	case f == nil:
-		return fail(fmt.Errorf("netdev %s is not on the node", r.Name))
+		return fail(errors.New("not on the node"))
 	case f.space != spaceNode || f.attrs().Name != r.Name:
-		return fail(fmt.Errorf("netdev %s is not on the node as prepared but %s as %s in the %s namespace: bring it back first",
-			r.Name, Between, f.attrs().Name, f.space))
+		return fail(fmt.Errorf("not on the node as prepared but as %s in the %s namespace: bring it back with MoveOut first",
+			f.attrs().Name, f.space))
 	}
 	if have := stateOf(f.attrs()); !have.equal(r.Node, true) {
-		return fail(fmt.Errorf("netdev %s changed since it was prepared (now %s; prepared %s): prepare again", r.Name, have, r.Node))
+		return fail(fmt.Errorf("changed since prepared (now %s; prepared %s): prepare again", have, r.Node))
 	}
-	if other, err := hs.h[spacePod].LinkByName(r.IfName); err == nil {
+	other, err := hs.h[spacePod].LinkByName(r.IfName)
+	if err == nil {
 		return fail(fmt.Errorf("the pod has a %s already (ifindex %d, %s): %w", r.IfName, other.Attrs().Index, other.Type(), ErrNameTaken))
+	}
+	if !errors.As(err, new(netlink.LinkNotFoundError)) {
+		return fail(fmt.Errorf("look for %s in the pod: %w", r.IfName, err))
 	}
 	f, did, err := hs.run(&r, inStep, limit)
 	if err == nil {
@@ -208,7 +213,7 @@ func (m *Mover) moveIn(r Record, pod netns.NsHandle, limit int) (Link, []string,
 		return Link{}, did, err
 	}
 	if errors.Is(err, errMissing) {
-		return fail(fmt.Errorf("netdev %s vanished on its way (after: %v)", r.Name, did))
+		return fail(fmt.Errorf("vanished on its way (after: %s)", strings.Join(did, "; ")))
 	}
 	if _, _, back := hs.run(&r, outStep, 0); back != nil {
 		err = fmt.Errorf("%w; and it is not back on the node: %w", err, m.missing(&r, hs, back))
@@ -269,9 +274,9 @@ func (m *Mover) missing(r *Record, hs *handles, err error) error {
 		return err
 	}
 	if r.returns() || hs.h[spacePod] != nil {
-		return fmt.Errorf("netdev %s (%s): %w", r.Name, r.Kind, ErrNotFound)
+		return ErrNotFound
 	}
-	return fmt.Errorf("netdev %s (%s): %w", r.Name, r.Kind, ErrGone)
+	return fmt.Errorf("%s %w", r.Kind, ErrGone)
 }
 
 // awaitReturn waits for the record's netdev to appear in the node's or the

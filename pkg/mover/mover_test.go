@@ -32,7 +32,7 @@ func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
 // env is a node namespace with veth xa/xb, a pod namespace held as the
 // daemon holds it, and a Mover for them.
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	node    *testnet.Pair
 	nodeNS  netns.NsHandle
 	nodeNL  *netlink.Handle
@@ -44,7 +44,7 @@ type env struct {
 
 // newNS makes a bind-mounted network namespace and returns its path; it is
 // unmounted when the test ends, unless the test did it first.
-func newNS(t *testing.T) string {
+func newNS(t testing.TB) string {
 	t.Helper()
 	n, err := testutils.NewNS()
 	if err != nil {
@@ -61,7 +61,7 @@ func newNS(t *testing.T) string {
 	return path
 }
 
-func handle(t *testing.T, h netns.NsHandle) *netlink.Handle {
+func handle(t testing.TB, h netns.NsHandle) *netlink.Handle {
 	t.Helper()
 	nl, err := netlink.NewHandleAt(h, unix.NETLINK_ROUTE)
 	if err != nil {
@@ -71,7 +71,7 @@ func handle(t *testing.T, h netns.NsHandle) *netlink.Handle {
 	return nl
 }
 
-func setup(t *testing.T, cfg Config) *env {
+func setup(t testing.TB, cfg Config) *env {
 	t.Helper()
 	e := &env{t: t, node: testnet.NewPair(t, 1)}
 	var err error
@@ -970,5 +970,106 @@ func TestHoldNetNS(t *testing.T) {
 	}
 	if _, err := HoldNetNS(path); err == nil {
 		t.Fatal("HoldNetNS of a removed path: no error")
+	}
+}
+
+// BenchmarkMoveInOut measures a round trip, into the pod and back, with
+// the node namespace holding links more links besides xa.
+func BenchmarkMoveInOut(b *testing.B) {
+	for _, links := range []int{0, 500} {
+		b.Run(fmt.Sprintf("node links=%d", links+3), func(b *testing.B) {
+			e := setup(b, Config{})
+			for i := range links / 2 {
+				if err := e.nodeNL.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: fmt.Sprintf("bench%da", i)}, PeerName: fmt.Sprintf("bench%db", i)}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			r, err := e.m.Prepare("xa", "net1", 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if _, err := e.m.MoveIn(r, e.pod); err != nil {
+					b.Fatal(err)
+				}
+				if err := e.m.MoveOut(context.Background(), r, e.pod); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestMoveOutFromHandMadeStates builds half-done states with netlink calls
+// of its own, not the package's steps, and has MoveOut put each right.
+func TestMoveOutFromHandMadeStates(t *testing.T) {
+	type op func(e *env, r Record, l netlink.Link) error
+	var (
+		down    = func(e *env, r Record, l netlink.Link) error { return e.nodeNL.LinkSetDown(l) }
+		up      = func(e *env, r Record, l netlink.Link) error { return e.nodeNL.LinkSetUp(l) }
+		aliased = func(e *env, r Record, l netlink.Link) error { return e.nodeNL.LinkSetAlias(l, r.Name) }
+		temp    = func(e *env, r Record, l netlink.Link) error { return e.nodeNL.LinkSetName(l, r.Temp) }
+		kern    = func(e *env, r Record, l netlink.Link) error {
+			return e.nodeNL.LinkSetName(l, fmt.Sprintf("dev%d", r.Index))
+		}
+		prom = func(e *env, r Record, l netlink.Link) error { return e.nodeNL.SetPromiscOn(l) }
+		mtu  = func(e *env, r Record, l netlink.Link) error { return e.nodeNL.LinkSetMTU(l, 3000) }
+		mac  = func(e *env, r Record, l netlink.Link) error {
+			return e.nodeNL.LinkSetHardwareAddr(l, net.HardwareAddr{2, 0xaa, 0, 0, 0, 1})
+		}
+		toPod = func(e *env, r Record, l netlink.Link) error { return e.nodeNL.LinkSetNsFd(l, int(e.pod)) }
+		// In the pod from here on.
+		podName = func(e *env, r Record, _ netlink.Link) error {
+			l, err := e.podNL.LinkByName(r.Temp)
+			if err == nil {
+				err = e.podNL.LinkSetName(l, r.IfName)
+			}
+			return err
+		}
+		podUp = func(e *env, r Record, _ netlink.Link) error {
+			l, err := e.podNL.LinkByName(r.IfName)
+			if err == nil {
+				err = e.podNL.LinkSetUp(l)
+			}
+			return err
+		}
+	)
+	for _, tc := range []struct {
+		name string
+		ops  []op
+	}{
+		{"on the node, down and aliased", []op{down, aliased}},
+		{"on the node under the temporary name", []op{down, aliased, temp}},
+		{"on the node under the temporary name, changed and up", []op{down, aliased, temp, mtu, prom, mac, up}},
+		{"in the pod under the temporary name, changed", []op{down, aliased, mtu, prom, temp, toPod}},
+		{"in the pod under its pod name, up", []op{down, aliased, temp, toPod, podName, podUp}},
+		{"on the node under a name the kernel gave it, up", []op{down, aliased, kern, prom, up}},
+		{"on the node under its own name, changed and up", []op{mtu, prom, mac}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := setup(t, Config{})
+			before := e.snap(e.nodeNL, "xa")
+			r, err := e.m.Prepare("xa", "net1", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := e.nodeNL.LinkByName("xa")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, o := range tc.ops {
+				if err := o(e, r, l); err != nil {
+					t.Fatalf("op %d: %v", i, err)
+				}
+			}
+			if err := e.m.MoveOut(context.Background(), r, e.pod); err != nil {
+				t.Fatal(err)
+			}
+			if after := e.snap(e.nodeNL, "xa"); !after.is(before) {
+				t.Errorf("back on the node:\n got %+v\nwant %+v", after, before)
+			}
+			e.absent(e.podNL, "the pod", r.Temp)
+			e.absent(e.podNL, "the pod", r.IfName)
+		})
 	}
 }

@@ -29,6 +29,7 @@ type handles struct {
 	h    [3]*netlink.Handle
 	ns   [3]netns.NsHandle
 	sock [3]*nl.SocketHandle // for requests netlink.Handle has no method for
+	last *found              // where find saw the netdev last
 }
 
 func (hs *handles) close() {
@@ -56,9 +57,9 @@ func (hs *handles) request(s space, req *nl.NetlinkRequest) error {
 	return err
 }
 
-// altNames adds (or deletes) alternative names of a link in one request,
-// which the kernel applies under one lock: a dump sees all of them or
-// none, and so does a successor after a crash.
+// altNames adds (or deletes) alternative names of a link in one request:
+// the kernel completes a request whatever becomes of its sender, so a
+// crash leaves all of them or none, not some.
 func (hs *handles) altNames(f *found, add bool, names []string) error {
 	cmd := unix.RTM_DELLINKPROP
 	if add {
@@ -111,9 +112,22 @@ func (r *Record) ours(a *netlink.LinkAttrs, s space) bool {
 	return a.Name == r.Temp || a.Alias == r.Name || (s == spaceNode && a.Name == r.Name && a.Index == r.Index)
 }
 
-// find looks for the record's netdev in every namespace of hs; nil if in
-// none.
+// find looks for the record's netdev: where it was last seen, by ifindex,
+// and failing that in every namespace of hs (nil if in none).
 func (hs *handles) find(r *Record) (*found, error) {
+	if last := hs.last; last != nil {
+		if l, err := hs.h[last.space].LinkByIndex(last.attrs().Index); err == nil && r.ours(l.Attrs(), last.space) {
+			hs.last = &found{last.space, l}
+			return hs.last, nil
+		}
+	}
+	f, err := hs.findAll(r)
+	hs.last = f
+	return f, err
+}
+
+// findAll looks for the record's netdev in every namespace of hs.
+func (hs *handles) findAll(r *Record) (*found, error) {
 	var all []found
 	for s, h := range hs.h {
 		if h == nil {
@@ -128,6 +142,13 @@ func (hs *handles) find(r *Record) (*found, error) {
 				all = append(all, found{space(s), l})
 			}
 		}
+	}
+	if len(all) > 1 && r.hardware() {
+		// Two netdevs of one device without permanent addresses: the
+		// names tell them apart.
+		hint := *r
+		hint.Parent, hint.PermAddr = "", ""
+		all = slices.DeleteFunc(all, func(f found) bool { return !hint.ours(f.attrs(), f.space) })
 	}
 	switch len(all) {
 	case 0:
@@ -208,8 +229,8 @@ func (hs *handles) dropAltNames(f *found, names []string) *step {
 }
 
 // rename gives the link a name; a name taken is ErrNameTaken, saying by
-// whom.
-func (hs *handles) rename(f *found, to string) *step {
+// whom and, through then, what becomes of the netdev.
+func (hs *handles) rename(f *found, to, then string) *step {
 	h, l, from := hs.h[f.space], f.link, f.attrs().Name
 	return &step{fmt.Sprintf("rename %s to %s", from, to), func() error {
 		err := h.LinkSetName(l, to)
@@ -217,7 +238,7 @@ func (hs *handles) rename(f *found, to string) *step {
 			return err
 		}
 		if other, e := h.LinkByName(to); e == nil && other.Attrs().Index != l.Attrs().Index {
-			return fmt.Errorf("the %s namespace has a %s already (ifindex %d, %s): %w", f.space, to, other.Attrs().Index, other.Type(), ErrNameTaken)
+			return fmt.Errorf("ifindex %d (%s) holds the name in the %s namespace%s: %w", other.Attrs().Index, other.Type(), f.space, then, ErrNameTaken)
 		}
 		return err
 	}}
@@ -309,7 +330,7 @@ func inStep(hs *handles, r *Record, f *found) (*step, error) {
 		case len(a.AltNames) > 0:
 			return hs.dropAltNames(f, a.AltNames), nil
 		case a.Name != r.Temp:
-			return hs.rename(f, r.Temp), nil
+			return hs.rename(f, r.Temp, ""), nil
 		}
 		return hs.move(f, spacePod), nil
 	case spacePod:
@@ -321,7 +342,7 @@ func inStep(hs *handles, r *Record, f *found) (*step, error) {
 			return &step{fmt.Sprintf("set %s mtu %d", a.Name, r.MTU), func() error { return h.LinkSetMTU(l, r.MTU) }}, nil
 		}
 		if a.Name == r.Temp {
-			return hs.rename(f, r.IfName), nil
+			return hs.rename(f, r.IfName, ""), nil
 		}
 		if !isUp(a) {
 			return hs.up(f), nil
@@ -346,7 +367,7 @@ func outStep(hs *handles, r *Record, f *found) (*step, error) {
 		case len(a.AltNames) > 0:
 			return hs.dropAltNames(f, a.AltNames), nil
 		case a.Name != r.Temp:
-			return hs.rename(f, r.Temp), nil
+			return hs.rename(f, r.Temp, ""), nil
 		}
 		return hs.move(f, spaceNode), nil
 	case a.Name == r.Temp:
@@ -356,14 +377,14 @@ func outStep(hs *handles, r *Record, f *found) (*step, error) {
 		if s := hs.restore(r, f); s != nil {
 			return s, nil
 		}
-		return hs.rename(f, r.Name), nil
+		return hs.rename(f, r.Name, fmt.Sprintf("; it waits as %s, restored and down, for a MoveOut once the name is free", r.Temp)), nil
 	case a.Name != r.Name:
 		// Named by the pod or the kernel: to the temporary name first, so
 		// that the alias is cleared only under it.
 		if up {
 			return hs.down(f), nil
 		}
-		return hs.rename(f, r.Temp), nil
+		return hs.rename(f, r.Temp, ""), nil
 	}
 	// On the node under its own name.
 	if up && r.Node.MAC != "" && r.Node.MAC != stateOf(a).MAC {
