@@ -128,9 +128,9 @@ type Ledger struct {
 	// held says which allocation holds each queue of each netdev: two
 	// pools (a config before and after a reload) may name one queue by
 	// different devices, and it is still held once.
-	held map[queue]string
-	atts   map[string]string            // attachment key -> allocation id
-	broken map[string]error             // allocation id -> why its record is unreadable
+	held   map[queue]string
+	atts   map[string]string // attachment key -> allocation id
+	broken map[string]error  // allocation id -> why its record is unreadable
 	// writing serialises the writes of each record (see persist).
 	writing map[string]*sync.Mutex
 }
