@@ -221,7 +221,7 @@ func (d *Daemon) CNICheck(ctx context.Context, ref api.AttachmentRef) (*api.Atta
 		if pn == nil || pn.key != key {
 			return &att.Attachment, fmt.Errorf("netdev %s is not in the pod", att.Netdev)
 		}
-		verify, name = pn.agent.VerifySteering, pn.rec.IfName
+		verify, name = pn.agent.VerifySteering, pn.rec.ifName()
 	}
 	for _, s := range d.netdevStatus() {
 		if s.Netdev != att.Netdev {

@@ -20,6 +20,7 @@ import (
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/config"
 	"github.com/xdpq/xdpq/pkg/ledger"
+	"github.com/xdpq/xdpq/pkg/mover"
 	"github.com/xdpq/xdpq/pkg/nic"
 )
 
@@ -76,6 +77,7 @@ type Daemon struct {
 	watcher *config.Watcher
 	agent   *agent.Agent // the node's netdevs
 	broker  *broker.Server
+	mover   *mover.Mover
 	unmount func()
 	ready   chan struct{}
 	reqs    chan reconcileRequest
@@ -151,7 +153,13 @@ func New(opts Options) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	d.broker = broker.NewServer(broker.Config{Logger: opts.Logger}, d.agent)
+	if d.mover, err = mover.New(mover.Config{Node: opts.NetNS}); err != nil {
+		return nil, err
+	}
+	if err := d.mover.InitErr(); err != nil {
+		d.log.Warn("a netdev-mode pool's netdev that the kernel returns to the initial namespace will not be found", "err", err)
+	}
+	d.broker = broker.NewServer(broker.Config{Logger: opts.Logger, OnLease: d.onLease}, d.agent)
 	return d, nil
 }
 
@@ -212,6 +220,9 @@ func (d *Daemon) close() {
 	d.releasePods()
 	if d.agent != nil {
 		d.agent.Close()
+	}
+	if d.mover != nil {
+		d.mover.Close()
 	}
 	if d.unmount != nil {
 		d.unmount()

@@ -8,13 +8,13 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/ledger"
+	"github.com/xdpq/xdpq/pkg/mover"
 	"github.com/xdpq/xdpq/pkg/nic"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
@@ -30,16 +30,18 @@ import (
 // (the reconciler leaves out netdevs that have a netdev attachment).
 
 // movedRecord is what the daemon records of a netdev in a pod, in its
-// attachment, before it moves it: enough for a restarted daemon to find
-// it and bring it back.
+// attachment, before it moves it: the mover's record (enough to find it
+// wherever a crash left it and put it back as it was), and what the
+// daemon needs of it while it is away.
 type movedRecord struct {
-	Netdev string       `json:"netdev"` // its name on the node
+	Mover  mover.Record `json:"mover"`
 	Netns  string       `json:"netns"`
-	IfName string       `json:"ifName"`
-	MTU    int          `json:"mtu"` // on the node, put back on return
-	Device nic.Netdev   `json:"device"`
-	Policy agent.Policy `json:"policy"`
+	Device nic.Netdev   `json:"device"` // as discovered on the node
+	Policy agent.Policy `json:"policy"` // its pod agent's
 }
+
+func (m movedRecord) netdev() string { return m.Mover.Name }
+func (m movedRecord) ifName() string { return m.Mover.IfName }
 
 func decodeMoved(b []byte) (movedRecord, error) {
 	var m movedRecord
@@ -68,30 +70,8 @@ func (d *Daemon) pod(netdev string) *podNetdev {
 	return d.pods[netdev]
 }
 
-// holdNetNS opens the network namespace at path through procfs, from a
-// thread inside it: a descriptor of the path itself would keep the
-// runtime's bind mount busy, and runtimes that unmount without MNT_DETACH
-// would fail to remove the pod's netns.
-func holdNetNS(path string) (netns.NsHandle, error) {
-	h := netns.None()
-	err := ns.WithNetNSPath(path, func(ns.NetNS) error {
-		var err error
-		h, err = netns.GetFromPath("/proc/thread-self/ns/net")
-		return err
-	})
-	return h, err
-}
-
-func (d *Daemon) hostNS() (netns.NsHandle, error) {
-	path := d.opts.NetNS
-	if path == "" {
-		path = "/proc/self/ns/net" // the main thread's: the daemon's own
-	}
-	return netns.GetFromPath(path)
-}
-
-// prepareMove reads what the record of a netdev about to move into a pod
-// needs.
+// prepareMove reads what the record of a netdev about to move into a
+// pod holds.
 func (d *Daemon) prepareMove(netdev string, req api.CNIAddRequest, pol agent.Policy) ([]byte, error) {
 	d.mu.Lock()
 	dev, ok := d.found[netdev]
@@ -99,21 +79,11 @@ func (d *Daemon) prepareMove(netdev string, req api.CNIAddRequest, pol agent.Pol
 	if !ok {
 		return nil, api.Errorf(api.ErrUnavailable, "netdev %s was not found on the node", netdev)
 	}
-	host, err := d.hostNS()
+	rec, err := d.mover.Prepare(netdev, req.IfName, req.MTU)
 	if err != nil {
 		return nil, err
 	}
-	defer host.Close()
-	h, err := netlink.NewHandleAt(host)
-	if err != nil {
-		return nil, err
-	}
-	defer h.Close()
-	l, err := h.LinkByName(netdev)
-	if err != nil {
-		return nil, fmt.Errorf("netdev %s: %w", netdev, err)
-	}
-	return json.Marshal(movedRecord{Netdev: netdev, Netns: req.Netns, IfName: req.IfName, MTU: l.Attrs().MTU, Device: dev, Policy: pol})
+	return json.Marshal(movedRecord{Mover: rec, Netns: req.Netns, Device: dev, Policy: pol})
 }
 
 // moveIn moves a pending netdev attachment's netdev into its pod and
@@ -123,7 +93,7 @@ func (d *Daemon) moveIn(ctx context.Context, att *ledger.Attachment, flows []age
 	if err != nil {
 		return err
 	}
-	podNS, err := holdNetNS(att.Netns)
+	podNS, err := mover.HoldNetNS(att.Netns)
 	if err != nil {
 		return fmt.Errorf("netns %s: %w", att.Netns, err)
 	}
@@ -132,52 +102,57 @@ func (d *Daemon) moveIn(ctx context.Context, att *ledger.Attachment, flows []age
 		podNS.Close()
 		return err
 	}
-	host, err := d.hostNS()
+	l, err := d.mover.MoveIn(rec.Mover, podNS)
 	if err != nil {
 		podNS.Close()
 		return err
 	}
-	defer host.Close()
-	l, err := moveLink(host, podNS, rec.Netdev, rec.IfName, rec.Netdev, att.MTU)
-	if err != nil {
-		podNS.Close()
-		return err
-	}
-	att.Mac = l.Attrs().HardwareAddr.String()
+	att.Mac = l.MAC.String()
 	pn := &podNetdev{key: att.Key(), alloc: att.AllocationID, rec: rec, ns: podNS}
 	if err := d.startPodAgent(pn, flows); err != nil {
-		d.returnLink(host, pn)
+		if e := d.mover.MoveOut(ctx, rec.Mover, podNS); e != nil {
+			d.log.Warn("netdev not brought back", "netdev", rec.netdev(), "err", e)
+		}
 		podNS.Close()
 		return err
 	}
 	d.mu.Lock()
-	d.pods[rec.Netdev] = pn
+	d.pods[rec.netdev()] = pn
 	d.mu.Unlock()
-	if err := d.retargetToPod(att.AllocationID, rec.Netdev); err != nil {
+	if err := d.retargetToPod(att.AllocationID, rec.netdev()); err != nil {
 		d.moveOut(ctx, *att)
 		return err
 	}
-	d.log.Info("netdev moved into the pod", "netdev", rec.Netdev, "ifname", rec.IfName, "netns", att.Netns, "mtu", att.MTU)
+	d.log.Info("netdev moved into the pod", "netdev", rec.netdev(), "ifname", rec.ifName(), "netns", att.Netns, "mtu", att.MTU)
 	return nil
 }
 
 // retargetToPod has the broker bind the allocation's sockets on its
 // netdev inside the pod.
 func (d *Daemon) retargetToPod(alloc, netdev string) error {
-	pn := d.pod(netdev)
-	if pn == nil {
-		return fmt.Errorf("netdev %s is not in a pod", netdev)
-	}
-	h, err := netlink.NewHandleAt(pn.ns)
+	dev, ag, err := d.podTarget(netdev)
 	if err != nil {
 		return err
 	}
-	defer h.Close()
-	l, err := h.LinkByName(pn.rec.IfName)
-	if err != nil {
-		return fmt.Errorf("netdev %s in the pod as %s: %w", netdev, pn.rec.IfName, err)
+	return d.broker.Retarget(alloc, dev, ag)
+}
+
+// podTarget is where sockets bind on a netdev in a pod, and its agent.
+func (d *Daemon) podTarget(netdev string) (xsk.Netdev, *agent.Agent, error) {
+	pn := d.pod(netdev)
+	if pn == nil {
+		return xsk.Netdev{}, nil, fmt.Errorf("netdev %s is not in a pod", netdev)
 	}
-	return d.broker.Retarget(alloc, xsk.Netdev{Name: pn.rec.IfName, Ifindex: l.Attrs().Index, NetNS: pn.nsPath()}, pn.agent)
+	h, err := netlink.NewHandleAt(pn.ns)
+	if err != nil {
+		return xsk.Netdev{}, nil, err
+	}
+	defer h.Close()
+	l, err := h.LinkByName(pn.rec.ifName())
+	if err != nil {
+		return xsk.Netdev{}, nil, fmt.Errorf("netdev %s in the pod as %s: %w", netdev, pn.rec.ifName(), err)
+	}
+	return xsk.Netdev{Name: pn.rec.ifName(), Ifindex: l.Attrs().Index, NetNS: pn.nsPath()}, pn.agent, nil
 }
 
 func (d *Daemon) podPinDir(netdev string) string {
@@ -193,18 +168,18 @@ func (d *Daemon) podStateDir(netdev string) string {
 }
 
 func (d *Daemon) startPodAgent(pn *podNetdev, flows []agent.Flow) error {
-	ag, err := agent.New(agent.Config{NetNS: pn.nsPath(), PinDir: d.podPinDir(pn.rec.Netdev), StateDir: d.podStateDir(pn.rec.Netdev),
-		Logger: d.log.With("pod_netdev", pn.rec.Netdev), OnChange: d.devicesChanged})
+	ag, err := agent.New(agent.Config{NetNS: pn.nsPath(), PinDir: d.podPinDir(pn.rec.netdev()), StateDir: d.podStateDir(pn.rec.netdev()),
+		Logger: d.log.With("pod_netdev", pn.rec.netdev()), OnChange: d.devicesChanged})
 	if err != nil {
 		return err
 	}
-	if err := ag.Manage(pn.rec.IfName, pn.rec.Policy); err != nil {
+	if err := ag.Manage(pn.rec.ifName(), pn.rec.Policy); err != nil {
 		ag.Close()
 		return err
 	}
 	if len(flows) > 0 {
-		if err := ag.Steer(pn.rec.IfName, pn.key, flows); err != nil {
-			ag.Unmanage(pn.rec.IfName)
+		if err := ag.Steer(pn.rec.ifName(), pn.key, flows); err != nil {
+			ag.Unmanage(pn.rec.ifName())
 			ag.Close()
 			return err
 		}
@@ -214,7 +189,7 @@ func (d *Daemon) startPodAgent(pn *podNetdev, flows []agent.Flow) error {
 	go func() {
 		defer close(pn.done)
 		if err := ag.Run(ctx); err != nil {
-			d.log.Error("pod netdev agent", "netdev", pn.rec.Netdev, "err", err)
+			d.log.Error("pod netdev agent", "netdev", pn.rec.netdev(), "err", err)
 		}
 	}()
 	return nil
@@ -230,73 +205,60 @@ func (d *Daemon) stopPodAgent(pn *podNetdev, unmanage bool) error {
 	<-pn.done
 	var err error
 	if unmanage {
-		err = pn.agent.Unmanage(pn.rec.IfName)
+		err = pn.agent.Unmanage(pn.rec.ifName())
 	}
 	pn.agent.Close()
 	if unmanage {
-		os.RemoveAll(d.podPinDir(pn.rec.Netdev))
-		os.RemoveAll(d.podStateDir(pn.rec.Netdev))
+		os.RemoveAll(d.podPinDir(pn.rec.netdev()))
+		os.RemoveAll(d.podStateDir(pn.rec.netdev()))
 	}
 	return err
 }
 
 // moveOut brings a netdev attachment's netdev back to the node: its agent
-// stops, the link returns under its node name and MTU, and the broker
-// binds the allocation's sockets on the node again. A netdev no longer in
-// the pod (returned by the kernel when the namespace went) is looked for
-// on the node by its alias.
+// stops, the link returns as it was on the node (wherever a crash left
+// it), and the broker binds the allocation's sockets on the node again.
 func (d *Daemon) moveOut(ctx context.Context, att ledger.Attachment) error {
 	rec, err := decodeMoved(att.Moved)
 	if err != nil {
 		return fmt.Errorf("the record of netdev %s is unreadable: %w", att.Netdev, err)
 	}
 	d.mu.Lock()
-	pn := d.pods[rec.Netdev]
+	pn := d.pods[rec.netdev()]
 	if pn != nil && pn.key == att.Key() {
-		delete(d.pods, rec.Netdev)
+		delete(d.pods, rec.netdev())
 	} else {
 		pn = nil
 	}
 	d.mu.Unlock()
-	host, err := d.hostNS()
-	if err != nil {
-		return err
-	}
-	defer host.Close()
-	var errs []error
 	if pn == nil {
 		// Not adopted (a restart): find it where the record says.
 		pn = &podNetdev{key: att.Key(), rec: rec, ns: netns.None()}
-		if h, err := holdNetNS(rec.Netns); err == nil {
+		if h, err := mover.HoldNetNS(rec.Netns); err == nil {
 			pn.ns = h
 		}
 	}
+	var errs []error
 	errs = append(errs, d.stopPodAgent(pn, true))
-	errs = append(errs, d.returnLink(host, pn))
+	err = d.mover.MoveOut(ctx, rec.Mover, pn.ns)
+	if errors.Is(err, mover.ErrGone) {
+		d.log.Warn("the netdev went with its pod's namespace", "netdev", rec.netdev(), "err", err)
+		err = nil
+	}
+	errs = append(errs, err)
 	if pn.ns.IsOpen() {
 		pn.ns.Close()
 	}
 	if _, ok := d.ledger.Get(att.AllocationID); ok {
-		if err := d.broker.Retarget(att.AllocationID, d.nodeNetdev(rec.Netdev), nil); err != nil {
+		if err := d.broker.Retarget(att.AllocationID, d.nodeNetdev(rec.netdev()), nil); err != nil {
 			d.log.Debug("retarget", "allocation", att.AllocationID, "err", err)
 		}
 	}
-	d.log.Info("netdev back on the node", "netdev", rec.Netdev)
-	return errors.Join(errs...)
-}
-
-// returnLink moves the netdev back from the pod, or finds it on the node.
-func (d *Daemon) returnLink(host netns.NsHandle, pn *podNetdev) error {
-	var err error
-	if pn.ns.IsOpen() {
-		if _, err = moveLink(pn.ns, host, pn.rec.IfName, pn.rec.Netdev, "", pn.rec.MTU); err == nil {
-			return clearAlias(host, pn.rec.Netdev)
-		}
+	if err := errors.Join(errs...); err != nil {
+		return err
 	}
-	if e := renameReturned(host, pn.rec.Netdev, pn.rec.MTU); e != nil {
-		return fmt.Errorf("netdev %s: not in the pod (%v) nor on the node: %w", pn.rec.Netdev, err, e)
-	}
-	return clearAlias(host, pn.rec.Netdev)
+	d.log.Info("netdev back on the node", "netdev", rec.netdev())
+	return nil
 }
 
 // adoptPods takes back, at start, the netdevs a previous daemon moved
@@ -307,7 +269,7 @@ func (d *Daemon) adoptPods(ctx context.Context) {
 		if att.Mode != api.ModeNetdev || att.State != ledger.Active {
 			continue
 		}
-		err := d.adoptPod(att)
+		err := d.adoptPod(ctx, att)
 		if err == nil {
 			d.log.Info("netdev in a pod adopted", "netdev", att.Netdev, "attachment", att.Key())
 			continue
@@ -322,20 +284,19 @@ func (d *Daemon) adoptPods(ctx context.Context) {
 	}
 }
 
-func (d *Daemon) adoptPod(att ledger.Attachment) error {
+func (d *Daemon) adoptPod(ctx context.Context, att ledger.Attachment) error {
 	rec, err := decodeMoved(att.Moved)
 	if err != nil {
 		return err
 	}
-	h, err := holdNetNS(rec.Netns)
+	h, err := mover.HoldNetNS(rec.Netns)
 	if err != nil {
 		return err
 	}
 	pn := &podNetdev{key: att.Key(), alloc: att.AllocationID, rec: rec, ns: h}
-	nh, err := netlink.NewHandleAt(h)
-	if err == nil {
-		_, err = nh.LinkByName(rec.IfName)
-		nh.Close()
+	loc, err := d.mover.Recover(ctx, rec.Mover, h)
+	if err == nil && loc.Place != mover.InPod {
+		err = fmt.Errorf("the netdev is not in the pod: %v", loc)
 	}
 	if err == nil {
 		var flows []agent.Flow
@@ -348,7 +309,7 @@ func (d *Daemon) adoptPod(att ledger.Attachment) error {
 		return err
 	}
 	d.mu.Lock()
-	d.pods[rec.Netdev] = pn
+	d.pods[rec.netdev()] = pn
 	d.mu.Unlock()
 	return nil
 }

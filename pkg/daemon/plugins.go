@@ -116,8 +116,8 @@ func (d *Daemon) netdevStatus() []agent.Status {
 			continue
 		}
 		for _, s := range ag.Status() {
-			s.Netdev = pn.rec.Netdev
-			s.Reason = fmt.Sprintf("in pod netns %s as %s. %s", pn.rec.Netns, pn.rec.IfName, s.Reason)
+			s.Netdev = pn.rec.netdev()
+			s.Reason = fmt.Sprintf("in pod netns %s as %s. %s", pn.rec.Netns, pn.rec.ifName(), s.Reason)
 			out = append(out, s)
 		}
 	}

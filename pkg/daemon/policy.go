@@ -1,11 +1,13 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
 
 	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/config"
 	"github.com/xdpq/xdpq/pkg/ledger"
@@ -53,11 +55,37 @@ func brokerOwner(o ledger.Owner) broker.Owner {
 	return broker.Owner{UID: o.UID, PodUID: o.PodUID, AnyPod: o.AnyPod}
 }
 
+// brokerBusyPoll is the busy polling pool p's sockets get, nil for none.
+func brokerBusyPoll(p config.Pool) *broker.BusyPoll {
+	if p.BusyPoll == nil {
+		return nil
+	}
+	return &broker.BusyPoll{TimeoutMicros: p.BusyPoll.TimeoutMicros, Budget: p.BusyPoll.Budget}
+}
+
 // brokerAllocation is how the broker serves allocation a of pool p, on
-// the node's netdev (retargeted to a pod's by the caller).
+// the node's netdev (retargeted to a pod's by the caller), with the lease
+// a previous daemon recorded resumable.
 func (d *Daemon) brokerAllocation(a ledger.Allocation, p config.Pool) broker.Allocation {
-	return broker.Allocation{ID: a.ID, Netdev: d.nodeNetdev(a.Netdev), Queues: slices.Clone(a.Queues), Owner: brokerOwner(a.Owner),
-		Limits: brokerLimits(p), Dir: d.allocDir(a.ID)}
+	ba := broker.Allocation{ID: a.ID, Netdev: d.nodeNetdev(a.Netdev), Queues: slices.Clone(a.Queues), Owner: brokerOwner(a.Owner),
+		Limits: brokerLimits(p), BusyPoll: brokerBusyPoll(p), Dir: d.allocDir(a.ID)}
+	for _, s := range a.Lease {
+		ba.Resumable = append(ba.Resumable, broker.LeaseSocket{Queue: s.Queue, Inode: s.Inode})
+	}
+	return ba
+}
+
+// onLease records the sockets of an allocation's lease as the broker
+// reports them (nil: the lease ended), for a restarted daemon to let the
+// pod resume it.
+func (d *Daemon) onLease(id string, socks []broker.LeaseSocket) {
+	var rec []ledger.LeaseSocket
+	for _, s := range socks {
+		rec = append(rec, ledger.LeaseSocket{Queue: s.Queue, Inode: s.Inode})
+	}
+	if err := d.ledger.SetLease(id, rec); err != nil && !errors.Is(err, api.ErrNotFound) {
+		d.log.Error("lease not recorded: after a restart the pod cannot resume it", "allocation", id, "err", err)
+	}
 }
 
 func (d *Daemon) allocDir(id string) string { return filepath.Join(d.opts.AllocDir, id) }
@@ -86,6 +114,16 @@ func (d *Daemon) setPolicy(name string, p agent.Policy) error {
 	return fmt.Errorf("a new policy for a managed netdev waits for the agent's Set")
 }
 
-// updateLimits gives the live allocations their pools' limits, for their
-// next lease.
-func (d *Daemon) updateLimits() {}
+// updateLimits gives the live allocations their pools' limits and busy
+// polling, for their next lease.
+func (d *Daemon) updateLimits() {
+	for _, a := range d.ledger.Allocations() {
+		p, ok := d.ledger.Pool(a.Pool)
+		if !ok || p.Resource == "" { // a pool gone before this daemon started: its settings are unknown
+			continue
+		}
+		if err := d.broker.SetLimits(a.ID, brokerLimits(p.Config), brokerBusyPoll(p.Config)); err != nil {
+			d.log.Debug("limits", "allocation", a.ID, "err", err)
+		}
+	}
+}

@@ -124,18 +124,28 @@ func (d *Daemon) restoreAllocations(ctx context.Context) {
 func (d *Daemon) serveRestored(ctx context.Context, a ledger.Allocation) {
 	p, _ := d.ledger.Pool(a.Pool)
 	ba := d.brokerAllocation(a, p.Config)
+	// Served where its netdev is now, so that its lease stays resumable.
+	var podAgent *agent.Agent
+	for _, att := range a.Attachments {
+		if att.Mode == api.ModeNetdev && att.State == ledger.Active {
+			dev, ag, err := d.podTarget(att.Netdev)
+			if err != nil {
+				d.log.Warn("netdev in the pod, sockets not bound there", "allocation", a.ID, "err", err)
+				continue
+			}
+			ba.Netdev, podAgent = dev, ag
+		}
+	}
 	if err := d.broker.Add(ba); err != nil {
 		d.log.Error("allocation not served", "allocation", a.ID, "err", err)
 		return
 	}
-	for _, att := range a.Attachments {
-		if att.Mode == api.ModeNetdev && att.State == ledger.Active {
-			if err := d.retargetToPod(a.ID, att.Netdev); err != nil {
-				d.log.Warn("netdev in the pod, sockets not bound there", "allocation", a.ID, "err", err)
-			}
+	if podAgent != nil {
+		if err := d.broker.Retarget(a.ID, ba.Netdev, podAgent); err != nil {
+			d.log.Warn("netdev in the pod, sockets not bound there", "allocation", a.ID, "err", err)
 		}
 	}
-	d.log.Info("allocation restored", "allocation", a.ID, "devices", a.Devices)
+	d.log.Info("allocation restored", "allocation", a.ID, "devices", a.Devices, "resumable", len(a.Lease) > 0)
 }
 
 // removeStrayDirs removes allocation directories that no record names: an

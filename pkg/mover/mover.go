@@ -38,7 +38,9 @@ type Config struct {
 	Node string
 	// Init is the path of the namespace where the kernel returns a netdev
 	// with a driver of its own when its namespace is destroyed: the
-	// initial one. Empty: PID 1's. Tests point it elsewhere.
+	// initial one. Empty: PID 1's, or the node's when PID 1's cannot be
+	// opened (a sandbox that hides PID 1; InitErr says why). Tests point
+	// it elsewhere.
 	Init string
 	// ReturnWait bounds how long MoveOut waits for such a netdev on its
 	// way back. 0: DefaultReturnWait.
@@ -52,7 +54,9 @@ type Config struct {
 type Mover struct {
 	node netns.NsHandle
 	init netns.NsHandle // netns.None() when the node's namespace is the initial one
-	wait time.Duration
+	// initErr is why PID 1's namespace could not be opened, if it could not.
+	initErr error
+	wait    time.Duration
 	// waiting, if set, is called when MoveOut starts waiting for a netdev
 	// on its way back (tests hand it back then).
 	waiting func()
@@ -63,7 +67,8 @@ func New(cfg Config) (*Mover, error) {
 	if cfg.Node == "" {
 		cfg.Node = "/proc/self/ns/net"
 	}
-	if cfg.Init == "" {
+	defaultInit := cfg.Init == ""
+	if defaultInit {
 		cfg.Init = "/proc/1/ns/net"
 	}
 	if cfg.ReturnWait == 0 {
@@ -74,16 +79,23 @@ func New(cfg Config) (*Mover, error) {
 		return nil, fmt.Errorf("node netns %s: %w", cfg.Node, err)
 	}
 	init, err := netns.GetFromPath(cfg.Init)
-	if err != nil {
+	var initErr error
+	if err != nil && defaultInit {
+		init, initErr = netns.None(), fmt.Errorf("initial netns %s: %w; netdevs returned there are not looked for", cfg.Init, err)
+	} else if err != nil {
 		node.Close()
 		return nil, fmt.Errorf("initial netns %s: %w", cfg.Init, err)
 	}
-	if init.Equal(node) {
+	if init.IsOpen() && init.Equal(node) {
 		init.Close()
 		init = netns.None()
 	}
-	return &Mover{node: node, init: init, wait: cfg.ReturnWait}, nil
+	return &Mover{node: node, init: init, initErr: initErr, wait: cfg.ReturnWait}, nil
 }
+
+// InitErr says why the initial namespace could not be opened (New then
+// takes the node's for it), nil when it could.
+func (m *Mover) InitErr() error { return m.initErr }
 
 // Close releases the namespaces New opened.
 func (m *Mover) Close() error {
