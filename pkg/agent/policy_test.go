@@ -420,6 +420,26 @@ func TestSetModeAndExclusive(t *testing.T) {
 		t.Fatalf("the kernel took a foreign program over the exclusive link:\n%s", out)
 	}
 
+	// The steering changes through the link's update.
+	policy.Steering = agent.SteerSoftware
+	if err := a.Set("xa", policy); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(a, "xa"); st.State != agent.StateFilter {
+		t.Fatalf("exclusive, software steering: %+v", st)
+	}
+	if att, err := xdp.Query(p.NSPath(), p.A.Index); err != nil || att == nil || att.Kind != xdp.Filter {
+		t.Fatalf("exclusive, software steering: attached %+v, %v", att, err)
+	}
+	if out, err := exec.Command("ip", "-n", filepath.Base(p.NSPath()), "-force", "link", "set", "dev", "xa",
+		"xdpdrv", "obj", operatorObj, "sec", "xdp").CombinedOutput(); err == nil {
+		t.Fatalf("the link let a foreign program in after the update:\n%s", out)
+	}
+	policy.Steering = agent.SteerHardware
+	if err := a.Set("xa", policy); err != nil {
+		t.Fatal(err)
+	}
+
 	policy.Exclusive = false
 	if err := a.Set("xa", policy); err != nil {
 		t.Fatal(err)

@@ -60,11 +60,11 @@ func (a *Agent) set(name string, p Policy, fresh bool) error {
 		return fmt.Errorf("agent: %s: %w", name, err)
 	}
 	a.mu.Lock()
+	d := a.take(name)
 	if a.closed {
 		a.mu.Unlock()
 		return fmt.Errorf("agent: %s: the agent is closed", name)
 	}
-	d := a.take(name)
 	if d != nil && fresh {
 		a.give(d)
 		a.mu.Unlock()
@@ -186,7 +186,7 @@ func (a *Agent) manage(name string, p Policy) (*netdev, error) {
 		}
 	} else if err := restoreRSS(a.nic, name, a.rssFile(name)); err != nil {
 		// A predecessor with hardware steering reserved queues.
-		return nil, err
+		a.log.Warn("cannot put back the rss table", "netdev", name, "err", err)
 	}
 	if predecessor {
 		all := make([]uint32, queues)
