@@ -5,9 +5,10 @@
 //   - A netdev with at least one bound xdpq socket and no foreign XDP
 //     program gets xdpq's program (direct, or filter for software
 //     steering). A netdev with no bound socket has no xdpq program, after a
-//     linger period (Policy.Linger, else Config.Linger): attaching or detaching makes drivers
-//     such as i40e, ice and mlx5 reconfigure their rings, a short outage
-//     for the whole NIC, so pod churn must not flap it. Policy.AttachAlways
+//     linger period (Policy.Linger, else Config.Linger): attaching or
+//     detaching makes drivers such as i40e, ice and mlx5 reconfigure their
+//     rings, a short outage for the whole NIC, so pod churn must not flap
+//     it. Policy.AttachAlways
 //     keeps the program on while the netdev is managed.
 //   - A foreign program has precedence whenever it appears: the agent never
 //     replaces or detaches it, reports the netdev Overridden, and keeps the
