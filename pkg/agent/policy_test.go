@@ -692,10 +692,11 @@ func TestAdoptSteeringKeepsUnknown(t *testing.T) {
 	if err := a1.Set("xa", policy); err != nil {
 		t.Fatal(err)
 	}
-	for owner, flows := range map[string][]agent.Flow{"pod-a": podA, "pod-b": podB} {
-		if err := a1.Steer("xa", owner, flows); err != nil {
-			t.Fatal(err)
-		}
+	if err := a1.Steer("xa", "pod-a", podA); err != nil { // at 100
+		t.Fatal(err)
+	}
+	if err := a1.Steer("xa", "pod-b", podB); err != nil { // at 101
+		t.Fatal(err)
 	}
 	a1.Close()
 
