@@ -62,6 +62,9 @@ func (a *Agent) set(name string, p Policy, fresh bool) error {
 	a.mu.Lock()
 	d := a.take(name)
 	if a.closed {
+		if d != nil {
+			a.give(d)
+		}
 		a.mu.Unlock()
 		return fmt.Errorf("agent: %s: the agent is closed", name)
 	}
