@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -38,7 +39,8 @@ const (
 	StateMissing    State = "Missing"    // the netdev does not exist
 )
 
-// Policy is how a netdev is managed; it comes from its pool.
+// Policy is how a netdev is managed; it comes from its pool. Set brings a
+// managed netdev to a new policy in place, field by field.
 type Policy struct {
 	// Steering picks the program: hardware steering gets the direct
 	// program, software steering the filter program; auto (or empty)
@@ -56,6 +58,15 @@ type Policy struct {
 	AttachAlways bool
 	// Exclusive attaches through a pinned bpf_link that refuses foreign programs.
 	Exclusive bool
+	// Linger is how long the program stays after the last socket went;
+	// zero means Config.Linger.
+	Linger time.Duration
+	// BusyPoll readies the netdev for preferred busy polling
+	// (SO_PREFER_BUSY_POLL): napi_defer_hard_irqs 2 and gro_flush_timeout
+	// 200 µs, the values of the kernel's example. The netdev's own values
+	// are saved in Config.StateDir and put back when the policy no longer
+	// asks, or the netdev is unmanaged.
+	BusyPoll bool
 }
 
 // Config configures an Agent.
@@ -65,16 +76,24 @@ type Config struct {
 	NetNS string
 	// PinDir is where maps (and exclusive links) are pinned, per netdev.
 	PinDir string
-	// Linger is how long the program stays after the last socket went.
+	// Linger is how long the program stays after the last socket went,
+	// for a policy that sets none.
 	Linger time.Duration
 	// Resync is the period of the safety-net reconcile of every netdev.
 	Resync time.Duration
-	// StateDir holds what the agent must put back later (RSS tables).
+	// StateDir holds what the agent must put back later (RSS tables, NAPI
+	// settings).
 	StateDir string
+	// SysRoot is a sysfs that shows NetNS (a sysfs shows the namespace of
+	// whoever mounted it), for the NAPI settings of Policy.BusyPoll. Empty:
+	// the agent mounts one from inside NetNS when a policy first asks,
+	// detached (see nic.MountSysfs), so nothing is left mounted.
+	SysRoot string
 	// NIC steers in hardware; nil means ethtool in NetNS.
 	NIC NtupleDevice
 	// OnChange, if set, is called (without the agent's lock held, on a
-	// goroutine of its own) whenever a netdev's reported status changes.
+	// goroutine of its own) whenever a netdev's reported state, link,
+	// rx queue count or name changes.
 	OnChange func()
 	Logger   *slog.Logger
 }
@@ -85,6 +104,9 @@ const DefaultStateDir = "/run/xdpq/agent"
 // DefaultPinDir is where the agent pins under the default bpffs.
 const DefaultPinDir = "/sys/fs/bpf/xdpq"
 
+// DefaultLinger is Config.Linger when it is zero.
+const DefaultLinger = 5 * time.Second
+
 // Status reports a managed netdev.
 type Status struct {
 	Netdev   string
@@ -92,7 +114,10 @@ type Status struct {
 	State    State
 	Steering Steering // hardware or software, as resolved
 	Flows    int      // flows xdpq steers on the netdev
-	Mode     xdp.Mode // where the attached program runs
+	// UnknownFlows are flows xdpq installed that no owner claimed when
+	// AdoptSteering took the others: they stay until a SyncSteering.
+	UnknownFlows int
+	Mode         xdp.Mode // where the attached program runs
 	// ModeReason says why the agent asks for the mode it asks for.
 	ModeReason string
 	// ZeroCopy is whether the driver offers AF_XDP zero-copy.
@@ -105,42 +130,67 @@ type Status struct {
 	Foreign string   // the foreign program's name, when Overridden
 	Sockets []uint32 // queues with an xdpq socket
 	Reason  string   // why the netdev is in this state, or the last error
+	// Policy is the policy in force, with its defaults filled in: what the
+	// last Set asked, except for the fields it could not apply.
+	Policy Policy
+	// PolicyError says why the last Set left fields of its policy
+	// unapplied; empty when it applied them all.
+	PolicyError string
 }
 
-// Agent reconciles the managed netdevs. Create it with New, manage netdevs
-// with Manage, and run its event loop with Run.
+// Agent reconciles the managed netdevs. Create it with New, bring netdevs
+// to their policy with Set, and run its event loop with Run.
 type Agent struct {
-	cfg  Config
-	log  *slog.Logger
-	kick chan struct{}
-	nic  NtupleDevice
-	own  io.Closer // the ethtool handle the agent opened, if any
+	cfg       Config
+	log       *slog.Logger
+	kick      chan struct{}
+	nic       NtupleDevice
+	own       io.Closer                  // the ethtool handle the agent opened, if any
+	now       func() time.Time           // the clock of linger periods
+	sysfs     func() (*nic.Sysfs, error) // opened on first use
+	sysOpened atomic.Bool                // whether sysfs was called
 
-	mu      sync.Mutex // guards netdevs and every netdev in it
+	mu sync.Mutex // guards netdevs and every netdev in it, and closed
+	// idle is signalled (on mu) whenever a netdev's token is given back.
+	idle    *sync.Cond
 	netdevs map[string]*netdev
+	closed  bool
 }
 
+// A netdev's token (busy) is held by whoever changes it outside the
+// agent's lock: Set, Unmanage and the steering calls. The reconciler
+// skips a busy netdev (and reconciles it when the token comes back);
+// the socket calls wait for the token to come back.
 type netdev struct {
 	name    string
 	ifindex int
 	queues  int // the XSKMAP's size: the most rx queues the netdev can have
 	rxNow   int // rx queues now
 	policy  Policy
-	kind    xdp.Kind
-	modeWhy string
-	zc      bool
-	steer   *steering
-	pins    string
-	prog    *xdp.Program  // ours, on the pinned maps
-	running *ebpf.Program // the xdpq program attached: prog's, or an adopted earlier instance
-	link    link.Link     // Exclusive only
-	sockets map[uint32]bool
+	// policyErr is why the last Set could not apply all of its policy.
+	policyErr string
+	mode      xdp.Mode // policy.Mode, auto settled by the driver's features
+	kind      xdp.Kind
+	modeWhy   string
+	zc        bool
+	steer     *steering
+	// steerMode, flows and unknown are steer's, for Status: steer itself
+	// is the token holder's.
+	steerMode      Steering
+	flows, unknown int
+	pins           string
+	prog           *xdp.Program  // ours, on the pinned maps
+	running        *ebpf.Program // the xdpq program attached: prog's, or an adopted earlier instance
+	link           link.Link     // Exclusive only
+	sockets        map[uint32]bool
 	// orphans are queues found busy on start whose sockets the agent did
 	// not hand out in this life; they are probed again on every resync.
 	orphans   map[uint32]bool
 	lastEmpty time.Time // when the last socket went
 	lingerT   *time.Timer
 	status    Status
+	busy      bool // a token holder is changing the netdev
+	stale     bool // a reconcile was skipped while busy
 }
 
 // New returns an agent; it mounts bpffs under PinDir's parent if needed.
@@ -149,7 +199,7 @@ func New(cfg Config) (*Agent, error) {
 		cfg.PinDir = DefaultPinDir
 	}
 	if cfg.Linger == 0 {
-		cfg.Linger = 5 * time.Second
+		cfg.Linger = DefaultLinger
 	}
 	if cfg.Resync == 0 {
 		cfg.Resync = 30 * time.Second
@@ -174,7 +224,19 @@ func New(cfg Config) (*Agent, error) {
 	if err := unix.Statfs(cfg.PinDir, &st); err != nil || st.Type != unix.BPF_FS_MAGIC {
 		return nil, fmt.Errorf("agent: pin dir %s is not on a bpffs (mount -t bpf bpf %s)", cfg.PinDir, xdp.DefaultBPFFS)
 	}
-	a := &Agent{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), netdevs: map[string]*netdev{}, nic: cfg.NIC}
+	a := &Agent{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), netdevs: map[string]*netdev{}, nic: cfg.NIC,
+		now: time.Now}
+	a.idle = sync.NewCond(&a.mu)
+	a.sysfs = sync.OnceValues(func() (*nic.Sysfs, error) {
+		a.sysOpened.Store(true)
+		if cfg.SysRoot != "" {
+			return nic.OpenSysfs(cfg.SysRoot)
+		}
+		// Mounted rather than /sys even for the agent's own namespace:
+		// /sys shows the namespace of whoever mounted it, which in a
+		// container need not be the one the agent runs in.
+		return nic.MountSysfs(cfg.NetNS)
+	})
 	if a.nic == nil {
 		h, err := ethtool.Open(cfg.NetNS)
 		if err != nil {
@@ -189,169 +251,52 @@ func (a *Agent) dev(d *netdev) xsk.Netdev {
 	return xsk.Netdev{Name: d.name, Ifindex: d.ifindex, NetNS: a.cfg.NetNS}
 }
 
-// Manage takes a netdev under management: it loads xdpq's program on the
-// maps pinned for it (pinning new ones the first time), adopts what a
-// previous agent left attached, finds the queues that still have sockets,
-// and reconciles.
-func (a *Agent) Manage(name string, p Policy) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if _, ok := a.netdevs[name]; ok {
-		return fmt.Errorf("agent: %s is managed already", name)
-	}
-	l, err := a.linkByName(name)
-	if err != nil {
-		return fmt.Errorf("agent: manage %s: %w", name, err)
-	}
-	if p.Mode == xdp.ModeNone {
-		p.Mode = xdp.ModeAuto
-	}
-	if p.Rules.Count == 0 {
-		p.Rules = DefaultRules
-	}
-	queues := l.Attrs().NumRxQueues
-	d := &netdev{name: name, ifindex: l.Attrs().Index, queues: queues, policy: p,
-		pins: filepath.Join(a.cfg.PinDir, name), sockets: map[uint32]bool{}, orphans: map[uint32]bool{}}
-	mode, err := a.resolveSteering(name, p.Steering)
-	if err != nil {
-		return fmt.Errorf("agent: manage %s: %w", name, err)
-	}
-	d.kind = map[Steering]xdp.Kind{SteerHardware: xdp.Direct, SteerSoftware: xdp.Filter}[mode]
-	a.chooseMode(d)
-	// Sockets a predecessor handed out can only be in its pinned XSKMAP:
-	// without one there is nothing to look for, and the probe (a bind per
-	// queue) would leave every queue busy for tens of milliseconds.
-	_, err = os.Stat(filepath.Join(d.pins, "xsks"))
-	predecessor := err == nil
-	if d.prog, err = a.loadProgram(d); err != nil {
-		return fmt.Errorf("agent: manage %s: %w", name, err)
-	}
-	d.steer = &steering{mode: mode, dev: a.nic, ifname: name, rules: p.Rules, prog: d.prog, queues: queues,
-		owners: map[string][]installed{}}
-	if mode == SteerHardware {
-		err := reserveRSS(a.nic, name, a.rssFile(name), p.Reserved)
-		switch {
-		case errors.Is(err, ethtool.ErrNotSupported):
-			// No indirection table to rewrite: the NIC spreads (or not) as it will.
-			a.log.Warn("cannot keep RSS off the reserved queues", "netdev", name, "queues", p.Reserved, "err", err)
-		case err != nil:
-			d.prog.Close()
-			return fmt.Errorf("agent: manage %s: %w", name, err)
-		}
-	}
-	if predecessor {
-		all := make([]uint32, queues)
-		for q := range all {
-			all[q] = uint32(q)
-		}
-		busy, err := xsk.BusyQueues(a.dev(d), all)
-		if err != nil {
-			a.log.Warn("probe queues", "netdev", name, "err", err)
-		}
-		for q, b := range busy {
-			if b {
-				d.orphans[q] = true
+// take waits until the netdev's token is free and takes it. Called with
+// a.mu held, which it releases while it waits. nil: name is not managed.
+func (a *Agent) take(name string) *netdev {
+	for {
+		d := a.netdevs[name]
+		if d == nil || !d.busy {
+			if d != nil {
+				d.busy = true
 			}
+			return d
 		}
+		a.idle.Wait()
 	}
-	if p.Exclusive {
-		if l, err := link.LoadPinnedLink(filepath.Join(d.pins, "link"), nil); err == nil {
-			d.link = l
-		}
-	}
-	a.netdevs[name] = d
-	a.log.Info("managing netdev", "netdev", name, "ifindex", d.ifindex, "queues", queues,
-		"steering", mode, "program", d.kind, "busy_queues", slices.Sorted(maps.Keys(d.orphans)))
-	a.reconcile(d)
-	return nil
 }
 
-// chooseMode settles an auto mode from the driver's XDP features: native
-// needs native XDP_REDIRECT, else generic.
-func (a *Agent) chooseMode(d *netdev) {
-	f, err := nic.XDPFeatures(a.cfg.NetNS, d.ifindex)
-	switch {
-	case err != nil || !f.Known():
-		d.modeWhy = "the kernel does not report XDP features: native, else generic"
-	case d.policy.Mode != xdp.ModeAuto:
-		d.modeWhy = "set by the pool"
-	case f.Has(nic.XDPBasic | nic.XDPRedirect):
-		d.policy.Mode = xdp.ModeNative
-		d.modeWhy = "the driver has native XDP_REDIRECT (" + f.String() + ")"
-	default:
-		d.policy.Mode = xdp.ModeGeneric
-		d.modeWhy = "the driver has no native XDP_REDIRECT (" + f.String() + ")"
+// give gives the token back (a.mu held); a reconcile skipped meanwhile
+// runs now.
+func (a *Agent) give(d *netdev) {
+	d.busy = false
+	if d.stale && a.netdevs[d.name] == d {
+		d.stale = false
+		a.reconcile(d)
 	}
-	d.zc = err == nil && f.Has(nic.XSKZeroCopy)
+	a.idle.Broadcast()
 }
 
-// resolveSteering turns auto into hardware when the NIC has ntuple
-// filters and into software when it answers that it has none.
-func (a *Agent) resolveSteering(name string, s Steering) (Steering, error) {
-	switch s {
-	case SteerHardware, SteerSoftware:
-		return s, nil
-	case SteerAuto, "":
-		_, _, err := a.nic.RuleTable(name)
-		if errors.Is(err, ethtool.ErrNotSupported) {
-			return SteerSoftware, nil
+// idleNetdev waits until no one holds the netdev's token. Called with a.mu
+// held, which it releases while it waits. nil: name is not managed.
+func (a *Agent) idleNetdev(name string) *netdev {
+	for {
+		d := a.netdevs[name]
+		if d == nil || !d.busy {
+			return d
 		}
-		if err != nil {
-			return "", fmt.Errorf("probe ntuple filters: %w", err)
-		}
-		return SteerHardware, nil
+		a.idle.Wait()
 	}
-	return "", fmt.Errorf("steering %q: want hardware, software or auto", s)
 }
 
-func (a *Agent) rssFile(name string) string {
-	return filepath.Join(a.cfg.StateDir, name+".rss.json")
-}
-
-func (a *Agent) loadProgram(d *netdev) (*xdp.Program, error) {
-	opts := xdp.LoadOptions{Queues: d.queues}
-	prog, err := xdp.LoadPinned(d.kind, d.pins, opts)
-	if errors.Is(err, xdp.ErrPinsIncompatible) {
-		// Pinned for another program kind or queue count: nothing can be
-		// using them with this program, so start afresh.
-		a.log.Warn("replacing incompatible pinned maps", "netdev", d.name, "err", err)
-		for _, n := range []string{"xsks", "flows", "counters"} {
-			os.Remove(filepath.Join(d.pins, n))
-		}
-		prog, err = xdp.LoadPinned(d.kind, d.pins, opts)
+// lingering tells whether the linger period after the last socket runs,
+// and how long it has left.
+func (d *netdev) lingering(now time.Time) (bool, time.Duration) {
+	if d.lastEmpty.IsZero() {
+		return false, 0
 	}
-	return prog, err
-}
-
-// Unmanage stops managing a netdev: its program is detached (if ours) and
-// its pins removed.
-func (a *Agent) Unmanage(name string) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	d, ok := a.netdevs[name]
-	if !ok {
-		return fmt.Errorf("agent: %s is not managed", name)
-	}
-	delete(a.netdevs, name)
-	var errs []error
-	if d.lingerT != nil {
-		d.lingerT.Stop()
-	}
-	for owner := range d.steer.owners {
-		errs = append(errs, d.steer.removeOwner(owner))
-	}
-	if d.steer.mode == SteerHardware {
-		errs = append(errs, restoreRSS(a.nic, name, a.rssFile(name)))
-	}
-	if d.link != nil {
-		errs = append(errs, d.link.Unpin(), d.link.Close())
-	} else if d.running != nil {
-		if err := xdp.Detach(a.cfg.NetNS, d.ifindex, d.status.Mode, d.running); err != nil && !errors.Is(err, xdp.ErrOccupied) {
-			errs = append(errs, err)
-		}
-	}
-	errs = append(errs, d.setRunning(nil), d.prog.Unpin(), d.prog.Close(), os.Remove(d.pins))
-	return errors.Join(errs...)
+	left := d.lastEmpty.Add(d.policy.Linger).Sub(now)
+	return left > 0, left
 }
 
 // AddSocket puts the socket fd, bound to queue of the netdev, into the
@@ -359,8 +304,8 @@ func (a *Agent) Unmanage(name string) error {
 func (a *Agent) AddSocket(name string, queue uint32, fd int) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	d, ok := a.netdevs[name]
-	if !ok {
+	d := a.idleNetdev(name)
+	if d == nil {
 		return fmt.Errorf("agent: add socket: %s is not managed", name)
 	}
 	if int(queue) >= d.queues || int(queue) >= d.rxNow {
@@ -381,8 +326,8 @@ func (a *Agent) AddSocket(name string, queue uint32, fd int) error {
 func (a *Agent) RemoveSocket(name string, queue uint32) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	d, ok := a.netdevs[name]
-	if !ok {
+	d := a.idleNetdev(name)
+	if d == nil {
 		return fmt.Errorf("agent: remove socket: %s is not managed", name)
 	}
 	if !d.sockets[queue] {
@@ -393,64 +338,10 @@ func (a *Agent) RemoveSocket(name string, queue uint32) error {
 		a.log.Warn("delete socket from xskmap", "netdev", name, "queue", queue, "err", err)
 	}
 	if len(d.sockets)+len(d.orphans) == 0 {
-		a.startLinger(d)
+		d.lastEmpty = a.now()
 	}
 	a.reconcile(d)
 	return nil
-}
-
-// Steer installs the owner's flows on the netdev, all or none: ntuple
-// rules in the policy's rule range with hardware steering, entries of the
-// filter program's flow map with software steering. A flow that overlaps
-// another owner's is refused with an error that names that owner.
-func (a *Agent) Steer(name, owner string, flows []Flow) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	d, ok := a.netdevs[name]
-	if !ok {
-		return fmt.Errorf("agent: steer: %s is not managed", name)
-	}
-	return d.steer.add(owner, flows)
-}
-
-// Unsteer removes every flow of the owner from the netdev.
-func (a *Agent) Unsteer(name, owner string) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	d, ok := a.netdevs[name]
-	if !ok {
-		return fmt.Errorf("agent: unsteer: %s is not managed", name)
-	}
-	return d.steer.removeOwner(owner)
-}
-
-// VerifySteering checks, against the NIC's rules or the filter's flow
-// map, that every flow of the owner is installed on the netdev.
-func (a *Agent) VerifySteering(name, owner string) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	d, ok := a.netdevs[name]
-	if !ok {
-		return fmt.Errorf("agent: verify steering: %s is not managed", name)
-	}
-	return d.steer.verify(owner)
-}
-
-// SyncSteering is for a restarted daemon: it takes ownership of the flows
-// in keep that are installed, and removes every other flow xdpq installed
-// on the netdev. It returns how many it removed.
-func (a *Agent) SyncSteering(name string, keep map[string][]Flow) (int, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	d, ok := a.netdevs[name]
-	if !ok {
-		return 0, fmt.Errorf("agent: sync steering: %s is not managed", name)
-	}
-	n, err := d.steer.sync(keep)
-	if n > 0 {
-		a.log.Info("removed stale flows", "netdev", name, "count", n)
-	}
-	return n, err
 }
 
 // XSKMapFD returns a new descriptor of the netdev's XSKMAP, for a client
@@ -458,8 +349,8 @@ func (a *Agent) SyncSteering(name string, keep map[string][]Flow) (int, error) {
 func (a *Agent) XSKMapFD(name string) (int, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	d, ok := a.netdevs[name]
-	if !ok {
+	d := a.idleNetdev(name)
+	if d == nil {
 		return -1, fmt.Errorf("agent: %s is not managed", name)
 	}
 	fd, err := unix.FcntlInt(uintptr(d.prog.XSKMap().FD()), unix.F_DUPFD_CLOEXEC, 0)
@@ -469,12 +360,13 @@ func (a *Agent) XSKMapFD(name string) (int, error) {
 	return fd, nil
 }
 
-// Program returns the netdev's program, for its flow map and counters.
+// Program returns the netdev's program, for its flow map and counters. A
+// Set that changes the steering replaces it.
 func (a *Agent) Program(name string) (*xdp.Program, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	d, ok := a.netdevs[name]
-	if !ok {
+	d := a.idleNetdev(name)
+	if d == nil {
 		return nil, fmt.Errorf("agent: %s is not managed", name)
 	}
 	return d.prog, nil
@@ -486,9 +378,15 @@ func (a *Agent) Status() []Status {
 	defer a.mu.Unlock()
 	out := make([]Status, 0, len(a.netdevs))
 	for _, d := range a.netdevs {
+		if d.prog == nil {
+			continue // its first Set is under way
+		}
 		s := d.status
 		s.Sockets = slices.Sorted(maps.Keys(d.sockets))
-		s.Steering, s.Flows = d.steer.mode, d.steer.count()
+		s.Steering, s.Flows, s.UnknownFlows = d.steerMode, d.flows, d.unknown
+		s.Policy = d.policy
+		s.Policy.Reserved = slices.Clone(d.policy.Reserved)
+		s.PolicyError = d.policyErr
 		out = append(out, s)
 	}
 	slices.SortFunc(out, func(x, y Status) int { return strings.Compare(x.Netdev, y.Netdev) })
@@ -499,28 +397,35 @@ func (a *Agent) Status() []Status {
 // the datapath does not depend on the daemon.
 func (a *Agent) Close() error {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	var errs []error
-	for _, d := range a.netdevs {
+	for slices.ContainsFunc(slices.Collect(maps.Values(a.netdevs)), func(d *netdev) bool { return d.busy }) {
+		a.idle.Wait()
+	}
+	all := a.netdevs
+	a.netdevs, a.closed = map[string]*netdev{}, true
+	for _, d := range all {
 		if d.lingerT != nil {
 			d.lingerT.Stop()
 		}
+	}
+	own := a.own
+	a.own = nil
+	a.mu.Unlock()
+	var errs []error
+	for _, d := range all {
 		if d.link != nil {
 			errs = append(errs, d.link.Close())
 		}
 		errs = append(errs, d.setRunning(nil), d.prog.Close())
 	}
-	a.netdevs = map[string]*netdev{}
-	if a.own != nil {
-		errs = append(errs, a.own.Close())
-		a.own = nil
+	if own != nil {
+		errs = append(errs, own.Close())
+	}
+	if a.sysOpened.Load() {
+		if s, err := a.sysfs(); err == nil {
+			errs = append(errs, s.Close())
+		}
 	}
 	return errors.Join(errs...)
-}
-
-// startLinger starts the linger period; reconcile arms its timer.
-func (a *Agent) startLinger(d *netdev) {
-	d.lastEmpty = time.Now()
 }
 
 // Kick asks the event loop for a reconcile of every netdev.
@@ -584,6 +489,10 @@ func (a *Agent) onLink(u netlink.LinkUpdate) {
 		if d.ifindex != attrs.Index && d.name != attrs.Name {
 			continue
 		}
+		if d.busy {
+			d.stale = true
+			continue
+		}
 		if d.ifindex == attrs.Index && d.name != attrs.Name && attrs.Name != "" {
 			a.log.Warn("managed netdev renamed", "netdev", d.name, "new_name", attrs.Name)
 		}
@@ -595,6 +504,10 @@ func (a *Agent) reconcileAll(probe bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for _, d := range a.netdevs {
+		if d.busy {
+			d.stale = true
+			continue
+		}
 		if probe {
 			a.probeOrphans(d)
 		}
@@ -617,11 +530,12 @@ func (a *Agent) probeOrphans(d *netdev) {
 		}
 	}
 	if len(d.sockets)+len(d.orphans) == 0 {
-		a.startLinger(d)
+		d.lastEmpty = a.now()
 	}
 }
 
-// reconcile converges one netdev. Called with a.mu held.
+// reconcile converges one netdev. Called with a.mu held, never on a busy
+// netdev.
 func (a *Agent) reconcile(d *netdev) {
 	prev := d.status
 	defer func() {
@@ -666,17 +580,17 @@ func (a *Agent) reconcile(d *netdev) {
 		d.status.State, d.status.Reason = StateNone, err.Error()
 		return
 	}
-	lingering := !d.lastEmpty.IsZero() && time.Since(d.lastEmpty) < a.cfg.Linger
+	lingering, left := d.lingering(a.now())
 	want := len(d.sockets) > 0 || len(d.orphans) > 0 || d.policy.AttachAlways || lingering
+	if d.lingerT != nil {
+		d.lingerT.Stop()
+		d.lingerT = nil
+	}
 	if lingering {
 		// Come back when the linger period ends.
-		if d.lingerT != nil {
-			d.lingerT.Stop()
-		}
-		d.lingerT = time.AfterFunc(time.Until(d.lastEmpty.Add(a.cfg.Linger))+time.Millisecond, a.Kick)
+		d.lingerT = time.AfterFunc(left+time.Millisecond, a.Kick)
 	}
-	ours := d.kind == xdp.Direct
-	state := map[bool]State{true: StateDirect, false: StateFilter}[ours]
+	state := map[xdp.Kind]State{xdp.Direct: StateDirect, xdp.Filter: StateFilter}[d.kind]
 
 	switch {
 	case att != nil && a.isOurs(d, att):
@@ -716,9 +630,9 @@ func (a *Agent) reconcile(d *netdev) {
 
 func (a *Agent) attach(d *netdev) (xdp.Mode, error) {
 	if !d.policy.Exclusive {
-		return xdp.Attach(a.cfg.NetNS, d.ifindex, d.prog.Prog(), d.policy.Mode)
+		return xdp.Attach(a.cfg.NetNS, d.ifindex, d.prog.Prog(), d.mode)
 	}
-	l, mode, err := xdp.AttachLink(a.cfg.NetNS, d.ifindex, d.prog.Prog(), d.policy.Mode)
+	l, mode, err := xdp.AttachLink(a.cfg.NetNS, d.ifindex, d.prog.Prog(), d.mode)
 	if err != nil {
 		return xdp.ModeNone, err
 	}

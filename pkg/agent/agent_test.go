@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -43,12 +44,37 @@ func pinDir(t testing.TB) string {
 	return filepath.Join(dir, "xdpq")
 }
 
+// testAgent is an agent a test runs, with its change notifications.
+type testAgent struct {
+	*agent.Agent
+	changed chan struct{}
+}
+
 // start runs an agent for the pair's namespace until the test ends.
-func start(t testing.TB, p *testnet.Pair, linger time.Duration) *agent.Agent {
+func start(t testing.TB, p *testnet.Pair, linger time.Duration) *testAgent {
 	t.Helper()
-	a, err := agent.New(agent.Config{NetNS: p.NSPath(), PinDir: pinDir(t), Linger: linger, Resync: time.Hour,
-		StateDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
-	if err != nil {
+	return startWith(t, agent.Config{NetNS: p.NSPath(), PinDir: pinDir(t), Linger: linger, StateDir: t.TempDir()})
+}
+
+// startWith runs an agent with cfg (a resync period of an hour unless set)
+// until the test ends.
+func startWith(t testing.TB, cfg agent.Config) *testAgent {
+	t.Helper()
+	a := &testAgent{changed: make(chan struct{}, 1)}
+	cfg.OnChange = func() {
+		select {
+		case a.changed <- struct{}{}:
+		default: // one pending notification is enough: waitFor reads the report anew
+		}
+	}
+	if cfg.Resync == 0 {
+		cfg.Resync = time.Hour
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	}
+	var err error
+	if a.Agent, err = agent.New(cfg); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -68,7 +94,48 @@ func start(t testing.TB, p *testnet.Pair, linger time.Duration) *agent.Agent {
 	return a
 }
 
-func status(a *agent.Agent, netdev string) agent.Status {
+// waitFor waits until cond holds for the agent's report, reading it again
+// on each of the agent's change notifications.
+func (a *testAgent) waitFor(t testing.TB, what string, cond func([]agent.Status) bool) []agent.Status {
+	t.Helper()
+	deadline := time.NewTimer(5 * time.Second)
+	defer deadline.Stop()
+	for {
+		all := a.Status()
+		if cond(all) {
+			return all
+		}
+		select {
+		case <-a.changed:
+		case <-deadline.C:
+			t.Fatalf("%s: still %+v", what, all)
+		}
+	}
+}
+
+// fakeClock is a clock the test moves.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Now()} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+type reporter interface{ Status() []agent.Status }
+
+func status(a reporter, netdev string) agent.Status {
 	for _, s := range a.Status() {
 		if s.Netdev == netdev {
 			return s
@@ -77,21 +144,19 @@ func status(a *agent.Agent, netdev string) agent.Status {
 	return agent.Status{}
 }
 
-// waitState polls the agent's report until the netdev is in state.
-func waitState(t testing.TB, a *agent.Agent, netdev string, state agent.State) agent.Status {
+// waitState waits until the agent reports the netdev in state.
+func waitState(t testing.TB, a *testAgent, netdev string, state agent.State) agent.Status {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		s := status(a, netdev)
-		if s.State == state {
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: state %s (%s), want %s", netdev, s.State, s.Reason, state)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	all := a.waitFor(t, netdev+" "+string(state), func(all []agent.Status) bool {
+		return slices.ContainsFunc(all, func(s agent.Status) bool { return s.Netdev == netdev && s.State == state })
+	})
+	return status(agentReport(all), netdev)
 }
+
+// agentReport is a report already read.
+type agentReport []agent.Status
+
+func (r agentReport) Status() []agent.Status { return r }
 
 // ip runs ip(8) in the pair's namespace, as an operator would.
 func ip(t testing.TB, p *testnet.Pair, args ...string) {
@@ -176,7 +241,7 @@ func (x *peer) UDP(n int) [][]byte {
 func TestProgramFollowsSockets(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	a := start(t, p, 300*time.Millisecond)
-	if err := a.Manage(p.A.Name, agent.Policy{Steering: agent.SteerHardware}); err != nil {
+	if err := a.Set(p.A.Name, agent.Policy{Steering: agent.SteerHardware}); err != nil {
 		t.Fatal(err)
 	}
 	if s := status(a, p.A.Name); s.State != agent.StateNone {
@@ -222,7 +287,7 @@ func TestProgramFollowsSockets(t *testing.T) {
 func TestForeignProgramPrecedence50(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	a := start(t, p, time.Second)
-	if err := a.Manage(p.A.Name, agent.Policy{Steering: agent.SteerHardware}); err != nil {
+	if err := a.Set(p.A.Name, agent.Policy{Steering: agent.SteerHardware}); err != nil {
 		t.Fatal(err)
 	}
 	s0, r0 := socket(t, p, 0)
@@ -257,7 +322,7 @@ func TestForeignProgramPrecedence50(t *testing.T) {
 func TestXDPLoaderHasPrecedence(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	a := start(t, p, time.Second)
-	if err := a.Manage(p.A.Name, agent.Policy{Steering: agent.SteerHardware}); err != nil {
+	if err := a.Set(p.A.Name, agent.Policy{Steering: agent.SteerHardware}); err != nil {
 		t.Fatal(err)
 	}
 	loader := func(args ...string) {
@@ -293,7 +358,7 @@ func TestXDPLoaderHasPrecedence(t *testing.T) {
 func TestExclusive(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	a := start(t, p, time.Second)
-	if err := a.Manage(p.A.Name, agent.Policy{Steering: agent.SteerHardware, Exclusive: true}); err != nil {
+	if err := a.Set(p.A.Name, agent.Policy{Steering: agent.SteerHardware, Exclusive: true}); err != nil {
 		t.Fatal(err)
 	}
 	s0, _ := socket(t, p, 0)
@@ -321,7 +386,7 @@ func TestExclusive(t *testing.T) {
 func TestFilterPolicy(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	a := start(t, p, time.Second)
-	if err := a.Manage(p.A.Name, agent.Policy{Steering: agent.SteerSoftware, Mode: xdp.ModeGeneric}); err != nil {
+	if err := a.Set(p.A.Name, agent.Policy{Steering: agent.SteerSoftware, Mode: xdp.ModeGeneric}); err != nil {
 		t.Fatal(err)
 	}
 	s0, r0 := socket(t, p, 0)

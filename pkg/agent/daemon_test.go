@@ -31,7 +31,10 @@ import (
 // The crash test runs the agent in a separate "daemon" process (this test
 // binary again) so that it can be killed with SIGKILL. The daemon manages
 // the netdevs named in its environment and takes commands on fd 3:
-// "add <netdev> <queue>" with a socket fd attached, and "status".
+// "add <netdev> <queue>" with a socket fd attached, "status", and
+// "wait <netdev> <state>", answered with the netdev's status once it is
+// in that state (waiting on the agent's change notifications) or after
+// five seconds.
 const daemonEnv = "XDPQ_AGENT_TEST_DAEMON"
 
 func daemonMain() int {
@@ -44,14 +47,21 @@ func daemonMain() int {
 		return 2
 	}
 	conn := c.(*net.UnixConn)
+	changed := make(chan struct{}, 1)
 	a, err := agent.New(agent.Config{NetNS: cfg[0], PinDir: cfg[1], StateDir: cfg[2], Linger: 200 * time.Millisecond,
-		Resync: 100 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+		Resync: 100 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		OnChange: func() {
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
 	for _, n := range strings.Split(cfg[3], ",") {
-		if err := a.Manage(n, agent.Policy{Steering: agent.SteerHardware}); err != nil {
+		if err := a.Set(n, agent.Policy{Steering: agent.SteerHardware}); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 2
 		}
@@ -72,6 +82,21 @@ func daemonMain() int {
 			reply = []byte(fmt.Sprint(err))
 		case len(f) == 1 && f[0] == "status":
 			reply, _ = json.Marshal(a.Status())
+		case len(f) == 3 && f[0] == "wait":
+			timeout := time.After(5 * time.Second)
+		wait:
+			for {
+				st := status(a, f[1])
+				reply, _ = json.Marshal(st)
+				if st.State == agent.State(f[2]) {
+					break
+				}
+				select {
+				case <-changed:
+				case <-timeout:
+					break wait
+				}
+			}
 		default:
 			reply = []byte("bad command")
 		}
@@ -140,34 +165,17 @@ func (d *daemon) call(t *testing.T, cmd string, fds ...int) []byte {
 	return buf[:n]
 }
 
-func (d *daemon) status(t *testing.T, netdev string) agent.Status {
-	t.Helper()
-	var all []agent.Status
-	if err := json.Unmarshal(d.call(t, "status"), &all); err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range all {
-		if s.Netdev == netdev {
-			return s
-		}
-	}
-	t.Fatalf("daemon does not report %s", netdev)
-	return agent.Status{}
-}
-
+// waitState asks the daemon to answer once the netdev is in state.
 func (d *daemon) waitState(t *testing.T, netdev string, state agent.State) agent.Status {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		s := d.status(t, netdev)
-		if s.State == state {
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %s (%s), want %s\ndaemon log:\n%s", netdev, s.State, s.Reason, state, d.logs())
-		}
-		time.Sleep(5 * time.Millisecond)
+	var s agent.Status
+	if err := json.Unmarshal(d.call(t, "wait "+netdev+" "+string(state)), &s); err != nil {
+		t.Fatal(err)
 	}
+	if s.State != state {
+		t.Fatalf("%s: %s (%s), want %s\ndaemon log:\n%s", netdev, s.State, s.Reason, state, d.logs())
+	}
+	return s
 }
 
 func (d *daemon) kill() {
@@ -232,8 +240,10 @@ func TestDaemonCrash(t *testing.T) {
 	before := d1.waitState(t, "xa", agent.StateDirect)
 	d1.waitState(t, "xs", agent.StateDirect)
 
-	// Traffic into xa's queue 0 for the rest of the test.
+	// Traffic into xa's queue 0 for the rest of the test. The receiver
+	// reports its count after each batch; a waiter takes the latest.
 	var received atomic.Uint64
+	progress := make(chan uint64, 1)
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -241,6 +251,12 @@ func TestDaemonCrash(t *testing.T) {
 		defer wg.Done()
 		for !stop.Load() {
 			rA.Receive(-1, time.Now().Add(20*time.Millisecond), func([]byte) error { received.Add(1); return nil })
+			n := received.Load()
+			select {
+			case <-progress: // drop the older count
+			default:
+			}
+			progress <- n
 		}
 	}()
 	flood := floodFrom(t, p, 0)
@@ -251,11 +267,13 @@ func TestDaemonCrash(t *testing.T) {
 	defer func() { stop.Store(true); wg.Wait() }()
 	waitCount := func(what string, from uint64) {
 		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); received.Load() < from+10000; {
-			if time.Now().After(deadline) {
+		timeout := time.After(5 * time.Second)
+		for n := received.Load(); n < from+10000; {
+			select {
+			case n = <-progress:
+			case <-timeout:
 				t.Fatalf("%s: %d frames arrived, want 10000", what, received.Load()-from)
 			}
-			time.Sleep(time.Millisecond)
 		}
 	}
 	waitCount("with the daemon up", received.Load())

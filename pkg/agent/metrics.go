@@ -52,6 +52,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	var filters []counted
 	c.a.mu.Lock()
 	for name, d := range c.a.netdevs {
+		if d.prog == nil {
+			continue // its first Set is under way
+		}
 		for _, s := range allStates {
 			ch <- prometheus.MustNewConstMetric(stateDesc, prometheus.GaugeValue, b2f(d.status.State == s), name, string(s))
 		}
@@ -59,7 +62,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(modeDesc, prometheus.GaugeValue, b2f(d.status.Mode == m), name, m.String())
 		}
 		ch <- prometheus.MustNewConstMetric(socketsDesc, prometheus.GaugeValue, float64(len(d.sockets)), name)
-		ch <- prometheus.MustNewConstMetric(flowsDesc, prometheus.GaugeValue, float64(d.steer.count()), name, string(d.steer.mode))
+		ch <- prometheus.MustNewConstMetric(flowsDesc, prometheus.GaugeValue, float64(d.flows), name, string(d.steerMode))
 		if d.kind == xdp.Filter {
 			filters = append(filters, counted{name, d.queues, d.prog})
 		}

@@ -17,7 +17,7 @@ import (
 func TestMetrics(t *testing.T) {
 	p := testnet.NewPair(t, 2)
 	a := start(t, p, time.Second)
-	if err := a.Manage(p.A.Name, agent.Policy{Steering: agent.SteerSoftware}); err != nil {
+	if err := a.Set(p.A.Name, agent.Policy{Steering: agent.SteerSoftware}); err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewPedanticRegistry()

@@ -16,7 +16,7 @@ import (
 func TestNetdevChanges(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	a := start(t, p, time.Second)
-	if err := a.Manage(p.A.Name, agent.Policy{Steering: agent.SteerHardware}); err != nil {
+	if err := a.Set(p.A.Name, agent.Policy{Steering: agent.SteerHardware}); err != nil {
 		t.Fatal(err)
 	}
 	s0, r0 := socket(t, p, 0)
@@ -40,30 +40,16 @@ func TestNetdevChanges(t *testing.T) {
 	ip(t, p, "link", "set", "dev", p.A.Name, "down")
 	ip(t, p, "link", "set", "dev", p.A.Name, "name", "xr")
 	ip(t, p, "link", "set", "dev", "xr", "up")
-	deadline := time.Now().Add(5 * time.Second)
-	for status(a, "xr").State != agent.StateDirect {
-		if time.Now().After(deadline) {
-			t.Fatalf("after rename: %+v", a.Status())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitState(t, a, "xr", agent.StateDirect)
 	if err := r0.Expect(send.UDP(20), time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 
 	// Delete: reported missing; the managed name still answers.
 	ip(t, p, "link", "del", "dev", "xr")
-	deadline = time.Now().Add(5 * time.Second)
-	for {
-		all := a.Status()
-		if len(all) == 1 && all[0].State == agent.StateMissing {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after delete: %+v", all)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	a.waitFor(t, "missing after delete", func(all []agent.Status) bool {
+		return len(all) == 1 && all[0].State == agent.StateMissing
+	})
 	if err := a.RemoveSocket(p.A.Name, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +65,7 @@ func TestNetdevChanges(t *testing.T) {
 func TestChannelsAndMode(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	a := start(t, p, time.Second)
-	if err := a.Manage("xa", agent.Policy{Steering: agent.SteerHardware}); err != nil {
+	if err := a.Set("xa", agent.Policy{Steering: agent.SteerHardware}); err != nil {
 		t.Fatal(err)
 	}
 	s2, _ := socket(t, p, 2)
@@ -105,27 +91,23 @@ func TestChannelsAndMode(t *testing.T) {
 	if err := h.SetChannels("xa", ethtool.Channels{RX: 3, TX: 4}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for status(a, "xa").RXQueues != 3 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent did not notice 3 rx queues: %+v", status(a, "xa"))
-		}
-		time.Sleep(time.Millisecond)
-	}
+	a.waitFor(t, "3 rx queues noticed", func(all []agent.Status) bool {
+		return status(agentReport(all), "xa").RXQueues == 3
+	})
 	s3, _ := socket(t, p, 0)
 	if err := a.AddSocket("xa", 3, s3.FD()); err == nil || !strings.Contains(err.Error(), "3 rx queues now") {
 		t.Errorf("socket for queue 3 of 3: %v", err)
 	}
 }
 
-// TestFreshManageLeavesQueuesFree: with no predecessor's pins, Manage
+// TestFreshManageLeavesQueuesFree: with no predecessor's pins, Set
 // binds nothing to look for leftover sockets, so the queues are free the
 // moment it returns: the rx queues can shrink to one at once (the kernel
 // refuses that while any probe socket's pool is still on a queue).
 func TestFreshManageLeavesQueuesFree(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	a := start(t, p, time.Second)
-	if err := a.Manage("xa", agent.Policy{Steering: agent.SteerSoftware}); err != nil {
+	if err := a.Set("xa", agent.Policy{Steering: agent.SteerSoftware}); err != nil {
 		t.Fatal(err)
 	}
 	h, err := ethtool.Open(p.NSPath())
@@ -134,19 +116,26 @@ func TestFreshManageLeavesQueuesFree(t *testing.T) {
 	}
 	defer h.Close()
 	if err := h.SetChannels("xa", ethtool.Channels{RX: 1, TX: 4}); err != nil {
-		t.Fatalf("shrink xa's rx queues right after Manage: %v", err)
+		t.Fatalf("shrink xa's rx queues right after Set: %v", err)
 	}
 }
 
 // TestAttachAlways: the program is on while the netdev is managed, with
-// or without sockets, and goes when it is unmanaged.
+// or without sockets, past the linger period; when the policy stops
+// asking, the linger period starts then, and the program goes at its
+// end; unmanaged, it goes at once. The agent's clock is the test's.
 func TestAttachAlways(t *testing.T) {
 	p := testnet.NewPair(t, 4)
-	a := start(t, p, 10*time.Millisecond)
-	if err := a.Manage("xa", agent.Policy{Steering: agent.SteerHardware, AttachAlways: true}); err != nil {
+	a := start(t, p, time.Second)
+	clock := newFakeClock()
+	agent.SetClock(a.Agent, clock.Now)
+	policy := agent.Policy{Steering: agent.SteerHardware, AttachAlways: true, Linger: 10 * time.Millisecond}
+	if err := a.Set("xa", policy); err != nil {
 		t.Fatal(err)
 	}
-	waitState(t, a, "xa", agent.StateDirect)
+	if st := status(a, "xa"); st.State != agent.StateDirect {
+		t.Fatalf("attach always, no socket: %+v", st)
+	}
 	s0, _ := socket(t, p, 0)
 	if err := a.AddSocket("xa", 0, s0.FD()); err != nil {
 		t.Fatal(err)
@@ -154,10 +143,31 @@ func TestAttachAlways(t *testing.T) {
 	if err := a.RemoveSocket("xa", 0); err != nil {
 		t.Fatal(err)
 	}
-	a.Kick() // well past the 10ms linger, the program must still be there
-	time.Sleep(50 * time.Millisecond)
+	clock.Add(time.Second) // well past the 10ms linger
+	a.ReconcileNow()
 	if st := status(a, "xa"); st.State != agent.StateDirect {
-		t.Fatalf("attach always, no socket: %+v", st)
+		t.Fatalf("attach always, past the linger: %+v", st)
+	}
+	policy.AttachAlways = false
+	if err := a.Set("xa", policy); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(9 * time.Millisecond)
+	a.ReconcileNow()
+	if st := status(a, "xa"); st.State != agent.StateDirect || st.Policy.AttachAlways {
+		t.Fatalf("attach always turned off, within the linger: %+v", st)
+	}
+	clock.Add(2 * time.Millisecond)
+	a.ReconcileNow()
+	if st := status(a, "xa"); st.State != agent.StateNone {
+		t.Fatalf("attach always turned off, past the linger: %+v", st)
+	}
+	policy.AttachAlways = true
+	if err := a.Set("xa", policy); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(a, "xa"); st.State != agent.StateDirect {
+		t.Fatalf("attach always turned on: %+v", st)
 	}
 	if err := a.Unmanage("xa"); err != nil {
 		t.Fatal(err)

@@ -21,7 +21,7 @@ import (
 func BenchmarkReattach(b *testing.B) {
 	p := testnet.NewPair(b, 4)
 	a := start(b, p, time.Second)
-	if err := a.Manage(p.A.Name, agent.Policy{Steering: agent.SteerHardware}); err != nil {
+	if err := a.Set(p.A.Name, agent.Policy{Steering: agent.SteerHardware}); err != nil {
 		b.Fatal(err)
 	}
 	s0, _ := socket(b, p, 0)

@@ -4,11 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
+	"github.com/xdpq/xdpq/internal/atomicfile"
 	"github.com/xdpq/xdpq/pkg/ethtool"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
@@ -164,6 +167,14 @@ type steering struct {
 	prog   *xdp.Program
 	queues int
 	owners map[string][]installed
+	// unknown are flows xdpq installed that no owner claimed when
+	// AdoptSteering took the others: they keep their place (a rule
+	// location, a flow map entry) until a SyncSteering removes them.
+	unknown []installed
+}
+
+func (s *steering) inRange(loc uint32) bool {
+	return loc >= s.rules.First && uint64(loc) < uint64(s.rules.First)+uint64(s.rules.Count)
 }
 
 func (s *steering) count() int {
@@ -180,6 +191,9 @@ func (s *steering) usedLocs() map[uint32]bool {
 		for _, f := range fs {
 			used[f.loc] = true
 		}
+	}
+	for _, f := range s.unknown {
+		used[f.loc] = true
 	}
 	return used
 }
@@ -208,6 +222,11 @@ func (s *steering) add(owner string, flows []Flow) error {
 				}
 			}
 		}
+		for _, g := range s.unknown {
+			if g.flow.Protocol != 0 && f.overlaps(g.flow) {
+				return fmt.Errorf("steer %s on %s: flow %v overlaps flow %v, installed by a previous agent for an owner not known now", owner, s.ifname, f, g.flow)
+			}
+		}
 		for _, g := range flows[:i] {
 			if f.overlaps(g) && !slices.Equal(f.Queues, g.Queues) {
 				return fmt.Errorf("steer %s on %s: flows %v and %v overlap on different queues", owner, s.ifname, g, f)
@@ -226,10 +245,10 @@ func (s *steering) add(owner string, flows []Flow) error {
 		in := installed{flow: f}
 		switch s.mode {
 		case SteerHardware:
-			for used[next] && next < s.rules.First+s.rules.Count {
+			for used[next] && s.inRange(next) {
 				next++
 			}
-			if next >= s.rules.First+s.rules.Count {
+			if !s.inRange(next) {
 				rollback()
 				return fmt.Errorf("steer %s on %s: all %d rule locations from %d are in use", owner, s.ifname, s.rules.Count, s.rules.First)
 			}
@@ -359,20 +378,20 @@ func (s *steering) removeOwner(owner string) error {
 }
 
 // sync takes ownership of the installed flows that keep lists (after a
-// restart) and removes the others that xdpq installed: hardware rules in
-// its range, software flows in its map. Rules outside the range are
-// never touched.
-func (s *steering) sync(keep map[string][]Flow) (removed int, err error) {
-	s.owners = map[string][]installed{}
+// restart). The other flows xdpq installed (hardware rules in its range,
+// software flows in its map) are removed, or with keepUnknown left in
+// place as unknown. Rules outside the range are never touched.
+func (s *steering) sync(keep map[string][]Flow, keepUnknown bool) (removed int, err error) {
+	s.owners, s.unknown = map[string][]installed{}, nil
+	var errs []error
 	if s.mode == SteerHardware {
 		rules, err := s.dev.Rules(s.ifname)
 		if err != nil {
 			return 0, fmt.Errorf("sync steering on %s: %w", s.ifname, err)
 		}
-		var errs []error
 	rules:
 		for _, r := range rules {
-			if r.Location < s.rules.First || r.Location >= s.rules.First+s.rules.Count {
+			if !s.inRange(r.Location) {
 				continue
 			}
 			for owner, fs := range keep {
@@ -388,7 +407,12 @@ func (s *steering) sync(keep map[string][]Flow) (removed int, err error) {
 					}
 				}
 			}
-			if err := s.remove(installed{loc: r.Location, ctx: r.RSSContext}); err != nil {
+			in := installed{flow: flowOfRule(r), loc: r.Location, ctx: r.RSSContext}
+			if keepUnknown {
+				s.unknown = append(s.unknown, in)
+				continue
+			}
+			if err := s.remove(in); err != nil {
 				errs = append(errs, err)
 				continue
 			}
@@ -418,17 +442,109 @@ func (s *steering) sync(keep map[string][]Flow) (removed int, err error) {
 			}
 		}
 	}
-	var errs []error
-	for sf := range have {
-		if _, ok := wanted[sf]; !ok {
-			if err := s.prog.DeleteFlow(sf); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			removed++
+	for _, sf := range slices.SortedFunc(maps.Keys(have), func(a, b xdp.Flow) int { return strings.Compare(a.String(), b.String()) }) {
+		if _, ok := wanted[sf]; ok {
+			continue
 		}
+		if keepUnknown {
+			s.unknown = append(s.unknown, installed{flow: flowOfSoft(sf)})
+			continue
+		}
+		if err := s.prog.DeleteFlow(sf); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed++
 	}
 	return removed, errors.Join(errs...)
+}
+
+// flowOfRule is the flow an ntuple rule steers; a zero Protocol for a
+// rule that is not of a TCP or UDP flow.
+func flowOfRule(r ethtool.Rule) Flow {
+	f := Flow{Dst: r.Dst, DstPort: r.DstPort, Src: r.Src, SrcPort: r.SrcPort, VLAN: r.VLAN, Queues: []uint32{r.Queue}}
+	switch r.Type {
+	case ethtool.UDP4, ethtool.UDP6:
+		f.Protocol = xdp.UDP
+	case ethtool.TCP4, ethtool.TCP6:
+		f.Protocol = xdp.TCP
+	}
+	return f
+}
+
+// flowOfSoft is the flow of one entry of the filter's flow map.
+func flowOfSoft(sf xdp.Flow) Flow {
+	return Flow{Protocol: sf.Protocol, Dst: netip.PrefixFrom(sf.Dst, sf.Dst.BitLen()), DstPort: sf.Port, VLAN: sf.VLAN,
+		Queues: []uint32{sf.Queue}}
+}
+
+// setRange makes r the rule range, moving the rules outside it into it:
+// each is added at its new location first, then removed from the old.
+// On an error nothing moved.
+func (s *steering) setRange(r RuleRange) error {
+	if s.mode != SteerHardware {
+		s.rules = r
+		return nil
+	}
+	next := &steering{rules: r}
+	for _, in := range s.unknown {
+		if !next.inRange(in.loc) {
+			return fmt.Errorf("the rule at location %d, installed by a previous agent for an owner not known now, is outside %d+%d (a SyncSteering must settle it first)", in.loc, r.First, r.Count)
+		}
+	}
+	used := map[uint32]bool{}
+	type move struct {
+		owner string
+		i     int
+		loc   uint32
+	}
+	var moves []move
+	for owner, ins := range s.owners {
+		for i, in := range ins {
+			if next.inRange(in.loc) {
+				used[in.loc] = true
+			} else {
+				moves = append(moves, move{owner: owner, i: i})
+			}
+		}
+	}
+	for _, in := range s.unknown {
+		used[in.loc] = true
+	}
+	loc := r.First
+	for i := range moves {
+		for used[loc] && next.inRange(loc) {
+			loc++
+		}
+		if !next.inRange(loc) {
+			return fmt.Errorf("%d+%d has no room for the %d flows installed on %s", r.First, r.Count, s.count()+len(s.unknown), s.ifname)
+		}
+		moves[i].loc = loc
+		used[loc] = true
+	}
+	for i, m := range moves {
+		in := s.owners[m.owner][m.i]
+		rule, err := in.flow.rule(m.loc, in.ctx)
+		if err == nil {
+			err = s.dev.AddRule(s.ifname, rule)
+		}
+		if err != nil {
+			for _, undo := range moves[:i] {
+				s.dev.DeleteRule(s.ifname, undo.loc)
+			}
+			return fmt.Errorf("move %s's flow %v to location %d on %s: %w", m.owner, in.flow, m.loc, s.ifname, err)
+		}
+	}
+	var errs []error
+	for _, m := range moves {
+		in := &s.owners[m.owner][m.i]
+		if err := s.dev.DeleteRule(s.ifname, in.loc); err != nil {
+			errs = append(errs, fmt.Errorf("remove the rule at old location %d on %s: %w", in.loc, s.ifname, err))
+		}
+		in.loc = m.loc
+	}
+	s.rules = r
+	return errors.Join(errs...)
 }
 
 func ruleEqual(a, b ethtool.Rule) bool {
@@ -439,28 +555,37 @@ func ruleEqual(a, b ethtool.Rule) bool {
 
 // reserveRSS rewrites the NIC's RSS indirection table so that no hash
 // bucket points at a reserved queue: the host's own traffic then never
-// lands on a queue the direct program hands to a pod. The table found is
-// saved in stateFile first (unless a predecessor saved one) and put back
-// by restoreRSS.
+// lands on a queue the direct program hands to a pod. The table is
+// computed from the NIC's own, saved in stateFile the first time (a
+// predecessor's save is the NIC's own, not its rewrite), so a queue no
+// longer reserved gets its buckets back. With no queue reserved, the
+// saved table is put back.
 func reserveRSS(dev NtupleDevice, ifname, stateFile string, reserved []uint32) error {
 	if len(reserved) == 0 {
-		return nil
+		return restoreRSS(dev, ifname, stateFile)
+	}
+	orig, err := loadRSS(ifname, stateFile)
+	if err != nil {
+		return err
 	}
 	table, err := dev.Indirection(ifname)
 	if err != nil {
 		return fmt.Errorf("keep rss off queues %v of %s: %w", reserved, ifname, err)
 	}
-	if _, err := os.Stat(stateFile); os.IsNotExist(err) {
+	if len(orig) != len(table) {
+		// Nothing saved, or the table changed size since (other channels):
+		// the NIC's table now is its own.
+		orig = table
 		b, _ := json.Marshal(table)
 		if err := os.MkdirAll(filepath.Dir(stateFile), 0o700); err != nil {
-			return err
+			return fmt.Errorf("save rss table of %s: %w", ifname, err)
 		}
-		if err := os.WriteFile(stateFile, b, 0o600); err != nil {
+		if err := atomicfile.WriteFile(stateFile, b, 0o600); err != nil {
 			return fmt.Errorf("save rss table of %s: %w", ifname, err)
 		}
 	}
 	var spread []uint32
-	for _, q := range table {
+	for _, q := range orig {
 		if !slices.Contains(reserved, q) && !slices.Contains(spread, q) {
 			spread = append(spread, q)
 		}
@@ -469,9 +594,9 @@ func reserveRSS(dev NtupleDevice, ifname, stateFile string, reserved []uint32) e
 	if len(spread) == 0 {
 		return fmt.Errorf("keep rss off queues %v of %s: no queue would be left for the host", reserved, ifname)
 	}
-	out := make([]uint32, len(table))
+	out := make([]uint32, len(orig))
 	j := 0
-	for i, q := range table {
+	for i, q := range orig {
 		if slices.Contains(reserved, q) {
 			q = spread[j%len(spread)]
 			j++
@@ -484,21 +609,100 @@ func reserveRSS(dev NtupleDevice, ifname, stateFile string, reserved []uint32) e
 	return dev.SetIndirection(ifname, out)
 }
 
-// restoreRSS puts back the table reserveRSS saved.
-func restoreRSS(dev NtupleDevice, ifname, stateFile string) error {
+// loadRSS reads the table reserveRSS saved; nil when there is none.
+func loadRSS(ifname, stateFile string) ([]uint32, error) {
 	b, err := os.ReadFile(stateFile)
 	if os.IsNotExist(err) {
-		return nil
+		return nil, nil
 	}
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("saved rss table of %s: %w", ifname, err)
 	}
 	var table []uint32
 	if err := json.Unmarshal(b, &table); err != nil {
-		return fmt.Errorf("saved rss table of %s: %w", ifname, err)
+		return nil, fmt.Errorf("saved rss table of %s in %s: %w (remove the file to take the table the NIC has now as its own)", ifname, stateFile, err)
+	}
+	return table, nil
+}
+
+// restoreRSS puts back the table reserveRSS saved.
+func restoreRSS(dev NtupleDevice, ifname, stateFile string) error {
+	table, err := loadRSS(ifname, stateFile)
+	if err != nil || table == nil {
+		return err
 	}
 	if err := dev.SetIndirection(ifname, table); err != nil {
 		return fmt.Errorf("restore rss table of %s: %w", ifname, err)
 	}
-	return os.Remove(stateFile)
+	return atomicfile.Remove(stateFile)
+}
+
+// withSteering runs f on the netdev's steering with its token held,
+// outside the agent's lock, and records the counts Status reports.
+func (a *Agent) withSteering(name, op string, f func(s *steering) error) error {
+	a.mu.Lock()
+	d := a.take(name)
+	a.mu.Unlock()
+	if d == nil {
+		return fmt.Errorf("agent: %s: %s is not managed", op, name)
+	}
+	err := f(d.steer)
+	a.mu.Lock()
+	d.flows, d.unknown = d.steer.count(), len(d.steer.unknown)
+	a.give(d)
+	a.mu.Unlock()
+	return err
+}
+
+// Steer installs the owner's flows on the netdev, all or none: ntuple
+// rules in the policy's rule range with hardware steering, entries of the
+// filter program's flow map with software steering. A flow that overlaps
+// another owner's is refused with an error that names that owner.
+func (a *Agent) Steer(name, owner string, flows []Flow) error {
+	return a.withSteering(name, "steer", func(s *steering) error { return s.add(owner, flows) })
+}
+
+// Unsteer removes every flow of the owner from the netdev.
+func (a *Agent) Unsteer(name, owner string) error {
+	return a.withSteering(name, "unsteer", func(s *steering) error { return s.removeOwner(owner) })
+}
+
+// VerifySteering checks, against the NIC's rules or the filter's flow
+// map, that every flow of the owner is installed on the netdev.
+func (a *Agent) VerifySteering(name, owner string) error {
+	return a.withSteering(name, "verify steering", func(s *steering) error { return s.verify(owner) })
+}
+
+// SyncSteering is for a restarted daemon: it takes ownership of the flows
+// in keep that are installed, and removes every other flow xdpq installed
+// on the netdev (its rules in the policy's range, its flow map entries).
+// It returns how many it removed.
+func (a *Agent) SyncSteering(name string, keep map[string][]Flow) (removed int, err error) {
+	err = a.withSteering(name, "sync steering", func(s *steering) (err error) {
+		removed, err = s.sync(keep, false)
+		return err
+	})
+	if removed > 0 {
+		a.log.Info("removed stale flows", "netdev", name, "count", removed)
+	}
+	return removed, err
+}
+
+// AdoptSteering is SyncSteering for a daemon that could not read all of
+// its state: it takes ownership of the flows in keep that are installed
+// and leaves every other flow xdpq installed in place, owned by no one.
+// It returns how many such unknown flows remain (Status.UnknownFlows
+// too). They keep their rule locations, a new flow that overlaps one is
+// refused, and the steering cannot change kind, until a SyncSteering
+// that knows every owner removes them.
+func (a *Agent) AdoptSteering(name string, keep map[string][]Flow) (unknown int, err error) {
+	err = a.withSteering(name, "adopt steering", func(s *steering) (err error) {
+		_, err = s.sync(keep, true)
+		unknown = len(s.unknown)
+		return err
+	})
+	if unknown > 0 {
+		a.log.Warn("flows of unknown owners left in place", "netdev", name, "count", unknown)
+	}
+	return unknown, err
 }

@@ -165,7 +165,7 @@ func TestSteeringOnFakeNtupleNIC(t *testing.T) {
 
 	a := newAgentWithNIC(t, p, nic, pins, state)
 	policy := agent.Policy{Rules: agent.RuleRange{First: 100, Count: 4}, Reserved: []uint32{2, 3}}
-	if err := a.Manage("xa", policy); err != nil {
+	if err := a.Set("xa", policy); err != nil {
 		t.Fatal(err)
 	}
 	if st := status(a, "xa"); st.Steering != agent.SteerHardware {
@@ -256,7 +256,7 @@ func TestSteeringOnFakeNtupleNIC(t *testing.T) {
 	// table is the original, not the rewritten one.
 	a2 := newAgentWithNIC(t, p, nic, pins, state)
 	defer a2.Close()
-	if err := a2.Manage("xa", policy); err != nil {
+	if err := a2.Set("xa", policy); err != nil {
 		t.Fatal(err)
 	}
 	removed, err := a2.SyncSteering("xa", map[string][]agent.Flow{"pod-a": podA})
@@ -287,7 +287,7 @@ func TestSoftwareFallbackOnVeth(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	pins := pinDir(t)
 	a := start(t, p, time.Second)
-	if err := a.Manage("xa", agent.Policy{Steering: agent.SteerAuto, Mode: xdp.ModeNative}); err != nil {
+	if err := a.Set("xa", agent.Policy{Steering: agent.SteerAuto, Mode: xdp.ModeNative}); err != nil {
 		t.Fatal(err)
 	}
 	if st := status(a, "xa"); st.Steering != agent.SteerSoftware {
@@ -358,7 +358,7 @@ func TestSoftwareFallbackOnVeth(t *testing.T) {
 	// Hardware steering on veth: a clear error.
 	a2 := newAgentWithNIC(t, p, nil, pins+"-hw", t.TempDir())
 	defer a2.Close()
-	if err := a2.Manage("xb", agent.Policy{Steering: agent.SteerHardware}); err != nil {
+	if err := a2.Set("xb", agent.Policy{Steering: agent.SteerHardware}); err != nil {
 		t.Fatal(err)
 	}
 	err = a2.Steer("xb", "pod-c", []agent.Flow{{Protocol: xdp.UDP, Dst: host("10.99.0.2"), Queues: []uint32{0}}})
@@ -381,7 +381,7 @@ func TestRSSContextOnFakeNtupleNIC(t *testing.T) {
 	nic := newFakeNtupleNIC(4)
 	pins, state := pinDir(t), t.TempDir()
 	a := newAgentWithNIC(t, p, nic, pins, state)
-	if err := a.Manage("xa", agent.Policy{Steering: agent.SteerHardware}); err != nil {
+	if err := a.Set("xa", agent.Policy{Steering: agent.SteerHardware}); err != nil {
 		t.Fatal(err)
 	}
 	flow := agent.Flow{Protocol: xdp.UDP, Dst: host("10.0.0.5"), DstPort: 2152, Queues: []uint32{2, 3}}
@@ -421,7 +421,7 @@ func TestRSSContextOnFakeNtupleNIC(t *testing.T) {
 func TestSoftwareFlowOverQueues(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	a := start(t, p, time.Second)
-	if err := a.Manage("xa", agent.Policy{Steering: agent.SteerSoftware, Mode: xdp.ModeNative}); err != nil {
+	if err := a.Set("xa", agent.Policy{Steering: agent.SteerSoftware, Mode: xdp.ModeNative}); err != nil {
 		t.Fatal(err)
 	}
 	flow := agent.Flow{Protocol: xdp.UDP, Dst: host(p.A.Addr.String()), DstPort: 5000, Queues: []uint32{0, 1}}

@@ -108,6 +108,24 @@ func Detach(netns string, ifindex int, mode Mode, expected *ebpf.Program) error 
 	return nil
 }
 
+// Replace puts prog in place of expected, attached in mode to ifindex, in
+// one step: no frame sees the netdev without a program. When expected is
+// no longer the program attached (another took its place), it fails with
+// ErrOccupied and changes nothing. A program attached through a bpf_link
+// is replaced with the link's Update instead.
+func Replace(netns string, ifindex int, mode Mode, prog, expected *ebpf.Program) error {
+	err := inNetNS(netns, func() error {
+		return setXDP(ifindex, prog.FD(), expected.FD(), mode, unix.XDP_FLAGS_REPLACE)
+	})
+	if errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("replace xdp on ifindex %d (%v): another program is attached: %w", ifindex, mode, ErrOccupied)
+	}
+	if err != nil {
+		return fmt.Errorf("replace xdp on ifindex %d (%v): %w", ifindex, mode, err)
+	}
+	return nil
+}
+
 // Attached describes the XDP program on a netdev.
 type Attached struct {
 	ID   ebpf.ProgramID

@@ -78,64 +78,142 @@ func Load(kind Kind, opts LoadOptions) (*Program, error) {
 	return load(kind, opts, nil)
 }
 
-// ErrPinsIncompatible is returned by LoadPinned when the maps pinned in
-// the directory do not fit the program (another kind, or sized for a
-// different queue count).
+// ErrPinsIncompatible is returned by LoadPinned when a map pinned in the
+// directory does not fit the program (sized for a different queue count,
+// or not one of xdpq's maps).
 var ErrPinsIncompatible = errors.New("pinned maps do not fit the program")
 
 // LoadPinned loads the program of the given kind on the maps pinned in
-// dir, pinning new maps there first if dir holds none. A program loaded
-// this way by a restarted process shares the XSKMAP (and the sockets in
-// it), the flows and the counters of the one loaded before.
+// dir and pins there the maps it had to create. A program loaded this way
+// by a restarted process shares the XSKMAP (and the sockets in it), the
+// flows and the counters of the one loaded before.
+//
+// Both kinds have the same XSKMAP, so a pinned XSKMAP is taken whichever
+// kind pinned it: a netdev whose program changes kind keeps its sockets.
+// The filter program takes the pinned flow and counter maps as a pair (a
+// lone one is replaced); the direct program has neither, so their pins are
+// removed.
 func LoadPinned(kind Kind, dir string, opts LoadOptions) (*Program, error) {
-	names := []string{"xsks"}
-	if kind == Filter {
-		names = append(names, "flows", "counters")
-	}
+	names := []string{"xsks", "flows", "counters"}
 	pinned := map[string]*ebpf.Map{}
-	closeAll := func() {
+	defer func() {
 		for _, m := range pinned {
-			m.Close()
+			m.Close() // the program holds its own references
 		}
-	}
+	}()
 	for _, n := range names {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, n), nil)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			closeAll()
 			return nil, fmt.Errorf("load pinned %s map: %w", n, err)
 		}
 		pinned[n] = m
 	}
-	if len(pinned) == 0 {
-		p, err := Load(kind, opts)
-		if err != nil {
-			return nil, err
+	if kind == Direct || pinned["flows"] == nil || pinned["counters"] == nil {
+		for _, n := range []string{"flows", "counters"} {
+			if m := pinned[n]; m != nil {
+				m.Close()
+				delete(pinned, n)
+				if err := os.Remove(filepath.Join(dir, n)); err != nil {
+					return nil, fmt.Errorf("remove the pin of the unused %s map: %w", n, err)
+				}
+			}
 		}
-		if err := p.Pin(dir); err != nil {
-			p.Unpin()
-			p.Close()
-			return nil, err
-		}
-		return p, nil
-	}
-	if len(pinned) != len(names) {
-		closeAll()
-		return nil, fmt.Errorf("load %s program from %s: %w (some maps missing)", kind, dir, ErrPinsIncompatible)
 	}
 	p, err := load(kind, opts, pinned)
-	closeAll() // the program holds its own references
-	if p != nil {
-		p.pinDir = dir
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		return nil, fmt.Errorf("load %s program from %s: %w: %w", kind, dir, ErrPinsIncompatible, err)
 	}
 	if err != nil {
-		if errors.Is(err, ebpf.ErrMapIncompatible) {
-			return nil, fmt.Errorf("load %s program from %s: %w: %w", kind, dir, ErrPinsIncompatible, err)
-		}
 		return nil, err
 	}
+	if err := p.Pin(dir); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// LoadWith loads the program of the given kind on the maps given by name
+// ("xsks", and for the filter program "flows" and "counters"), creating
+// the others. Loading the other kind on a program's XSKMAP gives a program
+// that can replace it on the netdev (see Replace) without a socket
+// noticing.
+func LoadWith(kind Kind, opts LoadOptions, maps map[string]*ebpf.Map) (*Program, error) {
+	for n := range maps {
+		if n != "xsks" && (kind != Filter || n != "flows" && n != "counters") {
+			return nil, fmt.Errorf("load %s program: it has no %s map", kind, n)
+		}
+	}
+	p, err := load(kind, opts, maps)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		return nil, fmt.Errorf("load %s program: %w: %w", kind, ErrPinsIncompatible, err)
+	}
+	return p, err
+}
+
+// Open returns the loaded xdpq program with the given id, with its maps,
+// as a Program: a process that lost the pins of a program still attached
+// to a netdev (bpffs not persisted, another pin directory) takes it back
+// this way and pins its maps again. A program that is not xdpq's (by name
+// and instruction tag) is an error.
+func Open(id ebpf.ProgramID) (*Program, error) {
+	prog, err := ebpf.NewProgramFromID(id)
+	if err != nil {
+		return nil, fmt.Errorf("open program %d: %w", id, err)
+	}
+	p := &Program{prog: prog}
+	ok := false
+	defer func() {
+		if !ok {
+			p.Close()
+		}
+	}()
+	info, err := prog.Info()
+	if err != nil {
+		return nil, fmt.Errorf("open program %d: info: %w", id, err)
+	}
+	tags, err := ourTags()
+	if err != nil {
+		return nil, err
+	}
+	kind, found := Kind(-1), false
+	for k, t := range tags {
+		if t.name == info.Name && t.tag == info.Tag {
+			kind, found = k, true
+		}
+	}
+	if !found {
+		return nil, fmt.Errorf("open program %d: %q (tag %s) is not an xdpq program", id, info.Name, info.Tag)
+	}
+	p.kind = kind
+	ids, ok2 := info.MapIDs()
+	if !ok2 {
+		return nil, fmt.Errorf("open program %d: the kernel does not report a program's maps", id)
+	}
+	for _, mid := range ids {
+		m, err := ebpf.NewMapFromID(mid)
+		if err != nil {
+			return nil, fmt.Errorf("open program %d: map %d: %w", id, mid, err)
+		}
+		mi, err := m.Info()
+		if err != nil {
+			m.Close()
+			return nil, fmt.Errorf("open program %d: map %d info: %w", id, mid, err)
+		}
+		slot := map[string]**ebpf.Map{"xsks": &p.xsks, "flows": &p.flows, "counters": &p.counters}[mi.Name]
+		if slot == nil || *slot != nil {
+			m.Close() // not one of the program's named maps (.rodata, say)
+			continue
+		}
+		*slot = m
+	}
+	if p.xsks == nil || kind == Filter && (p.flows == nil || p.counters == nil) {
+		return nil, fmt.Errorf("open program %d: the %s program's maps are not all there", id, kind)
+	}
+	ok = true
 	return p, nil
 }
 
@@ -319,18 +397,57 @@ func (p *Program) Counters(queue uint32) (Counters, error) {
 // Pin pins the program's maps in dir (on a bpffs), creating it: the
 // XSKMAP as dir/xsks, and for the filter program dir/flows and
 // dir/counters. Another program (an operator's own) can redirect into a
-// pinned XSKMAP.
+// pinned XSKMAP. A pin that is there already is kept when it is the same
+// map, and is an error when it is another.
 func (p *Program) Pin(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("pin maps: %w", err)
 	}
 	for name, m := range p.maps() {
-		if err := m.Pin(filepath.Join(dir, name)); err != nil {
+		path := filepath.Join(dir, name)
+		err := m.Pin(path)
+		if errors.Is(err, os.ErrExist) {
+			err = samePin(path, m)
+		}
+		if err != nil {
 			return fmt.Errorf("pin %s map: %w", name, err)
 		}
 	}
 	p.pinDir = dir
 	return nil
+}
+
+// samePin tells (with a nil error) that the map pinned at path is m.
+func samePin(path string, m *ebpf.Map) error {
+	pinned, err := ebpf.LoadPinnedMap(path, nil)
+	if err != nil {
+		return err
+	}
+	defer pinned.Close()
+	a, err := mapID(pinned)
+	if err != nil {
+		return err
+	}
+	b, err := mapID(m)
+	if err != nil {
+		return err
+	}
+	if a != b {
+		return fmt.Errorf("%s holds another map (id %d, not %d): %w", path, a, b, os.ErrExist)
+	}
+	return nil
+}
+
+func mapID(m *ebpf.Map) (ebpf.MapID, error) {
+	mi, err := m.Info()
+	if err != nil {
+		return 0, fmt.Errorf("map info: %w", err)
+	}
+	id, ok := mi.ID()
+	if !ok {
+		return 0, errors.New("the kernel does not report map ids")
+	}
+	return id, nil
 }
 
 func (p *Program) maps() map[string]*ebpf.Map {
@@ -382,13 +499,9 @@ func UsesMap(prog *ebpf.Program, m *ebpf.Map) (bool, error) {
 	if !ok {
 		return false, errors.New("the kernel does not report a program's maps")
 	}
-	mi, err := m.Info()
+	id, err := mapID(m)
 	if err != nil {
-		return false, fmt.Errorf("map info: %w", err)
-	}
-	id, ok := mi.ID()
-	if !ok {
-		return false, errors.New("the kernel does not report map ids")
+		return false, err
 	}
 	return slices.Contains(ids, id), nil
 }
