@@ -56,14 +56,22 @@ type PoolStatus struct {
 
 // NetdevStatus is what the agent reports of a netdev.
 type NetdevStatus struct {
-	Netdev   string   `json:"netdev"`
-	State    string   `json:"state"`
-	Mode     string   `json:"mode"`
-	Steering string   `json:"steering"`
-	Flows    int      `json:"flows"`
-	Sockets  []uint32 `json:"sockets"`
-	LinkUp   bool     `json:"linkUp"`
-	Reason   string   `json:"reason,omitempty"`
+	Netdev   string `json:"netdev"`
+	State    string `json:"state"`
+	Mode     string `json:"mode"`
+	Steering string `json:"steering"`
+	Flows    int    `json:"flows"`
+	// UnknownFlows counts the steering entries (ntuple rules, or filter
+	// map entries: one per queue of a flow) xdpq installed that no record
+	// it can read owns (see Status.StateErrors); they stay until the
+	// record is repaired or removed.
+	UnknownFlows int      `json:"unknownFlows,omitempty"`
+	Sockets      []uint32 `json:"sockets"`
+	LinkUp       bool     `json:"linkUp"`
+	Reason       string   `json:"reason,omitempty"`
+	// PolicyError says which of its pool's settings could not be put in
+	// force on the netdev, and why.
+	PolicyError string `json:"policyError,omitempty"`
 }
 
 // CNIFlow is a flow the CNI plugin asks for, its destination resolved

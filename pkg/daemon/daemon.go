@@ -148,7 +148,7 @@ func New(opts Options) (_ *Daemon, err error) {
 			return nil, err
 		}
 	}
-	d.agent, err = agent.New(agent.Config{NetNS: opts.NetNS, PinDir: opts.PinDir, StateDir: opts.StateDir,
+	d.agent, err = agent.New(agent.Config{NetNS: opts.NetNS, SysRoot: d.opts.SysRoot, PinDir: opts.PinDir, StateDir: opts.StateDir,
 		Logger: opts.Logger, OnChange: d.devicesChanged})
 	if err != nil {
 		return nil, err

@@ -173,7 +173,7 @@ func (d *Daemon) startPodAgent(pn *podNetdev, flows []agent.Flow) error {
 	if err != nil {
 		return err
 	}
-	if err := ag.Manage(pn.rec.ifName(), pn.rec.Policy); err != nil {
+	if err := ag.Set(pn.rec.ifName(), pn.rec.Policy); err != nil {
 		ag.Close()
 		return err
 	}

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"errors"
-	"fmt"
 	"path/filepath"
 	"slices"
 
@@ -22,6 +21,8 @@ func policyFor(p config.Pool, reserved []uint32) agent.Policy {
 		Steering:     agent.Steering(p.Steering),
 		AttachAlways: p.Attach == "always",
 		Exclusive:    p.Exclusive,
+		Linger:       p.Linger.Duration,
+		BusyPoll:     p.BusyPoll != nil,
 	}
 	if pol.Steering != agent.SteerSoftware {
 		pol.Reserved = slices.Clone(reserved)
@@ -42,7 +43,7 @@ func podPolicy(p config.Pool, flows bool) agent.Policy {
 
 func policyEqual(a, b agent.Policy) bool {
 	return a.Steering == b.Steering && a.Rules == b.Rules && slices.Equal(a.Reserved, b.Reserved) && a.Mode == b.Mode &&
-		a.AttachAlways == b.AttachAlways && a.Exclusive == b.Exclusive
+		a.AttachAlways == b.AttachAlways && a.Exclusive == b.Exclusive && a.Linger == b.Linger && a.BusyPoll == b.BusyPoll
 }
 
 // brokerLimits are what one lease of pool p may ask for.
@@ -100,18 +101,6 @@ func (d *Daemon) nodeNetdev(name string) xsk.Netdev {
 		dev.Ifindex = n.Ifindex
 	}
 	return dev
-}
-
-// setPolicy manages a netdev with a policy, or brings a managed one to a
-// new policy. Only the reconciler calls it.
-func (d *Daemon) setPolicy(name string, p agent.Policy) error {
-	d.mu.Lock()
-	_, managed := d.managed[name]
-	d.mu.Unlock()
-	if !managed {
-		return d.agent.Manage(name, p)
-	}
-	return fmt.Errorf("a new policy for a managed netdev waits for the agent's Set")
 }
 
 // updateLimits gives the live allocations their pools' limits and busy

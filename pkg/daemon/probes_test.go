@@ -178,8 +178,9 @@ func TestBrokenRecord(t *testing.T) {
 			if len(s.StateErrors) != 1 || !strings.Contains(s.StateErrors[0], record) {
 				t.Errorf("state errors %q", s.StateErrors)
 			}
-			if s.Netdevs[0].Flows != 1 {
-				t.Errorf("%d flows on xa, want the pod's 1", s.Netdevs[0].Flows)
+			// The pod's flow, owner unknown: one filter map entry per queue.
+			if s.Netdevs[0].UnknownFlows != 2 {
+				t.Errorf("%d unknown flows on xa, want the pod's flow on its 2 queues (%d known)", s.Netdevs[0].UnknownFlows, s.Netdevs[0].Flows)
 			}
 			_, err = d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 1})
 			if !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "repair the file or remove it") {
@@ -197,8 +198,8 @@ func TestBrokenRecord(t *testing.T) {
 				t.Fatal(err)
 			}
 			s, _ = d.Status(ctx)
-			if len(s.StateErrors) != 0 || len(s.Allocations) != 2 {
-				t.Errorf("after the repair: state errors %q, %d allocations", s.StateErrors, len(s.Allocations))
+			if len(s.StateErrors) != 0 || len(s.Allocations) != 2 || s.Netdevs[0].Flows != 1 || s.Netdevs[0].UnknownFlows != 0 {
+				t.Errorf("after the repair: state errors %q, %d allocations, xa %+v", s.StateErrors, len(s.Allocations), s.Netdevs[0])
 			}
 			if _, err := d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 				t.Errorf("check after the repair: %v", err)

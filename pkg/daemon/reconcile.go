@@ -35,9 +35,13 @@ func (d *Daemon) applier(ctx context.Context) func(*config.Config) error {
 		if err := d.request(ctx, reconcileRequest{cfg: c, discover: true}); err != nil {
 			return err
 		}
-		for _, a := range d.ledger.Rescan() {
+		back := d.ledger.Rescan()
+		for _, a := range back {
 			d.log.Info("allocation record readable again", "allocation", a.ID)
 			d.serveRestored(ctx, a)
+		}
+		if len(back) > 0 {
+			d.syncSteering(false)
 		}
 		return nil
 	}
@@ -147,10 +151,15 @@ func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
 		if old, ok := managed[name]; ok && policyEqual(old, pol) {
 			continue
 		}
-		if err := d.setPolicy(name, pol); err != nil {
+		if err := d.agent.Set(name, pol); err != nil {
 			problems = append(problems, fmt.Sprintf("netdev %s: %v", name, err))
-			d.log.Error("netdev not managed", "netdev", name, "err", err)
-			continue
+			if _, was := managed[name]; !was {
+				d.log.Error("netdev not managed", "netdev", name, "err", err)
+				continue // tried again at the next reconcile
+			}
+			// Managed, with the fields it could apply (status says which
+			// not); tried again when the config changes.
+			d.log.Error("netdev policy not wholly in force", "netdev", name, "err", err)
 		}
 		managed[name] = pol
 	}

@@ -53,16 +53,17 @@ func (d *Daemon) start(ctx context.Context) error {
 	if err := d.reconcile(ctx, reconcileRequest{}); err != nil { // netdevs back from pods
 		return err
 	}
-	d.syncSteering()
+	d.syncSteering(true)
 	d.restoreAllocations(ctx)
 	d.removeStrayDirs()
 	return nil
 }
 
-// syncSteering keeps the node agent's flows that attachments own. With
-// every record read, it removes the rest (a crashed ADD's, a freed
-// allocation's); with a record unreadable it removes nothing.
-func (d *Daemon) syncSteering() {
+// syncSteering keeps the node agent's flows that attachments own. At
+// start, with every record read, it removes the rest (a crashed ADD's, a
+// freed allocation's); with a record unreadable, or later (an ADD may be
+// steering at this moment), it removes nothing.
+func (d *Daemon) syncSteering(removeUnowned bool) {
 	keep := map[string]map[string][]agent.Flow{}
 	for _, att := range d.ledger.Attachments() {
 		if att.Mode != api.ModeQueue || att.State != ledger.Active {
@@ -77,18 +78,20 @@ func (d *Daemon) syncSteering() {
 		}
 		keep[att.Netdev][att.Key()] = flows
 	}
-	broken := len(d.ledger.Broken()) > 0
+	removeUnowned = removeUnowned && len(d.ledger.Broken()) == 0
 	d.mu.Lock()
 	netdevs := slices.Sorted(maps.Keys(d.managed))
 	d.mu.Unlock()
 	for _, n := range netdevs {
-		if broken {
-			d.log.Warn("a record is unreadable: flows no record owns are left in place", "netdev", n)
-			// TODO(agent): adopt without removing.
+		if removeUnowned {
+			if removed, err := d.agent.SyncSteering(n, keep[n]); err != nil || removed > 0 {
+				d.log.Info("steering synced with the attachments", "netdev", n, "removed", removed, "err", err)
+			}
 			continue
 		}
-		if removed, err := d.agent.SyncSteering(n, keep[n]); err != nil || removed > 0 {
-			d.log.Info("steering synced with the attachments", "netdev", n, "removed", removed, "err", err)
+		unknown, err := d.agent.AdoptSteering(n, keep[n])
+		if err != nil || unknown > 0 {
+			d.log.Warn("flows no readable record owns are left in place", "netdev", n, "unknown", unknown, "err", err)
 		}
 	}
 }

@@ -32,7 +32,8 @@ func (d *Daemon) Status(ctx context.Context) (*api.Status, error) {
 	}
 	for _, n := range d.netdevStatus() {
 		s.Netdevs = append(s.Netdevs, api.NetdevStatus{Netdev: n.Netdev, State: string(n.State), Mode: n.Mode.String(),
-			Steering: string(n.Steering), Flows: n.Flows, Sockets: n.Sockets, LinkUp: n.LinkUp, Reason: n.Reason})
+			Steering: string(n.Steering), Flows: n.Flows, UnknownFlows: n.UnknownFlows, Sockets: n.Sockets, LinkUp: n.LinkUp,
+			Reason: n.Reason, PolicyError: n.PolicyError})
 	}
 	sort.Slice(s.Netdevs, func(i, j int) bool { return s.Netdevs[i].Netdev < s.Netdevs[j].Netdev })
 	var problems []string
