@@ -37,6 +37,9 @@ type Config struct {
 	Ring     uint32
 	Interval time.Duration
 	Out      io.Writer
+	// Reported, if set, is called after each report line with the totals
+	// so far.
+	Reported func(Totals)
 	// txpush frames
 	Size             int
 	SrcMAC, DstMAC   net.HardwareAddr
@@ -140,6 +143,13 @@ func report(ctx context.Context, cfg Config, l *client.Lease, cs []counters) {
 			}
 			last = now
 			fmt.Fprintln(cfg.Out, b.String())
+			if cfg.Reported != nil {
+				t := Totals{Queues: l.Queues}
+				for i := range cs {
+					t.RX, t.TX = append(t.RX, cs[i].rx.Load()), append(t.TX, cs[i].tx.Load())
+				}
+				cfg.Reported(t)
+			}
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -54,8 +55,16 @@ func TestRXDrop(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var out bytes.Buffer
 	done := make(chan Totals)
+	counted := make(chan struct{})
+	var once sync.Once
+	reported := func(t Totals) {
+		if t.RX[0] == 500 { // a line was printed after the last frame was counted
+			once.Do(func() { close(counted) })
+		}
+	}
 	go func() {
-		tot, err := Run(ctx, Config{Socket: n.Alloc.SocketPath(), Mode: RXDrop, Ring: 1024, Interval: 100 * time.Millisecond, Out: &out})
+		tot, err := Run(ctx, Config{Socket: n.Alloc.SocketPath(), Mode: RXDrop, Ring: 1024, Interval: 100 * time.Millisecond, Out: &out,
+			Reported: reported})
 		if err != nil {
 			t.Error(err)
 		}
@@ -71,7 +80,11 @@ func TestRXDrop(t *testing.T) {
 	if err := p.Send[0].Send(frames, time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond) // let a report line or two pass
+	select {
+	case <-counted:
+	case <-time.After(10 * time.Second):
+		t.Error("no report counted the 500 frames")
+	}
 	cancel()
 	tot := <-done
 	if tot.RX[0] != 500 {

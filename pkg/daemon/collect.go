@@ -18,7 +18,7 @@ func (d *Daemon) collectLoop(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			d.collect(ctx)
+			d.collect(ctx, d.opts.CollectPeriod)
 			d.mu.Lock()
 			d.collected = time.Now()
 			d.mu.Unlock()
@@ -27,8 +27,9 @@ func (d *Daemon) collectLoop(ctx context.Context) error {
 }
 
 // collect runs one collection; it returns the attachments and
-// allocations it ended.
-func (d *Daemon) collect(ctx context.Context) (atts, allocs []string) {
+// allocations it ended. Allocations younger than grace stay: kubelet
+// records an allocation only after Allocate returned.
+func (d *Daemon) collect(ctx context.Context, grace time.Duration) (atts, allocs []string) {
 	for _, att := range d.ledger.Attachments() {
 		if !netnsGone(att.Attachment) {
 			continue
@@ -50,8 +51,7 @@ func (d *Daemon) collect(ctx context.Context) (atts, allocs []string) {
 	}
 	for _, a := range d.ledger.Allocations() {
 		p, ok := d.ledger.Pool(a.Pool)
-		// kubelet records an allocation only after Allocate returned.
-		if !ok || time.Since(a.Created) < d.opts.CollectPeriod || heldBy(held, p.Resource, a.Devices) {
+		if !ok || time.Since(a.Created) < grace || heldBy(held, p.Resource, a.Devices) {
 			continue
 		}
 		if err := d.free(ctx, a.ID, "no running container holds its devices"); err != nil {

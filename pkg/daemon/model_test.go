@@ -31,7 +31,8 @@ import (
 // records, allocation directories, flows, pins, file descriptors.
 //
 // XDPQ_MODEL_SEQS sets the number of sequences (200 by default, the
-// least CI runs); XDPQ_MODEL_SEED replays one.
+// least CI runs); XDPQ_MODEL_SEED replays one (or, with
+// XDPQ_MODEL_SEQS, starts there).
 
 // modelConfigs are the configs a reload picks from: pool -> queues of xa.
 var modelConfigs = []map[string][]uint32{
@@ -62,6 +63,14 @@ func modelConfigYAML(pools map[string][]uint32) string {
 // sortedKeys are m's keys in order.
 func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
+// modelOp is a step: run does it and checks its answer against the
+// model; apply updates the model after it.
+type modelOp struct {
+	name  string
+	run   func() error
+	apply func()
+}
+
 type modelAlloc struct {
 	pool   string
 	queues []uint32
@@ -86,6 +95,16 @@ func (m *model) free(pool string) int {
 		}
 	}
 	return n
+}
+
+// drop forgets an allocation and its attachments.
+func (m *model) drop(id string) {
+	delete(m.allocs, id)
+	for k, a := range m.atts {
+		if a == id {
+			delete(m.atts, k)
+		}
+	}
 }
 
 // daemonProc is the daemon as its own process.
@@ -164,11 +183,11 @@ func (p *daemonProc) stop(sig syscall.Signal) {
 // connection closing) is no leak.
 func (p *daemonProc) fds() []string {
 	var least []string
-	for i := range 10 {
+	for i := range 5 {
 		if fds := p.fdsNow(); i == 0 || len(fds) < len(least) {
 			least = fds
 		}
-		time.Sleep(10 * time.Millisecond) // sampling another process
+		time.Sleep(5 * time.Millisecond) // sampling another process
 	}
 	return least
 }
@@ -188,16 +207,15 @@ func (p *daemonProc) fdsNow() []string {
 func TestModel(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	bin := t.TempDir()
-	if out, err := exec.Command("go", "build", "-race", "-o", bin, "github.com/xdpq/xdpq/cmd/deviceplugin").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/xdpq/xdpq/cmd/deviceplugin").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
-	seqs := 200
-	if s, err := strconv.Atoi(os.Getenv("XDPQ_MODEL_SEQS")); err == nil {
-		seqs = s
-	}
-	first := uint64(1)
+	seqs, first := 200, uint64(1)
 	if s, err := strconv.ParseUint(os.Getenv("XDPQ_MODEL_SEED"), 10, 64); err == nil {
 		first, seqs = s, 1
+	}
+	if s, err := strconv.Atoi(os.Getenv("XDPQ_MODEL_SEQS")); err == nil {
+		seqs = s
 	}
 	pins := testPins(t)
 	for seed := first; seed < first+uint64(seqs); seed++ {
@@ -289,21 +307,15 @@ func modelSequence(t *testing.T, p *testnet.Pair, bin, pins string, seed uint64)
 
 	// do runs one operation and updates the model; with uncertain (a kill
 	// in flight) it accepts either outcome and learns which from status.
-	type op struct {
-		name string
-		run  func() error
-		// apply updates the model after a success.
-		apply func()
-	}
 	steps := 8 + rng.IntN(12)
 	for range steps {
-		var o op
+		var o modelOp
 		switch k := rng.IntN(100); {
 		case k < 30:
 			pool := sortedKeys((m.pools))[rng.IntN(len(m.pools))]
 			n := 1 + rng.IntN(2)
 			var got *api.Allocation
-			o = op{name: fmt.Sprintf("alloc %s %d", pool, n), run: func() (err error) {
+			o = modelOp{name: fmt.Sprintf("alloc %s %d", pool, n), run: func() (err error) {
 				got, err = d.api.Alloc(pool, n, uint32(rng.IntN(2))*65534)
 				if err == nil && m.free(pool) < n {
 					return fmt.Errorf("alloc of %d from %s succeeded with %d free", n, pool, m.free(pool))
@@ -319,7 +331,7 @@ func modelSequence(t *testing.T, p *testnet.Pair, bin, pins string, seed uint64)
 			}}
 		case k < 45:
 			id := randomAlloc()
-			o = op{name: "free " + id, run: func() error {
+			o = modelOp{name: "free " + id, run: func() error {
 				err := d.api.Free(id)
 				_, exists := m.allocs[id]
 				switch {
@@ -329,21 +341,14 @@ func modelSequence(t *testing.T, p *testnet.Pair, bin, pins string, seed uint64)
 					return fmt.Errorf("free of an unknown allocation: %v", err)
 				}
 				return nil
-			}, apply: func() {
-				delete(m.allocs, id)
-				for k, a := range m.atts {
-					if a == id {
-						delete(m.atts, k)
-					}
-				}
-			}}
+			}, apply: func() { m.drop(id) }}
 		case k < 65:
 			id := randomAlloc()
 			flowN++
 			key := fmt.Sprintf("c%d/net1", flowN)
 			flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 7, byte(flowN >> 8), byte(flowN)}), 32), DstPort: 53}
 			ok := false
-			o = op{name: "cni add " + key + " to " + id, run: func() error {
+			o = modelOp{name: "cni add " + key + " to " + id, run: func() error {
 				_, err := d.api.CNIAdd(api.CNIAddRequest{ContainerID: fmt.Sprintf("c%d", flowN), IfName: "net1", Allocation: id, Flows: []api.CNIFlow{flow}})
 				_, exists := m.allocs[id]
 				switch {
@@ -366,10 +371,10 @@ func modelSequence(t *testing.T, p *testnet.Pair, bin, pins string, seed uint64)
 				key = keys[rng.IntN(len(keys))]
 			}
 			cid, ifn, _ := strings.Cut(key, "/")
-			o = op{name: "cni del " + key, run: func() error { return d.api.CNIDel(cid, ifn) }, apply: func() { delete(m.atts, key) }}
+			o = modelOp{name: "cni del " + key, run: func() error { return d.api.CNIDel(cid, ifn) }, apply: func() { delete(m.atts, key) }}
 		case k < 88:
 			next := modelConfigs[rng.IntN(len(modelConfigs))]
-			o = op{name: "reload " + strings.TrimSpace(modelConfigYAML(next)), run: func() error {
+			o = modelOp{name: "reload " + strings.TrimSpace(modelConfigYAML(next)), run: func() error {
 				writeConfig(next)
 				d.cmd.Process.Signal(syscall.SIGHUP)
 				// The daemon says a reload is done by the config in force.
@@ -384,9 +389,11 @@ func modelSequence(t *testing.T, p *testnet.Pair, bin, pins string, seed uint64)
 				}
 			}, apply: func() { m.pools = next }}
 		case k < 94:
-			o = op{name: "restart", run: func() error { d.stop(syscall.SIGTERM); d.start(); return nil }, apply: func() {}}
+			o = modelOp{name: "restart", run: func() error { d.stop(syscall.SIGTERM); d.start(); return nil }, apply: func() {}}
+		case k < 95:
+			o = modelOp{name: "kill -9", run: func() error { d.stop(syscall.SIGKILL); d.start(); return nil }, apply: func() {}}
 		default:
-			o = op{name: "kill -9", run: func() error { d.stop(syscall.SIGKILL); d.start(); return nil }, apply: func() {}}
+			o = killInFlight(rng, d, m, &flowN)
 		}
 		trace = append(trace, o.name)
 		if err := o.run(); err != nil {
@@ -432,6 +439,114 @@ func modelSequence(t *testing.T, p *testnet.Pair, bin, pins string, seed uint64)
 			fail("left in %s: %v", dir, names)
 		}
 	}
+}
+
+// killInFlight is SIGKILL while a call is in flight: an alloc, free, CNI
+// ADD or DEL runs, the daemon is killed a moment later (at a random point
+// of the call: before, during or after its records are written), and
+// started again. Either outcome of the call is right; the model learns
+// which from the restarted daemon, and check then requires that
+// everything else agrees with it (a half-made allocation or attachment
+// fails it).
+func killInFlight(rng *rand.Rand, d *daemonProc, m *model, flowN *int) modelOp {
+	delay := time.Duration(rng.IntN(3000)) * time.Microsecond
+	var call func()
+	var learn func() error
+	var what string
+	switch rng.IntN(4) {
+	case 0:
+		pool := sortedKeys(m.pools)[rng.IntN(len(m.pools))]
+		n := 1 + rng.IntN(2)
+		what = fmt.Sprintf("alloc %s %d", pool, n)
+		call = func() { d.api.Alloc(pool, n, 0) }
+		learn = func() error {
+			s, err := d.api.Status()
+			if err != nil {
+				return err
+			}
+			for _, a := range s.Allocations {
+				if _, known := m.allocs[a.ID]; known {
+					continue
+				}
+				if a.Pool != pool || len(a.Queues) != n {
+					return fmt.Errorf("after the kill: allocation %+v, from alloc %s %d", a, pool, n)
+				}
+				m.allocs[a.ID] = modelAlloc{a.Pool, a.Queues}
+			}
+			return nil
+		}
+	case 1:
+		id := randomID(rng, m)
+		what = "free " + id
+		call = func() { d.api.Free(id) }
+		learn = func() error {
+			s, err := d.api.Status()
+			if err != nil {
+				return err
+			}
+			if !slices.ContainsFunc(s.Allocations, func(a api.Allocation) bool { return a.ID == id }) {
+				m.drop(id)
+			}
+			return nil
+		}
+	case 2:
+		id := randomID(rng, m)
+		*flowN++
+		cid := fmt.Sprintf("c%d", *flowN)
+		flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 7, byte(*flowN >> 8), byte(*flowN)}), 32), DstPort: 53}
+		what = "cni add " + cid + "/net1 to " + id
+		call = func() {
+			d.api.CNIAdd(api.CNIAddRequest{ContainerID: cid, IfName: "net1", Allocation: id, Flows: []api.CNIFlow{flow}})
+		}
+		learn = func() error {
+			_, err := d.api.CNICheck(cid, "net1")
+			switch {
+			case err == nil:
+				m.atts[cid+"/net1"] = id
+			case !errors.Is(err, api.ErrNotFound):
+				return fmt.Errorf("after the kill: check %s: %w", cid, err)
+			}
+			return nil
+		}
+	default:
+		keys := sortedKeys(m.atts)
+		key := "nobody/net1"
+		if len(keys) > 0 {
+			key = keys[rng.IntN(len(keys))]
+		}
+		cid, ifn, _ := strings.Cut(key, "/")
+		what = "cni del " + key
+		call = func() { d.api.CNIDel(cid, ifn) }
+		learn = func() error {
+			_, err := d.api.CNICheck(cid, ifn)
+			switch {
+			case errors.Is(err, api.ErrNotFound):
+				delete(m.atts, key)
+			case err != nil:
+				return fmt.Errorf("after the kill: check %s: %w", key, err)
+			}
+			return nil
+		}
+	}
+	var learnErr error
+	return modelOp{name: fmt.Sprintf("kill -9 %v into %s", delay, what), run: func() error {
+		done := make(chan struct{})
+		go func() { defer close(done); call() }()
+		time.Sleep(delay) // where in the call the kill lands: the point of the step, not synchronisation
+		d.stop(syscall.SIGKILL)
+		<-done
+		d.start()
+		learnErr = learn()
+		return learnErr
+	}, apply: func() {}}
+}
+
+func randomID(rng *rand.Rand, m *model) string {
+	ids := sortedKeys(m.allocs)
+	if len(ids) == 0 {
+		return "upf-0123456789ab"
+	}
+	return ids[rng.IntN(len(ids))]
 }
 
 // poolsMatch reports whether status shows exactly the config's pools.

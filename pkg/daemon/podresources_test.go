@@ -133,10 +133,11 @@ func TestPodResources(t *testing.T) {
 	cfg := filepath.Join(dir, "config.yaml")
 	os.WriteFile(cfg, []byte("pools: [{name: dns, steering: hardware, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
 	pins := testPins(t)
+	var d *Daemon
 	start := func() (stop func()) {
-		_, stop = runDaemon(t, Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
+		d, stop = runDaemon(t, Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
 			StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), APISocket: filepath.Join(dir, "api.sock"), PluginDir: plugins,
-			PodResourcesSocket: prSock, CollectPeriod: 100 * time.Millisecond})
+			PodResourcesSocket: prSock, CollectPeriod: time.Hour})
 		return stop
 	}
 	allocate := func() string {
@@ -148,22 +149,13 @@ func TestPodResources(t *testing.T) {
 		_, err := os.Stat(filepath.Join(path, "xdpq.sock"))
 		return err == nil
 	}
-	waitGone := func(path string) {
-		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); socketUp(path); {
-			if time.Now().After(deadline) {
-				t.Fatalf("allocation at %s not freed", path)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	ctx := context.Background()
 
 	stop := start()
 	pr.set("xa-q2", "xa-q3")
 	held := allocate()
-	time.Sleep(500 * time.Millisecond) // several collections
-	if !socketUp(held) {
-		t.Fatal("an allocation a container holds was collected")
+	if _, allocs := d.collect(ctx, 0); len(allocs) != 0 || !socketUp(held) {
+		t.Fatalf("an allocation a container holds was collected: %v", allocs)
 	}
 	stop()
 	stop = start()
@@ -171,7 +163,9 @@ func TestPodResources(t *testing.T) {
 		t.Fatal("the held allocation was not restored at the same path")
 	}
 	pr.set()
-	waitGone(held)
+	if _, allocs := d.collect(ctx, 0); len(allocs) != 1 || socketUp(held) {
+		t.Fatalf("an allocation no container holds was not collected: %v", allocs)
+	}
 
 	// Not restored when kubelet says nobody holds it.
 	pr.set("xa-q2", "xa-q3")
