@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -184,5 +185,26 @@ func TestFlowValidation(t *testing.T) {
 	}
 	if _, err := xdp.Load(xdp.Direct, xdp.LoadOptions{}); err == nil {
 		t.Error("Load accepted 0 queues")
+	}
+}
+
+// TestFlowMapFull: a flow beyond the map's size is refused with an error
+// that says the map is full, not the kernel's "argument list too long".
+func TestFlowMapFull(t *testing.T) {
+	testnet.RequireRoot(t)
+	p, err := xdp.Load(xdp.Filter, xdp.LoadOptions{Queues: 1, MaxFlows: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for i := range 3 {
+		f := xdp.Flow{Queue: 0, Protocol: xdp.UDP, Dst: netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}), Port: 53}
+		err := p.AddFlow(f, uint32(i))
+		switch {
+		case i < 2 && err != nil:
+			t.Fatalf("flow %d: %v", i, err)
+		case i == 2 && (!errors.Is(err, xdp.ErrFlowMapFull) || !strings.Contains(err.Error(), "the flow map is full (2 entries")):
+			t.Errorf("a flow beyond the map: %v", err)
+		}
 	}
 }

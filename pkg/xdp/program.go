@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/xdpq/xdpq/bpf"
 )
@@ -349,10 +350,18 @@ func (p *Program) AddFlow(f Flow, cookie uint32) error {
 		return err
 	}
 	if err := p.flows.Update(&k, cookie, ebpf.UpdateAny); err != nil {
+		if errors.Is(err, unix.E2BIG) {
+			// The kernel's word for a hash map with no free entry.
+			return fmt.Errorf("add flow %v: the flow map is full (%d entries, a flow takes one per queue): %w", f, p.flows.MaxEntries(), ErrFlowMapFull)
+		}
 		return fmt.Errorf("add flow %v: %w", f, err)
 	}
 	return nil
 }
+
+// ErrFlowMapFull is returned by AddFlow when the filter's flow map has no
+// room left.
+var ErrFlowMapFull = errors.New("flow map full")
 
 // DeleteFlow removes f; a flow that is not there is not an error.
 func (p *Program) DeleteFlow(f Flow) error {
