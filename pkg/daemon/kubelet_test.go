@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -236,4 +237,80 @@ func TestKubernetesNetdevPool(t *testing.T) {
 	if devs := d.devices("vf"); len(devs) != 2 || devs[0].ID != "xa" || !devs[0].Healthy {
 		t.Errorf("the netdev back on the node is reported %+v", devs)
 	}
+}
+
+// TestKubernetesReload: in Kubernetes mode a reload that adds a pool
+// starts its device plugin (kubelet sees the resource), one that removes
+// a pool stops its plugin once no allocation holds its devices, and a
+// changed resourcePrefix re-registers the pools under the new name.
+// (Before, a pool added by a reload never got a device plugin.)
+func TestKubernetesReload(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	dir := t.TempDir()
+	plugins := filepath.Join(dir, "device-plugins")
+	os.MkdirAll(plugins, 0o755)
+	regs := kubelettest.Start(t, plugins).Registrations
+	cfgPath := filepath.Join(dir, "config.yaml")
+	write := func(s string) {
+		os.WriteFile(cfgPath+".tmp", []byte(s), 0o644)
+		os.Rename(cfgPath+".tmp", cfgPath)
+	}
+	write("pools: [{name: a, steering: software, devices: {netdevs: ['xa#0-1']}}]\n")
+	d, _ := runDaemon(t, Options{ConfigPath: cfgPath, NetNS: p.NSPath(), PinDir: filepath.Join(testPins(t), "xdpq"),
+		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), PluginDir: plugins,
+		APISocket: filepath.Join(dir, "api.sock"), CollectPeriod: time.Hour})
+	ctx := context.Background()
+	registered := func(want string) {
+		t.Helper()
+		select {
+		case r := <-regs:
+			if r.ResourceName != want {
+				t.Fatalf("registered %s, want %s", r.ResourceName, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s not registered", want)
+		}
+	}
+	registered("xdpq.io/a")
+
+	write("pools: [{name: a, steering: software, devices: {netdevs: ['xa#0-1']}}, {name: b, steering: software, devices: {netdevs: ['xa#2-3']}}]\n")
+	if err := d.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	registered("xdpq.io/b")
+	c := kubelettest.Dial(t, filepath.Join(plugins, "xdpq-b.sock"))
+	resp, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa-q2"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc := resp.ContainerResponses[0].Envs["XDPQ_ALLOCATION"]
+
+	// b goes from the config while its allocation lives: the plugin stays.
+	write("pools: [{name: a, steering: software, devices: {netdevs: ['xa#0-1']}}]\n")
+	if err := d.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(plugins, "xdpq-b.sock")); err != nil {
+		t.Errorf("b's plugin stopped while its allocation lives: %v", err)
+	}
+	s, _ := d.Status(ctx)
+	if i := slices.IndexFunc(s.Pools, func(p api.PoolStatus) bool { return p.Name == "b" }); i < 0 || s.Pools[i].Queues != 0 ||
+		s.Pools[i].Free != 0 || !strings.Contains(s.Pools[i].Reason, "removed from the config") {
+		t.Errorf("pool b after its removal: %+v", s.Pools)
+	}
+	if err := d.Free(ctx, alloc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(plugins, "xdpq-b.sock")); !os.IsNotExist(err) {
+		t.Errorf("b's plugin still serves after its last allocation went: %v", err)
+	}
+	if s, _ := d.Status(ctx); slices.ContainsFunc(s.Pools, func(p api.PoolStatus) bool { return p.Name == "b" }) {
+		t.Errorf("pool b still listed: %+v", s.Pools)
+	}
+
+	write("resourcePrefix: example.com\npools: [{name: a, steering: software, devices: {netdevs: ['xa#0-1']}}]\n")
+	if err := d.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	registered("example.com/a")
 }

@@ -17,7 +17,14 @@ import (
 type plugin struct {
 	resource string
 	p        *deviceplugin.Plugin
-	stop     context.CancelFunc
+	cancel   context.CancelFunc
+	done     chan struct{} // closed when it stopped serving
+}
+
+// stop stops the plugin and waits until it no longer serves.
+func (pl *plugin) stop() {
+	pl.cancel()
+	<-pl.done
 }
 
 // startPlugin runs a pool's device plugin in Run's group: a plugin that
@@ -36,7 +43,9 @@ func (d *Daemon) startPlugin(pool, resource string) *plugin {
 	g, gctx := d.group, d.groupCtx
 	d.mu.Unlock()
 	ctx, cancel := context.WithCancel(gctx)
+	done := make(chan struct{})
 	g.Go(func() error {
+		defer close(done)
 		err := p.Run(ctx)
 		if ctx.Err() != nil {
 			return nil
@@ -45,7 +54,7 @@ func (d *Daemon) startPlugin(pool, resource string) *plugin {
 		return fmt.Errorf("device plugin %s: %w", resource, err)
 	})
 	d.log.Info("device plugin started", "pool", pool, "resource", resource)
-	return &plugin{resource: resource, p: p, stop: cancel}
+	return &plugin{resource: resource, p: p, cancel: cancel, done: done}
 }
 
 // devices lists a pool's devices for kubelet, healthy or not: unhealthy

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -206,5 +207,31 @@ func TestBrokenRecord(t *testing.T) {
 			}
 			expect("after the repair")
 		})
+	}
+}
+
+// TestPartFails: when a part of the daemon fails (here its API listener
+// is closed under it), Run stops the others and returns that part's
+// error, named; the daemon does not run on without its API. (Before, Run
+// waited for the caller's context, and the error appeared only then.)
+func TestPartFails(t *testing.T) {
+	p := testnet.NewPair(t, 2)
+	o := standaloneOpts(t, p, t.TempDir(), testPins(t), "pools: [{name: demo, steering: software, devices: {netdevs: ['xa#0-1']}}]\n")
+	o.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	d, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Run(context.Background()) }()
+	<-d.Ready()
+	d.apiLn.Close()
+	select {
+	case err := <-done:
+		if err == nil || !strings.HasPrefix(err.Error(), "local api: ") {
+			t.Errorf("Run returned %v, want the local api's error", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the daemon runs on without its API")
 	}
 }
