@@ -152,7 +152,7 @@ func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
 			continue
 		}
 		if err := d.agent.Set(name, pol); err != nil {
-			problems = append(problems, fmt.Sprintf("netdev %s: %v", name, err))
+			problems = append(problems, err.Error()) // it names the netdev
 			if _, was := managed[name]; !was {
 				d.log.Error("netdev not managed", "netdev", name, "err", err)
 				continue // tried again at the next reconcile
