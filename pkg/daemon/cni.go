@@ -122,7 +122,7 @@ func (d *Daemon) findAllocation(ctx context.Context, req api.CNIAddRequest) (led
 	case req.PodName == "" || d.opts.Standalone:
 		return ledger.Allocation{}, api.Errorf(api.ErrInvalid, "no allocation id, device id or pod name to find the pod's queues by")
 	}
-	podDevs, err := d.podDevices(ctx, req.PodNamespace, req.PodName)
+	podDevs, err := d.kubelet.podDevices(ctx, req.PodNamespace, req.PodName)
 	if err != nil {
 		return ledger.Allocation{}, api.Errorf(api.ErrUnavailable, "%w", err)
 	}

@@ -44,7 +44,7 @@ func (d *Daemon) collect(ctx context.Context, grace time.Duration) (atts, allocs
 	if d.opts.Standalone {
 		return atts, nil
 	}
-	held, err := d.heldDevices(ctx)
+	held, err := d.kubelet.heldDevices(ctx)
 	if err != nil {
 		d.log.Warn("cannot ask kubelet which devices are in use; collecting no allocation", "err", err)
 		return atts, nil

@@ -78,6 +78,7 @@ type Daemon struct {
 	agent   *agent.Agent // the node's netdevs
 	broker  *broker.Server
 	mover   *mover.Mover
+	kubelet kubelet
 	unmount func()
 	ready   chan struct{}
 	reqs    chan reconcileRequest
@@ -117,7 +118,7 @@ func New(opts Options) (_ *Daemon, err error) {
 	if opts.Resync == 0 {
 		opts.Resync = 30 * time.Second
 	}
-	d := &Daemon{opts: opts, log: opts.Logger, ready: make(chan struct{}), reqs: make(chan reconcileRequest),
+	d := &Daemon{opts: opts, log: opts.Logger, kubelet: kubelet{opts.PodResourcesSocket}, ready: make(chan struct{}), reqs: make(chan reconcileRequest),
 		found: map[string]nic.Netdev{}, managed: map[string]agent.Policy{}, pods: map[string]*podNetdev{}, plugins: map[string]*plugin{}}
 	defer func() {
 		if err != nil {

@@ -13,9 +13,13 @@ import (
 // DefaultPodResourcesSocket is kubelet's PodResources API.
 const DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
-// podResources calls kubelet's PodResources API with a 10 s timeout.
-func (d *Daemon) podResources(ctx context.Context, call func(context.Context, podresources.PodResourcesListerClient) error) error {
-	path := d.opts.PodResourcesSocket
+// kubelet asks kubelet's PodResources API at its socket which devices
+// containers hold.
+type kubelet struct{ socket string }
+
+// call calls the API with a 10 s timeout.
+func (k kubelet) call(ctx context.Context, call func(context.Context, podresources.PodResourcesListerClient) error) error {
+	path := k.socket
 	if path == "" {
 		path = DefaultPodResourcesSocket
 	}
@@ -34,9 +38,9 @@ func (d *Daemon) podResources(ctx context.Context, call func(context.Context, po
 
 // heldDevices asks kubelet which devices running containers hold, as
 // "<resource>/<device id>".
-func (d *Daemon) heldDevices(ctx context.Context) (map[string]bool, error) {
+func (k kubelet) heldDevices(ctx context.Context) (map[string]bool, error) {
 	var resp *podresources.ListPodResourcesResponse
-	err := d.podResources(ctx, func(ctx context.Context, c podresources.PodResourcesListerClient) (err error) {
+	err := k.call(ctx, func(ctx context.Context, c podresources.PodResourcesListerClient) (err error) {
 		resp, err = c.List(ctx, &podresources.ListPodResourcesRequest{})
 		return err
 	})
@@ -58,9 +62,9 @@ func (d *Daemon) heldDevices(ctx context.Context) (map[string]bool, error) {
 
 // podDevices asks kubelet for the devices the pod's containers hold, by
 // resource name.
-func (d *Daemon) podDevices(ctx context.Context, namespace, name string) (map[string][]string, error) {
+func (k kubelet) podDevices(ctx context.Context, namespace, name string) (map[string][]string, error) {
 	var resp *podresources.GetPodResourcesResponse
-	err := d.podResources(ctx, func(ctx context.Context, c podresources.PodResourcesListerClient) (err error) {
+	err := k.call(ctx, func(ctx context.Context, c podresources.PodResourcesListerClient) (err error) {
 		resp, err = c.Get(ctx, &podresources.GetPodResourcesRequest{PodNamespace: namespace, PodName: name})
 		if err != nil {
 			err = fmt.Errorf("pod %s/%s: %w", namespace, name, err)

@@ -105,7 +105,7 @@ func (d *Daemon) restoreAllocations(ctx context.Context) {
 	var held map[string]bool
 	if !d.opts.Standalone && len(allocs) > 0 {
 		var err error
-		if held, err = d.heldDevices(ctx); err != nil {
+		if held, err = d.kubelet.heldDevices(ctx); err != nil {
 			d.log.Warn("cannot ask kubelet which devices are in use; restoring every allocation", "err", err)
 		}
 	}
