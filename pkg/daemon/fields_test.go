@@ -597,6 +597,9 @@ func TestFieldExclusive(t *testing.T) {
 // software to hardware swaps the program in place with no flow, is
 // refused with the reason in status (the netdev keeping software
 // steering and its flow) with one, and back.
+//
+// The hardware cases fail today: the agent only logs that it cannot keep
+// RSS off the reserved queues, and its status even reports them reserved.
 func TestFieldSteering(t *testing.T) {
 	// notSilent checks that status says hardware steering is not there.
 	notSilent := func(t *testing.T, r *fieldRig, when string) {
@@ -865,7 +868,8 @@ func TestFieldLimits(t *testing.T) {
 // TestFieldMaxQueuesPerPodAlloc: an allocation of more queues than
 // maxQueuesPerPod is refused, naming the limit: the pod could never use
 // the queues beyond it (a lease of more is refused) and they would be
-// kept from every other pod.
+// kept from every other pod. It fails today: Alloc (and kubelet's
+// Allocate) check no limit; only the lease is refused.
 func TestFieldMaxQueuesPerPodAlloc(t *testing.T) {
 	r := startRig(t, testnet.NewPair(t, 4), demoPool("0-3", "limits: {maxQueuesPerPod: 1}"))
 	a, err := r.d.Alloc(context.Background(), api.AllocRequest{Pool: "demo", Count: 2})
