@@ -142,6 +142,27 @@ func OpenFDs() map[string]string {
 	return out
 }
 
+// FDsLeftOpen returns the descriptors open now that were not open (or
+// were something else) in before, as "fd -> target". Background work of
+// the code under test (an agent's event loop opens a namespace and a
+// netlink socket for a moment) is not a leak: it looks again for up to
+// two seconds, until nothing new stays open.
+func FDsLeftOpen(before map[string]string) []string {
+	var left []string
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) { // another goroutine's descriptors: nothing to wait on
+		left = left[:0]
+		for fd, target := range OpenFDs() {
+			if before[fd] != target {
+				left = append(left, fd+" -> "+target)
+			}
+		}
+		if len(left) == 0 || time.Now().After(deadline) {
+			sort.Strings(left)
+			return left
+		}
+	}
+}
+
 // runFinalizers runs a garbage collection and waits until the finalizers
 // it queued have run, twice (a finalizer may free more).
 func runFinalizers() {

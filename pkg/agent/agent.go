@@ -169,6 +169,8 @@ type netdev struct {
 	policy  Policy
 	// policyErr is why the last Set could not apply all of its policy.
 	policyErr string
+	// gaps is what the NIC lacks for the policy in force (hardwareGaps).
+	gaps string
 	mode      xdp.Mode // policy.Mode, auto settled by the driver's features
 	kind      xdp.Kind
 	modeWhy   string
@@ -386,7 +388,8 @@ func (a *Agent) Status() []Status {
 		s.Steering, s.Flows, s.UnknownFlows = d.steerMode, d.flows, d.unknown
 		s.Policy = d.policy
 		s.Policy.Reserved = slices.Clone(d.policy.Reserved)
-		s.PolicyError = d.policyErr
+		s.PolicyError = strings.TrimPrefix(d.policyErr+"; "+d.gaps, "; ")
+		s.PolicyError = strings.TrimSuffix(s.PolicyError, "; ")
 		out = append(out, s)
 	}
 	slices.SortFunc(out, func(x, y Status) int { return strings.Compare(x.Netdev, y.Netdev) })

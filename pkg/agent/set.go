@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -182,8 +183,9 @@ func (a *Agent) manage(name string, p Policy) (*netdev, error) {
 		err := reserveRSS(a.nic, name, a.rssFile(name), p.Reserved)
 		switch {
 		case errors.Is(err, ethtool.ErrNotSupported):
-			// No indirection table to rewrite: the NIC spreads (or not) as it will.
-			a.log.Warn("cannot keep RSS off the reserved queues", "netdev", name, "queues", p.Reserved, "err", err)
+			// No indirection table to rewrite: the NIC spreads (or not) as
+			// it will; status says so (hardwareGaps).
+			d.policy.Reserved = nil
 		case err != nil:
 			return nil, err
 		}
@@ -224,6 +226,7 @@ func (a *Agent) manage(name string, p Policy) (*netdev, error) {
 	if len(errs) > 0 {
 		d.policyErr = errors.Join(errs...).Error()
 	}
+	d.gaps = a.hardwareGaps(d, p.Reserved)
 	ok = true
 	a.log.Info("managing netdev", "netdev", name, "ifindex", d.ifindex, "queues", queues,
 		"steering", steer, "program", d.kind, "busy_queues", slices.Sorted(maps.Keys(d.orphans)))
@@ -393,6 +396,29 @@ func (a *Agent) resolveSteering(name string, s Steering) (Steering, error) {
 	return "", fmt.Errorf("steering %q: want hardware, software or auto", s)
 }
 
+// hardwareGaps says what hardware steering lacks on the netdev's NIC, ""
+// when it lacks nothing (or the netdev steers in software): without
+// ntuple filters no flow can be steered, without an RSS indirection
+// table the host's traffic reaches the queues handed to pods. The netdev
+// keeps hardware steering (the direct program gives each socket its
+// queue's every frame), but the operator must know.
+func (a *Agent) hardwareGaps(d *netdev, reserved []uint32) string {
+	if d.steer.mode != SteerHardware {
+		return ""
+	}
+	var gaps []string
+	if _, _, err := a.nic.RuleTable(d.name); errors.Is(err, ethtool.ErrNotSupported) {
+		gaps = append(gaps, "no ntuple filters (an ADD with flows is refused)")
+	}
+	if len(reserved) > 0 && len(d.policy.Reserved) == 0 {
+		gaps = append(gaps, fmt.Sprintf("no RSS indirection table (the host's traffic on queues %v reaches the pods' sockets)", reserved))
+	}
+	if len(gaps) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("steering hardware: %s has %s; use steering software (or auto)", d.name, strings.Join(gaps, " and "))
+}
+
 func (a *Agent) rssFile(name string) string {
 	return filepath.Join(a.cfg.StateDir, name+".rss.json")
 }
@@ -432,16 +458,16 @@ func (a *Agent) update(d *netdev, p Policy) error {
 		if d.steer.mode == SteerHardware {
 			err = reserveRSS(a.nic, d.name, a.rssFile(d.name), p.Reserved)
 		}
-		if errors.Is(err, ethtool.ErrNotSupported) {
-			a.log.Warn("cannot keep RSS off the reserved queues", "netdev", d.name, "queues", p.Reserved, "err", err)
-			err = nil
-		}
-		if err != nil {
+		switch {
+		case errors.Is(err, ethtool.ErrNotSupported):
+			d.policy.Reserved = nil // status says so (hardwareGaps)
+		case err != nil:
 			errs = append(errs, fmt.Errorf("reserved queues: %w", err))
-		} else {
+		default:
 			d.policy.Reserved = p.Reserved
 		}
 	}
+	d.gaps = a.hardwareGaps(d, p.Reserved)
 	d.flows, d.unknown, d.steerMode = d.steer.count(), len(d.steer.unknown), d.steer.mode
 
 	mode, why, zc := a.chooseMode(d.ifindex, p.Mode)
@@ -535,10 +561,8 @@ func (a *Agent) switchSteering(d *netdev, to Steering, p Policy) error {
 		}
 	}
 	if to == SteerHardware {
-		err := reserveRSS(a.nic, d.name, a.rssFile(d.name), p.Reserved)
-		if errors.Is(err, ethtool.ErrNotSupported) {
-			a.log.Warn("cannot keep RSS off the reserved queues", "netdev", d.name, "queues", p.Reserved, "err", err)
-		} else if err != nil {
+		// Without an indirection table (ErrNotSupported) status says so.
+		if err := reserveRSS(a.nic, d.name, a.rssFile(d.name), p.Reserved); err != nil && !errors.Is(err, ethtool.ErrNotSupported) {
 			return undo(err)
 		}
 	}

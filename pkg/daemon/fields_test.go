@@ -598,8 +598,6 @@ func TestFieldExclusive(t *testing.T) {
 // refused with the reason in status (the netdev keeping software
 // steering and its flow) with one, and back.
 //
-// The hardware cases fail today: the agent only logs that it cannot keep
-// RSS off the reserved queues, and its status even reports them reserved.
 func TestFieldSteering(t *testing.T) {
 	// notSilent checks that status says hardware steering is not there.
 	notSilent := func(t *testing.T, r *fieldRig, when string) {
@@ -682,7 +680,7 @@ func TestFieldSteering(t *testing.T) {
 			t.Errorf("after the refused reload to hardware: xa %+v, policy %+v", n, r.policy())
 		}
 		if !strings.Contains(n.PolicyError, "keeps software steering") || !strings.Contains(n.PolicyError, "ntuple") ||
-			!strings.Contains(s.ConfigError, "netdev xa") {
+			!strings.Contains(s.ConfigError, "xa: steering hardware") {
 			t.Errorf("the refusal is not reported: policy error %q, config error %q", n.PolicyError, s.ConfigError)
 		}
 		if _, err := r.d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
@@ -840,8 +838,17 @@ func TestFieldLimits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := func(limits string) string { return demoPool("0-3", "limits: {"+limits+"}") }
-			r := startRig(t, testnet.NewPair(t, 4), cfg(tc.tight))
+			start := tc.tight
+			if tc.name == "maxQueuesPerPod" {
+				// An allocation over it is refused (TestFieldMaxQueuesPerPodAlloc):
+				// the allocation is made under the roomy limit, then lowered.
+				start = tc.roomy
+			}
+			r := startRig(t, testnet.NewPair(t, 4), cfg(start))
 			a := r.alloc("demo", tc.queues)
+			if start == tc.roomy {
+				r.reload(cfg(tc.tight))
+			}
 			expect := func(when string, granted bool) {
 				t.Helper()
 				lease, err := connect(a, client.Options{})
@@ -868,8 +875,7 @@ func TestFieldLimits(t *testing.T) {
 // TestFieldMaxQueuesPerPodAlloc: an allocation of more queues than
 // maxQueuesPerPod is refused, naming the limit: the pod could never use
 // the queues beyond it (a lease of more is refused) and they would be
-// kept from every other pod. It fails today: Alloc (and kubelet's
-// Allocate) check no limit; only the lease is refused.
+// kept from every other pod.
 func TestFieldMaxQueuesPerPodAlloc(t *testing.T) {
 	r := startRig(t, testnet.NewPair(t, 4), demoPool("0-3", "limits: {maxQueuesPerPod: 1}"))
 	a, err := r.d.Alloc(context.Background(), api.AllocRequest{Pool: "demo", Count: 2})

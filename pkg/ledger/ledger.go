@@ -531,6 +531,10 @@ func (l *Ledger) Reserve(r Reservation) (Allocation, error) {
 	if err := l.blockedLocked(r.Pool); err != nil {
 		return Allocation{}, err
 	}
+	// A pod could never lease more: refused now, not at its first lease.
+	if max := p.Config.Limits.MaxQueuesPerPod; p.Mode() == api.ModeQueue && max > 0 && len(r.Devices) > max {
+		return Allocation{}, api.Errorf(api.ErrInvalid, "pool %s: %d queues asked; its limits.maxQueuesPerPod is %d", r.Pool, len(r.Devices), max)
+	}
 	byID := map[string]Device{}
 	for _, d := range p.Devices {
 		byID[d.ID] = d
