@@ -170,12 +170,12 @@ type netdev struct {
 	// policyErr is why the last Set could not apply all of its policy.
 	policyErr string
 	// gaps is what the NIC lacks for the policy in force (hardwareGaps).
-	gaps string
-	mode      xdp.Mode // policy.Mode, auto settled by the driver's features
-	kind      xdp.Kind
-	modeWhy   string
-	zc        bool
-	steer     *steering
+	gaps    string
+	mode    xdp.Mode // policy.Mode, auto settled by the driver's features
+	kind    xdp.Kind
+	modeWhy string
+	zc      bool
+	steer   *steering
 	// steerMode, flows and unknown are steer's, for Status: steer itself
 	// is the token holder's.
 	steerMode      Steering

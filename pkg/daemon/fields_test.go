@@ -597,7 +597,6 @@ func TestFieldExclusive(t *testing.T) {
 // software to hardware swaps the program in place with no flow, is
 // refused with the reason in status (the netdev keeping software
 // steering and its flow) with one, and back.
-//
 func TestFieldSteering(t *testing.T) {
 	// notSilent checks that status says hardware steering is not there.
 	notSilent := func(t *testing.T, r *fieldRig, when string) {
