@@ -75,9 +75,9 @@ type Daemon struct {
 	apiLn   net.Listener
 	ledger  *ledger.Ledger
 	watcher *config.Watcher
-	agent   *agent.Agent // the node's netdevs
-	broker  *broker.Server
-	mover   *mover.Mover
+	agent   netdevAgent // the node's netdevs
+	broker  socketBroker
+	mover   netdevMover
 	kubelet kubelet
 	unmount func()
 	ready   chan struct{}
@@ -149,18 +149,21 @@ func New(opts Options) (_ *Daemon, err error) {
 			return nil, err
 		}
 	}
-	d.agent, err = agent.New(agent.Config{NetNS: opts.NetNS, SysRoot: d.opts.SysRoot, PinDir: opts.PinDir, StateDir: opts.StateDir,
+	nodeAgent, err := agent.New(agent.Config{NetNS: opts.NetNS, SysRoot: d.opts.SysRoot, PinDir: opts.PinDir, StateDir: opts.StateDir,
 		Logger: opts.Logger, OnChange: d.devicesChanged})
 	if err != nil {
 		return nil, err
 	}
-	if d.mover, err = mover.New(mover.Config{Node: opts.NetNS}); err != nil {
+	d.agent = nodeAgent
+	m, err := mover.New(mover.Config{Node: opts.NetNS})
+	if err != nil {
 		return nil, err
 	}
-	if err := d.mover.InitErr(); err != nil {
+	d.mover = m
+	if err := m.InitErr(); err != nil {
 		d.log.Warn("a netdev-mode pool's netdev that the kernel returns to the initial namespace will not be found", "err", err)
 	}
-	d.broker = broker.NewServer(broker.Config{Logger: opts.Logger, OnLease: d.onLease}, d.agent)
+	d.broker = broker.NewServer(broker.Config{Logger: opts.Logger, OnLease: d.onLease}, nodeAgent)
 	return d, nil
 }
 

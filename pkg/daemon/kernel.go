@@ -1,0 +1,63 @@
+package daemon
+
+import (
+	"context"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/mover"
+	"github.com/xdpq/xdpq/pkg/xsk"
+)
+
+// The daemon meets the kernel-facing packages through these interfaces,
+// defined here where they are used and kept to what it calls:
+// pkg/agent, pkg/broker and pkg/mover implement them.
+
+// netdevAgent keeps netdevs to a policy: the node's agent, and the agent
+// of each netdev in a pod.
+type netdevAgent interface {
+	Set(netdev string, p agent.Policy) error
+	Unmanage(netdev string) error
+	Status() []agent.Status
+	Run(ctx context.Context) error
+	Close() error
+	flowSteerer
+}
+
+// flowSteerer steers CNI attachments' flows onto their queues.
+type flowSteerer interface {
+	Steer(netdev, owner string, flows []agent.Flow) error
+	Unsteer(netdev, owner string) error
+	VerifySteering(netdev, owner string) error
+	// SyncSteering keeps the flows in keep and removes every other;
+	// AdoptSteering keeps them and leaves every other in place.
+	SyncSteering(netdev string, keep map[string][]agent.Flow) (removed int, err error)
+	AdoptSteering(netdev string, keep map[string][]agent.Flow) (unknown int, err error)
+}
+
+// socketBroker serves the allocations' sockets.
+type socketBroker interface {
+	Add(a broker.Allocation) error
+	Remove(id string) error
+	Retarget(id string, dev xsk.Netdev, dp broker.Datapath) error
+	SetOwner(id string, o broker.Owner) error
+	SetLimits(id string, l broker.Limits, bp *broker.BusyPoll) error
+	Close()
+}
+
+// netdevMover moves a netdev-mode pool's netdevs into pods and back.
+type netdevMover interface {
+	Prepare(netdev, ifname string, mtu int) (mover.Record, error)
+	MoveIn(r mover.Record, pod netns.NsHandle) (mover.Link, error)
+	MoveOut(ctx context.Context, r mover.Record, pod netns.NsHandle) error
+	Recover(ctx context.Context, r mover.Record, pod netns.NsHandle) (mover.Location, error)
+	Close() error
+}
+
+var (
+	_ netdevAgent  = (*agent.Agent)(nil)
+	_ socketBroker = (*broker.Server)(nil)
+	_ netdevMover  = (*mover.Mover)(nil)
+)
