@@ -26,6 +26,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/xdpq/xdpq/internal/syncbuf"
+
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
@@ -398,7 +400,7 @@ func startTestpmd(cfg Config) func(p *testnet.Pair) (func() (uint64, error), err
 		if err != nil {
 			return nil, err
 		}
-		var out lockedBuffer
+		var out syncbuf.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Start(); err != nil {
 			return nil, fmt.Errorf("start testpmd: %w", err)
@@ -426,21 +428,4 @@ func startTestpmd(cfg Config) func(p *testnet.Pair) (func() (uint64, error), err
 			return strconv.ParseUint(m[1], 10, 64)
 		}, nil
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

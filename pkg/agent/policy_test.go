@@ -1,7 +1,6 @@
 package agent_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"io"
@@ -15,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/xdpq/xdpq/internal/syncbuf"
 
 	"github.com/cilium/ebpf"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -574,24 +575,6 @@ func TestBusyPoll(t *testing.T) {
 	expect("restarted without busy poll", own, false)
 }
 
-// lockedBuffer collects an agent's log for a test to read.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestTakeBackWithoutPins: an agent attaches its program and goes; its
 // pins and state go too (bpffs not persisted, the pin dir changed). A
 // fresh agent on another pin dir recognises the attached program as
@@ -636,7 +619,7 @@ func TestTakeBackWithoutPins(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			logs := &lockedBuffer{}
+			logs := &syncbuf.Buffer{}
 			newPins := pinDir(t)
 			a2 := startWith(t, agent.Config{NetNS: p.NSPath(), PinDir: newPins, StateDir: t.TempDir(),
 				Logger: slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), logs), nil))})

@@ -12,10 +12,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/xdpq/xdpq/internal/syncbuf"
 
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
@@ -114,31 +115,14 @@ type daemonProc struct {
 	args []string
 	cmd  *exec.Cmd
 	done chan error
-	out  *lockedBuffer
+	out  *syncbuf.Buffer
 	api  *api.Client
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func (p *daemonProc) start() {
 	p.t.Helper()
 	p.cmd = exec.Command(p.bin, p.args...)
-	p.out = &lockedBuffer{}
+	p.out = &syncbuf.Buffer{}
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)
