@@ -3,13 +3,16 @@ package daemon
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -76,23 +79,27 @@ type scaleRound struct {
 	addPhase                               time.Duration // wall time of the ADDs
 	devicesAtFirstList, healthyAtFirstList int
 	statusAllocations                      int
+	errors                                 map[string]int // the daemon's log records of level ERROR, by message
+	warnings                               int            // and of level WARN
 }
 
 // BenchmarkScale64x64 runs the daemon (cmd/deviceplugin, a process of its
 // own, so that its RSS and CPU time are its alone) on 64 netdevs of 64
-// queues each, one pool of all 4096 queues, with a fake kubelet, and
-// prints a table: the time from start to the first ListAndWatch list and
-// to every device healthy, GetPreferredAllocation and Allocate latency,
-// status latency idle and while CNI ADDs run in parallel through the API
-// socket, CNI ADD and DEL latency, the daemon's CPU time per Allocate and
-// per ADD, and its RSS; each with its goal and ratio to it where the
-// issue sets one. Nothing fails on a number.
+// queues each, one pool of all 4096 queues, with a fake kubelet, its
+// state on a tmpfs as under /run on a node, and prints a table: the time
+// from start to the first ListAndWatch list and to every device healthy,
+// GetPreferredAllocation and Allocate latency, status latency idle and
+// while CNI ADDs run in parallel through the API socket, CNI ADD and DEL
+// latency, the daemon's CPU time per pod and per ADD, the errors it
+// logged, and its RSS; each with its goal and ratio to it where the issue
+// sets one. Nothing fails on a number; it fails when a call fails.
 //
 // The machine may have few, shared cores, so it runs two layouts
 // interleaved, scaleRounds rounds each: "split" (the daemon alone on CPU
 // 1, this binary on CPU 0) and "shared" (both on every CPU, as on a node),
-// and gives each number as the median of the rounds with their range.
-// Run it with -benchtime 1x.
+// and gives each number as the median of the rounds with their range;
+// the reported metrics are the first layout's medians. Run it with
+// -benchtime 1x.
 func BenchmarkScale64x64(b *testing.B) {
 	testnet.RequireRoot(b)
 	bin := filepath.Join(b.TempDir(), "deviceplugin")
@@ -103,12 +110,12 @@ func BenchmarkScale64x64(b *testing.B) {
 	if err := unix.SchedGetaffinity(0, &all); err != nil {
 		b.Fatal(err)
 	}
-	layouts := []scaleLayout{{name: "shared: both on every CPU", daemon: &all}}
+	layouts := []scaleLayout{{name: "shared: both on all CPUs", daemon: &all}}
 	if all.IsSet(0) && all.IsSet(1) {
 		var zero, one unix.CPUSet
 		zero.Set(0)
 		one.Set(1)
-		layouts = append([]scaleLayout{{name: "split: daemon CPU 1, load CPU 0", daemon: &one, load: &zero}}, layouts...)
+		layouts = append([]scaleLayout{{name: "split: daemon alone on CPU 1, load CPU 0", daemon: &one, load: &zero}}, layouts...)
 	} else {
 		b.Log("CPUs 0 and 1 are not both ours: only the shared layout runs")
 	}
@@ -163,6 +170,16 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 	if err != nil {
 		b.Fatal(err)
 	}
+	// The state and allocation directories are under /run on a node: a
+	// tmpfs, where fsync costs nothing.
+	run := filepath.Join(dir, "run")
+	if err := os.Mkdir(run, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", run, "tmpfs", 0, "size=64m,mode=0755"); err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Unmount(run, unix.MNT_DETACH)
 	var entries []string
 	for i := range scaleNetdevs {
 		entries = append(entries, fmt.Sprintf("'n%d#0-%d'", i, scaleQueues-1))
@@ -186,8 +203,8 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 	}
 	defer os.RemoveAll(pins)
 	sock := filepath.Join(dir, "api.sock")
-	opts := Options{ConfigPath: cfg, NetNS: netns.Path(), PinDir: filepath.Join(pins, "xdpq"), StateDir: filepath.Join(dir, "state"),
-		AllocDir: filepath.Join(dir, "alloc"), PluginDir: plugins, APISocket: sock, PodResourcesSocket: filepath.Join(dir, "no-kubelet.sock")}
+	opts := Options{ConfigPath: cfg, NetNS: netns.Path(), PinDir: filepath.Join(pins, "xdpq"), StateDir: filepath.Join(run, "state"),
+		AllocDir: filepath.Join(run, "alloc"), PluginDir: plugins, APISocket: sock, PodResourcesSocket: filepath.Join(dir, "no-kubelet.sock")}
 	logPath := filepath.Join(dir, "daemon.log")
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -200,12 +217,16 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 	}
 	start := time.Now()
 	d := startScaleDaemon(b, bin, l, opts, logf)
-	defer func() {
-		if err := d.stop(); err != nil {
-			log, _ := os.ReadFile(logPath)
-			b.Errorf("daemon: %v\n%s", err, tail(string(log), 40))
-		}
-	}()
+	var stopOnce sync.Once
+	stop := func() {
+		stopOnce.Do(func() {
+			if err := d.stop(); err != nil {
+				log, _ := os.ReadFile(logPath)
+				b.Errorf("daemon: %v\n%s", err, tail(string(log), 40))
+			}
+		})
+	}
+	defer stop()
 
 	var reg *pluginapi.RegisterRequest
 	select {
@@ -234,9 +255,9 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 	r.devicesAtFirstList, r.healthyAtFirstList = len(list.Devices), healthyCount(list.Devices)
 	// kubelet reads every list; so does this, in the background once every
 	// device is healthy, counting the lists the load makes the daemon send.
-	for healthyCount(list.Devices) < scaleNetdevs*scaleQueues {
+	for n := healthyCount(list.Devices); n < scaleNetdevs*scaleQueues; n = healthyCount(list.Devices) {
 		if list, err = stream.Recv(); err != nil {
-			b.Fatalf("ListAndWatch: %v (%d of %d devices healthy)", err, healthyCount(list.Devices), scaleNetdevs*scaleQueues)
+			b.Fatalf("ListAndWatch: %v (%d of %d devices healthy)", err, n, scaleNetdevs*scaleQueues)
 		}
 	}
 	r.healthy = time.Since(start)
@@ -281,6 +302,9 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 		r.preferred = append(r.preferred, time.Since(t0))
 		if err != nil {
 			b.Fatalf("pod %d: GetPreferredAllocation: %v", i, err)
+		}
+		if len(pref.ContainerResponses) != 1 || len(pref.ContainerResponses[0].DeviceIDs) != 1 {
+			b.Fatalf("pod %d: GetPreferredAllocation answered %v", i, pref.ContainerResponses)
 		}
 		id := pref.ContainerResponses[0].DeviceIDs[0]
 		if !free[id] {
@@ -353,7 +377,37 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 	r.cpuAdd = cpuAdd / time.Duration(len(r.add))
 	r.updates = updates.Load()
 	r.rssMiB, r.hwmMiB = d.memory()
+	cancel()
+	<-drained
+	stop()
+	r.errors, r.warnings = scaleLogProblems(b, logPath)
 	return r
+}
+
+// scaleLogProblems counts the daemon's log records of level ERROR, by
+// message and error, and those of level WARN.
+func scaleLogProblems(b *testing.B, path string) (errors map[string]int, warnings int) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	allocID := regexp.MustCompile(`big-[0-9a-f]{12}`)
+	errors = map[string]int{}
+	for line := range strings.Lines(string(data)) {
+		var rec struct{ Level, Msg, Err string }
+		if json.Unmarshal([]byte(line), &rec) != nil {
+			errors["not a JSON log record: "+strings.TrimSpace(line)]++
+			continue
+		}
+		switch rec.Level {
+		case "ERROR":
+			// Allocation ids differ from record to record: one line for all.
+			errors[rec.Msg+": "+allocID.ReplaceAllString(rec.Err, "big-…")]++
+		case "WARN":
+			warnings++
+		}
+	}
+	return errors, warnings
 }
 
 // scaleNetdevsNS makes a network namespace with scaleNetdevs veth pairs
@@ -671,6 +725,8 @@ func printScaleTable(loadBefore string, layouts []scaleLayout, results [][]scale
 		{name: "  daemon CPU per ADD (the status calls too)", unit: "ms", processOnly: true, val: func(r scaleRound) float64 { return ms(r.cpuAdd) }},
 		lat("CNI DEL (one at a time)", 50, 0, del),
 		lat("CNI DEL (one at a time)", 99, 0, del),
+		{name: "daemon log: errors", val: func(r scaleRound) float64 { return float64(sumValues(r.errors)) }},
+		{name: "daemon log: warnings", val: func(r scaleRound) float64 { return float64(r.warnings) }},
 		{name: "ListAndWatch lists sent during the load", val: func(r scaleRound) float64 { return float64(r.updates) }},
 		{name: "daemon RSS after the load (VmRSS)", unit: "MiB", goal: scaleRSSGoal, processOnly: true, val: func(r scaleRound) float64 { return r.rssMiB }},
 		{name: "daemon peak RSS (VmHWM)", unit: "MiB", processOnly: true, val: func(r scaleRound) float64 { return r.hwmMiB }},
@@ -707,13 +763,32 @@ func printScaleTable(loadBefore string, layouts []scaleLayout, results [][]scale
 			if len(v) > 1 {
 				cell += " [" + num(v[0]) + "–" + num(v[len(v)-1]) + "]"
 			}
-			fmt.Fprintf(tw, "\t%s", cell)
+			fmt.Fprintf(tw, "\t%s", strings.TrimSpace(cell))
 		}
 		fmt.Fprintln(tw)
 	}
 	tw.Flush()
+	errs := map[string]int{}
+	for _, rounds := range results {
+		for _, r := range rounds {
+			for msg, n := range r.errors {
+				errs[msg] += n
+			}
+		}
+	}
+	for _, msg := range slices.Sorted(maps.Keys(errs)) {
+		fmt.Fprintf(&sb, "daemon error, %d times in all rounds: %s\n", errs[msg], msg)
+	}
 	// Straight to stdout: a benchmark's log is cut to a few lines.
 	fmt.Print(sb.String())
+}
+
+func sumValues(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
 }
 
 // num formats v with about three significant digits.
