@@ -72,7 +72,7 @@ type scaleRound struct {
 	firstList, healthy                     time.Duration
 	preferred, allocate, statusIdle        []time.Duration
 	statusLoaded, add, del                 []time.Duration
-	cpuAllocate, cpuAdd                    time.Duration // daemon CPU time per pod admitted, per ADD; 0 in process
+	cpuAllocate, cpuStatus, cpuAdd         time.Duration // daemon CPU time per pod admitted, per idle status, per ADD; 0 in process
 	rssMiB, hwmMiB                         float64       // 0 in process
 	updates                                int64         // ListAndWatch lists after the first healthy one
 	reallocated                            int           // Allocates of a device an earlier pod held
@@ -327,6 +327,7 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 	}
 
 	client := api.NewClient(sock)
+	cpu0 = d.cpu()
 	for range scaleStatus {
 		t0 := time.Now()
 		s, err := client.Status()
@@ -335,6 +336,9 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 			b.Fatal(err)
 		}
 		r.statusAllocations = len(s.Allocations)
+	}
+	if cpu := d.cpu(); cpu > 0 {
+		r.cpuStatus = (cpu - cpu0) / scaleStatus
 	}
 	if r.statusAllocations != scaleLive {
 		b.Fatalf("status shows %d allocations, want %d", r.statusAllocations, scaleLive)
@@ -716,6 +720,7 @@ func printScaleTable(loadBefore string, layouts []scaleLayout, results [][]scale
 		{name: "  daemon CPU per pod (Preferred + Allocate)", unit: "ms", processOnly: true, val: func(r scaleRound) float64 { return ms(r.cpuAllocate) }},
 		lat(fmt.Sprintf("status, idle, %d allocations,", scaleLive), 50, 0, idle),
 		lat(fmt.Sprintf("status, idle, %d allocations,", scaleLive), 99, 0, idle),
+		{name: "  daemon CPU per status", unit: "ms", processOnly: true, val: func(r scaleRound) float64 { return ms(r.cpuStatus) }},
 		lat("status while the ADDs run", 50, 0, loaded),
 		lat("status while the ADDs run", 99, 5*time.Millisecond, loaded),
 		{name: "  status calls while the ADDs run", val: func(r scaleRound) float64 { return float64(len(r.statusLoaded)) }},
