@@ -17,14 +17,17 @@ test:
 	cd test/kubelet && $(GO) test -count=1 ./...
 
 # Receive rates side by side on one veth pair (a table), the time the
-# agent takes to re-attach after a foreign program goes (100 trials), and
-# the daemon on 64 netdevs of 64 queues (first ListAndWatch, Allocate, RSS),
+# agent takes to re-attach after a foreign program goes (100 trials), the
+# daemon (its own process) on 64 netdevs of 64 queues: a table of first
+# ListAndWatch, Allocate, status idle and under parallel CNI ADDs, ADD/DEL,
+# its CPU time and RSS against the goals, 3 rounds in two CPU layouts (for
+# profiles: -bench Scale64x64InProcess -cpuprofile cpu.out), and
 # probing 16 queues for sockets one by one and at once, and CNI ADD/DEL
 # latency through cnitool (100 attachments, p50/p99).
 bench:
 	$(GO) run ./cmd/xdpqbench
 	$(GO) test -run '^$$' -bench Reattach -benchtime 100x ./pkg/agent
-	$(GO) test -run '^$$' -bench Scale64x64 -benchtime 1x ./pkg/daemon
+	$(GO) test -run '^$$' -bench 'Scale64x64$$' -benchtime 1x ./pkg/daemon
 	$(GO) test -run '^$$' -bench BusyQueues -benchtime 10x ./pkg/xsk
 	$(GO) test -run '^$$' -bench CNIToolAddDel -benchtime 100x ./pkg/cni
 

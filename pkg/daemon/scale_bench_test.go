@@ -1,94 +1,248 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
+	"log/slog"
+	"maps"
+	"math"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"text/tabwriter"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/xdpq/xdpq/internal/kubelettest"
 	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
 
+// The scale benchmark's load: kubelet admits scaleAllocs pods one after
+// the other (GetPreferredAllocation, then Allocate of one queue), at most
+// scaleLive alive at once: from pod scaleLive+1 on, the oldest pod has
+// ended first and kubelet may give its device again, which the daemon
+// sees as a re-allocation. Then, scaleAddPasses times, the CNI plugin ADDs
+// every live pod from scaleWorkers goroutines at once (one flow each)
+// while a status client asks back to back, and DELs them one at a time.
+const (
+	scaleNetdevs   = 64
+	scaleQueues    = 64
+	scaleAllocs    = 300
+	scaleLive      = 200
+	scaleWorkers   = 8
+	scaleAddPasses = 3
+	scaleStatus    = 200 // status calls of an idle daemon
+	scaleRounds    = 3   // per layout
+)
+
+// scaleRSSGoal is the goal for the daemon's resident memory, in MiB.
+const scaleRSSGoal = 40
+
+// scaleLayout says where the daemon and the load generator (this test
+// binary: the fake kubelet, the CNI and status clients) run.
+type scaleLayout struct {
+	name      string
+	inProcess bool         // the daemon runs in this binary (for -cpuprofile)
+	daemon    *unix.CPUSet // the daemon process's CPUs; nil: the test's
+	load      *unix.CPUSet // this binary's CPUs during the round; nil: unchanged
+}
+
+// scaleRound is what one round measured.
+type scaleRound struct {
+	firstList, healthy                     time.Duration
+	preferred, allocate, statusIdle        []time.Duration
+	statusLoaded, add, del                 []time.Duration
+	cpuAllocate, cpuStatus, cpuAdd         time.Duration // daemon CPU time per pod admitted, per idle status, per ADD; 0 in process
+	rssMiB, hwmMiB                         float64       // 0 in process
+	updates                                int64         // ListAndWatch lists after the first healthy one
+	reallocated                            int           // Allocates of a device an earlier pod held
+	addPhase                               time.Duration // wall time of the ADDs
+	devicesAtFirstList, healthyAtFirstList int
+	statusAllocations                      int
+	errors                                 map[string]int // the daemon's log records of level ERROR, by message
+	warnings                               int            // and of level WARN
+}
+
 // BenchmarkScale64x64 runs the daemon (cmd/deviceplugin, a process of its
-// own) on 64 netdevs of 64 queues each, one pool of all 4096 queues, with a
-// fake kubelet, and reports: the time from start to the first
-// ListAndWatch response carrying every device, Allocate latency (p50,
-// p99) over 100 single-queue allocations, and the daemon's RSS. Run it
-// with -benchtime 1x.
+// own, so that its RSS and CPU time are its alone) on 64 netdevs of 64
+// queues each, one pool of all 4096 queues, with a fake kubelet, its
+// state on a tmpfs as under /run on a node, and prints a table: the time
+// from start to the first ListAndWatch list and to every device healthy,
+// GetPreferredAllocation and Allocate latency, status latency idle and
+// while CNI ADDs run in parallel through the API socket, CNI ADD and DEL
+// latency, the daemon's CPU time per pod and per ADD, the errors it
+// logged, and its RSS; each with its goal and ratio to it where the issue
+// sets one. Nothing fails on a number; it fails when a call fails.
+//
+// The machine may have few, shared cores, so it runs two layouts
+// interleaved, scaleRounds rounds each: "split" (the daemon alone on CPU
+// 1, this binary on CPU 0) and "shared" (both on every CPU, as on a node),
+// and gives each number as the median of the rounds with their range;
+// the reported metrics are the first layout's medians. Run it with
+// -benchtime 1x.
 func BenchmarkScale64x64(b *testing.B) {
 	testnet.RequireRoot(b)
-	const netdevs, queues = 64, 64
-	netns, err := testutils.NewNS()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { netns.Close(); testutils.UnmountNS(netns) }()
-	var entries []string
-	err = netns.Do(func(ns.NetNS) error {
-		for i := range netdevs {
-			name := fmt.Sprintf("n%d", i)
-			v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, NumTxQueues: queues, NumRxQueues: queues},
-				PeerName: fmt.Sprintf("p%d", i), PeerNumTxQueues: queues, PeerNumRxQueues: queues}
-			if err := netlink.LinkAdd(v); err != nil {
-				return err
-			}
-			for _, n := range []string{name, v.PeerName} {
-				l, _ := netlink.LinkByName(n)
-				netlink.LinkSetUp(l)
-			}
-			entries = append(entries, fmt.Sprintf("'%s#0-%d'", name, queues-1))
-		}
-		return nil
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	dir := b.TempDir()
-	cfg := filepath.Join(dir, "config.yaml")
-	os.WriteFile(cfg, []byte("pools: [{name: big, steering: software, devices: {netdevs: ["+strings.Join(entries, ",")+"]}}]\n"), 0o644)
-	bin := filepath.Join(dir, "deviceplugin")
+	bin := filepath.Join(b.TempDir(), "deviceplugin")
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/xdpq/xdpq/cmd/deviceplugin").CombinedOutput(); err != nil {
 		b.Fatalf("build: %v\n%s", err, out)
 	}
-	plugins := filepath.Join(dir, "plugins")
-	os.MkdirAll(plugins, 0o755)
-	regs := kubelettest.Start(b, plugins).Registrations
-	xdp.MountBPFFS(xdp.DefaultBPFFS)
-	pins, _ := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-bench-")
-	defer os.RemoveAll(pins)
-
-	b.ResetTimer()
-	start := time.Now()
-	cmd := exec.Command(bin, "--config", cfg, "--netns", netns.Path(), "--pin-dir", filepath.Join(pins, "xdpq"),
-		"--state-dir", filepath.Join(dir, "state"), "--alloc-dir", filepath.Join(dir, "alloc"), "--plugin-dir", plugins, "--registry-dir", "", "--api-socket", filepath.Join(dir, "api.sock"))
-	logf, _ := os.Create(filepath.Join(dir, "daemon.log"))
-	defer logf.Close()
-	cmd.Stderr = logf
-	if err := cmd.Start(); err != nil {
+	var all unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &all); err != nil {
 		b.Fatal(err)
 	}
-	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
+	layouts := []scaleLayout{{name: "shared: both on all CPUs", daemon: &all}}
+	if all.IsSet(0) && all.IsSet(1) {
+		var zero, one unix.CPUSet
+		zero.Set(0)
+		one.Set(1)
+		layouts = append([]scaleLayout{{name: "split: daemon alone on CPU 1, load CPU 0", daemon: &one, load: &zero}}, layouts...)
+	} else {
+		b.Log("CPUs 0 and 1 are not both ours: only the shared layout runs")
+	}
+	load := loadAverage()
+	results := make([][]scaleRound, len(layouts))
+	for range b.N {
+		// Interleaved, so that a busy spell of the machine falls on both.
+		for r := range scaleRounds {
+			for i, l := range layouts {
+				b.Logf("round %d/%d, %s", r+1, scaleRounds, l.name)
+				results[i] = append(results[i], runScaleRound(b, bin, l))
+			}
+		}
+	}
+	b.StopTimer()
+	printScaleTable(load, layouts, results)
+	first := results[0]
+	b.ReportMetric(median(first, func(r scaleRound) float64 { return r.firstList.Seconds() }), "s-to-first-list")
+	b.ReportMetric(median(first, func(r scaleRound) float64 { return us(pct(r.allocate, 50)) }), "alloc-p50-µs")
+	b.ReportMetric(median(first, func(r scaleRound) float64 { return us(pct(r.allocate, 99)) }), "alloc-p99-µs")
+	b.ReportMetric(median(first, func(r scaleRound) float64 { return us(pct(r.statusLoaded, 99)) }), "status-loaded-p99-µs")
+	b.ReportMetric(median(first, func(r scaleRound) float64 { return r.rssMiB }), "rss-MiB")
+}
+
+// BenchmarkScale64x64InProcess is BenchmarkScale64x64's load on a daemon
+// run inside the test binary, one round, for profiles of the daemon's
+// code (go test -cpuprofile, -mutexprofile); it reports no RSS or CPU
+// time, which would be the load generator's too.
+func BenchmarkScale64x64InProcess(b *testing.B) {
+	testnet.RequireRoot(b)
+	l := scaleLayout{name: "in process", inProcess: true}
+	var rounds []scaleRound
+	load := loadAverage()
+	for range b.N {
+		rounds = append(rounds, runScaleRound(b, "", l))
+	}
+	b.StopTimer()
+	printScaleTable(load, []scaleLayout{l}, [][]scaleRound{rounds})
+}
+
+// runScaleRound makes the netdevs, starts a daemon on them, runs the load
+// and stops the daemon.
+func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
+	var r scaleRound
+	netns := scaleNetdevsNS(b)
+	podNS, err := testutils.NewNS()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { podNS.Close(); testutils.UnmountNS(podNS) }()
+	dir, err := os.MkdirTemp(b.TempDir(), "round-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The state and allocation directories are under /run on a node: a
+	// tmpfs, where fsync costs nothing.
+	run := filepath.Join(dir, "run")
+	if err := os.Mkdir(run, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", run, "tmpfs", 0, "size=64m,mode=0755"); err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Unmount(run, unix.MNT_DETACH)
+	var entries []string
+	for i := range scaleNetdevs {
+		entries = append(entries, fmt.Sprintf("'n%d#0-%d'", i, scaleQueues-1))
+	}
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, []byte("pools: [{name: big, steering: software, devices: {netdevs: ["+strings.Join(entries, ",")+"]}}]\n"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	plugins := filepath.Join(dir, "plugins")
+	if err := os.MkdirAll(plugins, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	kubelet := kubelettest.Start(b, plugins)
+	defer kubelet.Stop()
+	if err := xdp.MountBPFFS(xdp.DefaultBPFFS); err != nil {
+		b.Fatal(err)
+	}
+	pins, err := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-bench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(pins)
+	sock := filepath.Join(dir, "api.sock")
+	opts := Options{ConfigPath: cfg, NetNS: netns.Path(), PinDir: filepath.Join(pins, "xdpq"), StateDir: filepath.Join(run, "state"),
+		AllocDir: filepath.Join(run, "alloc"), PluginDir: plugins, APISocket: sock, PodResourcesSocket: filepath.Join(dir, "no-kubelet.sock")}
+	logPath := filepath.Join(dir, "daemon.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer logf.Close()
+
+	if l.load != nil {
+		defer pinThreads(b, l.load)()
+	}
+	start := time.Now()
+	d := startScaleDaemon(b, bin, l, opts, logf)
+	var stopOnce sync.Once
+	stop := func() {
+		stopOnce.Do(func() {
+			if err := d.stop(); err != nil {
+				log, _ := os.ReadFile(logPath)
+				b.Errorf("daemon: %v\n%s", err, tail(string(log), 40))
+			}
+		})
+	}
+	defer stop()
+
 	var reg *pluginapi.RegisterRequest
 	select {
-	case reg = <-regs:
-	case <-time.After(5 * time.Minute):
-		b.Fatal("no registration")
+	case reg = <-kubelet.Registrations:
+	case <-time.After(time.Minute):
+		log, _ := os.ReadFile(logPath)
+		b.Fatalf("no registration in a minute\n%s", tail(string(log), 40))
 	}
-	c := kubelettest.Dial(b, filepath.Join(plugins, reg.Endpoint))
-	ctx := context.Background()
+	conn, err := grpc.NewClient("unix://"+filepath.Join(plugins, reg.Endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	c := pluginapi.NewDevicePluginClient(conn)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	stream, err := c.ListAndWatch(ctx, &pluginapi.Empty{})
 	if err != nil {
 		b.Fatal(err)
@@ -97,30 +251,558 @@ func BenchmarkScale64x64(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	firstList := time.Since(start)
-	if len(list.Devices) != netdevs*queues {
-		b.Fatalf("%d devices, want %d", len(list.Devices), netdevs*queues)
+	r.firstList = time.Since(start)
+	r.devicesAtFirstList, r.healthyAtFirstList = len(list.Devices), healthyCount(list.Devices)
+	// kubelet reads every list; so does this, in the background once every
+	// device is healthy, counting the lists the load makes the daemon send.
+	for n := healthyCount(list.Devices); n < scaleNetdevs*scaleQueues; n = healthyCount(list.Devices) {
+		if list, err = stream.Recv(); err != nil {
+			b.Fatalf("ListAndWatch: %v (%d of %d devices healthy)", err, n, scaleNetdevs*scaleQueues)
+		}
 	}
-	var lat []time.Duration
-	for i := range 100 {
-		id := fmt.Sprintf("n%d-q%d", i%netdevs, i/netdevs)
+	r.healthy = time.Since(start)
+	if len(list.Devices) != scaleNetdevs*scaleQueues {
+		b.Fatalf("%d devices, want %d", len(list.Devices), scaleNetdevs*scaleQueues)
+	}
+	var updates atomic.Int64
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		for {
+			if _, err := stream.Recv(); err != nil {
+				return
+			}
+			updates.Add(1)
+		}
+	}()
+	defer func() { cancel(); <-drained }()
+
+	// Pods come and go as kubelet admits them: it offers every free device
+	// for its preferred allocation, and takes the one preferred.
+	free := map[string]bool{}
+	for _, dev := range list.Devices {
+		free[dev.ID] = true
+	}
+	var live []string // the devices of live pods, oldest first
+	given := map[string]bool{}
+	cpu0 := d.cpu()
+	for i := range scaleAllocs {
+		if len(live) == scaleLive {
+			free[live[0]] = true
+			live = live[1:]
+		}
+		avail := make([]string, 0, len(free))
+		for id := range free {
+			avail = append(avail, id)
+		}
+		slices.Sort(avail)
 		t0 := time.Now()
+		pref, err := c.GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{
+			{AvailableDeviceIDs: avail, AllocationSize: 1}}})
+		r.preferred = append(r.preferred, time.Since(t0))
+		if err != nil {
+			b.Fatalf("pod %d: GetPreferredAllocation: %v", i, err)
+		}
+		if len(pref.ContainerResponses) != 1 || len(pref.ContainerResponses[0].DeviceIDs) != 1 {
+			b.Fatalf("pod %d: GetPreferredAllocation answered %v", i, pref.ContainerResponses)
+		}
+		id := pref.ContainerResponses[0].DeviceIDs[0]
+		if !free[id] {
+			b.Fatalf("pod %d: preferred %s, which is not free", i, id)
+		}
+		t0 = time.Now()
 		if _, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{id}}}}); err != nil {
+			b.Fatalf("pod %d: Allocate %s: %v", i, id, err)
+		}
+		r.allocate = append(r.allocate, time.Since(t0))
+		if given[id] {
+			r.reallocated++
+		}
+		given[id] = true
+		delete(free, id)
+		live = append(live, id)
+	}
+	if cpu := d.cpu(); cpu > 0 {
+		r.cpuAllocate = (cpu - cpu0) / scaleAllocs
+	}
+
+	client := api.NewClient(sock)
+	cpu0 = d.cpu()
+	for range scaleStatus {
+		t0 := time.Now()
+		s, err := client.Status()
+		r.statusIdle = append(r.statusIdle, time.Since(t0))
+		if err != nil {
 			b.Fatal(err)
 		}
-		lat = append(lat, time.Since(t0))
+		r.statusAllocations = len(s.Allocations)
 	}
-	b.StopTimer()
-	slices.Sort(lat)
-	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
-	var rssKB float64
-	for _, l := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			rssKB, _ = strconv.ParseFloat(strings.Fields(v)[0], 64)
+	if cpu := d.cpu(); cpu > 0 {
+		r.cpuStatus = (cpu - cpu0) / scaleStatus
+	}
+	if r.statusAllocations != scaleLive {
+		b.Fatalf("status shows %d allocations, want %d", r.statusAllocations, scaleLive)
+	}
+
+	// scaleAddPasses passes of CNI ADDs of every live pod, with status
+	// asked meanwhile; each pass's pods are DELeted one at a time after it.
+	cpuAdd := time.Duration(0)
+	for pass := range scaleAddPasses {
+		cpu0 := d.cpu()
+		ps, err := scaleAddPass(sock, pass, live, reg.ResourceName, podNS.Path())
+		if cpu := d.cpu(); cpu > 0 {
+			cpuAdd += cpu - cpu0
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.add = append(r.add, ps.add...)
+		r.statusLoaded = append(r.statusLoaded, ps.status...)
+		r.addPhase += ps.wall
+		s, err := client.Status()
+		if err != nil {
+			b.Fatal(err)
+		}
+		flows := 0
+		for _, n := range s.Netdevs {
+			flows += n.Flows
+		}
+		if flows != len(live) {
+			b.Fatalf("status shows %d flows after %d ADDs", flows, len(live))
+		}
+		for i := range live {
+			t0 := time.Now()
+			if err := client.CNIDel(scaleContainerID(pass, i), "net1"); err != nil {
+				b.Fatal(err)
+			}
+			r.del = append(r.del, time.Since(t0))
 		}
 	}
-	b.ReportMetric(firstList.Seconds(), "s-to-first-list")
-	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "alloc-p50-µs")
-	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "alloc-p99-µs")
-	b.ReportMetric(rssKB/1024, "rss-MiB")
+	r.cpuAdd = cpuAdd / time.Duration(len(r.add))
+	r.updates = updates.Load()
+	r.rssMiB, r.hwmMiB = d.memory()
+	cancel()
+	<-drained
+	stop()
+	r.errors, r.warnings = scaleLogProblems(b, logPath)
+	return r
+}
+
+// scaleLogProblems counts the daemon's log records of level ERROR, by
+// message and error, and those of level WARN.
+func scaleLogProblems(b *testing.B, path string) (errors map[string]int, warnings int) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	allocID := regexp.MustCompile(`big-[0-9a-f]{12}`)
+	errors = map[string]int{}
+	for line := range strings.Lines(string(data)) {
+		var rec struct{ Level, Msg, Err string }
+		if json.Unmarshal([]byte(line), &rec) != nil {
+			errors["not a JSON log record: "+strings.TrimSpace(line)]++
+			continue
+		}
+		switch rec.Level {
+		case "ERROR":
+			// Allocation ids differ from record to record: one line for all.
+			errors[rec.Msg+": "+allocID.ReplaceAllString(rec.Err, "big-…")]++
+		case "WARN":
+			warnings++
+		}
+	}
+	return errors, warnings
+}
+
+// scaleNetdevsNS makes a network namespace with scaleNetdevs veth pairs
+// of scaleQueues queues, n<i> and p<i>, up; it goes at the end of the
+// benchmark.
+func scaleNetdevsNS(b *testing.B) ns.NetNS {
+	netns, err := testutils.NewNS()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { netns.Close(); testutils.UnmountNS(netns) })
+	err = netns.Do(func(ns.NetNS) error {
+		for i := range scaleNetdevs {
+			v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: fmt.Sprintf("n%d", i), NumTxQueues: scaleQueues, NumRxQueues: scaleQueues},
+				PeerName: fmt.Sprintf("p%d", i), PeerNumTxQueues: scaleQueues, PeerNumRxQueues: scaleQueues}
+			if err := netlink.LinkAdd(v); err != nil {
+				return err
+			}
+			for _, n := range []string{v.Name, v.PeerName} {
+				l, err := netlink.LinkByName(n)
+				if err == nil {
+					err = netlink.LinkSetUp(l)
+				}
+				if err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return netns
+}
+
+// scalePass is what a pass of CNI ADDs measured.
+type scalePass struct {
+	add, status []time.Duration
+	wall        time.Duration
+}
+
+// scaleAddPass ADDs pod i (of pass) with device live[i] for every i,
+// from scaleWorkers goroutines, as the CNI plugin does (a client, a
+// connection, per call), while a status client asks back to back.
+func scaleAddPass(sock string, pass int, live []string, resource, netns string) (scalePass, error) {
+	var (
+		mu    sync.Mutex
+		ps    scalePass
+		first error
+	)
+	fail := func(err error) {
+		mu.Lock()
+		first = cmp.Or(first, err)
+		mu.Unlock()
+	}
+	failed := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return first != nil
+	}
+	jobs := make(chan int)
+	addsDone := make(chan struct{})
+	var status sync.WaitGroup
+	status.Go(func() {
+		client := api.NewClient(sock)
+		for {
+			select {
+			case <-addsDone:
+				return
+			default:
+			}
+			t0 := time.Now()
+			_, err := client.Status()
+			ps.status = append(ps.status, time.Since(t0))
+			if err != nil {
+				fail(fmt.Errorf("status: %w", err))
+				return
+			}
+		}
+	})
+	var workers sync.WaitGroup
+	t0 := time.Now()
+	for range scaleWorkers {
+		workers.Go(func() {
+			for i := range jobs {
+				if failed() {
+					continue
+				}
+				req := scaleAddRequest(pass, i, live[i], resource, netns)
+				t0 := time.Now()
+				_, err := api.NewClient(sock).CNIAdd(req)
+				lat := time.Since(t0)
+				if err != nil {
+					fail(fmt.Errorf("ADD %s: %w", req.ContainerID, err))
+					continue
+				}
+				mu.Lock()
+				ps.add = append(ps.add, lat)
+				mu.Unlock()
+			}
+		})
+	}
+	for i := range live {
+		jobs <- i
+	}
+	close(jobs)
+	workers.Wait()
+	ps.wall = time.Since(t0)
+	close(addsDone)
+	status.Wait()
+	return ps, first
+}
+
+func scaleContainerID(pass, i int) string { return fmt.Sprintf("%032x%032x", pass+1, i+1) }
+
+// scaleAddRequest is the ADD the CNI plugin sends for pod i of a pass:
+// Multus gives the device, the NAD one UDP flow to the pod's address.
+func scaleAddRequest(pass, i int, dev, resource, netns string) api.CNIAddRequest {
+	dst := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 100, byte(i >> 8), byte(i)}), 32)
+	return api.CNIAddRequest{ContainerID: scaleContainerID(pass, i), IfName: "net1", Resource: resource, DeviceID: dev,
+		PodUID: fmt.Sprintf("00000000-0000-0000-0000-%012d", i), PodNamespace: "bench", PodName: fmt.Sprintf("pod-%d", i), Netns: netns,
+		Flows: []api.CNIFlow{{Protocol: "udp", Dst: dst, DstPort: 2152}}}
+}
+
+// scaleDaemon is a running daemon, in its own process or in this one.
+type scaleDaemon struct {
+	pid  int // 0 in process
+	stop func() error
+}
+
+// cpu is the daemon process's user and system time so far; 0 in process.
+func (d scaleDaemon) cpu() time.Duration {
+	if d.pid == 0 {
+		return 0
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", d.pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command's closing parenthesis: utime and stime are
+	// the 12th and 13th, in clock ticks (100 a second on Linux).
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
+// memory is the daemon process's VmRSS and VmHWM in MiB; 0 in process.
+func (d scaleDaemon) memory() (rss, hwm float64) {
+	if d.pid == 0 {
+		return 0, 0
+	}
+	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.pid))
+	for _, l := range strings.Split(string(status), "\n") {
+		k, v, _ := strings.Cut(l, ":")
+		if f := strings.Fields(v); len(f) > 0 && (k == "VmRSS" || k == "VmHWM") {
+			kb, _ := strconv.ParseFloat(f[0], 64)
+			if k == "VmRSS" {
+				rss = kb / 1024
+			} else {
+				hwm = kb / 1024
+			}
+		}
+	}
+	return rss, hwm
+}
+
+// startScaleDaemon starts the daemon: bin with opts's flags on l.daemon's
+// CPUs, or in this process.
+func startScaleDaemon(b *testing.B, bin string, l scaleLayout, opts Options, logf *os.File) scaleDaemon {
+	if l.inProcess {
+		opts.Logger = slog.New(slog.NewJSONHandler(logf, nil))
+		d, err := New(opts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		return scaleDaemon{stop: func() error { cancel(); return <-done }}
+	}
+	// cmd/deviceplugin has no flag for the PodResources socket: the
+	// daemon finds no kubelet there, as opts's does not exist either.
+	cmd := exec.Command(bin, "--config", opts.ConfigPath, "--netns", opts.NetNS, "--pin-dir", opts.PinDir, "--state-dir", opts.StateDir,
+		"--alloc-dir", opts.AllocDir, "--plugin-dir", opts.PluginDir, "--registry-dir", "", "--api-socket", opts.APISocket)
+	cmd.Stderr = logf
+	// The child inherits the CPUs of the thread that forks it.
+	runtime.LockOSThread()
+	var mine unix.CPUSet
+	err := unix.SchedGetaffinity(0, &mine)
+	if err == nil {
+		err = unix.SchedSetaffinity(0, l.daemon)
+	}
+	if err == nil {
+		err = cmd.Start()
+		unix.SchedSetaffinity(0, &mine)
+	}
+	runtime.UnlockOSThread()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return scaleDaemon{pid: cmd.Process.Pid, stop: func() error {
+		cmd.Process.Signal(os.Interrupt)
+		return cmd.Wait()
+	}}
+}
+
+// pinThreads puts every thread of this process on cpus (threads made
+// later inherit it) and returns what puts them back.
+func pinThreads(b *testing.B, cpus *unix.CPUSet) (restore func()) {
+	var was unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &was); err != nil {
+		b.Fatal(err)
+	}
+	set := func(s *unix.CPUSet) error {
+		tasks, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			return err
+		}
+		for _, t := range tasks {
+			tid, _ := strconv.Atoi(t.Name())
+			// A thread may end meanwhile: ESRCH is fine.
+			if err := unix.SchedSetaffinity(tid, s); err != nil && err != unix.ESRCH {
+				return fmt.Errorf("thread %d: %w", tid, err)
+			}
+		}
+		return nil
+	}
+	if err := set(cpus); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		if err := set(&was); err != nil {
+			b.Error(err)
+		}
+	}
+}
+
+func healthyCount(devs []*pluginapi.Device) int {
+	n := 0
+	for _, d := range devs {
+		if d.Health == pluginapi.Healthy {
+			n++
+		}
+	}
+	return n
+}
+
+// pct is the p-th percentile of lat (nearest rank).
+func pct(lat []time.Duration, p float64) time.Duration {
+	if len(lat) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(lat))
+	i := int(math.Ceil(p/100*float64(len(s)))) - 1
+	return s[max(i, 0)]
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+func median(rounds []scaleRound, f func(scaleRound) float64) float64 {
+	v := make([]float64, len(rounds))
+	for i, r := range rounds {
+		v[i] = f(r)
+	}
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
+func loadAverage() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	return strings.Join(strings.Fields(string(b))[:min(3, len(strings.Fields(string(b))))], " ")
+}
+
+// printScaleTable prints one row per measure and a column per layout:
+// the median of the rounds, its ratio to the goal, and the rounds' range.
+func printScaleTable(loadBefore string, layouts []scaleLayout, results [][]scaleRound) {
+	type row struct {
+		name        string
+		unit        string
+		goal        float64 // in unit; 0 for none
+		processOnly bool    // a measure of the daemon's process
+		val         func(scaleRound) float64
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	lat := func(name string, p float64, goal time.Duration, f func(scaleRound) []time.Duration) row {
+		return row{name: fmt.Sprintf("%s p%g", name, p), unit: "ms", goal: ms(goal), val: func(r scaleRound) float64 { return ms(pct(f(r), p)) }}
+	}
+	preferred := func(r scaleRound) []time.Duration { return r.preferred }
+	allocate := func(r scaleRound) []time.Duration { return r.allocate }
+	idle := func(r scaleRound) []time.Duration { return r.statusIdle }
+	loaded := func(r scaleRound) []time.Duration { return r.statusLoaded }
+	add := func(r scaleRound) []time.Duration { return r.add }
+	del := func(r scaleRound) []time.Duration { return r.del }
+	rows := []row{
+		{name: "first ListAndWatch after start", unit: "ms", goal: 1000, val: func(r scaleRound) float64 { return ms(r.firstList) }},
+		{name: "  devices in it", unit: "of 4096", val: func(r scaleRound) float64 { return float64(r.devicesAtFirstList) }},
+		{name: "  devices healthy in it", unit: "of 4096", val: func(r scaleRound) float64 { return float64(r.healthyAtFirstList) }},
+		{name: "every device healthy after start", unit: "ms", val: func(r scaleRound) float64 { return ms(r.healthy) }},
+		lat("GetPreferredAllocation (all free offered)", 50, 0, preferred),
+		lat("GetPreferredAllocation (all free offered)", 99, 0, preferred),
+		lat(fmt.Sprintf("Allocate (%d pods, %d alive at once)", scaleAllocs, scaleLive), 50, time.Millisecond, allocate),
+		lat(fmt.Sprintf("Allocate (%d pods, %d alive at once)", scaleAllocs, scaleLive), 99, 5*time.Millisecond, allocate),
+		{name: "  of them re-allocations", unit: fmt.Sprintf("of %d", scaleAllocs), val: func(r scaleRound) float64 { return float64(r.reallocated) }},
+		{name: "  daemon CPU per pod (Preferred + Allocate)", unit: "ms", processOnly: true, val: func(r scaleRound) float64 { return ms(r.cpuAllocate) }},
+		lat(fmt.Sprintf("status, idle, %d allocations,", scaleLive), 50, 0, idle),
+		lat(fmt.Sprintf("status, idle, %d allocations,", scaleLive), 99, 0, idle),
+		{name: "  daemon CPU per status", unit: "ms", processOnly: true, val: func(r scaleRound) float64 { return ms(r.cpuStatus) }},
+		lat("status while the ADDs run", 50, 0, loaded),
+		lat("status while the ADDs run", 99, 5*time.Millisecond, loaded),
+		{name: "  status calls while the ADDs run", val: func(r scaleRound) float64 { return float64(len(r.statusLoaded)) }},
+		lat(fmt.Sprintf("CNI ADD (%d at once, a flow each)", scaleWorkers), 50, 0, add),
+		lat(fmt.Sprintf("CNI ADD (%d at once, a flow each)", scaleWorkers), 99, 0, add),
+		{name: "  ADDs a second", unit: "/s", val: func(r scaleRound) float64 { return float64(len(r.add)) / r.addPhase.Seconds() }},
+		{name: "  daemon CPU per ADD (the status calls too)", unit: "ms", processOnly: true, val: func(r scaleRound) float64 { return ms(r.cpuAdd) }},
+		lat("CNI DEL (one at a time)", 50, 0, del),
+		lat("CNI DEL (one at a time)", 99, 0, del),
+		{name: "daemon log: errors", val: func(r scaleRound) float64 { return float64(sumValues(r.errors)) }},
+		{name: "daemon log: warnings", val: func(r scaleRound) float64 { return float64(r.warnings) }},
+		{name: "ListAndWatch lists sent during the load", val: func(r scaleRound) float64 { return float64(r.updates) }},
+		{name: "daemon RSS after the load (VmRSS)", unit: "MiB", goal: scaleRSSGoal, processOnly: true, val: func(r scaleRound) float64 { return r.rssMiB }},
+		{name: "daemon peak RSS (VmHWM)", unit: "MiB", processOnly: true, val: func(r scaleRound) float64 { return r.hwmMiB }},
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "daemon on %d netdevs × %d queues (%d devices, one pool, software steering), GOMAXPROCS of the load %d, load average before %s\n",
+		scaleNetdevs, scaleQueues, scaleNetdevs*scaleQueues, runtime.GOMAXPROCS(0), loadBefore)
+	fmt.Fprintf(&sb, "each cell: median of %d rounds, ×ratio to the goal where there is one, [min–max of the rounds]\n", len(results[0]))
+	tw := tabwriter.NewWriter(&sb, 0, 0, 2, ' ', 0)
+	fmt.Fprint(tw, "\tgoal")
+	for _, l := range layouts {
+		fmt.Fprintf(tw, "\t%s", l.name)
+	}
+	fmt.Fprintln(tw)
+	for _, rw := range rows {
+		fmt.Fprintf(tw, "%s\t", rw.name)
+		if rw.goal > 0 {
+			fmt.Fprintf(tw, "≤ %s %s", num(rw.goal), rw.unit)
+		}
+		for i, l := range layouts {
+			if rw.processOnly && l.inProcess {
+				fmt.Fprint(tw, "\t—")
+				continue
+			}
+			v := make([]float64, len(results[i]))
+			for j, r := range results[i] {
+				v[j] = rw.val(r)
+			}
+			slices.Sort(v)
+			cell := num(v[len(v)/2]) + " " + rw.unit
+			if rw.goal > 0 {
+				cell += " ×" + strconv.FormatFloat(v[len(v)/2]/rw.goal, 'f', 2, 64)
+			}
+			if len(v) > 1 {
+				cell += " [" + num(v[0]) + "–" + num(v[len(v)-1]) + "]"
+			}
+			fmt.Fprintf(tw, "\t%s", strings.TrimSpace(cell))
+		}
+		fmt.Fprintln(tw)
+	}
+	tw.Flush()
+	errs := map[string]int{}
+	for _, rounds := range results {
+		for _, r := range rounds {
+			for msg, n := range r.errors {
+				errs[msg] += n
+			}
+		}
+	}
+	for _, msg := range slices.Sorted(maps.Keys(errs)) {
+		fmt.Fprintf(&sb, "daemon error, %d times in all rounds: %s\n", errs[msg], msg)
+	}
+	// Straight to stdout: a benchmark's log is cut to a few lines.
+	fmt.Print(sb.String())
+}
+
+func sumValues(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// num formats v with about three significant digits.
+func num(v float64) string {
+	switch {
+	case v >= 100 || v == math.Trunc(v):
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case v >= 10:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	}
+	return strconv.FormatFloat(v, 'f', 2, 64)
 }
