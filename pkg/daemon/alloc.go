@@ -69,7 +69,7 @@ func (d *Daemon) Alloc(ctx context.Context, req api.AllocRequest) (*api.Allocati
 // serveNew has the broker serve a reserved allocation; on failure the
 // reservation is dropped.
 func (d *Daemon) serveNew(a ledger.Allocation) error {
-	p, _ := d.ledger.Pool(a.Pool)
+	p, _ := d.ledger.Meta(a.Pool)
 	if err := d.broker.Add(d.brokerAllocation(a, p.Config)); err != nil {
 		d.ledger.Abort(a.ID)
 		os.RemoveAll(d.allocDir(a.ID))
@@ -130,7 +130,7 @@ func (d *Daemon) unserve(a ledger.Allocation) {
 	d.broker.Remove(a.ID) // an allocation not served is fine
 	os.RemoveAll(d.allocDir(a.ID))
 	if !d.opts.Standalone {
-		if p, ok := d.ledger.Pool(a.Pool); ok {
+		if p, ok := d.ledger.Meta(a.Pool); ok {
 			for _, dev := range a.Devices {
 				deviceplugin.RemoveDeviceInfo(d.devInfoDir(), p.Resource, dev)
 			}
@@ -201,12 +201,14 @@ func (d *Daemon) allocate(ctx context.Context, pool string, ids []string) (*plug
 			d.log.Warn("netdevs", "err", err)
 		}
 	}
-	p, _ := d.ledger.Pool(pool)
 	// Device-info files for CNI plugins, where the NIC is a PCI device.
-	for _, dev := range p.Devices {
-		if slices.Contains(ids, dev.ID) && dev.PCI != "" {
-			if err := deviceplugin.WriteDeviceInfo(d.devInfoDir(), p.Resource, dev.ID, dev.PCI); err != nil {
-				d.log.Warn("device info", "device", dev.ID, "err", err)
+	d.mu.Lock()
+	pci := d.found[a.Netdev].PCI
+	d.mu.Unlock()
+	if p, ok := d.ledger.Meta(pool); ok && pci != "" {
+		for _, id := range ids {
+			if err := deviceplugin.WriteDeviceInfo(d.devInfoDir(), p.Resource, id, pci); err != nil {
+				d.log.Warn("device info", "device", id, "err", err)
 			}
 		}
 	}

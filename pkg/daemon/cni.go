@@ -25,7 +25,7 @@ func (d *Daemon) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attach
 	if err != nil {
 		return nil, err
 	}
-	pool, _ := d.ledger.Pool(a.Pool)
+	pool, _ := d.ledger.Meta(a.Pool)
 	att := ledger.Attachment{Attachment: api.Attachment{CNIAddRequest: req, Mode: pool.Mode()}}
 	if req.Netns != "" {
 		att.NetnsInode = netnsInode(req.Netns)
@@ -104,7 +104,7 @@ func (d *Daemon) findAllocation(ctx context.Context, req api.CNIAddRequest) (led
 		}
 		return a, nil
 	}
-	pools := d.ledger.Pools()
+	pools := d.ledger.Metas()
 	switch {
 	case req.Allocation != "":
 		return get(req.Allocation)

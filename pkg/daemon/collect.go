@@ -50,7 +50,7 @@ func (d *Daemon) collect(ctx context.Context, grace time.Duration) (atts, allocs
 		return atts, nil
 	}
 	for _, a := range d.ledger.Allocations() {
-		p, ok := d.ledger.Pool(a.Pool)
+		p, ok := d.ledger.Meta(a.Pool)
 		if !ok || time.Since(a.Created) < grace || heldBy(held, p.Resource, a.Devices) {
 			continue
 		}

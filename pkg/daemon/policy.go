@@ -107,7 +107,7 @@ func (d *Daemon) nodeNetdev(name string) xsk.Netdev {
 // polling, for their next lease.
 func (d *Daemon) updateLimits() {
 	for _, a := range d.ledger.Allocations() {
-		p, ok := d.ledger.Pool(a.Pool)
+		p, ok := d.ledger.Meta(a.Pool)
 		if !ok || p.Resource == "" { // a pool gone before this daemon started: its settings are unknown
 			continue
 		}

@@ -289,7 +289,7 @@ func (d *Daemon) syncPlugins() {
 		return
 	}
 	want := map[string]string{}
-	for _, p := range d.ledger.Pools() {
+	for _, p := range d.ledger.Metas() {
 		want[p.Name] = p.Resource
 	}
 	d.mu.Lock()

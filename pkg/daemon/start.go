@@ -21,6 +21,13 @@ import (
 // nothing is removed), and its allocations are served again at the same
 // paths, their leases resumable.
 func (d *Daemon) start(ctx context.Context) error {
+	// What the records hold, before the first reconcile starts the device
+	// plugins: kubelet may allocate at once, and those allocations are
+	// served already.
+	recorded := map[string]bool{}
+	for _, a := range d.ledger.Allocations() {
+		recorded[a.ID] = true
+	}
 	if err := d.reconcile(ctx, reconcileRequest{discover: true}); err != nil {
 		return err
 	}
@@ -54,7 +61,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		return err
 	}
 	d.syncSteering(true)
-	d.restoreAllocations(ctx)
+	d.restoreAllocations(ctx, recorded)
 	d.removeStrayDirs()
 	return nil
 }
@@ -100,8 +107,13 @@ func (d *Daemon) syncSteering(removeUnowned bool) {
 // kubelet, one whose devices no running container holds is freed (when
 // kubelet cannot be asked, all are kept: losing a live pod's socket is
 // worse).
-func (d *Daemon) restoreAllocations(ctx context.Context) {
-	allocs := d.ledger.Allocations()
+func (d *Daemon) restoreAllocations(ctx context.Context, recorded map[string]bool) {
+	var allocs []ledger.Allocation
+	for _, a := range d.ledger.Allocations() {
+		if recorded[a.ID] {
+			allocs = append(allocs, a)
+		}
+	}
 	var held map[string]bool
 	if !d.opts.Standalone && len(allocs) > 0 {
 		var err error
@@ -110,7 +122,7 @@ func (d *Daemon) restoreAllocations(ctx context.Context) {
 		}
 	}
 	for _, a := range allocs {
-		p, _ := d.ledger.Pool(a.Pool)
+		p, _ := d.ledger.Meta(a.Pool)
 		if held != nil && !heldBy(held, p.Resource, a.Devices) {
 			d.serveRestored(ctx, a) // served, so that free can stop serving it
 			if err := d.free(ctx, a.ID, "kubelet says no running container holds its devices"); err != nil {
@@ -125,7 +137,7 @@ func (d *Daemon) restoreAllocations(ctx context.Context) {
 // serveRestored has the broker serve a restored allocation at its path
 // again, on the pod's netdev if it is in one.
 func (d *Daemon) serveRestored(ctx context.Context, a ledger.Allocation) {
-	p, _ := d.ledger.Pool(a.Pool)
+	p, _ := d.ledger.Meta(a.Pool)
 	ba := d.brokerAllocation(a, p.Config)
 	// Served where its netdev is now, so that its lease stays resumable.
 	var podAgent *agent.Agent

