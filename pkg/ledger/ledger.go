@@ -436,11 +436,11 @@ func (l *Ledger) Usage(pool string) PoolUsage {
 	defer l.mu.Unlock()
 	var u PoolUsage
 	p := l.pools[pool]
-	in := map[string]bool{}
+	var in map[string]int
 	if p != nil {
+		in = p.index
+		u.Devices = len(p.Devices)
 		for _, d := range p.Devices {
-			in[d.ID] = true
-			u.Devices++
 			if l.holderLocked(d.Netdev, d.Queues) == "" {
 				u.Free++
 			}
@@ -451,7 +451,7 @@ func (l *Ledger) Usage(pool string) PoolUsage {
 			continue
 		}
 		for _, d := range a.Devices {
-			if !in[d] {
+			if _, ok := in[d]; !ok {
 				u.Beyond++
 			}
 		}
