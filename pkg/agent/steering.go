@@ -377,24 +377,40 @@ func (s *steering) removeOwner(owner string) error {
 	return errors.Join(errs...)
 }
 
-// sync takes ownership of the installed flows that keep lists (after a
-// restart). The other flows xdpq installed (hardware rules in its range,
-// software flows in its map) are removed, or with keepUnknown left in
-// place as unknown. Rules outside the range are never touched.
+// sync takes ownership of the installed flows that keep lists, for the
+// owners the agent does not know yet (after a restart, or a record read
+// again). Flows of owners it knows stay theirs: a sync while CNI calls
+// steer never takes a flow from its owner. The other flows xdpq installed
+// (hardware rules in its range, software flows in its map) are removed,
+// or with keepUnknown left in place as unknown. Rules outside the range
+// are never touched.
 func (s *steering) sync(keep map[string][]Flow, keepUnknown bool) (removed int, err error) {
-	s.owners, s.unknown = map[string][]installed{}, nil
+	s.unknown = nil
+	known := map[string]bool{}
+	for owner := range s.owners {
+		known[owner] = true
+	}
 	var errs []error
 	if s.mode == SteerHardware {
+		owned := map[uint32]bool{}
+		for _, ins := range s.owners {
+			for _, in := range ins {
+				owned[in.loc] = true
+			}
+		}
 		rules, err := s.dev.Rules(s.ifname)
 		if err != nil {
 			return 0, fmt.Errorf("sync steering on %s: %w", s.ifname, err)
 		}
 	rules:
 		for _, r := range rules {
-			if !s.inRange(r.Location) {
+			if !s.inRange(r.Location) || owned[r.Location] {
 				continue
 			}
 			for owner, fs := range keep {
+				if known[owner] {
+					continue // its flows are owned already
+				}
 				for _, f := range fs {
 					// A flow over several queues matches a rule to any RSS
 					// context: the context's queues are the kernel's to keep.
@@ -425,7 +441,18 @@ func (s *steering) sync(keep map[string][]Flow, keepUnknown bool) (removed int, 
 		return 0, err
 	}
 	wanted := map[xdp.Flow]string{}
+	for owner, ins := range s.owners {
+		for _, in := range ins {
+			sfs, _ := in.flow.softFlows()
+			for _, sf := range sfs {
+				wanted[sf] = owner
+			}
+		}
+	}
 	for owner, fs := range keep {
+		if known[owner] {
+			continue
+		}
 		for _, f := range fs {
 			sfs, err := f.softFlows()
 			if err != nil {
@@ -673,10 +700,12 @@ func (a *Agent) VerifySteering(name, owner string) error {
 	return a.withSteering(name, "verify steering", func(s *steering) error { return s.verify(owner) })
 }
 
-// SyncSteering is for a restarted daemon: it takes ownership of the flows
-// in keep that are installed, and removes every other flow xdpq installed
-// on the netdev (its rules in the policy's range, its flow map entries).
-// It returns how many it removed.
+// SyncSteering is for a restarted daemon, or one that can read all its
+// records again: it takes ownership of the flows in keep that are
+// installed (for owners it does not know; those it knows keep theirs),
+// and removes every other flow xdpq installed on the netdev (its rules in
+// the policy's range, its flow map entries). It returns how many it
+// removed.
 func (a *Agent) SyncSteering(name string, keep map[string][]Flow) (removed int, err error) {
 	err = a.withSteering(name, "sync steering", func(s *steering) (err error) {
 		removed, err = s.sync(keep, false)

@@ -286,7 +286,7 @@ func TestSteeringOnFakeNtupleNIC(t *testing.T) {
 func TestSoftwareFallbackOnVeth(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	pins := pinDir(t)
-	a := start(t, p, time.Second)
+	a := startWith(t, agent.Config{NetNS: p.NSPath(), PinDir: pins, Linger: time.Second, StateDir: t.TempDir()})
 	if err := a.Set("xa", agent.Policy{Steering: agent.SteerAuto, Mode: xdp.ModeNative}); err != nil {
 		t.Fatal(err)
 	}
@@ -367,7 +367,16 @@ func TestSoftwareFallbackOnVeth(t *testing.T) {
 	}
 	a2.Unmanage("xb")
 
-	// A restart that knows no binding removes the flow.
+	// A sync never takes a flow from an owner the agent knows; a restart
+	// that knows no binding removes it.
+	if n, err := a.SyncSteering("xa", nil); err != nil || n != 0 {
+		t.Errorf("sync removed %d flows of a known owner, %v", n, err)
+	}
+	a.Close()
+	a = startWith(t, agent.Config{NetNS: p.NSPath(), PinDir: pins, Linger: time.Second, StateDir: t.TempDir()})
+	if err := a.Set("xa", agent.Policy{Steering: agent.SteerAuto, Mode: xdp.ModeNative}); err != nil {
+		t.Fatal(err)
+	}
 	if n, err := a.SyncSteering("xa", nil); err != nil || n != 1 {
 		t.Errorf("sync with no bindings removed %d, %v", n, err)
 	}
@@ -405,8 +414,24 @@ func TestRSSContextOnFakeNtupleNIC(t *testing.T) {
 	if err := a.Steer("xa", "upf", []agent.Flow{flow}); err != nil {
 		t.Fatal(err)
 	}
+	// A restarted agent (it knows no owner yet).
+	a.Close()
+	a = newAgentWithNIC(t, p, nic, pins, state)
+	if err := a.Set("xa", agent.Policy{Steering: agent.SteerHardware}); err != nil {
+		t.Fatal(err)
+	}
 	if n, err := a.SyncSteering("xa", map[string][]agent.Flow{"upf": {flow}}); n != 0 || err != nil {
 		t.Fatalf("sync keeping the flow removed %d, %v", n, err)
+	}
+	// A sync never takes a flow from an owner the agent knows...
+	if n, err := a.SyncSteering("xa", nil); n != 0 || err != nil {
+		t.Fatalf("sync without bindings removed %d flows of a known owner, %v", n, err)
+	}
+	// ...and one after a restart that knows no binding removes it.
+	a.Close()
+	a = newAgentWithNIC(t, p, nic, pins, state)
+	if err := a.Set("xa", agent.Policy{Steering: agent.SteerHardware}); err != nil {
+		t.Fatal(err)
 	}
 	if n, err := a.SyncSteering("xa", nil); n != 1 || err != nil {
 		t.Fatalf("sync without bindings removed %d, %v", n, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -103,13 +104,21 @@ func (d *Daemon) free(ctx context.Context, id, why string) error {
 // removes it from the ledger.
 func (d *Daemon) finishFree(ctx context.Context, a ledger.Allocation, why string) error {
 	var errs []error
-	netdevs := false
 	for _, att := range a.Attachments {
 		if err := d.undoAttachment(ctx, att); err != nil {
 			errs = append(errs, fmt.Errorf("attachment %s: %w", att.Key(), err))
+			continue
 		}
-		netdevs = netdevs || att.Mode == api.ModeNetdev
 		d.log.Info("detached with its allocation", "attachment", att.Key(), "allocation", a.ID)
+	}
+	if len(errs) > 0 {
+		// The record stays (ending): dropping it would leave its flows
+		// steering to queues the next allocation gets, or a netdev
+		// stranded. The collector tries again.
+		d.retryLater(a.ID)
+		err := fmt.Errorf("allocation %s not freed yet (tried again every collection): %w", a.ID, errors.Join(errs...))
+		d.log.Error("free", "err", err)
+		return err
 	}
 	d.unserve(a)
 	if err := d.ledger.EndFree(a.ID); err != nil {
@@ -122,6 +131,31 @@ func (d *Daemon) finishFree(ctx context.Context, a ledger.Allocation, why string
 	}
 	d.log.Info("freed", "allocation", a.ID, "why", why)
 	return errors.Join(errs...)
+}
+
+// retryLater has the collector finish something a failed undo left: an
+// ending allocation's free, or a pending or ending attachment's undo.
+func (d *Daemon) retryLater(key string) {
+	d.mu.Lock()
+	d.retry[key] = true
+	d.mu.Unlock()
+}
+
+// retryUndone finishes what failed undos left (see retryLater).
+func (d *Daemon) retryUndone(ctx context.Context) {
+	d.mu.Lock()
+	keys := slices.Sorted(maps.Keys(d.retry))
+	clear(d.retry)
+	d.mu.Unlock()
+	for _, key := range keys {
+		if a, ok := d.ledger.Get(key); ok && a.State == ledger.Ending {
+			d.finishFree(ctx, a, "retried after a failed undo")
+			continue
+		}
+		if att, ok := d.ledger.Attachment(key); ok && att.State != ledger.Active {
+			d.finishUndo(ctx, att)
+		}
+	}
 }
 
 // unserve stops serving an allocation: its lease ends, its directory and

@@ -30,6 +30,7 @@ func (d *Daemon) collectLoop(ctx context.Context) error {
 // allocations it ended. Allocations younger than grace stay: kubelet
 // records an allocation only after Allocate returned.
 func (d *Daemon) collect(ctx context.Context, grace time.Duration) (atts, allocs []string) {
+	d.retryUndone(ctx)
 	for _, att := range d.ledger.Attachments() {
 		if !netnsGone(att.Attachment) {
 			continue
@@ -51,7 +52,7 @@ func (d *Daemon) collect(ctx context.Context, grace time.Duration) (atts, allocs
 	}
 	for _, a := range d.ledger.Allocations() {
 		p, ok := d.ledger.Meta(a.Pool)
-		if !ok || time.Since(a.Created) < grace || heldBy(held, p.Resource, a.Devices) {
+		if !ok || time.Since(a.Created) < grace || heldBy(held, resourceOf(a, p), a.Devices) {
 			continue
 		}
 		if err := d.free(ctx, a.ID, "no running container holds its devices"); err != nil {

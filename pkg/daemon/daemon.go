@@ -86,9 +86,11 @@ type Daemon struct {
 	mu sync.Mutex // guards the fields below; never held across a call out
 	// found are the netdevs of the last discovery, those in pods included.
 	found     map[string]nic.Netdev
-	problems  []string // why the config in force is not fully in force
+	cfg       *config.Config // the config the reconciler put in force last
+	problems  []string       // why the config in force is not fully in force
 	managed   map[string]agent.Policy
 	pods      map[string]*podNetdev // netdev-mode netdevs in pods, by node name
+	retry     map[string]bool       // allocations and attachments a failed undo left (retryLater)
 	plugins   map[string]*plugin    // Kubernetes mode, by pool
 	collected time.Time             // when the collector last finished
 	group     *errgroup.Group       // Run's, for the plugins' goroutines
@@ -119,7 +121,7 @@ func New(opts Options) (_ *Daemon, err error) {
 		opts.Resync = 30 * time.Second
 	}
 	d := &Daemon{opts: opts, log: opts.Logger, kubelet: kubelet{opts.PodResourcesSocket}, ready: make(chan struct{}), reqs: make(chan reconcileRequest),
-		found: map[string]nic.Netdev{}, managed: map[string]agent.Policy{}, pods: map[string]*podNetdev{}, plugins: map[string]*plugin{}}
+		found: map[string]nic.Netdev{}, managed: map[string]agent.Policy{}, pods: map[string]*podNetdev{}, plugins: map[string]*plugin{}, retry: map[string]bool{}}
 	defer func() {
 		if err != nil {
 			d.close()
@@ -167,6 +169,16 @@ func New(opts Options) (_ *Daemon, err error) {
 	return d, nil
 }
 
+// started reports whether start has finished (Ready is closed).
+func (d *Daemon) started() bool {
+	select {
+	case <-d.ready:
+		return true
+	default:
+		return false
+	}
+}
+
 // Ready is closed once Run serves: the allocations of a previous daemon
 // are restored and the local API answers.
 func (d *Daemon) Ready() <-chan struct{} { return d.ready }
@@ -185,12 +197,17 @@ func (d *Daemon) Reload(ctx context.Context) error { return d.watcher.Reload(ctx
 // the daemon is away.
 func (d *Daemon) Run(ctx context.Context) error {
 	defer d.close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	g, gctx := errgroup.WithContext(ctx)
 	d.mu.Lock()
 	d.group, d.groupCtx = g, gctx
 	d.mu.Unlock()
 	if err := d.start(gctx); err != nil {
-		return err
+		d.log.Error("the daemon could not start", "err", err)
+		cancel() // the device plugins the first reconcile started
+		g.Wait()
+		return fmt.Errorf("start: %w", err)
 	}
 	part := func(name string, run func(context.Context) error) {
 		g.Go(func() error {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/xdpq/xdpq/pkg/ledger"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
@@ -92,4 +93,13 @@ func heldBy(held map[string]bool, resource string, ids []string) bool {
 		}
 	}
 	return false
+}
+
+// resourceOf is the resource kubelet knows an allocation's devices by:
+// the one it was made under (a reload may have renamed the pool's since).
+func resourceOf(a ledger.Allocation, p ledger.Pool) string {
+	if a.Resource != "" {
+		return a.Resource
+	}
+	return p.Resource
 }

@@ -208,6 +208,41 @@ func TestBrokenRecord(t *testing.T) {
 			expect("after the repair")
 		})
 	}
+	// The operator removes the broken record instead (its allocation is
+	// gone) and reloads: its flows, left in place until then, go, and
+	// its pool gives out the queues again.
+	t.Run("removed", func(t *testing.T) {
+		p := testnet.NewPair(t, 4)
+		dir := t.TempDir()
+		o := standaloneOpts(t, p, dir, testPins(t), "pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n")
+		d, stop := runDaemon(t, o)
+		ctx := context.Background()
+		a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(p.A.Addr, 32), DstPort: 5000}
+		if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}}); err != nil {
+			t.Fatal(err)
+		}
+		stop()
+		record := filepath.Join(o.StateDir, "allocations", a.ID+".json")
+		os.WriteFile(record, []byte("{"), 0o600)
+		d, _ = runDaemon(t, o)
+		if s, _ := d.Status(ctx); s.Netdevs[0].UnknownFlows == 0 {
+			t.Fatalf("the broken record's flows were not kept: %+v", s.Netdevs[0])
+		}
+		os.Remove(record)
+		if err := d.Reload(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if s, _ := d.Status(ctx); s.Netdevs[0].UnknownFlows != 0 || s.Netdevs[0].Flows != 0 || len(s.StateErrors) != 0 {
+			t.Errorf("after the record's removal and a reload: %+v, state errors %v", s.Netdevs[0], s.StateErrors)
+		}
+		if _, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2}); err != nil {
+			t.Errorf("the pool after the record's removal: %v", err)
+		}
+	})
 }
 
 // TestPartFails: when a part of the daemon fails (here its API listener
@@ -233,5 +268,42 @@ func TestPartFails(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("the daemon runs on without its API")
+	}
+}
+
+// TestReloadKeepsHeldQueues: a reload that takes a live allocation's
+// queues out of the config (a range the netdev lacks, the pool removed)
+// leaves the pod's netdev managed, its flow steered and its traffic
+// arriving; fixing the config changes nothing for the pod either.
+func TestReloadKeepsHeldQueues(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	dir := t.TempDir()
+	good := "pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n"
+	o := standaloneOpts(t, p, dir, testPins(t), good)
+	d, _ := runDaemon(t, o)
+	ctx := context.Background()
+	a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(p.A.Addr, 32), DstPort: 5000}
+	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}}); err != nil {
+		t.Fatal(err)
+	}
+	pd := connectPod(t, a.Socket)
+	pd.expect(t, p, "before")
+	for _, c := range []struct{ name, config string }{
+		{"a range xa lacks", "pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-7']}}]\n"},
+		{"the pool removed", "pools: []\n"},
+		{"the config fixed", good},
+	} {
+		os.WriteFile(o.ConfigPath, []byte(c.config), 0o644)
+		if err := d.Reload(ctx); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		pd.expect(t, p, c.name)
+		if _, err := d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
+			t.Errorf("%s: check: %v", c.name, err)
+		}
 	}
 }

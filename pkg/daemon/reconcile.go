@@ -35,13 +35,17 @@ func (d *Daemon) applier(ctx context.Context) func(*config.Config) error {
 		if err := d.request(ctx, reconcileRequest{cfg: c, discover: true}); err != nil {
 			return err
 		}
+		hadBroken := len(d.ledger.Broken()) > 0
 		back := d.ledger.Rescan()
 		for _, a := range back {
 			d.log.Info("allocation record readable again", "allocation", a.ID)
 			d.serveRestored(ctx, a)
 		}
-		if len(back) > 0 {
-			d.syncSteering(false)
+		if hadBroken {
+			// With every record read again, the flows no record owns go
+			// (those of a record the operator removed); with one still
+			// unreadable, the readable ones are taken back.
+			d.syncSteering(true)
 		}
 		return nil
 	}
@@ -97,11 +101,17 @@ func (d *Daemon) reconcileLoop(ctx context.Context) error {
 // (a queue range the netdev lacks, pools that disagree on a netdev) do
 // not refuse the config: they are reported with the pools they concern.
 func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
+	// The config in force is the last one this reconciler applied: the
+	// watcher's Current changes only after apply returns, and a
+	// reconcile in between must not bring the old one back.
+	d.mu.Lock()
 	cfg := r.cfg
+	if cfg == nil {
+		cfg = d.cfg
+	}
 	if cfg == nil {
 		cfg = d.watcher.Current()
 	}
-	d.mu.Lock()
 	found := maps.Clone(d.found)
 	d.mu.Unlock()
 	if r.discover || len(found) == 0 {
@@ -131,6 +141,29 @@ func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
 	pools := cfg.ForNode(d.opts.NodeName, d.opts.NodeLabels)
 	res, resolveProblems := config.Resolve(pools, netdevs)
 	lpools, desired, problems := plan(cfg, pools, res, resolveProblems)
+	d.mu.Lock()
+	managed := maps.Clone(d.managed)
+	d.mu.Unlock()
+	// Queues allocations hold stay managed and kept off RSS whatever the
+	// config says now (a shrink, a pool removed, a range the netdev lacks,
+	// a netdev missing for a moment): their pods still use them. A netdev
+	// the config no longer names keeps the policy it had.
+	held := map[string][]uint32{}
+	for _, a := range d.ledger.Allocations() {
+		held[a.Netdev] = append(held[a.Netdev], a.Queues...)
+	}
+	for name, qs := range held {
+		pol, ok := desired[name]
+		if !ok {
+			if pol, ok = managed[name]; !ok {
+				continue // never managed by this daemon: nothing to keep
+			}
+		}
+		if pol.Steering != agent.SteerSoftware {
+			pol.Reserved = slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(pol.Reserved), qs...))))
+		}
+		desired[name] = pol
+	}
 	for name := range inPods {
 		delete(desired, name)
 	}
@@ -143,9 +176,7 @@ func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
 	}
 
 	// The node agent: what it manages and how.
-	d.mu.Lock()
-	managed := maps.Clone(d.managed)
-	d.mu.Unlock()
+	var fresh []string
 	for _, name := range slices.Sorted(maps.Keys(desired)) {
 		pol := desired[name]
 		if old, ok := managed[name]; ok && policyEqual(old, pol) {
@@ -161,6 +192,9 @@ func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
 			// not); tried again when the config changes.
 			d.log.Error("netdev policy not wholly in force", "netdev", name, "err", err)
 		}
+		if _, was := managed[name]; !was {
+			fresh = append(fresh, name)
+		}
 		managed[name] = pol
 	}
 	for _, name := range slices.Sorted(maps.Keys(managed)) {
@@ -174,7 +208,15 @@ func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
 	}
 	d.mu.Lock()
 	d.found, d.problems, d.managed = found, problems, managed
+	d.cfg = cfg
 	d.mu.Unlock()
+	// A netdev managed afresh while the daemon runs (back from a pod, a
+	// first Set that failed before, a netdev that came back) takes its
+	// attachments' flows back: those still installed, and again those
+	// that are not.
+	if len(fresh) > 0 && d.started() {
+		d.syncSteering(true, fresh...)
+	}
 
 	d.updateLimits()
 	d.syncPlugins()
@@ -290,7 +332,9 @@ func (d *Daemon) syncPlugins() {
 	}
 	want := map[string]string{}
 	for _, p := range d.ledger.Metas() {
-		want[p.Name] = p.Resource
+		if p.Resource != "" { // a pool of records only, gone from the config before this daemon started
+			want[p.Name] = p.Resource
+		}
 	}
 	d.mu.Lock()
 	running := maps.Clone(d.plugins)

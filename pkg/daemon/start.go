@@ -38,23 +38,9 @@ func (d *Daemon) start(ctx context.Context) error {
 			d.log.Warn("free", "allocation", a.ID, "err", err)
 		}
 	}
-	for _, att := range rec.Attaching {
-		d.log.Info("rolling back an ADD a previous daemon began", "attachment", att.Key())
-		if att.Mode == api.ModeNetdev && len(att.Moved) > 0 {
-			if err := d.moveOut(ctx, att); err != nil {
-				d.log.Warn("netdev not brought back", "netdev", att.Netdev, "err", err)
-			}
-		}
-		d.ledger.EndAttach(att, false) // its flows go with the sync below
-	}
-	for _, att := range rec.Detaching {
-		d.log.Info("finishing the DEL a previous daemon began", "attachment", att.Key())
-		if att.Mode == api.ModeNetdev {
-			if err := d.moveOut(ctx, att); err != nil {
-				d.log.Warn("netdev not brought back", "netdev", att.Netdev, "err", err)
-			}
-		}
-		d.ledger.EndDetach(att.Key())
+	for _, att := range append(rec.Attaching, rec.Detaching...) {
+		d.log.Info("finishing what a previous daemon began", "attachment", att.Key(), "state", att.State)
+		d.finishUndo(ctx, att)
 	}
 	d.adoptPods(ctx)
 	if err := d.reconcile(ctx, reconcileRequest{}); err != nil { // netdevs back from pods
@@ -66,14 +52,36 @@ func (d *Daemon) start(ctx context.Context) error {
 	return nil
 }
 
-// syncSteering keeps the node agent's flows that attachments own. At
-// start, with every record read, it removes the rest (a crashed ADD's, a
-// freed allocation's); with a record unreadable, or later (an ADD may be
-// steering at this moment), it removes nothing.
-func (d *Daemon) syncSteering(removeUnowned bool) {
+// finishUndo ends an attachment a crash or a failed undo left pending (an
+// ADD: rolled back) or ending (a DEL: finished). A netdev that cannot be
+// brought back yet keeps its record, and the collector tries again; flows
+// go with the next steering sync.
+func (d *Daemon) finishUndo(ctx context.Context, att ledger.Attachment) {
+	if att.Mode == api.ModeNetdev && len(att.Moved) > 0 {
+		if err := d.moveOut(ctx, att); err != nil {
+			d.log.Error("netdev not brought back yet; tried again every collection", "netdev", att.Netdev, "attachment", att.Key(), "err", err)
+			d.retryLater(att.Key())
+			return
+		}
+	}
+	if att.State == ledger.Pending {
+		d.ledger.EndAttach(att, false)
+	} else {
+		d.ledger.EndDetach(att.Key())
+	}
+}
+
+// syncSteering has the node agent take the flows of the queue-mode
+// attachments (of netdevs, or every managed one), installing those that
+// are missing. With removeUnowned and every record read, the flows xdpq
+// installed that no attachment owns go (a crashed ADD's, a freed
+// allocation's, a removed record's); with a record unreadable nothing is
+// removed. The agent never takes a flow from an owner it knows, so this
+// is safe while CNI calls run.
+func (d *Daemon) syncSteering(removeUnowned bool, netdevs ...string) {
 	keep := map[string]map[string][]agent.Flow{}
 	for _, att := range d.ledger.Attachments() {
-		if att.Mode != api.ModeQueue || att.State != ledger.Active {
+		if att.Mode != api.ModeQueue || att.State == ledger.Ending {
 			continue
 		}
 		flows, err := agentFlows(att.Flows, att.Queues)
@@ -86,19 +94,33 @@ func (d *Daemon) syncSteering(removeUnowned bool) {
 		keep[att.Netdev][att.Key()] = flows
 	}
 	removeUnowned = removeUnowned && len(d.ledger.Broken()) == 0
-	d.mu.Lock()
-	netdevs := slices.Sorted(maps.Keys(d.managed))
-	d.mu.Unlock()
+	if len(netdevs) == 0 {
+		d.mu.Lock()
+		netdevs = slices.Sorted(maps.Keys(d.managed))
+		d.mu.Unlock()
+	}
 	for _, n := range netdevs {
 		if removeUnowned {
 			if removed, err := d.agent.SyncSteering(n, keep[n]); err != nil || removed > 0 {
 				d.log.Info("steering synced with the attachments", "netdev", n, "removed", removed, "err", err)
 			}
-			continue
-		}
-		unknown, err := d.agent.AdoptSteering(n, keep[n])
-		if err != nil || unknown > 0 {
+		} else if unknown, err := d.agent.AdoptSteering(n, keep[n]); err != nil || unknown > 0 {
 			d.log.Warn("flows no readable record owns are left in place", "netdev", n, "unknown", unknown, "err", err)
+		}
+		// A flow its attachment lost (a NIC reset, a steering kind changed
+		// while the daemon was away) is installed again.
+		for key, flows := range keep[n] {
+			if err := d.agent.VerifySteering(n, key); err == nil {
+				continue
+			}
+			if att, ok := d.ledger.Attachment(key); !ok || att.State != ledger.Active {
+				continue // gone meanwhile, or an ADD steering now
+			}
+			if err := d.agent.Steer(n, key, flows); err != nil {
+				d.log.Error("a flow of an attachment could not be installed again", "attachment", key, "netdev", n, "err", err)
+			} else {
+				d.log.Info("flows of an attachment installed again", "attachment", key, "netdev", n)
+			}
 		}
 	}
 }
@@ -123,7 +145,7 @@ func (d *Daemon) restoreAllocations(ctx context.Context, recorded map[string]boo
 	}
 	for _, a := range allocs {
 		p, _ := d.ledger.Meta(a.Pool)
-		if held != nil && !heldBy(held, p.Resource, a.Devices) {
+		if held != nil && !heldBy(held, resourceOf(a, p), a.Devices) {
 			d.serveRestored(ctx, a) // served, so that free can stop serving it
 			if err := d.free(ctx, a.ID, "kubelet says no running container holds its devices"); err != nil {
 				d.log.Warn("free", "allocation", a.ID, "err", err)
@@ -171,15 +193,15 @@ func (d *Daemon) removeStrayDirs() {
 		return
 	}
 	broken := d.ledger.Broken()
+	if len(broken) > 0 {
+		return // an unreadable record may name any of them
+	}
 	for _, e := range ents {
 		id := e.Name()
 		if !e.IsDir() || strings.HasPrefix(id, ".") {
 			continue
 		}
 		if _, ok := d.ledger.Get(id); ok {
-			continue
-		}
-		if _, ok := broken[id]; ok {
 			continue
 		}
 		d.log.Info("removing the directory of an allocation no record names", "dir", filepath.Join(d.opts.AllocDir, id))

@@ -143,7 +143,11 @@ func (l *Ledger) BeginDetach(key string) (Attachment, bool, error) {
 	att.State = Ending
 	c := cloneAtt(*att)
 	l.mu.Unlock()
-	return c, true, l.persist(id)
+	if err := l.persist(id); err != nil {
+		l.CancelDetach(key) // not recorded: not begun
+		return Attachment{}, true, err
+	}
+	return c, true, nil
 }
 
 // EndDetach removes an attachment and persists its allocation.

@@ -79,14 +79,17 @@ const (
 // Allocation is a set of devices of one pool, on one netdev, given to one
 // owner, with the CNI attachments made for it.
 type Allocation struct {
-	ID      string    `json:"id"`
-	Pool    string    `json:"pool"`
-	Netdev  string    `json:"netdev"`
-	Queues  []uint32  `json:"queues"`
-	Devices []string  `json:"devices"`
-	Owner   Owner     `json:"owner"`
-	Created time.Time `json:"created"`
-	State   State     `json:"state"`
+	ID   string `json:"id"`
+	Pool string `json:"pool"`
+	// Resource is the pool's resource name when it was made: kubelet
+	// reports its pods' devices under it even after a reload renames it.
+	Resource string    `json:"resource,omitempty"`
+	Netdev   string    `json:"netdev"`
+	Queues   []uint32  `json:"queues"`
+	Devices  []string  `json:"devices"`
+	Owner    Owner     `json:"owner"`
+	Created  time.Time `json:"created"`
+	State    State     `json:"state"`
 	// Replaces are the allocations this one succeeds on the same devices
 	// (kubelet's Allocate for a restarted container); they are gone once
 	// this one is committed.
@@ -156,7 +159,10 @@ func Open(o Options) (*Ledger, error) {
 	}
 	l := &Ledger{store: st, clock: o.Clock, pools: map[string]*Pool{}, allocs: map[string]*Allocation{},
 		held: map[queue]string{}, atts: map[string]string{}, broken: map[string]error{}, writing: map[string]*sync.Mutex{}}
-	recs, broken := st.loadAll()
+	recs, broken, err := st.loadAll()
+	if err != nil {
+		return nil, err
+	}
 	l.broken = broken
 	// A record that succeeds others wins over them: a crash after it was
 	// written and before theirs were removed leaves both.
@@ -566,7 +572,7 @@ func (l *Ledger) Reserve(r Reservation) (Allocation, error) {
 	if max := p.Config.Limits.MaxQueuesPerPod; p.Mode() == api.ModeQueue && max > 0 && len(r.Devices) > max {
 		return Allocation{}, api.Errorf(api.ErrInvalid, "pool %s: %d queues asked; its limits.maxQueuesPerPod is %d", r.Pool, len(r.Devices), max)
 	}
-	a := &Allocation{Pool: r.Pool, Owner: r.Owner, Created: l.clock.Now(), State: Pending}
+	a := &Allocation{Pool: r.Pool, Resource: p.Resource, Owner: r.Owner, Created: l.clock.Now(), State: Pending}
 	replaces := map[string]bool{}
 	for _, id := range r.Devices {
 		i, ok := p.index[id]
@@ -721,7 +727,15 @@ func (l *Ledger) BeginFree(id string) (Allocation, error) {
 	a.State = Ending
 	c := cloneAlloc(a)
 	l.mu.Unlock()
-	return c, l.persist(id)
+	if err := l.persist(id); err != nil {
+		// Not recorded: not begun either, or every later free would be
+		// refused as "ending" until a restart.
+		l.mu.Lock()
+		a.State = Active
+		l.mu.Unlock()
+		return Allocation{}, err
+	}
+	return c, nil
 }
 
 // EndFree removes an ending allocation and its attachments; its devices

@@ -52,12 +52,11 @@ func (s *store) remove(id string) error { return atomicfile.Remove(s.path(id)) }
 // loadAll reads every record. Temporary files a crash left are removed;
 // a record that cannot be read or makes no sense is returned in broken
 // with the reason, and left on disk.
-func (s *store) loadAll() ([]*Allocation, map[string]error) {
+func (s *store) loadAll() ([]*Allocation, map[string]error, error) {
 	broken := map[string]error{}
 	ents, err := os.ReadDir(s.dir)
 	if err != nil {
-		broken[""] = fmt.Errorf("read %s: %w", s.dir, err)
-		return nil, broken
+		return nil, nil, fmt.Errorf("ledger: %w", err)
 	}
 	var out []*Allocation
 	for _, e := range ents {
@@ -77,7 +76,7 @@ func (s *store) loadAll() ([]*Allocation, map[string]error) {
 		}
 		out = append(out, a)
 	}
-	return out, broken
+	return out, broken, nil
 }
 
 func (s *store) read(id string) (*Allocation, error) {
