@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -81,7 +82,10 @@ type Daemon struct {
 	kubelet kubelet
 	unmount func()
 	ready   chan struct{}
-	reqs    chan reconcileRequest
+	// recovered is set once start has finished what a previous daemon
+	// left: then the device plugins start.
+	recovered atomic.Bool
+	reqs      chan reconcileRequest
 
 	mu sync.Mutex // guards the fields below; never held across a call out
 	// found are the netdevs of the last discovery, those in pods included.
@@ -203,12 +207,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.mu.Lock()
 	d.group, d.groupCtx = g, gctx
 	d.mu.Unlock()
-	if err := d.start(gctx); err != nil {
-		d.log.Error("the daemon could not start", "err", err)
-		cancel() // the device plugins the first reconcile started
-		g.Wait()
-		return fmt.Errorf("start: %w", err)
-	}
 	part := func(name string, run func(context.Context) error) {
 		g.Go(func() error {
 			err := run(gctx)
@@ -222,9 +220,17 @@ func (d *Daemon) Run(ctx context.Context) error {
 			return fmt.Errorf("%s: %w", name, err)
 		})
 	}
+	// The reconciler first: it is the one goroutine that changes what the
+	// node agent manages, start's changes included.
+	part("reconciler", d.reconcileLoop)
+	if err := d.start(gctx); err != nil {
+		d.log.Error("the daemon could not start", "err", err)
+		cancel() // the reconciler
+		g.Wait()
+		return fmt.Errorf("start: %w", err)
+	}
 	part("agent", d.agent.Run)
 	part("config watcher", func(ctx context.Context) error { return d.watcher.Run(ctx, d.applier(ctx)) })
-	part("reconciler", d.reconcileLoop)
 	part("local api", func(ctx context.Context) error { return api.Serve(ctx, d.apiLn, api.NewHandler(d, d.log), d.log) })
 	part("collector", d.collectLoop)
 	close(d.ready)

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -54,10 +56,12 @@ type podNetdev struct {
 	key   string // its attachment's
 	alloc string
 	rec   movedRecord
-	ns    netns.NsHandle // the pod's namespace, held open
-	agent *agent.Agent
-	stop  context.CancelFunc
-	done  chan struct{}
+	// policy is its agent's, kept by the reconciler to the pool's.
+	policy agent.Policy
+	ns     netns.NsHandle // the pod's namespace, held open
+	agent  *agent.Agent
+	stop   context.CancelFunc
+	done   chan struct{}
 }
 
 // nsPath is where code in this process reaches the pod's namespace, as
@@ -173,7 +177,8 @@ func (d *Daemon) startPodAgent(pn *podNetdev, flows []agent.Flow) error {
 	if err != nil {
 		return err
 	}
-	if err := ag.Set(pn.rec.ifName(), pn.rec.Policy); err != nil {
+	pn.policy = pn.rec.Policy
+	if err := ag.Set(pn.rec.ifName(), pn.policy); err != nil {
 		ag.Close()
 		return err
 	}
@@ -199,6 +204,13 @@ func (d *Daemon) startPodAgent(pn *podNetdev, flows []agent.Flow) error {
 // program and pins off the netdev, else they stay (the daemon stops).
 func (d *Daemon) stopPodAgent(pn *podNetdev, unmanage bool) error {
 	if pn.agent == nil {
+		if unmanage {
+			// Not adopted (a netdev found half moved, or its pod gone at
+			// start): no agent of this daemon ran there, but a previous
+			// one's pins and state are left.
+			os.RemoveAll(d.podPinDir(pn.rec.netdev()))
+			os.RemoveAll(d.podStateDir(pn.rec.netdev()))
+		}
 		return nil
 	}
 	pn.stop()
@@ -312,6 +324,39 @@ func (d *Daemon) adoptPod(ctx context.Context, att ledger.Attachment) error {
 	d.pods[rec.netdev()] = pn
 	d.mu.Unlock()
 	return nil
+}
+
+// reconcilePods brings the agents of the netdevs in pods to their pools'
+// settings in force (a reload changed linger, busy polling, attach...).
+// Only the reconciler calls it.
+func (d *Daemon) reconcilePods() []string {
+	d.mu.Lock()
+	pods := slices.Collect(maps.Values(d.pods))
+	d.mu.Unlock()
+	var problems []string
+	for _, pn := range pods {
+		att, ok := d.ledger.Attachment(pn.key)
+		if !ok || att.State != ledger.Active {
+			continue
+		}
+		a, ok := d.ledger.Get(att.AllocationID)
+		if !ok {
+			continue
+		}
+		p, ok := d.ledger.Meta(a.Pool)
+		if !ok || p.Resource == "" { // a pool gone before this daemon started: its settings are unknown
+			continue
+		}
+		pol := podPolicy(p.Config, len(att.Flows) > 0)
+		if policyEqual(pol, pn.policy) {
+			continue
+		}
+		if err := pn.agent.Set(pn.rec.ifName(), pol); err != nil {
+			problems = append(problems, fmt.Sprintf("netdev %s in its pod: %v", pn.rec.netdev(), err))
+		}
+		pn.policy = pol // what could be applied is; status says the rest
+	}
+	return problems
 }
 
 // releasePods lets go of the pods' netdevs when the daemon stops: their

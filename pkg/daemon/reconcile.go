@@ -39,7 +39,7 @@ func (d *Daemon) applier(ctx context.Context) func(*config.Config) error {
 		back := d.ledger.Rescan()
 		for _, a := range back {
 			d.log.Info("allocation record readable again", "allocation", a.ID)
-			d.serveRestored(ctx, a)
+			d.recoverRescanned(ctx, a)
 		}
 		if hadBroken {
 			// With every record read again, the flows no record owns go
@@ -70,12 +70,7 @@ func (d *Daemon) request(ctx context.Context, r reconcileRequest) error {
 // syncNetdevs brings the node agent's netdevs in line with the ledger now
 // (a netdev moved into a pod or back).
 func (d *Daemon) syncNetdevs(ctx context.Context) error {
-	select {
-	case <-d.ready:
-		return d.request(ctx, reconcileRequest{})
-	default: // starting: this is the only goroutine
-		return d.reconcile(ctx, reconcileRequest{})
-	}
+	return d.request(ctx, reconcileRequest{})
 }
 
 func (d *Daemon) reconcileLoop(ctx context.Context) error {
@@ -206,6 +201,7 @@ func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
 		}
 		delete(managed, name)
 	}
+	problems = append(problems, d.reconcilePods()...)
 	d.mu.Lock()
 	d.found, d.problems, d.managed = found, problems, managed
 	d.cfg = cfg
@@ -327,8 +323,8 @@ func netdevSettingsDiffer(a, b config.Pool) string {
 // resource name changed gets a new one; all send their devices again.
 // Only the reconciler calls it.
 func (d *Daemon) syncPlugins() {
-	if d.opts.Standalone {
-		return
+	if d.opts.Standalone || !d.recovered.Load() {
+		return // start runs it last: kubelet allocates once recovery is done
 	}
 	want := map[string]string{}
 	for _, p := range d.ledger.Metas() {

@@ -28,7 +28,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	for _, a := range d.ledger.Allocations() {
 		recorded[a.ID] = true
 	}
-	if err := d.reconcile(ctx, reconcileRequest{discover: true}); err != nil {
+	if err := d.request(ctx, reconcileRequest{discover: true}); err != nil {
 		return err
 	}
 	rec := d.ledger.Recovery()
@@ -43,13 +43,41 @@ func (d *Daemon) start(ctx context.Context) error {
 		d.finishUndo(ctx, att)
 	}
 	d.adoptPods(ctx)
-	if err := d.reconcile(ctx, reconcileRequest{}); err != nil { // netdevs back from pods
+	if err := d.syncNetdevs(ctx); err != nil { // netdevs back from pods
 		return err
 	}
 	d.syncSteering(true)
 	d.restoreAllocations(ctx, recorded)
 	d.removeStrayDirs()
-	return nil
+	d.recovered.Store(true)
+	return d.syncNetdevs(ctx) // and, with kubelet, the device plugins start
+}
+
+// recoverRescanned does for an allocation whose record became readable
+// again what start does for every record: a free or an attachment a
+// crash left half done is finished, a netdev in a pod adopted, and the
+// allocation served.
+func (d *Daemon) recoverRescanned(ctx context.Context, a ledger.Allocation) {
+	if a.State == ledger.Ending {
+		d.serveRestored(ctx, a) // so that the free can stop serving it
+		d.finishFree(ctx, a, "a previous daemon began freeing it")
+		return
+	}
+	for _, att := range a.Attachments {
+		switch {
+		case att.State != ledger.Active:
+			d.finishUndo(ctx, att)
+		case att.Mode == api.ModeNetdev:
+			if err := d.adoptPod(ctx, att); err != nil {
+				d.log.Warn("netdev of a record read again not adopted; bringing it back", "attachment", att.Key(), "err", err)
+				d.retryLater(att.Key())
+				d.ledger.BeginDetach(att.Key())
+			}
+		}
+	}
+	if a, ok := d.ledger.Get(a.ID); ok {
+		d.serveRestored(ctx, a)
+	}
 }
 
 // finishUndo ends an attachment a crash or a failed undo left pending (an
