@@ -20,9 +20,9 @@ func (l *Ledger) BeginAttach(alloc string, att Attachment) (_ Attachment, again 
 	case a == nil:
 		l.mu.Unlock()
 		return Attachment{}, false, api.Errorf(api.ErrNotFound, "no allocation %q", alloc)
-	case a.State != Active:
+	case a.State != Active || a.replacedBy != "":
 		l.mu.Unlock()
-		return Attachment{}, false, api.Errorf(api.ErrConflict, "allocation %s is %s", alloc, a.State)
+		return Attachment{}, false, api.Errorf(api.ErrConflict, "allocation %s is %s", alloc, a.state())
 	}
 	if owner := l.atts[key]; owner != "" {
 		old := l.allocs[owner].Attachments[l.indexLocked(owner, key)]
@@ -136,9 +136,9 @@ func (l *Ledger) BeginDetach(key string) (Attachment, bool, error) {
 		l.mu.Unlock()
 		return Attachment{}, true, api.Errorf(api.ErrConflict, "attachment %s: an operation on it is in progress (%s); try again", key, st)
 	}
-	if s := l.allocs[id].State; s != Active {
+	if a := l.allocs[id]; a.State != Active || a.replacedBy != "" {
 		l.mu.Unlock()
-		return Attachment{}, true, api.Errorf(api.ErrConflict, "attachment %s: its allocation %s is %s; try again", key, id, s)
+		return Attachment{}, true, api.Errorf(api.ErrConflict, "attachment %s: its allocation %s is %s; try again", key, id, a.state())
 	}
 	att.State = Ending
 	c := cloneAtt(*att)

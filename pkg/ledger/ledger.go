@@ -96,6 +96,17 @@ type Allocation struct {
 	Replaces    []string      `json:"replaces,omitempty"`
 	Attachments []Attachment  `json:"attachments,omitempty"`
 	Lease       []LeaseSocket `json:"lease,omitempty"`
+	// replacedBy is the pending allocation that succeeds this one
+	// (Reserve with Replace), until Commit or Abort; never persisted.
+	replacedBy string
+}
+
+// state says where the allocation is, for a refusal.
+func (a *Allocation) state() string {
+	if a.replacedBy != "" {
+		return "being replaced by " + a.replacedBy
+	}
+	return string(a.State)
 }
 
 // Attachment is a CNI attachment of an allocation.
@@ -594,7 +605,7 @@ func (l *Ledger) Reserve(r Reservation) (Allocation, error) {
 				continue
 			}
 			old := l.allocs[h]
-			if !r.Replace || old.State != Active || old.Pool != r.Pool {
+			if !r.Replace || old.State != Active || old.replacedBy != "" || old.Pool != r.Pool {
 				return Allocation{}, api.Errorf(api.ErrConflict, "device %s is in use by allocation %s (%s)", id, h, old.State)
 			}
 			if err := l.checkEndableLocked(old); err != nil {
@@ -615,10 +626,11 @@ func (l *Ledger) Reserve(r Reservation) (Allocation, error) {
 	}
 	a.Replaces = slices.Sorted(maps.Keys(replaces))
 	for _, old := range a.Replaces {
-		o := l.allocs[old]
-		o.State = Ending
-		// Its devices pass to the new allocation now; those it holds
-		// beyond the reservation stay its own until it is gone.
+		// In memory only: a crash before Commit leaves it active, whole,
+		// and kubelet's next Allocate replaces it again. Its devices pass
+		// to the new allocation now; those it holds beyond the
+		// reservation stay its own until it is gone.
+		l.allocs[old].replacedBy = a.ID
 	}
 	l.insertLocked(a)
 	return cloneAlloc(a), nil
@@ -700,7 +712,7 @@ func (l *Ledger) Abort(id string) {
 	l.deleteLocked(a)
 	for _, old := range a.Replaces {
 		if o := l.allocs[old]; o != nil {
-			o.State = Active
+			o.replacedBy = ""
 			l.holdLocked(o)
 		}
 	}
@@ -716,9 +728,9 @@ func (l *Ledger) BeginFree(id string) (Allocation, error) {
 		l.mu.Unlock()
 		return Allocation{}, api.Errorf(api.ErrNotFound, "no allocation %q", id)
 	}
-	if a.State != Active {
+	if a.State != Active || a.replacedBy != "" {
 		l.mu.Unlock()
-		return Allocation{}, api.Errorf(api.ErrConflict, "allocation %s is %s", id, a.State)
+		return Allocation{}, api.Errorf(api.ErrConflict, "allocation %s is %s", id, a.state())
 	}
 	if err := l.checkEndableLocked(a); err != nil {
 		l.mu.Unlock()

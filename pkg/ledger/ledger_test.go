@@ -242,8 +242,12 @@ func TestReplace(t *testing.T) {
 	if fmt.Sprint(n.Replaces) != "["+old.ID+"]" {
 		t.Errorf("replaces %v", n.Replaces)
 	}
-	if o, _ := l.Get(old.ID); o.State != Ending {
-		t.Errorf("the replaced allocation is %s", o.State)
+	if _, err := l.BeginFree(old.ID); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "being replaced") {
+		t.Errorf("free of the allocation being replaced: %v", err)
+	}
+	// A crash now leaves the old allocation active on disk, whole.
+	if o, _ := open(t, dir).Get(old.ID); o.State != Active || len(o.Attachments) != 2 {
+		t.Errorf("the replaced allocation's record before Commit: %+v", o)
 	}
 	// Abort: the old one is back, whole.
 	l.Abort(n.ID)
