@@ -152,8 +152,13 @@ func (d *Daemon) retryUndone(ctx context.Context) {
 			d.finishFree(ctx, a, "retried after a failed undo")
 			continue
 		}
-		if att, ok := d.ledger.Attachment(key); ok && att.State != ledger.Active {
+		att, ok := d.ledger.Attachment(key)
+		switch {
+		case !ok:
+		case att.State != ledger.Active:
 			d.finishUndo(ctx, att)
+		case att.Mode == api.ModeNetdev && d.pod(att.Netdev) == nil:
+			d.adoptOrReturn(ctx, att)
 		}
 	}
 }

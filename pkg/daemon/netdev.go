@@ -278,23 +278,40 @@ func (d *Daemon) moveOut(ctx context.Context, att ledger.Attachment) error {
 // node and its attachment ends.
 func (d *Daemon) adoptPods(ctx context.Context) {
 	for _, att := range d.ledger.Attachments() {
-		if att.Mode != api.ModeNetdev || att.State != ledger.Active {
-			continue
-		}
-		err := d.adoptPod(ctx, att)
-		if err == nil {
-			d.log.Info("netdev in a pod adopted", "netdev", att.Netdev, "attachment", att.Key())
-			continue
-		}
-		d.log.Info("the pod of a netdev is gone; bringing it back", "netdev", att.Netdev, "attachment", att.Key(), "err", err)
-		if _, _, err := d.ledger.BeginDetach(att.Key()); err == nil {
-			if err := d.moveOut(ctx, att); err != nil {
-				d.log.Warn("netdev not brought back", "netdev", att.Netdev, "err", err)
-			}
-			d.ledger.EndDetach(att.Key())
+		if att.Mode == api.ModeNetdev && att.State == ledger.Active {
+			d.adoptOrReturn(ctx, att)
 		}
 	}
 }
+
+// adoptOrReturn adopts a netdev in a pod; one whose pod is gone, or that
+// is no longer in the pod, comes back to the node and its attachment
+// ends. Any other failure (its agent could not start) leaves it in the
+// pod and is tried again at the next collection: a running pod keeps its
+// netdev.
+func (d *Daemon) adoptOrReturn(ctx context.Context, att ledger.Attachment) {
+	err := d.adoptPod(ctx, att)
+	var gone *podGoneError
+	switch {
+	case err == nil:
+		d.log.Info("netdev in a pod adopted", "netdev", att.Netdev, "attachment", att.Key())
+	case errors.As(err, &gone):
+		d.log.Info("the netdev's pod is gone, or the netdev left it; bringing it back", "netdev", att.Netdev, "attachment", att.Key(), "err", err)
+		if _, _, err := d.ledger.BeginDetach(att.Key()); err == nil {
+			d.finishUndo(ctx, att)
+		}
+	default:
+		d.log.Error("netdev in a pod not adopted; tried again every collection", "netdev", att.Netdev, "attachment", att.Key(), "err", err)
+		d.retryLater(att.Key())
+	}
+}
+
+// podGoneError says a netdev's pod namespace is gone or the netdev is no
+// longer in it.
+type podGoneError struct{ err error }
+
+func (e *podGoneError) Error() string { return e.err.Error() }
+func (e *podGoneError) Unwrap() error { return e.err }
 
 func (d *Daemon) adoptPod(ctx context.Context, att ledger.Attachment) error {
 	rec, err := decodeMoved(att.Moved)
@@ -303,12 +320,12 @@ func (d *Daemon) adoptPod(ctx context.Context, att ledger.Attachment) error {
 	}
 	h, err := mover.HoldNetNS(rec.Netns)
 	if err != nil {
-		return err
+		return &podGoneError{fmt.Errorf("netns %s: %w", rec.Netns, err)}
 	}
 	pn := &podNetdev{key: att.Key(), alloc: att.AllocationID, rec: rec, ns: h}
 	loc, err := d.mover.Recover(ctx, rec.Mover, h)
 	if err == nil && loc.Place != mover.InPod {
-		err = fmt.Errorf("the netdev is not in the pod: %v", loc)
+		err = &podGoneError{fmt.Errorf("the netdev is not in the pod: %v", loc)}
 	}
 	if err == nil {
 		var flows []agent.Flow

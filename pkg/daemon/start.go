@@ -68,11 +68,7 @@ func (d *Daemon) recoverRescanned(ctx context.Context, a ledger.Allocation) {
 		case att.State != ledger.Active:
 			d.finishUndo(ctx, att)
 		case att.Mode == api.ModeNetdev:
-			if err := d.adoptPod(ctx, att); err != nil {
-				d.log.Warn("netdev of a record read again not adopted; bringing it back", "attachment", att.Key(), "err", err)
-				d.retryLater(att.Key())
-				d.ledger.BeginDetach(att.Key())
-			}
+			d.adoptOrReturn(ctx, att)
 		}
 	}
 	if a, ok := d.ledger.Get(a.ID); ok {
