@@ -20,6 +20,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
+	"github.com/xdpq/xdpq/internal/atomicfile"
 	"github.com/xdpq/xdpq/pkg/api"
 )
 
@@ -81,7 +82,7 @@ func (p Plugin) Add(args *skel.CmdArgs) error {
 	}
 	// What DEL needs, before anything else happens.
 	if err := os.MkdirAll(p.cacheDir(), 0o700); err == nil {
-		os.WriteFile(p.cachePath(args), args.StdinData, 0o600)
+		atomicfile.WriteFile(p.cachePath(args), args.StdinData, 0o600)
 	}
 	result := &current.Result{CNIVersion: current.ImplementedSpecVersion}
 	if c.IPAM.Type != "" {

@@ -217,14 +217,7 @@ func TestBrokenRecord(t *testing.T) {
 		o := standaloneOpts(t, p, dir, testPins(t), "pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n")
 		d, stop := runDaemon(t, o)
 		ctx := context.Background()
-		a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2})
-		if err != nil {
-			t.Fatal(err)
-		}
-		flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(p.A.Addr, 32), DstPort: 5000}
-		if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}}); err != nil {
-			t.Fatal(err)
-		}
+		a := allocWithFlow(t, d, p, "upf")
 		stop()
 		record := filepath.Join(o.StateDir, "allocations", a.ID+".json")
 		os.WriteFile(record, []byte("{"), 0o600)
@@ -282,14 +275,7 @@ func TestReloadKeepsHeldQueues(t *testing.T) {
 	o := standaloneOpts(t, p, dir, testPins(t), good)
 	d, _ := runDaemon(t, o)
 	ctx := context.Background()
-	a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(p.A.Addr, 32), DstPort: 5000}
-	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}}); err != nil {
-		t.Fatal(err)
-	}
+	a := allocWithFlow(t, d, p, "upf")
 	pd := connectPod(t, a.Socket)
 	pd.expect(t, p, "before")
 	for _, c := range []struct{ name, config string }{

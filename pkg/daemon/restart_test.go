@@ -73,6 +73,22 @@ func (p *pod) waitEvent(t *testing.T, kind client.EventKind) {
 	}
 }
 
+// allocWithFlow allocates both queues of pool for uid 0 and attaches
+// container c1 with the flow sendFrames sends (udp to xa, port 5000).
+func allocWithFlow(t *testing.T, d *Daemon, pair *testnet.Pair, pool string) *api.Allocation {
+	t.Helper()
+	ctx := context.Background()
+	a, err := d.Alloc(ctx, api.AllocRequest{Pool: pool, Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(pair.A.Addr, 32), DstPort: 5000}
+	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}}); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
 func netdevOf(t *testing.T, d *Daemon, name string) api.NetdevStatus {
 	t.Helper()
 	s, _ := d.Status(context.Background())
@@ -100,14 +116,7 @@ func TestRestartWithPod(t *testing.T) {
 		" {name: dns, steering: software, devices: {netdevs: ['xa#2-3']}}]\n")
 	d, stop := runDaemon(t, o)
 	ctx := context.Background()
-	a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(pair.A.Addr, 32), DstPort: 5000}
-	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}}); err != nil {
-		t.Fatal(err)
-	}
+	a := allocWithFlow(t, d, pair, "upf")
 	live := connectPod(t, a.Socket)
 	b, err := d.Alloc(ctx, api.AllocRequest{Pool: "dns", Count: 2})
 	if err != nil {
@@ -148,15 +157,7 @@ func TestLostPins(t *testing.T) {
 	pins := testPins(t)
 	o := standaloneOpts(t, pair, dir, pins, "pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n")
 	d, stop := runDaemon(t, o)
-	ctx := context.Background()
-	a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(pair.A.Addr, 32), DstPort: 5000}
-	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}}); err != nil {
-		t.Fatal(err)
-	}
+	a := allocWithFlow(t, d, pair, "upf")
 	p := connectPod(t, a.Socket)
 	before := netdevOf(t, d, "xa")
 	stop()

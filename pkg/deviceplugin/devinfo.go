@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/xdpq/xdpq/internal/atomicfile"
 )
 
 // DeviceInfoDir is where device plugins leave device-info files for CNI
@@ -50,8 +52,7 @@ func WriteDeviceInfo(dir, resource, deviceID, pciAddress string) error {
 		return fmt.Errorf("device info: %w", err)
 	}
 	path := DeviceInfoPath(dir, resource, deviceID)
-	os.Remove(path) // a previous allocation's; the file is read-only
-	if err := os.WriteFile(path, b, 0o444); err != nil {
+	if err := atomicfile.WriteFile(path, b, 0o444); err != nil { // over a previous allocation's
 		return fmt.Errorf("device info: %w", err)
 	}
 	return nil
