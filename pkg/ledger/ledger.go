@@ -146,6 +146,11 @@ type Ledger struct {
 	held   map[queue]string
 	atts   map[string]string // attachment key -> allocation id
 	broken map[string]error  // allocation id -> why its record is unreadable
+	// holdGen counts the changes of pools and of what allocations hold;
+	// usage is Usage's answer per pool as of a holdGen (status asks for
+	// it at every call, CNI calls change neither).
+	holdGen uint64
+	usage   map[string]usageAt
 	// writing serialises the writes of each record (see persist).
 	writing map[string]*sync.Mutex
 }
@@ -169,7 +174,7 @@ func Open(o Options) (*Ledger, error) {
 		return nil, err
 	}
 	l := &Ledger{store: st, clock: o.Clock, pools: map[string]*Pool{}, allocs: map[string]*Allocation{},
-		held: map[queue]string{}, atts: map[string]string{}, broken: map[string]error{}, writing: map[string]*sync.Mutex{}}
+		held: map[queue]string{}, atts: map[string]string{}, broken: map[string]error{}, writing: map[string]*sync.Mutex{}, usage: map[string]usageAt{}}
 	recs, broken, err := st.loadAll()
 	if err != nil {
 		return nil, err
@@ -214,6 +219,7 @@ func (l *Ledger) insertLocked(a *Allocation) {
 }
 
 func (l *Ledger) holdLocked(a *Allocation) {
+	l.holdGen++
 	for _, q := range a.Queues {
 		l.held[queue{a.Netdev, q}] = a.ID
 	}
@@ -241,6 +247,7 @@ func (l *Ledger) holdsLocked(pool string) bool {
 }
 
 func (l *Ledger) deleteLocked(a *Allocation) {
+	l.holdGen++
 	delete(l.allocs, a.ID)
 	for _, q := range a.Queues {
 		if l.held[queue{a.Netdev, q}] == a.ID {
@@ -323,6 +330,7 @@ func (l *Ledger) SetPools(pools []Pool) PoolChanges {
 		}
 	}
 	l.pools = next
+	l.holdGen++
 	slices.Sort(ch.Added)
 	slices.Sort(ch.Removed)
 	slices.Sort(ch.Lingering)
@@ -340,6 +348,7 @@ func (l *Ledger) dropEmptyLingeringLocked(name string) bool {
 		return false
 	}
 	delete(l.pools, name)
+	l.holdGen++
 	return true
 }
 
@@ -436,6 +445,11 @@ func (l *Ledger) FreeDevices(pool string) ([]Device, error) {
 	return out, nil
 }
 
+type usageAt struct {
+	gen uint64
+	u   PoolUsage
+}
+
 // PoolUsage is a pool's count of devices.
 type PoolUsage struct {
 	Devices int // in the pool now
@@ -451,6 +465,20 @@ type PoolUsage struct {
 func (l *Ledger) Usage(pool string) PoolUsage {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	c, ok := l.usage[pool]
+	if !ok || c.gen != l.holdGen {
+		c = usageAt{l.holdGen, l.countLocked(pool)}
+		l.usage[pool] = c
+	}
+	u := c.u
+	if err := l.blockedLocked(pool); err != nil {
+		u.Blocked = err.Error()
+	}
+	return u
+}
+
+// countLocked is Usage without its cache and Blocked.
+func (l *Ledger) countLocked(pool string) PoolUsage {
 	var u PoolUsage
 	p := l.pools[pool]
 	var in map[string]int
@@ -472,9 +500,6 @@ func (l *Ledger) Usage(pool string) PoolUsage {
 				u.Beyond++
 			}
 		}
-	}
-	if err := l.blockedLocked(pool); err != nil {
-		u.Blocked = err.Error()
 	}
 	return u
 }

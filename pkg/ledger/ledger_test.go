@@ -3,9 +3,11 @@ package ledger
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -522,6 +524,51 @@ func TestConcurrent(t *testing.T) {
 	wg.Wait()
 	if u := l.Usage("upf"); u.Free != 4 || len(files(t, dir)) != 0 || len(l.Attachments()) != 0 {
 		t.Errorf("at the end: %+v, files %v", u, files(t, dir))
+	}
+}
+
+// TestUsageCache checks the cached Usage against a recount after every
+// step of a random sequence of the operations that change what is held.
+func TestUsageCache(t *testing.T) {
+	l := open(t, t.TempDir())
+	big := queuePool("upf", []string{"eth1"}, 0, 1, 2, 3)
+	small := queuePool("upf", []string{"eth1"}, 0, 1)
+	other := queuePool("dns", []string{"eth1"}, 2, 3)
+	l.SetPools([]Pool{big})
+	rng := rand.New(rand.NewPCG(1, 2))
+	var live []string
+	for step := range 2000 {
+		switch rng.IntN(6) {
+		case 0, 1:
+			dev := fmt.Sprintf("eth1-q%d", rng.IntN(4))
+			if a, err := l.Reserve(Reservation{Pool: "upf", Devices: []string{dev}}); err == nil {
+				if rng.IntN(4) == 0 {
+					l.Abort(a.ID)
+				} else if err := l.Commit(a.ID, nil); err == nil {
+					live = append(live, a.ID)
+				}
+			}
+		case 2, 3:
+			if len(live) > 0 {
+				i := rng.IntN(len(live))
+				free(t, l, live[i])
+				live = slices.Delete(live, i, i+1)
+			}
+		case 4:
+			l.SetPools([][]Pool{{big}, {small}, {small, other}, {other}}[rng.IntN(4)])
+		case 5:
+			l.Usage("dns")
+		}
+		for _, pool := range []string{"upf", "dns"} {
+			got := l.Usage(pool)
+			got.Blocked = ""
+			l.mu.Lock()
+			want := l.countLocked(pool)
+			l.mu.Unlock()
+			if got != want {
+				t.Fatalf("step %d, pool %s: Usage %+v, counted %+v", step, pool, got, want)
+			}
+		}
 	}
 }
 
