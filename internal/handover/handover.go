@@ -41,6 +41,8 @@ type Msg struct {
 	CapEff, UID  string           `json:",omitempty"`
 	Links        []string         `json:",omitempty"`
 	Reason       string           `json:",omitempty"` // why something was refused, as data
+	Pinned       string           `json:",omitempty"` // a pinned map's path
+	Results      []string         `json:",omitempty"` // what a probe tried, one line each
 	Error        string           `json:",omitempty"`
 }
 

@@ -51,6 +51,7 @@ type env struct {
 
 type envConfig struct {
 	owner         broker.Owner
+	owner2        *broker.Owner // alloc-2's, if not owner
 	limits        broker.Limits
 	busyPoll      *broker.BusyPoll
 	twoAllocs     bool
@@ -104,8 +105,12 @@ func newEnvWith(t *testing.T, cfg envConfig) *env {
 		if err := os.Chmod(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
+		owner := cfg.owner
+		if i == 1 && cfg.owner2 != nil {
+			owner = *cfg.owner2
+		}
 		e.allocs = append(e.allocs, broker.Allocation{ID: id, Netdev: xsk.Netdev{Name: "xa", Ifindex: e.p.A.Index, NetNS: e.p.NSPath()},
-			Queues: []uint32{uint32(2 * i), uint32(2*i + 1)}, Owner: cfg.owner, Limits: cfg.limits, BusyPoll: cfg.busyPoll, Dir: dir})
+			Queues: []uint32{uint32(2 * i), uint32(2*i + 1)}, Owner: owner, Limits: cfg.limits, BusyPoll: cfg.busyPoll, Dir: dir})
 	}
 	e.alloc = e.allocs[0]
 	e.startDaemon(t, nil)

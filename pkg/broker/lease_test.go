@@ -16,6 +16,7 @@ import (
 
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
+	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/client"
 	"github.com/xdpq/xdpq/pkg/xsk"
@@ -286,23 +287,32 @@ func TestOneLeaseAtATime(t *testing.T) {
 	}
 }
 
-// TestDPDKHandshake speaks the AF_XDP device plugin handshake exactly as
-// DPDK's af_xdp PMD does (drivers/net/af_xdp, uds_get_xskmap_fd): write()
-// of each command without terminator, recvmsg() of replies into a
-// 128-byte buffer with one descriptor of control space. The map it gets
-// takes a socket it created itself, which then receives.
-func TestDPDKHandshake(t *testing.T) {
-	e := newEnv(t, rootOwned, broker.Limits{})
-	pr := e.peer(t)
+// ownNetdev is the agent of a netdev that is the allocation's alone, as
+// the daemon's agent of a netdev-mode pool's netdev in its pod is.
+type ownNetdev struct {
+	*agent.Agent
+	name string
+}
+
+func (o ownNetdev) XSKMapFD() (int, error) { return o.Agent.XSKMapFD(o.name) }
+
+// dpdkConn connects to the allocation's socket as DPDK's af_xdp PMD does
+// (drivers/net/af_xdp, uds_get_xskmap_fd): write() of each command without
+// terminator, recvmsg() of replies into a 128-byte buffer with one
+// descriptor of control space. request sends a command (with a
+// descriptor, unless sendFD < 0) and returns the reply and the descriptor
+// it carried (-1 for none).
+func dpdkConn(t *testing.T, path string) (request func(cmd string, sendFD int) (string, int), fd int) {
+	t.Helper()
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unix.Close(fd)
-	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: e.alloc.SocketPath()}); err != nil {
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
 		t.Fatal(err)
 	}
-	request := func(cmd string, sendFD int) (string, int) {
+	return func(cmd string, sendFD int) (string, int) {
 		t.Helper()
 		if sendFD < 0 {
 			if _, err := unix.Write(fd, []byte(cmd)); err != nil {
@@ -324,8 +334,36 @@ func TestDPDKHandshake(t *testing.T) {
 			}
 		}
 		return string(resp[:n]), got
-	}
+	}, fd
+}
+
+// TestDPDKHandshake speaks the AF_XDP device plugin handshake exactly as
+// DPDK's af_xdp PMD does. While the allocation's netdev is shared (a
+// queue pool) its XSKMAP is refused, and the log says why; once the
+// netdev is the allocation's own (retargeted with a PodDatapath, as the
+// daemon does when a netdev-mode pool's netdev is in its pod) the map it
+// gets takes a socket it created itself, which then receives.
+func TestDPDKHandshake(t *testing.T) {
+	e := newEnv(t, rootOwned, broker.Limits{})
+	pr := e.peer(t)
 	host, _ := os.Hostname()
+	request, _ := dpdkConn(t, e.alloc.SocketPath())
+	if r, _ := request("/connect,"+host, -1); r != "/host_ok" {
+		t.Fatalf("/connect: %q", r)
+	}
+	if r, fd := request("/xsk_map_fd,xa", -1); r != "/fd_nak" || fd >= 0 {
+		t.Fatalf("/xsk_map_fd of a shared netdev: %q %d", r, fd)
+	}
+	if !slices.Contains(e.logs.snapshot(), "xskmap refused") {
+		t.Errorf("the refusal of a shared map is not logged: %q", e.logs.snapshot())
+	}
+	if err := e.srv.Retarget(e.alloc.ID, e.alloc.Netdev, ownNetdev{e.a, "xa"}); err != nil {
+		t.Fatal(err)
+	}
+	request, fd := dpdkConn(t, e.alloc.SocketPath())
+	if r, _ := request("/xsk_map_fd,xa", -1); r != "/fd_nak" {
+		t.Fatalf("/xsk_map_fd before /connect: %q", r)
+	}
 	if r, _ := request("/connect,"+host, -1); r != "/host_ok" {
 		t.Fatalf("/connect: %q", r)
 	}

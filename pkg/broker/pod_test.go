@@ -175,8 +175,11 @@ func TestOtherPodRefused(t *testing.T) {
 // podMain is the pod process: a client of the broker, or (role flood) a
 // hostile local user flooding an allocation's socket.
 func podMain(role string) int {
-	if role == "flood" {
+	switch role {
+	case "flood":
 		return handover.RunPod(2*time.Minute, flood)
+	case "mapprobe":
+		return handover.RunPod(30*time.Second, mapProbe)
 	}
 	return handover.RunPod(30*time.Second, pod)
 }

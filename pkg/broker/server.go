@@ -22,15 +22,31 @@ import (
 // SocketName is the name of an allocation's socket in its directory.
 const SocketName = "xdpq.sock"
 
-// Datapath is what the broker needs of the node agent.
+// Datapath is what the broker needs of the agent of a netdev: it puts the
+// sockets it binds into the netdev's XSKMAP and takes them out. The map
+// itself never leaves it: on a netdev shared by several allocations (a
+// queue pool) a descriptor of the map would let its holder delete or
+// replace every other allocation's sockets.
 type Datapath interface {
 	// AddSocket puts a bound socket into the netdev's XSKMAP.
 	AddSocket(netdev string, queue uint32, fd int) error
 	// RemoveSocket takes it out again.
 	RemoveSocket(netdev string, queue uint32) error
+}
+
+// PodDatapath is the datapath of a netdev that is one allocation's alone,
+// in its pod's network namespace (a netdev-mode pool). It is the only
+// kind of datapath whose XSKMAP the broker hands out, and only to that
+// allocation's owner, for sockets the owner creates itself (DPDK's
+// af_xdp driver). The server's own datapath, shared by the allocations
+// of queue pools, has no way to hand out a map.
+type PodDatapath interface {
+	Datapath
 	// XSKMapFD returns a new descriptor of the netdev's XSKMAP; the caller
-	// closes it.
-	XSKMapFD(netdev string) (int, error)
+	// closes it. From then on xdpq's program stays attached to the netdev
+	// for as long as the allocation has it: the sockets the owner inserts
+	// are invisible to the agent.
+	XSKMapFD() (int, error)
 }
 
 // Allocation is a set of queues of one netdev given to one owner.
@@ -119,10 +135,14 @@ type allocation struct {
 	ln     *net.UnixListener
 	done   chan struct{} // closed when the allocation stops being served
 
-	mu       sync.Mutex // guards everything below
-	owner    Owner
-	dev      xsk.Netdev // where sockets bind
-	dp       Datapath   // the agent of the netdev: the server's unless retargeted
+	mu    sync.Mutex // guards everything below
+	owner Owner
+	dev   xsk.Netdev // where sockets bind
+	dp    Datapath   // the agent of the netdev: the server's unless retargeted
+	// own is dp when the allocation was retargeted to a netdev of its own
+	// (Retarget with a PodDatapath), else nil: only then may a DPDK client
+	// have the netdev's XSKMAP.
+	own      PodDatapath
 	limits   Limits
 	busyPoll *BusyPoll
 	conns    map[*net.UnixConn]bool
@@ -147,6 +167,7 @@ type policy struct {
 	owner    Owner
 	dev      xsk.Netdev
 	dp       Datapath
+	own      PodDatapath
 	limits   Limits
 	busyPoll *BusyPoll
 }
@@ -154,7 +175,7 @@ type policy struct {
 func (al *allocation) policy() policy {
 	al.mu.Lock()
 	defer al.mu.Unlock()
-	p := policy{owner: al.owner, dev: al.dev, dp: al.dp, limits: al.limits}
+	p := policy{owner: al.owner, dev: al.dev, dp: al.dp, own: al.own, limits: al.limits}
 	if al.busyPoll != nil {
 		bp := *al.busyPoll
 		p.busyPoll = &bp
@@ -329,20 +350,22 @@ func (s *Server) SetLimits(id string, lim Limits, bp *BusyPoll) error {
 	return nil
 }
 
-// Retarget moves an allocation to another netdev and agent: a netdev-mode
-// pool's netdev moved into its pod's network namespace (dev.NetNS), and
-// back. Open connections close, their sockets leaving the old XSKMAP: they
-// were bound where the netdev no longer is. For the same reason a lease
-// recorded by a previous daemon and not resumed yet is forgotten (and
-// reported ended), unless dev is where the allocation already was. A nil
-// dp is the server's own.
-func (s *Server) Retarget(id string, dev xsk.Netdev, dp Datapath) error {
+// Retarget moves an allocation to another netdev: a netdev-mode pool's
+// netdev moved into its pod's network namespace (dev.NetNS) with the
+// agent that manages it there (own), and back to the node (own nil: the
+// server's datapath). Open connections close, their sockets leaving the
+// old XSKMAP: they were bound where the netdev no longer is. For the same
+// reason a lease recorded by a previous daemon and not resumed yet is
+// forgotten (and reported ended), unless dev is where the allocation
+// already was.
+func (s *Server) Retarget(id string, dev xsk.Netdev, own PodDatapath) error {
 	al, err := s.lookup(id)
 	if err != nil {
 		return err
 	}
-	if dp == nil {
-		dp = s.dp
+	var dp Datapath = s.dp
+	if own != nil {
+		dp = own
 	}
 	al.mu.Lock()
 	conns := slices.Collect(maps.Keys(al.conns))
@@ -352,7 +375,7 @@ func (s *Server) Retarget(id string, dev xsk.Netdev, dp Datapath) error {
 		ended = make(chan struct{})
 		al.ended = ended
 	}
-	al.dev, al.dp = dev, dp
+	al.dev, al.dp, al.own = dev, dp, own
 	al.mu.Unlock()
 	if len(conns) > 0 {
 		s.log.Info("connections end: the allocation's netdev moves", "allocation", id, "netdev", dev.Name, "connections", len(conns))
@@ -888,14 +911,9 @@ func (s *Server) dpdk(c *net.UnixConn, al *allocation, peer Peer, msg []byte, fd
 		case cmd.name == dpdkVersion:
 			ok = reply(dpdkVersionAns)
 		case cmd.name == dpdkXSKMapFD:
-			p := al.policy()
-			if !connected || len(cmd.args) != 1 || cmd.args[0] != p.dev.Name {
-				ok = reply(dpdkFDNak)
-				break
-			}
-			fd, err := p.dp.XSKMapFD(p.dev.Name)
-			if err != nil {
-				s.log.Warn("xskmap fd", "allocation", al.id, "err", err)
+			fd, why := s.xskMap(connected, cmd, al.policy())
+			if why != nil {
+				s.log.Warn("xskmap refused", "allocation", al.id, "peer", peer.String(), "protocol", "dpdk", "reason", why)
 				ok = reply(dpdkFDNak)
 				break
 			}
@@ -922,6 +940,29 @@ func (s *Server) dpdk(c *net.UnixConn, al *allocation, peer Peer, msg []byte, fd
 			return
 		}
 	}
+}
+
+// xskMap returns a descriptor of the XSKMAP of the allocation's netdev
+// when the netdev is the allocation's alone; the reason otherwise (the
+// DPDK handshake can only say /fd_nak: the log says why).
+func (s *Server) xskMap(connected bool, cmd dpdkCommand, p policy) (int, error) {
+	switch {
+	case !connected:
+		return -1, errors.New("not connected")
+	case len(cmd.args) != 1:
+		return -1, fmt.Errorf("want one argument, the netdev; got %d", len(cmd.args))
+	case p.own == nil:
+		return -1, fmt.Errorf("the XSKMAP of %s is shared with other allocations and never leaves the daemon: "+
+			"for DPDK's af_xdp driver use a netdev-mode pool (the netdev is moved into the pod), "+
+			"or receive bound sockets with the xdpq client (no capability needed)", p.dev.Name)
+	case cmd.args[0] != p.dev.Name:
+		return -1, fmt.Errorf("netdev %q is not the allocation's; it has %s", cmd.args[0], p.dev.Name)
+	}
+	fd, err := p.own.XSKMapFD()
+	if err != nil {
+		return -1, fmt.Errorf("xskmap of %s: %w", p.dev.Name, err)
+	}
+	return fd, nil
 }
 
 // busyPoll configures preferred busy polling on the AF_XDP socket the

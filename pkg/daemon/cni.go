@@ -51,7 +51,7 @@ func (d *Daemon) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attach
 	if got.Mode == api.ModeNetdev {
 		// Recorded before anything moves: a restarted daemon finds the
 		// netdev by it.
-		got.Moved, err = d.prepareMove(a.Netdev, req, podPolicy(pool.Config, len(flows) > 0))
+		got.Moved, err = d.prepareMove(a.Netdev, req, podPolicy(pool.Config, len(flows) > 0, false))
 		if err == nil {
 			err = d.ledger.UpdateAttachment(got)
 		}

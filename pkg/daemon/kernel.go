@@ -41,7 +41,7 @@ type flowSteerer interface {
 type socketBroker interface {
 	Add(a broker.Allocation) error
 	Remove(id string) error
-	Retarget(id string, dev xsk.Netdev, dp broker.Datapath) error
+	Retarget(id string, dev xsk.Netdev, own broker.PodDatapath) error
 	SetOwner(id string, o broker.Owner) error
 	SetLimits(id string, l broker.Limits, bp *broker.BusyPoll) error
 	Close()

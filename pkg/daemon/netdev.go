@@ -9,12 +9,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/mover"
 	"github.com/xdpq/xdpq/pkg/nic"
@@ -134,15 +136,16 @@ func (d *Daemon) moveIn(ctx context.Context, att *ledger.Attachment, flows []age
 // retargetToPod has the broker bind the allocation's sockets on its
 // netdev inside the pod.
 func (d *Daemon) retargetToPod(alloc, netdev string) error {
-	dev, ag, err := d.podTarget(netdev)
+	dev, dp, err := d.podTarget(netdev)
 	if err != nil {
 		return err
 	}
-	return d.broker.Retarget(alloc, dev, ag)
+	return d.broker.Retarget(alloc, dev, dp)
 }
 
-// podTarget is where sockets bind on a netdev in a pod, and its agent.
-func (d *Daemon) podTarget(netdev string) (xsk.Netdev, *agent.Agent, error) {
+// podTarget is where sockets bind on a netdev in a pod, and the broker's
+// datapath there.
+func (d *Daemon) podTarget(netdev string) (xsk.Netdev, broker.PodDatapath, error) {
 	pn := d.pod(netdev)
 	if pn == nil {
 		return xsk.Netdev{}, nil, fmt.Errorf("netdev %s is not in a pod", netdev)
@@ -156,7 +159,49 @@ func (d *Daemon) podTarget(netdev string) (xsk.Netdev, *agent.Agent, error) {
 	if err != nil {
 		return xsk.Netdev{}, nil, fmt.Errorf("netdev %s in the pod as %s: %w", netdev, pn.rec.ifName(), err)
 	}
-	return xsk.Netdev{Name: pn.rec.ifName(), Ifindex: l.Attrs().Index, NetNS: pn.nsPath()}, pn.agent, nil
+	return xsk.Netdev{Name: pn.rec.ifName(), Ifindex: l.Attrs().Index, NetNS: pn.nsPath()}, podDatapath{d, pn}, nil
+}
+
+// podDatapath is the broker's datapath of a netdev in its pod: the pod
+// agent's XSKMAP, which serves that pod's allocation alone. It is the
+// only datapath that can hand out a map (broker.PodDatapath).
+type podDatapath struct {
+	d  *Daemon
+	pn *podNetdev
+}
+
+func (p podDatapath) AddSocket(netdev string, q uint32, fd int) error {
+	return p.pn.agent.AddSocket(netdev, q, fd)
+}
+
+func (p podDatapath) RemoveSocket(netdev string, q uint32) error {
+	return p.pn.agent.RemoveSocket(netdev, q)
+}
+
+// XSKMapFD hands the netdev's XSKMAP to its pod's DPDK. The sockets DPDK
+// inserts are invisible to the agent, and DPDK closes the broker
+// connection right after its handshake: so the attachment records first
+// that the map is out, and the pod agent keeps xdpq's program attached
+// from then on, for as long as the attachment lives (restarts included).
+func (p podDatapath) XSKMapFD() (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	att, ok := p.d.ledger.Attachment(p.pn.key)
+	if !ok || att.State != ledger.Active {
+		return -1, fmt.Errorf("netdev %s: its attachment %s is not active", p.pn.rec.netdev(), p.pn.key)
+	}
+	if !att.MapOut {
+		att.MapOut = true
+		if err := p.d.ledger.UpdateAttachment(att); err != nil {
+			return -1, err
+		}
+		// The reconciler brings the pod agent to its policy with the
+		// program always attached (reconcilePods).
+		if err := p.d.syncNetdevs(ctx); err != nil {
+			return -1, err
+		}
+	}
+	return p.pn.agent.XSKMapFD(p.pn.rec.ifName())
 }
 
 func (d *Daemon) podPinDir(netdev string) string {
@@ -322,6 +367,8 @@ func (d *Daemon) adoptPod(ctx context.Context, att ledger.Attachment) error {
 	if err != nil {
 		return &podGoneError{fmt.Errorf("netns %s: %w", rec.Netns, err)}
 	}
+	// A map handed out keeps the program attached from the first moment.
+	rec.Policy.AttachAlways = rec.Policy.AttachAlways || att.MapOut
 	pn := &podNetdev{key: att.Key(), alloc: att.AllocationID, rec: rec, ns: h}
 	loc, err := d.mover.Recover(ctx, rec.Mover, h)
 	if err == nil && loc.Place != mover.InPod {
@@ -364,7 +411,7 @@ func (d *Daemon) reconcilePods() []string {
 		if !ok || p.Resource == "" { // a pool gone before this daemon started: its settings are unknown
 			continue
 		}
-		pol := podPolicy(p.Config, len(att.Flows) > 0)
+		pol := podPolicy(p.Config, len(att.Flows) > 0, att.MapOut)
 		if policyEqual(pol, pn.policy) {
 			continue
 		}

@@ -33,11 +33,14 @@ func policyFor(p config.Pool, reserved []uint32) agent.Policy {
 // podPolicy is how a netdev-mode pool's netdev is managed inside its
 // pod: the pool's policy, and with no flows the direct program (every
 // frame of a queue with a socket goes to it: the netdev is the pod's).
-func podPolicy(p config.Pool, flows bool) agent.Policy {
+// Once its XSKMAP was handed to the pod (mapOut), the program stays
+// attached: the agent cannot see the sockets the pod inserts.
+func podPolicy(p config.Pool, flows, mapOut bool) agent.Policy {
 	pol := policyFor(p, nil)
 	if !flows {
 		pol.Steering = agent.SteerHardware
 	}
+	pol.AttachAlways = pol.AttachAlways || mapOut
 	return pol
 }
 

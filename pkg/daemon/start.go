@@ -10,6 +10,7 @@ import (
 
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/ledger"
 )
 
@@ -186,7 +187,7 @@ func (d *Daemon) serveRestored(ctx context.Context, a ledger.Allocation) {
 	p, _ := d.ledger.Meta(a.Pool)
 	ba := d.brokerAllocation(a, p.Config)
 	// Served where its netdev is now, so that its lease stays resumable.
-	var podAgent *agent.Agent
+	var podAgent broker.PodDatapath
 	for _, att := range a.Attachments {
 		if att.Mode == api.ModeNetdev && att.State == ledger.Active {
 			dev, ag, err := d.podTarget(att.Netdev)

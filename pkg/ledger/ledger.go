@@ -116,6 +116,12 @@ type Attachment struct {
 	// Moved is what the netdev mover needs to find a netdev-mode pool's
 	// netdev again (opaque to the ledger); recorded before the move.
 	Moved []byte `json:"moved,omitempty"`
+	// MapOut says the XSKMAP of the attachment's netdev (a netdev-mode
+	// pool's, in its pod) was handed to the pod, for sockets it creates
+	// itself (DPDK): xdpq's program stays attached to the netdev for as
+	// long as the attachment lives, restarts included. Recorded before
+	// the map leaves the daemon.
+	MapOut bool `json:"mapOut,omitempty"`
 }
 
 // Key is the attachment's name: "containerID/ifName".
