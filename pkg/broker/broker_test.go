@@ -57,6 +57,7 @@ type envConfig struct {
 	twoAllocs     bool
 	stepTimeout   time.Duration // default 500ms
 	maxHandshakes int
+	maxConns      int
 }
 
 type leaseEvent struct {
@@ -145,7 +146,7 @@ func (e *env) startDaemon(t *testing.T, resumable map[string][]broker.LeaseSocke
 	if err := a.Manage("xa", agent.Policy{Steering: agent.SteerHardware}); err != nil {
 		t.Fatal(err)
 	}
-	e.srv = broker.NewServer(broker.Config{StepTimeout: e.cfg.stepTimeout, MaxHandshakes: e.cfg.maxHandshakes,
+	e.srv = broker.NewServer(broker.Config{StepTimeout: e.cfg.stepTimeout, MaxHandshakes: e.cfg.maxHandshakes, MaxConnections: e.cfg.maxConns,
 		Logger: e.agentC.Logger, OnLease: func(alloc string, socks []broker.LeaseSocket) {
 			e.leases.add(leaseEvent{alloc, socks})
 		}}, a)

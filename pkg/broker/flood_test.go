@@ -236,3 +236,52 @@ func floodLoop(path string, stop, progress chan struct{}, done chan<- [2]uint64)
 		}
 	}
 }
+
+// TestMaxConnections: the connections in a handshake are bounded across
+// all allocations together; one over the bound is closed unanswered, and
+// a slot given back (a handshake refused) is taken by the next.
+func TestMaxConnections(t *testing.T) {
+	e := newEnvWith(t, envConfig{owner: rootOwned, twoAllocs: true, stepTimeout: 10 * time.Second, maxConns: 3})
+	hello := func(path string) *net.UnixConn {
+		t.Helper()
+		c := dialPath(t, path)
+		if err := xsk.SendFDs(c, []byte(`{"type":"hello","version":1}`), nil); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 4096)
+		n, _, err := xsk.RecvFDs(c, buf, 0)
+		if err != nil || !strings.Contains(string(buf[:n]), `"welcome"`) {
+			t.Fatalf("hello: %q %v", buf[:n], err)
+		}
+		return c
+	}
+	first := hello(e.allocs[0].SocketPath())
+	defer first.Close()
+	defer hello(e.allocs[1].SocketPath()).Close()
+	// A device plugin connection counts for as long as it is open.
+	dp := dialPath(t, e.allocs[0].SocketPath())
+	defer dp.Close()
+	xsk.SendFDs(dp, []byte("/connect,h"), nil)
+	buf := make([]byte, 4096)
+	if n, _, err := xsk.RecvFDs(dp, buf, 0); string(buf[:n]) != "/host_ok" {
+		t.Fatalf("/connect: %q %v", buf[:n], err)
+	}
+	over := dialPath(t, e.allocs[1].SocketPath())
+	defer over.Close()
+	if n, err := over.Read(make([]byte, 64)); n != 0 || !errors.Is(err, io.EOF) {
+		t.Fatalf("a fourth connection: read %d, %v; want it closed", n, err)
+	}
+	// A request without its memfd is refused; the refusal is sent once
+	// the slot is free again.
+	if err := xsk.SendFDs(first, []byte(`{"type":"request"}`), nil); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, err := xsk.RecvFDs(first, buf, 0); err != nil || !strings.Contains(string(buf[:n]), `"error"`) {
+		t.Fatalf("request without a memfd: %q %v", buf[:n], err)
+	}
+	l, err := client.Connect(e.allocs[0].SocketPath(), client.Options{Ring: 64, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("a lease once a slot is free: %v", err)
+	}
+	l.Close()
+}

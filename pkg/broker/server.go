@@ -88,6 +88,13 @@ type Config struct {
 	// Zero means 16. Peers that are not the owner never take one of these:
 	// they are refused at once.
 	MaxHandshakes int
+	// MaxConnections bounds the connections of all allocations together
+	// that are in a handshake or being refused (an active lease no longer
+	// counts); more are closed as soon as they are accepted. Zero means
+	// DefaultMaxConnections. With MaxHandshakes and the four refusals
+	// per allocation it bounds the descriptors the server holds for
+	// connections.
+	MaxConnections int
 	// OnLease, if set, is told of every lease of an allocation, for the
 	// daemon to record and hand to its successor as
 	// Allocation.Resumable: the sockets of a lease (queue and inode) when
@@ -112,10 +119,11 @@ type Server struct {
 	dp  Datapath
 	log *slog.Logger
 
-	mu     sync.Mutex // guards allocs, adding and closed
+	mu     sync.Mutex // guards allocs, adding, closed and open
 	allocs map[string]*allocation
 	adding map[string]bool // ids whose socket Add is creating
 	closed bool
+	open   int // connections in a handshake or being refused
 	wg     sync.WaitGroup // connection and accept goroutines
 }
 
@@ -127,6 +135,9 @@ const (
 	maxRefusals       = 4
 	defaultHandshakes = 16
 )
+
+// DefaultMaxConnections is Config.MaxConnections when it is zero.
+const DefaultMaxConnections = 4096
 
 type allocation struct {
 	id     string
@@ -200,6 +211,9 @@ func NewServer(cfg Config, dp Datapath) *Server {
 	}
 	if cfg.MaxHandshakes <= 0 {
 		cfg.MaxHandshakes = defaultHandshakes
+	}
+	if cfg.MaxConnections <= 0 {
+		cfg.MaxConnections = DefaultMaxConnections
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -506,6 +520,17 @@ func (s *Server) admit(c *net.UnixConn, al *allocation) {
 	}
 	p := al.policy()
 	why := p.owner.check(peer)
+	s.mu.Lock()
+	full := s.open >= s.cfg.MaxConnections
+	if !full {
+		s.open++
+	}
+	s.mu.Unlock()
+	if full {
+		c.Close()
+		s.warn(al, "too many connections in a handshake across the daemon; closed", "peer", peer.String(), "limit", s.cfg.MaxConnections)
+		return
+	}
 	al.mu.Lock()
 	admitted := false
 	switch {
@@ -523,6 +548,7 @@ func (s *Server) admit(c *net.UnixConn, al *allocation) {
 	}
 	al.mu.Unlock()
 	if !admitted {
+		s.closeSlot()
 		c.Close()
 		if why != nil {
 			s.warn(al, "refused", "peer", peer.String(), "reason", why, "answered", false)
@@ -536,6 +562,7 @@ func (s *Server) admit(c *net.UnixConn, al *allocation) {
 		var l *lease
 		if why != nil {
 			s.refuseForeign(c, al, peer, why)
+			s.closeSlot()
 		} else {
 			held := true
 			release := func() {
@@ -544,6 +571,7 @@ func (s *Server) admit(c *net.UnixConn, al *allocation) {
 					al.mu.Lock()
 					al.handshakes--
 					al.mu.Unlock()
+					s.closeSlot()
 				}
 			}
 			var err error
@@ -564,6 +592,13 @@ func (s *Server) admit(c *net.UnixConn, al *allocation) {
 			s.end(al, l)
 		}
 	}()
+}
+
+// closeSlot gives back a connection's place under MaxConnections.
+func (s *Server) closeSlot() {
+	s.mu.Lock()
+	s.open--
+	s.mu.Unlock()
 }
 
 // warn logs a warning about a connection, at most one a second per

@@ -86,6 +86,10 @@ type Daemon struct {
 	// left: then the device plugins start.
 	recovered atomic.Bool
 	reqs      chan reconcileRequest
+	// fdNeed and fdProblem are the reconciler's own: the descriptors the
+	// pools needed at the last fitFDLimit, and what it found.
+	fdNeed    uint64
+	fdProblem string
 
 	mu sync.Mutex // guards the fields below; never held across a call out
 	// found are the netdevs of the last discovery, those in pods included.

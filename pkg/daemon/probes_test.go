@@ -16,6 +16,7 @@ import (
 	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/client"
+	"golang.org/x/sys/unix"
 )
 
 // standaloneOpts are a standalone daemon's options on pair p, everything
@@ -291,5 +292,49 @@ func TestReloadKeepsHeldQueues(t *testing.T) {
 		if _, err := d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 			t.Errorf("%s: check: %v", c.name, err)
 		}
+	}
+}
+
+// TestFDLimit: a daemon whose descriptor limit is below what its pools
+// may need (2 per device and 5120) raises it as far as the hard limit
+// allows, and says in status when that is not enough. (Before, it ran
+// with whatever limit it was given, and a flood of connections reached
+// it.) This machine's root lacks CAP_SYS_RESOURCE, so the raise of the
+// hard limit itself is not exercised here.
+func TestFDLimit(t *testing.T) {
+	var orig unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &orig); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Setrlimit(unix.RLIMIT_NOFILE, &orig) })
+	p := testnet.NewPair(t, 4)
+	const need = 5120 + 2*8
+	for _, c := range []struct {
+		name     string
+		hard     uint64
+		problem  string
+		wantSoft uint64
+	}{
+		{"raised", 6000, "", need},
+		{"hard limit too low", 5000, "descriptor limit 5000 is below the 5136 that 8 devices may need", 5000},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: 1050, Max: c.hard}); err != nil {
+				t.Fatal(err)
+			}
+			d, stop := runDaemon(t, standaloneOpts(t, p, t.TempDir(), testPins(t), "pools: [{name: a, devices: {netdevs: ['xa#0-3', 'xb#0-3']}}]\n"))
+			defer stop()
+			var rl unix.Rlimit
+			if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+				t.Fatal(err)
+			}
+			if rl.Cur != c.wantSoft {
+				t.Errorf("descriptor limit %+v, want %d", rl, c.wantSoft)
+			}
+			s, _ := d.Status(context.Background())
+			if c.problem == "" && s.ConfigError != "" || !strings.Contains(s.ConfigError, c.problem) {
+				t.Errorf("status says %q, want %q", s.ConfigError, c.problem)
+			}
+		})
 	}
 }

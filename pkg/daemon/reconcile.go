@@ -163,6 +163,9 @@ func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
 		delete(desired, name)
 	}
 	changes := d.ledger.SetPools(lpools)
+	if p := d.fitFDLimit(lpools); p != "" {
+		problems = append(problems, p)
+	}
 	for _, p := range changes.Lingering {
 		d.log.Info("pool removed from the config; it goes once its allocations are freed", "pool", p)
 	}
