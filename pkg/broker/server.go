@@ -123,7 +123,7 @@ type Server struct {
 	allocs map[string]*allocation
 	adding map[string]bool // ids whose socket Add is creating
 	closed bool
-	open   int // connections in a handshake or being refused
+	open   int            // connections in a handshake or being refused
 	wg     sync.WaitGroup // connection and accept goroutines
 }
 
