@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +27,15 @@ import (
 // owner's own connections in a handshake are bounded.
 func TestAcceptSurvivesFlood(t *testing.T) {
 	e := newEnvWith(t, envConfig{owner: rootOwned, stepTimeout: 5 * time.Second, maxHandshakes: 2})
+	// An owner known by uid has its socket to itself (TestSocketModes); in
+	// Kubernetes the socket is open to the container's processes, of any
+	// uid. Open it as there, for the flood to reach it.
+	if err := os.Chmod(e.alloc.Dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(e.alloc.SocketPath(), 0o666); err != nil {
+		t.Fatal(err)
+	}
 	var stderr bytes.Buffer
 	fl, err := handover.StartPod([]string{"-test.run=^$"}, podEnv+"=flood", nil, &stderr)
 	if err != nil {
@@ -284,4 +295,34 @@ func TestMaxConnections(t *testing.T) {
 		t.Fatalf("a lease once a slot is free: %v", err)
 	}
 	l.Close()
+}
+
+// TestSocketModes: who can reach an allocation's socket. An owner known
+// by uid (standalone) owns its directory and socket, and nobody else may
+// enter or connect; an owner known by its pod (Kubernetes, uid unknown)
+// has a socket open to whoever sees it, the directory being mounted into
+// its container only. SetOwner changes them with the owner.
+func TestSocketModes(t *testing.T) {
+	e := newEnvWith(t, envConfig{owner: broker.Owner{UID: uid(65534)}})
+	check := func(when string, uid uint32, dirMode, sockMode os.FileMode) {
+		t.Helper()
+		for path, mode := range map[string]os.FileMode{e.alloc.Dir: dirMode, e.alloc.SocketPath(): sockMode} {
+			fi, err := os.Lstat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != mode || st.Uid != uid {
+				t.Errorf("%s: %s is uid %d mode %v, want uid %d mode %v", when, path, st.Uid, fi.Mode().Perm(), uid, mode)
+			}
+		}
+	}
+	check("owned by uid 65534", 65534, 0o700, 0o600)
+	if err := e.srv.SetOwner(e.alloc.ID, broker.Owner{PodUID: podA}); err != nil {
+		t.Fatal(err)
+	}
+	check("owned by a pod", 65534, 0o755, 0o666)
+	if err := e.srv.SetOwner(e.alloc.ID, broker.Owner{UID: uid(0)}); err != nil {
+		t.Fatal(err)
+	}
+	check("owned by root", 0, 0o700, 0o600)
 }

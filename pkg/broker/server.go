@@ -141,6 +141,7 @@ const DefaultMaxConnections = 4096
 
 type allocation struct {
 	id     string
+	dir    string // its socket's directory
 	queues []uint32
 	mode   xsk.Mode
 	ln     *net.UnixListener
@@ -281,13 +282,11 @@ func (s *Server) listen(a Allocation) (*allocation, error) {
 	if err != nil {
 		return nil, fmt.Errorf("broker: allocation %s: %w", a.ID, err)
 	}
-	// Anyone who sees the socket may connect; who may use it is decided
-	// by the peer's credentials, at once.
-	if err := os.Chmod(path, 0o666); err != nil {
+	if err := restrict(a.Dir, path, a.Owner); err != nil {
 		ln.Close()
 		return nil, fmt.Errorf("broker: allocation %s: %w", a.ID, err)
 	}
-	al := &allocation{id: a.ID, queues: slices.Clone(a.Queues), mode: a.Mode, ln: ln, done: make(chan struct{}),
+	al := &allocation{id: a.ID, dir: a.Dir, queues: slices.Clone(a.Queues), mode: a.Mode, ln: ln, done: make(chan struct{}),
 		owner: a.Owner, dev: a.Netdev, dp: s.dp, limits: a.Limits, conns: map[*net.UnixConn]bool{},
 		lease: slices.Clone(a.Resumable)}
 	if a.BusyPoll != nil {
@@ -295,6 +294,33 @@ func (s *Server) listen(a Allocation) (*allocation, error) {
 		al.busyPoll = &bp
 	}
 	return al, nil
+}
+
+// restrict sets who may reach an allocation's socket. An owner known by
+// uid (standalone) owns the directory (0700) and the socket (0600): no
+// other local user can connect at all. An owner known by its pod
+// (Kubernetes) runs as a uid the daemon does not know: the directory is
+// mounted into the pod's container only, and the socket is open to
+// whoever sees it (0666) and decides by the peer's credentials, at once.
+func restrict(dir, socket string, o Owner) error {
+	if o.UID == nil || o.PodUID != "" || o.AnyPod {
+		if err := os.Chmod(dir, 0o755); err != nil {
+			return err
+		}
+		return os.Chmod(socket, 0o666)
+	}
+	for _, f := range []struct {
+		path string
+		mode os.FileMode
+	}{{socket, 0o600}, {dir, 0o700}} {
+		if err := os.Lchown(f.path, int(*o.UID), -1); err != nil {
+			return err
+		}
+		if err := os.Chmod(f.path, f.mode); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkResumable checks a recorded lease against the allocation's queues.
@@ -326,8 +352,9 @@ func (s *Server) lookup(id string) (*allocation, error) {
 }
 
 // SetOwner changes who may use an allocation from now on (connections
-// already open are not affected): Kubernetes learns the pod of an
-// allocation only after Allocate, from the CNI plugin.
+// already open are not affected), and who may reach its socket (see
+// restrict): Kubernetes learns the pod of an allocation only after
+// Allocate, from the CNI plugin.
 func (s *Server) SetOwner(id string, o Owner) error {
 	al, err := s.lookup(id)
 	if err != nil {
@@ -336,6 +363,9 @@ func (s *Server) SetOwner(id string, o Owner) error {
 	al.mu.Lock()
 	al.owner = o
 	al.mu.Unlock()
+	if err := restrict(al.dir, filepath.Join(al.dir, SocketName), o); err != nil {
+		return fmt.Errorf("broker: allocation %s: %w", id, err)
+	}
 	return nil
 }
 
