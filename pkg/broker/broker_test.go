@@ -58,6 +58,7 @@ type envConfig struct {
 	stepTimeout   time.Duration // default 500ms
 	maxHandshakes int
 	maxConns      int
+	aliases       []string
 }
 
 type leaseEvent struct {
@@ -111,7 +112,7 @@ func newEnvWith(t *testing.T, cfg envConfig) *env {
 			owner = *cfg.owner2
 		}
 		e.allocs = append(e.allocs, broker.Allocation{ID: id, Netdev: xsk.Netdev{Name: "xa", Ifindex: e.p.A.Index, NetNS: e.p.NSPath()},
-			Queues: []uint32{uint32(2 * i), uint32(2*i + 1)}, Owner: owner, Limits: cfg.limits, BusyPoll: cfg.busyPoll, Dir: dir})
+			Queues: []uint32{uint32(2 * i), uint32(2*i + 1)}, Owner: owner, Limits: cfg.limits, BusyPoll: cfg.busyPoll, Dir: dir, Aliases: cfg.aliases})
 	}
 	e.alloc = e.allocs[0]
 	e.startDaemon(t, nil)

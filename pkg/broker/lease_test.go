@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -465,4 +466,39 @@ func TestDPDKRefusedPeer(t *testing.T) {
 		t.Fatalf("got %q", buf[:n])
 	}
 	var _ net.Conn = c
+}
+
+// TestSocketAliases: an allocation's socket is also reachable by the
+// other names asked for (DPDK's afxdp.sock), also after the daemon
+// restarted and made the socket anew; the names go with the allocation.
+func TestSocketAliases(t *testing.T) {
+	e := newEnvWith(t, envConfig{owner: rootOwned, aliases: []string{"afxdp.sock"}})
+	alias := filepath.Join(e.alloc.Dir, "afxdp.sock")
+	lease := func(when string) {
+		t.Helper()
+		l, err := client.Connect(alias, client.Options{Ring: 64, Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatalf("%s: a lease through the alias: %v", when, err)
+		}
+		l.Close()
+		e.waitEnded(t, e.alloc.ID)
+	}
+	lease("at first")
+	e.stopDaemon(t, false)
+	e.startDaemon(t, nil)
+	lease("after a restart")
+	if err := e.srv.Remove(e.alloc.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(alias); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the alias after Remove: %v", err)
+	}
+	for _, bad := range []string{"", "xdpq.sock", "../x", "a/b", ".."} {
+		a := e.allocs[0]
+		a.ID, a.Aliases = "alloc-bad", []string{bad}
+		if err := e.srv.Add(a); err == nil {
+			t.Errorf("alias %q accepted", bad)
+			e.srv.Remove(a.ID)
+		}
+	}
 }

@@ -65,6 +65,10 @@ type Allocation struct {
 	// Dir is the directory the allocation's socket is created in; only the
 	// allocation's container should see it.
 	Dir string
+	// Aliases are other names of the socket in Dir (hard links, made
+	// again whenever the socket is), for clients that look for another
+	// name: DPDK's af_xdp driver looks for afxdp.sock.
+	Aliases []string
 	// Resumable is the lease a previous daemon reported for this
 	// allocation (its last Config.OnLease call): a client still holding
 	// those sockets may resume the lease with them instead of binding new
@@ -140,12 +144,13 @@ const (
 const DefaultMaxConnections = 4096
 
 type allocation struct {
-	id     string
-	dir    string // its socket's directory
-	queues []uint32
-	mode   xsk.Mode
-	ln     *net.UnixListener
-	done   chan struct{} // closed when the allocation stops being served
+	id      string
+	dir     string   // its socket's directory
+	aliases []string // other names of the socket there
+	queues  []uint32
+	mode    xsk.Mode
+	ln      *net.UnixListener
+	done    chan struct{} // closed when the allocation stops being served
 
 	mu    sync.Mutex // guards everything below
 	owner Owner
@@ -227,6 +232,11 @@ func (s *Server) Add(a Allocation) error {
 	if a.ID == "" || len(a.Queues) == 0 || a.Dir == "" {
 		return fmt.Errorf("broker: allocation %q needs an id, queues and a directory", a.ID)
 	}
+	for _, n := range a.Aliases {
+		if n == "" || n == SocketName || n != filepath.Base(n) || n == "." || n == ".." {
+			return fmt.Errorf("broker: allocation %s: alias %q is not another name in the socket's directory", a.ID, n)
+		}
+	}
 	if a.Limits == (Limits{}) {
 		a.Limits = DefaultLimits
 	}
@@ -256,7 +266,7 @@ func (s *Server) Add(a Allocation) error {
 	delete(s.adding, a.ID)
 	if err == nil && s.closed {
 		err = fmt.Errorf("broker: allocation %s: the server is closed", a.ID)
-		al.ln.Close()
+		al.unlisten()
 	}
 	if err != nil {
 		s.mu.Unlock()
@@ -286,7 +296,15 @@ func (s *Server) listen(a Allocation) (*allocation, error) {
 		ln.Close()
 		return nil, fmt.Errorf("broker: allocation %s: %w", a.ID, err)
 	}
-	al := &allocation{id: a.ID, dir: a.Dir, queues: slices.Clone(a.Queues), mode: a.Mode, ln: ln, done: make(chan struct{}),
+	for _, n := range a.Aliases {
+		alias := filepath.Join(a.Dir, n)
+		os.Remove(alias) // a link to a predecessor's socket
+		if err := os.Link(path, alias); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("broker: allocation %s: %w", a.ID, err)
+		}
+	}
+	al := &allocation{id: a.ID, dir: a.Dir, aliases: slices.Clone(a.Aliases), queues: slices.Clone(a.Queues), mode: a.Mode, ln: ln, done: make(chan struct{}),
 		owner: a.Owner, dev: a.Netdev, dp: s.dp, limits: a.Limits, conns: map[*net.UnixConn]bool{},
 		lease: slices.Clone(a.Resumable)}
 	if a.BusyPoll != nil {
@@ -321,6 +339,15 @@ func restrict(dir, socket string, o Owner) error {
 		}
 	}
 	return nil
+}
+
+// unlisten closes the allocation's socket (which unlinks it) and removes
+// its aliases.
+func (al *allocation) unlisten() {
+	al.ln.Close()
+	for _, n := range al.aliases {
+		os.Remove(filepath.Join(al.dir, n))
+	}
 }
 
 // checkResumable checks a recorded lease against the allocation's queues.
@@ -503,7 +530,7 @@ func (s *Server) stop(al *allocation, detach bool) {
 	conns := slices.Collect(maps.Keys(al.conns))
 	al.mu.Unlock()
 	al.stopOnce.Do(func() { close(al.done) })
-	al.ln.Close() // unlinks the socket file
+	al.unlisten()
 	for _, c := range conns {
 		c.Close()
 	}

@@ -37,6 +37,18 @@ type Pool struct {
 	Linger    Duration  `json:"linger,omitempty" desc:"How long the program stays after the last socket went, e.g. 5s (default)."`
 	Exclusive bool      `json:"exclusive,omitempty" desc:"Hold the program with a pinned bpf_link: the kernel then refuses every other XDP program on the netdev."`
 	BusyPoll  *BusyPoll `json:"busyPoll,omitempty" desc:"Preferred busy polling for the pool's sockets."`
+	DPDK      *DPDK     `json:"dpdk,omitempty" desc:"Netdev-mode pools, Kubernetes: put the allocation's socket (and map) where DPDK's af_xdp driver looks without dp_path."`
+}
+
+// DPDK places an allocation's socket, and optionally its netdev's XSKMAP,
+// in the pod's container where DPDK's af_xdp driver looks by default.
+type DPDK struct {
+	// Iface is the interface DPDK is told (iface=): the netdev's CNI
+	// ifName in the pod.
+	Iface string `json:"iface" desc:"The interface DPDK is given (iface=), the netdev's CNI ifName in the pod, e.g. net1. The container gets the allocation's socket at /tmp/afxdp_dp/<iface>/afxdp.sock (use_cni, DPDK 23.11.2+ and 24.07+) and /tmp/afxdp.sock (DPDK 23.03 to 23.11.1)."`
+	// PinnedMap also mounts the netdev's XSKMAP, pinned, for DPDK's
+	// use_pinned_map.
+	PinnedMap bool `json:"pinnedMap,omitempty" desc:"Also mount the netdev's XSKMAP, pinned, at /tmp/afxdp_dp/<iface>/xsks_map (use_pinned_map, DPDK 24.07+); mode 0600, for root in the container."`
 }
 
 // Selector matches netdevs; a netdev matches when it matches every list

@@ -230,6 +230,7 @@ var (
 	hexID       = regexp.MustCompile(`^[0-9a-f]{4}$`)
 	pciAddress  = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
 	driverName  = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+	ifName      = regexp.MustCompile(`^[^/:\s]{1,15}$`)
 	oneOf       = func(v string, allowed ...string) bool { return v == "" || slices.Contains(allowed, v) }
 	allowedList = func(a ...string) string { return strings.Join(a, ", ") }
 )
@@ -346,6 +347,14 @@ func validatePools(pools []Pool, base string, add func(string, string, ...any)) 
 		}
 		if pool.Linger.Duration < 0 {
 			add(p+".linger", "%v: not negative", pool.Linger.Duration)
+		}
+		if dp := pool.DPDK; dp != nil {
+			switch {
+			case pool.Mode != "netdev":
+				add(p+".dpdk", "for netdev-mode pools only: DPDK's af_xdp driver binds its own sockets on an interface in its own namespace, where a queue pool's netdev is not")
+			case !ifName.MatchString(dp.Iface) || len(dp.Iface) > 15 || dp.Iface == "." || dp.Iface == "..":
+				add(p+".dpdk.iface", "%q: an interface name of 1 to 15 characters, no '/', ':' or white space", dp.Iface)
+			}
 		}
 		if b := pool.BusyPoll; b != nil {
 			if b.TimeoutMicros < 1 || b.TimeoutMicros > 1_000_000 {

@@ -257,6 +257,7 @@ func (d *Daemon) allocate(ctx context.Context, pool string, ids []string) (*plug
 	for _, q := range a.Queues {
 		qs = append(qs, fmt.Sprintf("%s:%d", a.Netdev, q))
 	}
+	meta, _ := d.ledger.Meta(pool)
 	return &pluginapi.ContainerAllocateResponse{
 		Envs: map[string]string{
 			"XDPQ_SOCKET":        "/run/xdpq/" + broker.SocketName,
@@ -264,7 +265,7 @@ func (d *Daemon) allocate(ctx context.Context, pool string, ids []string) (*plug
 			"XDPQ_NETDEV_" + env: a.Netdev,
 			"XDPQ_ALLOCATION":    a.ID,
 		},
-		Mounts: []*pluginapi.Mount{{ContainerPath: "/run/xdpq", HostPath: d.allocDir(a.ID)}},
+		Mounts: append([]*pluginapi.Mount{{ContainerPath: "/run/xdpq", HostPath: d.allocDir(a.ID)}}, d.dpdkMounts(a, meta.Config)...),
 	}, nil
 }
 

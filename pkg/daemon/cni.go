@@ -51,7 +51,9 @@ func (d *Daemon) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attach
 	if got.Mode == api.ModeNetdev {
 		// Recorded before anything moves: a restarted daemon finds the
 		// netdev by it.
-		got.Moved, err = d.prepareMove(a.Netdev, req, podPolicy(pool.Config, len(flows) > 0, false))
+		// A map pinned for DPDK is out from the start.
+		got.MapOut = pinsDPDKMap(pool.Config)
+		got.Moved, err = d.prepareMove(a.Netdev, req, podPolicy(pool.Config, len(flows) > 0, got.MapOut))
 		if err == nil {
 			err = d.ledger.UpdateAttachment(got)
 		}

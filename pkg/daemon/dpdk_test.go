@@ -2,6 +2,9 @@ package daemon
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -10,10 +13,13 @@ import (
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/xdpq/xdpq/internal/kubelettest"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/xdp"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
@@ -66,6 +72,18 @@ func dpdkClient(t *testing.T, socket string, pod ns.NetNS, ifname string, queue 
 		t.Fatal(err)
 	}
 	defer m.Close()
+	rcv := ownSocket(t, pod, ifname, queue, m)
+	if r, _ := ask("/fin"); r != "/fin_ack" {
+		t.Fatalf("/fin: %q", r)
+	}
+	return rcv
+}
+
+// ownSocket binds a socket of the test's own to queue of ifname in the
+// pod's namespace and inserts it into m, as DPDK does with the map it
+// got, and returns a receiver on it.
+func ownSocket(t *testing.T, pod ns.NetNS, ifname string, queue uint32, m *ebpf.Map) *traffic.Receiver {
+	t.Helper()
 	var ifindex int
 	if err := pod.Do(func(ns.NetNS) error {
 		l, err := netlink.LinkByName(ifname)
@@ -84,9 +102,6 @@ func dpdkClient(t *testing.T, socket string, pod ns.NetNS, ifname string, queue 
 	t.Cleanup(func() { socks[0].Close(); umem.Close() })
 	if err := m.Update(queue, uint32(socks[0].FD()), ebpf.UpdateAny); err != nil {
 		t.Fatal(err)
-	}
-	if r, _ := ask("/fin"); r != "/fin_ack" {
-		t.Fatalf("/fin: %q", r)
 	}
 	addrs := make([]uint64, 256)
 	for i := range addrs {
@@ -161,6 +176,125 @@ func TestDPDKNetdevPool(t *testing.T) {
 	}
 	att, err := xdp.Query(pair.NSPath(), pair.A.Index)
 	if err != nil || att != nil {
+		t.Errorf("xa back on the node with a program: %+v %v", att, err)
+	}
+}
+
+// TestKubernetesDPDKPaths: a netdev-mode pool with dpdk {iface: net1,
+// pinnedMap: true}. Allocate mounts the allocation's directory where
+// DPDK's af_xdp driver looks without dp_path (its socket also named
+// afxdp.sock there), the socket itself at DPDK 23.03's /tmp/afxdp.sock,
+// and the netdev's XSKMAP pinned at /tmp/afxdp_dp/net1/xsks_map. Once
+// CNI ADD moved the netdev in, the pinned map is the pod netdev's
+// XSKMAP and xdpq's program is attached; a socket inserted through the
+// pinned map (use_pinned_map) and one through the handshake on
+// afxdp.sock (use_cni) both receive byte for byte. DEL takes the pin and
+// the program away.
+func TestKubernetesDPDKPaths(t *testing.T) {
+	p := testnet.NewPair(t, 2)
+	dir := t.TempDir()
+	plugins := filepath.Join(dir, "device-plugins")
+	os.MkdirAll(plugins, 0o755)
+	regs := kubelettest.Start(t, plugins).Registrations
+	cfgPath := filepath.Join(dir, "config.yaml")
+	os.WriteFile(cfgPath, []byte("pools: [{name: vf, mode: netdev, devices: {netdevs: [xa]}, dpdk: {iface: net1, pinnedMap: true}}]\n"), 0o644)
+	pins := filepath.Join(testPins(t), "xdpq")
+	allocDir := filepath.Join(dir, "alloc")
+	opts := Options{ConfigPath: cfgPath, NetNS: p.NSPath(), PinDir: pins,
+		StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, PluginDir: plugins,
+		APISocket: filepath.Join(dir, "api.sock")}
+	d, stop := runDaemon(t, opts)
+	var reg *pluginapi.RegisterRequest
+	select {
+	case reg = <-regs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no registration")
+	}
+	c := kubelettest.Dial(t, filepath.Join(plugins, reg.Endpoint))
+	ctx := context.Background()
+	resp, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cr := resp.ContainerResponses[0]
+	id := cr.Envs["XDPQ_ALLOCATION"]
+	pin := filepath.Join(pins, "dpdk", "xa", "xsks_map")
+	mounts := map[string]string{}
+	for _, m := range cr.Mounts {
+		mounts[m.ContainerPath] = m.HostPath
+	}
+	want := map[string]string{
+		"/run/xdpq":                   filepath.Join(allocDir, id),
+		"/tmp/afxdp_dp/net1":          filepath.Join(allocDir, id),
+		"/tmp/afxdp.sock":             filepath.Join(allocDir, id, "xdpq.sock"),
+		"/tmp/afxdp_dp/net1/xsks_map": pin,
+	}
+	if fmt.Sprint(mounts) != fmt.Sprint(want) {
+		t.Errorf("mounts %v, want %v", mounts, want)
+	}
+	alias, err1 := os.Stat(filepath.Join(allocDir, id, "afxdp.sock"))
+	sock, err2 := os.Stat(filepath.Join(allocDir, id, "xdpq.sock"))
+	if err1 != nil || err2 != nil || !os.SameFile(alias, sock) || alias.Mode().Type() != os.ModeSocket {
+		t.Errorf("afxdp.sock is not the allocation's socket: %v %v", err1, err2)
+	}
+
+	pod, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer testutils.UnmountNS(pod)
+	defer pod.Close()
+	ref := api.AttachmentRef{ContainerID: "c1", IfName: "net1"}
+	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: ref.ContainerID, IfName: ref.IfName, Netns: pod.Path(), DeviceID: "xa", Resource: "xdpq.io/vf"}); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(pin); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the pinned map: %v %v", fi, err)
+	}
+	m, err := ebpf.LoadPinnedMap(pin, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if m.Type() != ebpf.XSKMap {
+		t.Errorf("the pin is a %v", m.Type())
+	}
+	if n := netdevOf(t, d, "xa"); n.State != "Direct" {
+		t.Errorf("the netdev in the pod: %+v, want xdpq's program", n)
+	}
+	pinned := ownSocket(t, pod, "net1", 0, m)
+	// The test's process is in no pod's cgroup: let it in as the pod's.
+	root := uint32(0)
+	if err := d.setOwner(id, ledger.Owner{UID: &root}); err != nil {
+		t.Fatal(err)
+	}
+	handshake := dpdkClient(t, filepath.Join(allocDir, id, "afxdp.sock"), pod, "net1", 1)
+	sent := sendFrames(t, p, 100)
+	if err := pinned.Expect(sent[0], time.Now().Add(5*time.Second)); err != nil {
+		t.Errorf("the socket inserted through the pinned map: %v", err)
+	}
+	if err := handshake.Expect(sent[1], time.Now().Add(5*time.Second)); err != nil {
+		t.Errorf("the socket inserted through the handshake: %v", err)
+	}
+
+	// A restarted daemon keeps the pin the container has mounted.
+	before, _ := os.Stat(pin)
+	stop()
+	d, _ = runDaemon(t, opts)
+	if after, err := os.Stat(pin); err != nil || !os.SameFile(before, after) {
+		t.Errorf("the pin after a restart: %v, not the one mounted", err)
+	}
+	if err := pinned.Expect(sendFrames(t, p, 100)[0], time.Now().Add(5*time.Second)); err != nil {
+		t.Errorf("the socket inserted through the pinned map, after a restart: %v", err)
+	}
+
+	if err := d.CNIDel(ctx, ref); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(pin); !os.IsNotExist(err) {
+		t.Errorf("the pin after DEL: %v", err)
+	}
+	if att, err := xdp.Query(p.NSPath(), p.A.Index); err != nil || att != nil {
 		t.Errorf("xa back on the node with a program: %+v %v", att, err)
 	}
 }

@@ -125,6 +125,10 @@ func (d *Daemon) moveIn(ctx context.Context, att *ledger.Attachment, flows []age
 	d.mu.Lock()
 	d.pods[rec.netdev()] = pn
 	d.mu.Unlock()
+	if err := d.pinDPDKMap(pn, att.AllocationID); err != nil {
+		d.moveOut(ctx, *att)
+		return err
+	}
 	if err := d.retargetToPod(att.AllocationID, rec.netdev()); err != nil {
 		d.moveOut(ctx, *att)
 		return err
@@ -204,12 +208,17 @@ func (p podDatapath) XSKMapFD() (int, error) {
 	return p.pn.agent.XSKMapFD(p.pn.rec.ifName())
 }
 
-func (d *Daemon) podPinDir(netdev string) string {
-	pins := d.opts.PinDir
-	if pins == "" {
-		pins = agent.DefaultPinDir
+// pinRoot is the node agent's pin directory; the pods' agents and DPDK's
+// pins are under it too.
+func (d *Daemon) pinRoot() string {
+	if d.opts.PinDir == "" {
+		return agent.DefaultPinDir
 	}
-	return filepath.Join(pins, "pods", netdev)
+	return d.opts.PinDir
+}
+
+func (d *Daemon) podPinDir(netdev string) string {
+	return filepath.Join(d.pinRoot(), "pods", netdev)
 }
 
 func (d *Daemon) podStateDir(netdev string) string {
@@ -255,6 +264,7 @@ func (d *Daemon) stopPodAgent(pn *podNetdev, unmanage bool) error {
 			// one's pins and state are left.
 			os.RemoveAll(d.podPinDir(pn.rec.netdev()))
 			os.RemoveAll(d.podStateDir(pn.rec.netdev()))
+			os.RemoveAll(filepath.Dir(d.dpdkMapPin(pn.rec.netdev())))
 		}
 		return nil
 	}
@@ -268,6 +278,7 @@ func (d *Daemon) stopPodAgent(pn *podNetdev, unmanage bool) error {
 	if unmanage {
 		os.RemoveAll(d.podPinDir(pn.rec.netdev()))
 		os.RemoveAll(d.podStateDir(pn.rec.netdev()))
+		os.RemoveAll(filepath.Dir(d.dpdkMapPin(pn.rec.netdev())))
 	}
 	return err
 }
@@ -387,6 +398,9 @@ func (d *Daemon) adoptPod(ctx context.Context, att ledger.Attachment) error {
 	d.mu.Lock()
 	d.pods[rec.netdev()] = pn
 	d.mu.Unlock()
+	if err := d.pinDPDKMap(pn, att.AllocationID); err != nil {
+		d.log.Warn("netdev in a pod: its map not pinned for DPDK", "netdev", rec.netdev(), "err", err)
+	}
 	return nil
 }
 

@@ -1,0 +1,106 @@
+package daemon
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/config"
+	"github.com/xdpq/xdpq/pkg/ledger"
+)
+
+// Where DPDK's af_xdp driver looks when it is given no dp_path: the
+// socket at /tmp/afxdp_dp/<iface>/afxdp.sock (DPDK 23.11.2 and 24.07 on),
+// /tmp/afxdp.sock before (23.03 to 23.11.1), and with use_pinned_map the
+// XSKMAP at /tmp/afxdp_dp/<iface>/xsks_map (24.07 on).
+const (
+	dpdkSocket  = "afxdp.sock"
+	dpdkDir     = "/tmp/afxdp_dp"
+	dpdkOldPath = "/tmp/afxdp.sock"
+	dpdkMapName = "xsks_map"
+)
+
+// pinsDPDKMap says whether pool p pins its netdevs' XSKMAPs for DPDK.
+func pinsDPDKMap(p config.Pool) bool { return p.DPDK != nil && p.DPDK.PinnedMap }
+
+// dpdkMapPin is where the XSKMAP of a netdev in its pod is pinned for
+// DPDK's use_pinned_map; the pod's container sees it at
+// /tmp/afxdp_dp/<iface>/xsks_map.
+func (d *Daemon) dpdkMapPin(netdev string) string {
+	return filepath.Join(d.pinRoot(), "dpdk", netdev, dpdkMapName)
+}
+
+// dpdkMounts are the mounts of an allocation of pool p, made by Allocate,
+// that put its socket (and map) where DPDK looks.
+func (d *Daemon) dpdkMounts(a ledger.Allocation, p config.Pool) []*pluginapi.Mount {
+	if p.DPDK == nil {
+		return nil
+	}
+	dir := filepath.Join(dpdkDir, p.DPDK.Iface)
+	m := []*pluginapi.Mount{
+		{ContainerPath: dir, HostPath: d.allocDir(a.ID)},
+		{ContainerPath: dpdkOldPath, HostPath: filepath.Join(d.allocDir(a.ID), broker.SocketName)},
+	}
+	if p.DPDK.PinnedMap {
+		m = append(m, &pluginapi.Mount{ContainerPath: filepath.Join(dir, dpdkMapName), HostPath: d.dpdkMapPin(a.Netdev), ReadOnly: true})
+	}
+	return m
+}
+
+// pinDPDKMap pins the XSKMAP of a netdev in its pod for DPDK, if its pool
+// asks for it (its attachment records the map as out, so the program
+// stays attached: see podDatapath.XSKMapFD). A pin of the same map is
+// kept: the pod's container may have it mounted already.
+func (d *Daemon) pinDPDKMap(pn *podNetdev, alloc string) error {
+	a, ok := d.ledger.Get(alloc)
+	if !ok {
+		return nil
+	}
+	p, ok := d.ledger.Meta(a.Pool)
+	if !ok || !pinsDPDKMap(p.Config) {
+		return nil
+	}
+	fd, err := pn.agent.XSKMapFD(pn.rec.ifName())
+	if err != nil {
+		return err
+	}
+	m, err := ebpf.NewMapFromFD(fd)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	path := d.dpdkMapPin(pn.rec.netdev())
+	if old, err := ebpf.LoadPinnedMap(path, nil); err == nil {
+		same := sameMap(old, m)
+		old.Close()
+		if same {
+			return nil
+		}
+		os.Remove(path)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	if err := m.Pin(path); err != nil {
+		return fmt.Errorf("pin the XSKMAP of %s for DPDK: %w", pn.rec.netdev(), err)
+	}
+	return os.Chmod(path, 0o600)
+}
+
+func sameMap(a, b *ebpf.Map) bool {
+	ia, err := a.Info()
+	if err != nil {
+		return false
+	}
+	ib, err := b.Info()
+	if err != nil {
+		return false
+	}
+	ida, ok := ia.ID()
+	idb, ok2 := ib.ID()
+	return ok && ok2 && ida == idb
+}
