@@ -268,10 +268,12 @@ static int number(struct parser *ps, uint64_t *v, uint64_t max, const char *fiel
 	if (!v)
 		return 0;
 	int len = (int)(ps->p - s);
-	if (neg || frac)
-		return fail(ps, "%s: %.*s is not a non-negative integer", field, len, s);
-	if (over || x > max)
+	if (neg || frac || over || x > max) {
+		ps->p = s; /* the error points at the number */
+		if (neg || frac)
+			return fail(ps, "%s: %.*s is not a non-negative integer", field, len, s);
 		return fail(ps, "%s: %.*s is out of range (at most %" PRIu64 ")", field, len, s, max);
+	}
 	*v = x;
 	return 0;
 }

@@ -111,6 +111,7 @@ int main(int argc, char **argv)
 {
 	struct xdpq_opts opts = {.name = "xdpq-rxdrop"};
 	uint32_t queues[XDPQ_MAX_QUEUES];
+	char qarg[4096] = "";
 	const char *path = NULL;
 	unsigned long long v, max_frames = 0, seconds = 0;
 	bool dump = false;
@@ -122,7 +123,8 @@ int main(int argc, char **argv)
 			path = optarg;
 			break;
 		case 'q':
-			if (parse_queues(optarg, queues, &opts.nqueues) < 0) {
+			strncpy(qarg, optarg, sizeof(qarg) - 1);
+			if (strlen(optarg) >= sizeof(qarg) || parse_queues(qarg, queues, &opts.nqueues) < 0) {
 				fprintf(stderr, "xdpq-rxdrop: -q %s: want queue numbers separated by commas\n", optarg);
 				return 2;
 			}
@@ -226,8 +228,14 @@ int main(int argc, char **argv)
 		if (got)
 			continue;
 
-		/* Nothing came: wake the kernel where the fill ring asks for
-		 * it, then sleep until a socket or the daemon has something. */
+		/* Nothing came: the frames written so far go out, the kernel
+		 * is woken where the fill ring asks for it, and the loop
+		 * sleeps until a socket or the daemon has something. */
+		if (dump && fflush(stdout) != 0) {
+			fprintf(stderr, "xdpq-rxdrop: write frames: %s\n", strerror(errno));
+			status = 1;
+			break;
+		}
 		for (size_t i = 0; i < l->nsockets; i++) {
 			if (xdpq_needs_wakeup(&l->sockets[i].fill))
 				xdpq_kick_rx(&l->sockets[i]);
