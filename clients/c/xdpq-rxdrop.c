@@ -92,9 +92,12 @@ static uint32_t rx(struct xdpq_lease *l, struct xdpq_socket *s, uint32_t limit, 
 	if (n == 0)
 		return 0;
 	/* Every frame in the RX ring came from the fill ring, so there is
-	 * room for it there again. */
-	while (xdpq_prod_reserve(&s->fill, n, &fidx) != n)
-		;
+	 * room for it there again, once the kernel has published how far
+	 * it consumed the fill ring (it does so right after the RX ring). */
+	while (xdpq_prod_reserve(&s->fill, n, &fidx) != n) {
+		if (xdpq_needs_wakeup(&s->fill))
+			xdpq_kick_rx(s);
+	}
 	for (uint32_t i = 0; i < n; i++) {
 		const struct xdp_desc *d = xdpq_rx_desc(&s->rx, idx + i);
 		if (dump)

@@ -138,7 +138,7 @@ static ssize_t recv_msg(int conn, char *buf, size_t cap, int *fds, size_t maxfds
 			return -1;
 		}
 		struct pollfd p = {.fd = conn, .events = POLLIN};
-		int r = poll(&p, 1, (int)(left > 1000 ? 1000 : left));
+		int r = poll(&p, 1, (int)left);
 		if (r < 0 && errno != EINTR) {
 			seterr(err, errno, true, "xdpq: waiting for %s", want);
 			return -1;

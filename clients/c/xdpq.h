@@ -62,10 +62,10 @@ struct xdpq_opts {
 	uint32_t headroom;	  /* bytes kept free before each received frame */
 	uint32_t ring;		  /* entries of every ring; a power of two, default 2048 */
 	bool tx;		  /* ask for a TX ring too (the pool must allow it) */
-	/* timeout_ms bounds each step of the handshake, and how long
-	 * xdpq_open retries an allocation still held by a connection the
-	 * daemon has not seen close (a restarted container's predecessor);
-	 * default 30000. */
+	/* timeout_ms bounds each handshake (of xdpq_open and of
+	 * xdpq_resume), and how long xdpq_open retries an allocation still
+	 * held by a connection the daemon has not seen close (a restarted
+	 * container's predecessor); default 30000. */
 	int timeout_ms;
 };
 
@@ -84,7 +84,9 @@ struct xdpq_error {
 };
 
 /* struct xdpq_ring is one ring shared with the kernel. Use the accessors
- * below; the fields are the cached indexes libxdp keeps too. */
+ * below. Its first fields are those of libxdp's struct xsk_ring_prod and
+ * xsk_ring_cons, in their order: an application that prefers libxdp's
+ * inline helpers may copy them into one. */
 struct xdpq_ring {
 	uint32_t cached_prod;
 	uint32_t cached_cons;
@@ -92,8 +94,8 @@ struct xdpq_ring {
 	uint32_t size;		/* entries; 0 if the socket has no such ring */
 	uint32_t *producer;
 	uint32_t *consumer;
-	uint32_t *flags;
 	void *ring;
+	uint32_t *flags;
 	void *map;		/* the mapping, for xdpq_close */
 	size_t map_len;
 };
@@ -168,11 +170,10 @@ int xdpq_lease_fd(const struct xdpq_lease *l);
 
 /*
  * xdpq_lease_check reads what the daemon sent without blocking. It
- * returns 0 while the connection is open, and 1 when it closed: the daemon
- * stopped or restarted (err says how). The sockets keep working; call
- * xdpq_resume until it succeeds or err->retry is false. A refusal the
- * daemon sends as it ends the lease for good (the allocation was freed)
- * comes back from xdpq_resume.
+ * returns 0 while the connection is open, and 1 when it closed (err says
+ * how): the daemon stopped or restarted, or ended the lease. The sockets
+ * keep working; call xdpq_resume until it succeeds or err->retry is
+ * false.
  */
 int xdpq_lease_check(struct xdpq_lease *l, struct xdpq_error *err);
 
@@ -180,8 +181,10 @@ int xdpq_lease_check(struct xdpq_lease *l, struct xdpq_error *err);
  * xdpq_resume hands the lease's sockets to the daemon again after
  * xdpq_lease_check said it was lost (docs/protocol.md, "Resuming a
  * lease"). It returns 0 once the lease is tracked again, -1 otherwise:
- * retry later while err->retry; else the lease cannot be resumed (close
- * it and open a new one).
+ * retry later while err->retry (no daemon yet, busy, timeout, internal;
+ * the Go client backs off from 50 ms to 2 s); else the lease cannot be
+ * resumed (a refusal such as forbidden: the lease ended; or the socket
+ * serves another allocation): close it and open a new one.
  */
 int xdpq_resume(struct xdpq_lease *l, struct xdpq_error *err);
 
@@ -233,9 +236,9 @@ static inline uint32_t xdpq_prod_free(struct xdpq_ring *r, uint32_t n)
  * (xdpq_fill_addr, xdpq_tx_desc), then xdpq_prod_submit. */
 static inline uint32_t xdpq_prod_reserve(struct xdpq_ring *r, uint32_t n, uint32_t *idx)
 {
+	*idx = r->cached_prod;
 	if (xdpq_prod_free(r, n) < n)
 		return 0;
-	*idx = r->cached_prod;
 	r->cached_prod += n;
 	return n;
 }
