@@ -426,7 +426,7 @@ static struct xdpq_lease *open_once(const char *path, const struct xdpq_opts *o,
 	l->timeout_ms = o->timeout_ms;
 	if ((l->conn = dial(path, o->timeout_ms, err)) < 0)
 		goto fail;
-	if (hello(l->conn, o->name, m, deadline, err) < 0)
+	if (hello(l->conn, l->name, m, deadline, err) < 0)
 		goto fail;
 	memcpy(l->allocation, m->allocation, sizeof(l->allocation));
 	memcpy(l->netdev, m->netdev, sizeof(l->netdev));
