@@ -2,7 +2,7 @@
 GO          ?= go
 STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 
-.PHONY: all build test bench generate lint demo tools
+.PHONY: all build test bench generate lint demo tools cclient
 
 all: build
 
@@ -30,6 +30,11 @@ bench:
 	$(GO) test -run '^$$' -bench 'Scale64x64$$' -benchtime 1x ./pkg/daemon
 	$(GO) test -run '^$$' -bench BusyQueues -benchtime 10x ./pkg/xsk
 	$(GO) test -run '^$$' -bench CNIToolAddDel -benchtime 100x ./pkg/cni
+
+# The C client (clients/c): libxdpq.a and xdpq-rxdrop in bin/c (clang or
+# clang-14; its tests run with the others in make test).
+cclient:
+	$(MAKE) -C clients/c O=$(CURDIR)/bin/c
 
 # Regenerate the BPF objects and their Go bindings (needs clang-14).
 generate:

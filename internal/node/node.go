@@ -32,6 +32,8 @@ type Config struct {
 	Linger  time.Duration
 	Timeout time.Duration // broker step timeout
 	Logger  *slog.Logger
+	// OnLease, if set, hears of the allocation's leases (broker.Config).
+	OnLease func(alloc string, socks []broker.LeaseSocket)
 }
 
 // Node is the running node.
@@ -92,7 +94,7 @@ func Start(cfg Config) (n *Node, err error) {
 	if err = n.Agent.Manage("xa", cfg.Policy); err != nil {
 		return nil, err
 	}
-	n.Broker = broker.NewServer(broker.Config{StepTimeout: cfg.Timeout, Logger: cfg.Logger}, n.Agent)
+	n.Broker = broker.NewServer(broker.Config{StepTimeout: cfg.Timeout, Logger: cfg.Logger, OnLease: cfg.OnLease}, n.Agent)
 	// The pod runs as another user: its socket's directory must be open to it.
 	dir, err := os.MkdirTemp("", "xdpq-alloc-")
 	if err != nil {

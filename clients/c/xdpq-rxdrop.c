@@ -1,0 +1,306 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * xdpq-rxdrop: receive on every queue of an xdpq allocation and drop,
+ * counting frames and bytes; no privilege needed. It leases the queues
+ * through $XDPQ_SOCKET (or -s), and resumes the lease when the daemon
+ * restarts. With -x it writes every frame to stdout as a line
+ * "<queue> <hex bytes>", for a test to compare byte for byte.
+ */
+#define _GNU_SOURCE
+#include "xdpq.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BATCH 64
+
+static const char usage[] =
+	"usage: xdpq-rxdrop [-s socket] [-q queue,...] [-r ring] [-f frame-size] [-d seconds] [-n frames] [-x]\n"
+	"  -s socket      the allocation's socket (default $XDPQ_SOCKET)\n"
+	"  -q queue,...   the queues to lease (default all of the allocation's)\n"
+	"  -r ring        entries of each ring, a power of two (default 2048)\n"
+	"  -f frame-size  2048 (default) or 4096\n"
+	"  -d seconds     stop after this long\n"
+	"  -n frames      stop after this many frames (all queues); with -d, exit 1 if fewer came\n"
+	"  -x             write each frame to stdout: \"<queue> <hex>\" per line\n"
+	"It stops on SIGINT or SIGTERM too. The summary and messages go to stderr.\n";
+
+static volatile sig_atomic_t stop;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	stop = 1;
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* number parses a whole non-negative decimal of at most max. */
+static int number(const char *s, unsigned long long max, unsigned long long *v)
+{
+	char *end;
+	if (*s < '0' || *s > '9')
+		return -1;
+	errno = 0;
+	*v = strtoull(s, &end, 10);
+	return (errno || *end || *v > max) ? -1 : 0;
+}
+
+static int parse_queues(char *s, uint32_t *q, size_t *n)
+{
+	*n = 0;
+	for (char *tok = strtok(s, ","); tok; tok = strtok(NULL, ",")) {
+		unsigned long long v;
+		if (*n == XDPQ_MAX_QUEUES || number(tok, UINT32_MAX, &v) < 0)
+			return -1;
+		q[(*n)++] = (uint32_t)v;
+	}
+	return *n > 0 ? 0 : -1;
+}
+
+static void hexline(FILE *out, uint32_t queue, const unsigned char *b, uint32_t len)
+{
+	static const char digits[] = "0123456789abcdef";
+	fprintf(out, "%" PRIu32 " ", queue);
+	for (uint32_t i = 0; i < len; i++) {
+		putc_unlocked(digits[b[i] >> 4], out);
+		putc_unlocked(digits[b[i] & 15], out);
+	}
+	putc_unlocked('\n', out);
+}
+
+/* rx takes what socket s received (at most limit frames), counts it, and
+ * gives the frames back to the fill ring. */
+static uint32_t rx(struct xdpq_lease *l, struct xdpq_socket *s, uint32_t limit, bool dump, uint64_t *bytes)
+{
+	uint32_t idx, fidx;
+	uint32_t n = xdpq_cons_peek(&s->rx, limit < BATCH ? limit : BATCH, &idx);
+
+	if (n == 0)
+		return 0;
+	/* Every frame in the RX ring came from the fill ring, so there is
+	 * room for it there again, once the kernel has published how far
+	 * it consumed the fill ring (it does so right after the RX ring). */
+	while (xdpq_prod_reserve(&s->fill, n, &fidx) != n) {
+		if (xdpq_needs_wakeup(&s->fill))
+			xdpq_kick_rx(s);
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		const struct xdp_desc *d = xdpq_rx_desc(&s->rx, idx + i);
+		if (dump)
+			hexline(stdout, s->queue, xdpq_frame(l, d->addr), d->len);
+		*bytes += d->len;
+		*xdpq_fill_addr(&s->fill, fidx + i) = xdpq_frame_base(l, d->addr);
+	}
+	xdpq_prod_submit(&s->fill, n);
+	xdpq_cons_release(&s->rx, n);
+	return n;
+}
+
+int main(int argc, char **argv)
+{
+	struct xdpq_opts opts = {.name = "xdpq-rxdrop"};
+	uint32_t queues[XDPQ_MAX_QUEUES];
+	char qarg[4096] = "";
+	const char *path = NULL;
+	unsigned long long v, max_frames = 0, seconds = 0;
+	bool dump = false;
+	int c;
+
+	while ((c = getopt(argc, argv, ":s:q:r:f:d:n:xh")) != -1) {
+		switch (c) {
+		case 's':
+			path = optarg;
+			break;
+		case 'q':
+			strncpy(qarg, optarg, sizeof(qarg) - 1);
+			if (strlen(optarg) >= sizeof(qarg) || parse_queues(qarg, queues, &opts.nqueues) < 0) {
+				fprintf(stderr, "xdpq-rxdrop: -q %s: want queue numbers separated by commas\n", optarg);
+				return 2;
+			}
+			opts.queues = queues;
+			break;
+		case 'r':
+			if (number(optarg, 1u << 20, &v) < 0) {
+				fprintf(stderr, "xdpq-rxdrop: -r %s: want a ring size\n", optarg);
+				return 2;
+			}
+			opts.ring = (uint32_t)v;
+			break;
+		case 'f':
+			if (number(optarg, 4096, &v) < 0) {
+				fprintf(stderr, "xdpq-rxdrop: -f %s: want 2048 or 4096\n", optarg);
+				return 2;
+			}
+			opts.frame_size = (uint32_t)v;
+			break;
+		case 'd':
+			if (number(optarg, INT_MAX / 1000, &seconds) < 0 || seconds == 0) {
+				fprintf(stderr, "xdpq-rxdrop: -d %s: want a number of seconds\n", optarg);
+				return 2;
+			}
+			break;
+		case 'n':
+			if (number(optarg, UINT64_MAX, &max_frames) < 0 || max_frames == 0) {
+				fprintf(stderr, "xdpq-rxdrop: -n %s: want a number of frames\n", optarg);
+				return 2;
+			}
+			break;
+		case 'x':
+			dump = true;
+			break;
+		case 'h':
+			fputs(usage, stdout);
+			return 0;
+		case ':':
+			fprintf(stderr, "xdpq-rxdrop: -%c needs a value\n%s", optopt, usage);
+			return 2;
+		default:
+			fprintf(stderr, "xdpq-rxdrop: unknown option -%c\n%s", optopt, usage);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "xdpq-rxdrop: unexpected argument %s\n%s", argv[optind], usage);
+		return 2;
+	}
+
+	/* SIGINT and SIGTERM are blocked but in ppoll, so that one arriving
+	 * between a check of stop and the wait still ends the wait. */
+	sigset_t block, wait_mask;
+	sigemptyset(&block);
+	sigaddset(&block, SIGINT);
+	sigaddset(&block, SIGTERM);
+	sigprocmask(SIG_BLOCK, &block, &wait_mask);
+	sigdelset(&wait_mask, SIGINT);
+	sigdelset(&wait_mask, SIGTERM);
+	struct sigaction sa = {.sa_handler = on_signal};
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+
+	struct xdpq_error err;
+	struct xdpq_lease *l = xdpq_open(path, &opts, &err);
+	if (!l) {
+		fprintf(stderr, "xdpq-rxdrop: %s\n", err.msg);
+		return 1;
+	}
+	fprintf(stderr, "xdpq-rxdrop: allocation %s netdev %s queues", l->allocation, l->netdev);
+	for (size_t i = 0; i < l->nsockets; i++)
+		fprintf(stderr, "%s%" PRIu32, i ? "," : " ", l->sockets[i].queue);
+	fprintf(stderr, ": active (%s)\n", l->zero_copy ? "zero-copy" : "copy");
+
+	if (dump) {
+		static char obuf[1 << 20];
+		setvbuf(stdout, obuf, _IOFBF, sizeof(obuf));
+	}
+	uint64_t *frames = calloc(l->nsockets, sizeof(uint64_t));
+	uint64_t *bytes = calloc(l->nsockets, sizeof(uint64_t));
+	struct pollfd *pfd = calloc(l->nsockets + 1, sizeof(struct pollfd));
+	if (!frames || !bytes || !pfd) {
+		fprintf(stderr, "xdpq-rxdrop: out of memory\n");
+		return 1;
+	}
+	int64_t start = now_ms(), end = seconds ? start + (int64_t)seconds * 1000 : INT64_MAX;
+	uint64_t total = 0;
+	int64_t next_resume = 0, backoff = 0;
+	int status = 0;
+
+	while (!stop && now_ms() < end && (!max_frames || total < max_frames)) {
+		uint32_t got = 0;
+		for (size_t i = 0; i < l->nsockets; i++) {
+			uint64_t left = max_frames ? max_frames - total : UINT32_MAX;
+			uint32_t n = rx(l, &l->sockets[i], left < UINT32_MAX ? (uint32_t)left : UINT32_MAX, dump,
+					&bytes[i]);
+			frames[i] += n;
+			total += n;
+			got += n;
+		}
+		if (got)
+			continue;
+
+		/* Nothing came: the frames written so far go out, the kernel
+		 * is woken where the fill ring asks for it, and the loop
+		 * sleeps until a socket or the daemon has something. */
+		if (dump && fflush(stdout) != 0) {
+			fprintf(stderr, "xdpq-rxdrop: write frames: %s\n", strerror(errno));
+			status = 1;
+			break;
+		}
+		for (size_t i = 0; i < l->nsockets; i++) {
+			if (xdpq_needs_wakeup(&l->sockets[i].fill))
+				xdpq_kick_rx(&l->sockets[i]);
+			pfd[i] = (struct pollfd){.fd = l->sockets[i].fd, .events = POLLIN};
+		}
+		pfd[l->nsockets] = (struct pollfd){.fd = xdpq_lease_fd(l), .events = POLLIN};
+		int64_t wait = end - now_ms();
+		if (xdpq_lease_fd(l) < 0 && next_resume - now_ms() < wait)
+			wait = next_resume - now_ms();
+		if (wait > 1000)
+			wait = 1000;
+		if (wait < 0)
+			wait = 0;
+		struct timespec ts = {.tv_sec = wait / 1000, .tv_nsec = wait % 1000 * 1000000};
+		if (ppoll(pfd, l->nsockets + 1, &ts, &wait_mask) < 0 && errno != EINTR) {
+			fprintf(stderr, "xdpq-rxdrop: poll: %s\n", strerror(errno));
+			status = 1;
+			break;
+		}
+
+		/* The daemon went (it restarts, or the node drains): the
+		 * sockets keep receiving; resume the lease with the next one. */
+		if (xdpq_lease_fd(l) >= 0 && (pfd[l->nsockets].revents & (POLLIN | POLLHUP | POLLERR)) &&
+		    xdpq_lease_check(l, &err) == 1) {
+			fprintf(stderr, "xdpq-rxdrop: lease lost (%s); resuming\n", err.msg);
+			next_resume = now_ms();
+			backoff = 0;
+		}
+		if (xdpq_lease_fd(l) < 0 && now_ms() >= next_resume) {
+			if (xdpq_resume(l, &err) == 0) {
+				fprintf(stderr, "xdpq-rxdrop: lease resumed\n");
+			} else if (!err.retry) {
+				fprintf(stderr, "xdpq-rxdrop: cannot resume the lease: %s\n", err.msg);
+				status = 1;
+				break;
+			} else {
+				backoff = backoff ? (backoff * 2 > 2000 ? 2000 : backoff * 2) : 50;
+				next_resume = now_ms() + backoff;
+			}
+		}
+	}
+
+	if (dump && fflush(stdout) != 0) {
+		fprintf(stderr, "xdpq-rxdrop: write frames: %s\n", strerror(errno));
+		status = 1;
+	}
+	double secs = (double)(now_ms() - start) / 1000;
+	uint64_t total_bytes = 0;
+	for (size_t i = 0; i < l->nsockets; i++) {
+		fprintf(stderr, "queue %" PRIu32 ": %" PRIu64 " frames, %" PRIu64 " bytes\n", l->sockets[i].queue,
+			frames[i], bytes[i]);
+		total_bytes += bytes[i];
+	}
+	fprintf(stderr, "total: %" PRIu64 " frames, %" PRIu64 " bytes in %.1f s\n", total, total_bytes, secs);
+	if (max_frames && total < max_frames && !stop && status == 0) {
+		fprintf(stderr, "xdpq-rxdrop: %" PRIu64 " of %llu frames came within %llu s\n", total, max_frames,
+			seconds);
+		status = 1;
+	}
+	xdpq_close(l);
+	free(frames);
+	free(bytes);
+	free(pfd);
+	return status;
+}
