@@ -4,7 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +21,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/xdpq/xdpq/internal/kubelettest"
+	"github.com/xdpq/xdpq/internal/syncbuf"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/api"
@@ -295,6 +301,115 @@ func TestKubernetesDPDKPaths(t *testing.T) {
 		t.Errorf("the pin after DEL: %v", err)
 	}
 	if att, err := xdp.Query(p.NSPath(), p.A.Index); err != nil || att != nil {
+		t.Errorf("xa back on the node with a program: %+v %v", att, err)
+	}
+}
+
+var testpmdRX = regexp.MustCompile(`Accumulated forward statistics[^\n]*\n\s*RX-packets:\s*(\d+)`)
+
+// TestTestpmdInPod: Debian's dpdk-testpmd (22.11: a plain net_af_xdp
+// vdev, which loads and attaches its own XDP program through libxdp) in
+// a netdev-mode pool's pod, as a container would run it: in the pod's
+// network namespace with its own sysfs, as root with only the
+// capabilities README lists for it. It receives what is sent to its
+// queue; without any one of those capabilities its port does not start.
+// The netdev comes back to the node without DPDK's program.
+func TestTestpmdInPod(t *testing.T) {
+	testpmd, err := exec.LookPath("dpdk-testpmd")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI installs dpdk-dev and librte-net-af-xdp23: ", err)
+		}
+		t.Skip("no dpdk-testpmd: ", err)
+	}
+	pair := testnet.NewPair(t, 2)
+	o := standaloneOpts(t, pair, t.TempDir(), testPins(t), "pools: [{name: vf, mode: netdev, devices: {netdevs: [xa]}}]\n")
+	d, _ := runDaemon(t, o)
+	ctx := context.Background()
+	a, err := d.Alloc(ctx, api.AllocRequest{Pool: "vf", Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer testutils.UnmountNS(pod)
+	defer pod.Close()
+	ref := api.AttachmentRef{ContainerID: "c1", IfName: "net1"}
+	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: ref.ContainerID, IfName: ref.IfName, Netns: pod.Path(), Allocation: a.ID}); err != nil {
+		t.Fatal(err)
+	}
+	need := []string{"net_raw", "net_admin", "sys_admin", "ipc_lock"}
+	run := func(caps []string, frames int) (uint64, string) {
+		t.Helper()
+		bounding := "-all"
+		for _, c := range caps {
+			bounding += ",+" + c
+		}
+		// A container's own mount namespace, with the sysfs of its
+		// network namespace (the PMD looks the netdev up there).
+		cmd := exec.Command("nsenter", "--net="+pod.Path(), "unshare", "--mount", "--propagation", "private", "sh", "-c",
+			`mount -t sysfs none /sys && exec setpriv --bounding-set=`+bounding+` --inh-caps=-all -- stdbuf -oL "$0" "$@"`,
+			testpmd, "-l", "0,1", "--no-huge", "-m", "256", "--no-pci", "--no-shconf",
+			"--vdev", "net_af_xdp0,iface=net1,start_queue=0,queue_count=1",
+			"--", "--forward-mode=rxonly", "--total-num-mbufs=16384")
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out syncbuf.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		// testpmd says nothing but on its output: watch it.
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(out.String(), "Press enter to exit") {
+			select {
+			case <-exited:
+				return 0, out.String()
+			default:
+			}
+			if time.Now().After(deadline) {
+				cmd.Process.Kill()
+				<-exited
+				t.Fatalf("testpmd did not start:\n%s", out.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if frames > 0 {
+			sendFrames(t, pair, frames)
+		}
+		stdin.Close()
+		if err := <-exited; err != nil {
+			t.Fatalf("testpmd: %v\n%s", err, out.String())
+		}
+		m := testpmdRX.FindStringSubmatch(out.String())
+		if m == nil {
+			t.Fatalf("testpmd printed no RX-packets:\n%s", out.String())
+		}
+		n, _ := strconv.ParseUint(m[1], 10, 64)
+		return n, out.String()
+	}
+	const frames = 1000
+	// Queue 0 gets the frames sent on it, and perhaps a few the node's
+	// stack sends on its own (IPv6 neighbour discovery).
+	if n, out := run(need, frames); n < frames || n > frames+20 {
+		t.Errorf("testpmd with %v received %d frames, want %d:\n%s", need, n, frames, out)
+	}
+	for i, c := range need {
+		less := slices.Delete(slices.Clone(need), i, i+1)
+		if _, out := run(less, 0); !strings.Contains(out, "Start ports failed") {
+			t.Errorf("testpmd without %s started its port:\n%s", c, out)
+		}
+	}
+	if err := d.CNIDel(ctx, ref); err != nil {
+		t.Fatal(err)
+	}
+	if att, err := xdp.Query(pair.NSPath(), pair.A.Index); err != nil || att != nil {
 		t.Errorf("xa back on the node with a program: %+v %v", att, err)
 	}
 }
