@@ -206,6 +206,34 @@ func dpdk(t *testing.T, h *netlink.Handle, name string) {
 	s.Promisc, s.AllMulti, s.NoARP = true, true, true
 	s.AltNames = []string{"dpdk-port0"}
 	set(t, h, name, s)
+	for _, a := range []string{"10.66.0.9/24", "fd00:66::9/64"} {
+		addr, err := netlink.ParseAddr(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.AddrAdd(l, addr); err != nil {
+			t.Fatalf("address %s in the pod: %v", a, err)
+		}
+	}
+}
+
+// noPodAddrs checks that the netdev back on the node kept none of the
+// addresses dpdk gave it in the pod.
+func noPodAddrs(t *testing.T, h *netlink.Handle, name string) {
+	t.Helper()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := h.AddrList(l, netlink.FAMILY_ALL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if a.IP.IsGlobalUnicast() {
+			t.Errorf("%s back on the node with the pod's address %s", name, a.IPNet)
+		}
+	}
 }
 
 // nodeStates are node-side states a pooled netdev may be in.
@@ -264,6 +292,7 @@ func TestMoveInOut(t *testing.T) {
 			if after := e.snap(e.nodeNL, "xa"); !after.is(before) {
 				t.Errorf("back on the node:\n got %+v\nwant %+v", after, before)
 			}
+			noPodAddrs(t, e.nodeNL, "xa")
 			e.absent(e.podNL, "the pod", "net1")
 			e.absent(e.podNL, "the pod", r.Temp)
 			if loc, err := e.m.Locate(r, e.pod); err != nil || loc.Place != OnNode || !loc.Settled {
