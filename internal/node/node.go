@@ -18,6 +18,7 @@ import (
 	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/wire"
 	"github.com/xdpq/xdpq/pkg/xdp"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
@@ -27,7 +28,7 @@ type Config struct {
 	Queues  int          // of the veth NIC
 	Alloc   []uint32     // queues of the allocation
 	Owner   broker.Owner // who may use it
-	Limits  broker.Limits
+	Limits  wire.Limits
 	Policy  agent.Policy
 	Linger  time.Duration
 	Timeout time.Duration // broker step timeout

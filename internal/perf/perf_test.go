@@ -16,6 +16,7 @@ import (
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/wire"
 )
 
 func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
@@ -25,7 +26,7 @@ func start(t *testing.T) (*node.Node, *node.Peer) {
 	testnet.RequireRoot(t)
 	root := uint32(0)
 	n, err := node.Start(node.Config{Queues: 2, Alloc: []uint32{0}, Owner: broker.Owner{UID: &root},
-		Limits: broker.Limits{MaxUMEM: 64 << 20, MaxRing: 4096, AllowTX: true, MaxQueue: 4},
+		Limits: wire.Limits{MaxUMEM: 64 << 20, MaxRing: 4096, AllowTX: true, MaxQueue: 4},
 		Policy: agent.Policy{Steering: agent.SteerHardware}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/wire"
 	"github.com/xdpq/xdpq/pkg/xdp"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
@@ -52,8 +53,8 @@ type env struct {
 type envConfig struct {
 	owner         broker.Owner
 	owner2        *broker.Owner // alloc-2's, if not owner
-	limits        broker.Limits
-	busyPoll      *broker.BusyPoll
+	limits        wire.Limits
+	busyPoll      *wire.BusyPoll
 	twoAllocs     bool
 	stepTimeout   time.Duration // default 500ms
 	maxHandshakes int
@@ -66,7 +67,7 @@ type leaseEvent struct {
 	socks []broker.LeaseSocket // nil: ended
 }
 
-func newEnv(t *testing.T, owner broker.Owner, lim broker.Limits) *env {
+func newEnv(t *testing.T, owner broker.Owner, lim wire.Limits) *env {
 	return newEnvWith(t, envConfig{owner: owner, limits: lim})
 }
 
@@ -350,6 +351,6 @@ func dialPath(t *testing.T, path string) *net.UnixConn {
 }
 
 func refusedWith(err error, code string) bool {
-	var pe *broker.ProtocolError
+	var pe *wire.ProtocolError
 	return errors.As(err, &pe) && pe.Code == code
 }

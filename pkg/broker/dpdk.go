@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/xdpq/xdpq/pkg/wire"
 )
 
 // The AF_XDP device plugin handshake of DPDK's af_xdp PMD (use_cni) and
@@ -56,11 +58,11 @@ func busyPollArgs(args []string) (timeout, budget int, err error) {
 	if len(args) != 2 {
 		return 0, 0, fmt.Errorf("want timeout and budget, got %d arguments", len(args))
 	}
-	if timeout, err = strconv.Atoi(args[0]); err != nil || timeout <= 0 || timeout > maxBusyPollTimeout {
-		return 0, 0, fmt.Errorf("busy poll timeout %q: want 1..%d µs", args[0], maxBusyPollTimeout)
+	if timeout, err = strconv.Atoi(args[0]); err != nil || timeout <= 0 || timeout > wire.MaxBusyPollTimeout {
+		return 0, 0, fmt.Errorf("busy poll timeout %q: want 1..%d µs", args[0], wire.MaxBusyPollTimeout)
 	}
-	if budget, err = strconv.Atoi(args[1]); err != nil || budget <= 0 || budget > maxBusyPollBudget {
-		return 0, 0, fmt.Errorf("busy poll budget %q: want 1..%d", args[1], maxBusyPollBudget)
+	if budget, err = strconv.Atoi(args[1]); err != nil || budget <= 0 || budget > wire.MaxBusyPollBudget {
+		return 0, 0, fmt.Errorf("busy poll budget %q: want 1..%d", args[1], wire.MaxBusyPollBudget)
 	}
 	return timeout, budget, nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/xdpq/xdpq/internal/handover"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/client"
+	"github.com/xdpq/xdpq/pkg/wire"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
 
@@ -127,7 +128,7 @@ func TestAcceptSurvivesFlood(t *testing.T) {
 	if err := xsk.SendFDs(c, []byte(`{"type":"hello","version":1}`), nil); err != nil && !errors.Is(err, unix.EPIPE) {
 		t.Fatal(err)
 	}
-	buf := make([]byte, broker.MaxMessage)
+	buf := make([]byte, wire.MaxMessage)
 	if n, _, err := xsk.RecvFDs(c, buf, 0); n != 0 || (err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, unix.ECONNRESET)) {
 		t.Errorf("a third connection in a handshake got %q (%v), want it closed", buf[:n], err)
 	}

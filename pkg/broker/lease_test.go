@@ -20,10 +20,11 @@ import (
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/client"
+	"github.com/xdpq/xdpq/pkg/wire"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
 
-var allowTX = broker.Limits{MaxUMEM: 64 << 20, MaxRing: 4096, AllowTX: true, MaxQueue: 8}
+var allowTX = wire.Limits{MaxUMEM: 64 << 20, MaxRing: 4096, AllowTX: true, MaxQueue: 8}
 
 // TestLease: a client gets both queues' sockets, receives and transmits
 // byte-exact; closing the lease takes the sockets out of the XSKMAP and
@@ -98,7 +99,7 @@ func clientSockets(t *testing.T, l *client.Lease) []broker.LeaseSocket {
 // TestRefusals: every bad request is refused with a reason, the daemon
 // keeps no descriptor of it, and the allocation stays usable.
 func TestRefusals(t *testing.T) {
-	e := newEnv(t, rootOwned, broker.Limits{MaxUMEM: 1 << 20, MaxRing: 1024, AllowTX: false, MaxQueue: 8})
+	e := newEnv(t, rootOwned, wire.Limits{MaxUMEM: 1 << 20, MaxRing: 1024, AllowTX: false, MaxQueue: 8})
 	hello := `{"type":"hello","version":1,"client":"t"}`
 	memfd := func(size int64, seal bool) int {
 		if seal {
@@ -137,20 +138,20 @@ func TestRefusals(t *testing.T) {
 		code   string
 		reason string
 	}{
-		{"malformed json", []step{{msg: `{"type":"hello",`}}, broker.CodeBadMessage, "not a protocol message"},
-		{"unknown field", []step{{msg: `{"type":"hello","version":1,"admin":true}`}}, broker.CodeBadMessage, "unknown field"},
-		{"unknown version", []step{{msg: `{"type":"hello","version":99}`}}, broker.CodeVersion, "speaks 1"},
-		{"fd on hello", []step{{msg: hello, fds: one(4096, true)}}, broker.CodeBadMessage, "no descriptor"},
-		{"oversized memfd", []step{{msg: hello}, {msg: request("[0]", rx64), fds: one(2<<20, true)}}, broker.CodeLimit, "at most 1048576"},
-		{"unsealed memfd", []step{{msg: hello}, {msg: request("[0]", rx64), fds: one(1<<20, false)}}, broker.CodeBadRequest, "not sealed"},
-		{"queue not given", []step{{msg: hello}, {msg: request("[3]", rx64), fds: one(1<<20, true)}}, broker.CodeForbidden, "queue 3 was not given"},
-		{"two fds", []step{{msg: hello}, {msg: request("[0]", rx64), fds: func() []int { return []int{memfd(1<<20, true), memfd(4096, true)} }}}, broker.CodeBadRequest, "exactly one descriptor"},
-		{"too many fds", []step{{msg: hello}, {msg: request("[0]", rx64), fds: func() []int { return []int{memfd(1<<20, true), memfd(4096, true), memfd(4096, true)} }}}, broker.CodeBadMessage, "too many descriptors"},
-		{"unknown type", []step{{msg: hello}, {msg: `{"type":"ready"}`}}, broker.CodeBadMessage, `want "request" or "resume"`},
-		{"no memfd", []step{{msg: hello}, {msg: request("[0]", rx64)}}, broker.CodeBadRequest, "exactly one descriptor"},
-		{"tx not allowed", []step{{msg: hello}, {msg: request("[0]", `{"fill":64,"completion":64,"rx":64,"tx":64}`), fds: one(1<<20, true)}}, broker.CodeLimit, "receive-only"},
-		{"ring too large", []step{{msg: hello}, {msg: request("[0]", `{"fill":2048,"completion":64,"rx":64,"tx":0}`), fds: one(1<<20, true)}}, broker.CodeLimit, "at most 1024"},
-		{"never ready", []step{{msg: hello}, {msg: request("[0,1]", rx64), fds: one(1<<20, true)}}, broker.CodeTimeout, "no message within"},
+		{"malformed json", []step{{msg: `{"type":"hello",`}}, wire.CodeBadMessage, "not a protocol message"},
+		{"unknown field", []step{{msg: `{"type":"hello","version":1,"admin":true}`}}, wire.CodeBadMessage, "unknown field"},
+		{"unknown version", []step{{msg: `{"type":"hello","version":99}`}}, wire.CodeVersion, "speaks 1"},
+		{"fd on hello", []step{{msg: hello, fds: one(4096, true)}}, wire.CodeBadMessage, "no descriptor"},
+		{"oversized memfd", []step{{msg: hello}, {msg: request("[0]", rx64), fds: one(2<<20, true)}}, wire.CodeLimit, "at most 1048576"},
+		{"unsealed memfd", []step{{msg: hello}, {msg: request("[0]", rx64), fds: one(1<<20, false)}}, wire.CodeBadRequest, "not sealed"},
+		{"queue not given", []step{{msg: hello}, {msg: request("[3]", rx64), fds: one(1<<20, true)}}, wire.CodeForbidden, "queue 3 was not given"},
+		{"two fds", []step{{msg: hello}, {msg: request("[0]", rx64), fds: func() []int { return []int{memfd(1<<20, true), memfd(4096, true)} }}}, wire.CodeBadRequest, "exactly one descriptor"},
+		{"too many fds", []step{{msg: hello}, {msg: request("[0]", rx64), fds: func() []int { return []int{memfd(1<<20, true), memfd(4096, true), memfd(4096, true)} }}}, wire.CodeBadMessage, "too many descriptors"},
+		{"unknown type", []step{{msg: hello}, {msg: `{"type":"ready"}`}}, wire.CodeBadMessage, `want "request" or "resume"`},
+		{"no memfd", []step{{msg: hello}, {msg: request("[0]", rx64)}}, wire.CodeBadRequest, "exactly one descriptor"},
+		{"tx not allowed", []step{{msg: hello}, {msg: request("[0]", `{"fill":64,"completion":64,"rx":64,"tx":64}`), fds: one(1<<20, true)}}, wire.CodeLimit, "receive-only"},
+		{"ring too large", []step{{msg: hello}, {msg: request("[0]", `{"fill":2048,"completion":64,"rx":64,"tx":0}`), fds: one(1<<20, true)}}, wire.CodeLimit, "at most 1024"},
+		{"never ready", []step{{msg: hello}, {msg: request("[0,1]", rx64), fds: one(1<<20, true)}}, wire.CodeTimeout, "no message within"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			// No case becomes a lease; the warm-up lease has ended.
@@ -160,8 +161,8 @@ func TestRefusals(t *testing.T) {
 			before := testnet.OpenFDs()
 			conn := dial(t, e)
 			defer conn.Close()
-			buf := make([]byte, broker.MaxMessage)
-			var got *broker.Message
+			buf := make([]byte, wire.MaxMessage)
+			var got *wire.Message
 			for _, s := range c.steps {
 				var fds []int
 				if s.fds != nil {
@@ -182,25 +183,25 @@ func TestRefusals(t *testing.T) {
 					for _, fd := range rfds {
 						unix.Close(fd) // the client's own copies of sockets
 					}
-					var m broker.Message
+					var m wire.Message
 					if err := json.Unmarshal(buf[:n], &m); err != nil {
 						t.Fatalf("%q: %v", buf[:n], err)
 					}
 					got = &m
 					break
 				}
-				if got.Type == broker.TypeError {
+				if got.Type == wire.TypeError {
 					break
 				}
 			}
-			if got.Type == broker.TypeSockets { // never ready: wait for the timeout
+			if got.Type == wire.TypeSockets { // never ready: wait for the timeout
 				n, _, err := xsk.RecvFDs(conn, buf, 0)
 				if err != nil {
 					t.Fatal(err)
 				}
 				json.Unmarshal(buf[:n], got)
 			}
-			if got.Type != broker.TypeError || got.Code != c.code || !strings.Contains(got.Reason, c.reason) {
+			if got.Type != wire.TypeError || got.Code != c.code || !strings.Contains(got.Reason, c.reason) {
 				t.Fatalf("got %+v, want %s %q", got, c.code, c.reason)
 			}
 			// Then the daemon closes the connection.
@@ -248,18 +249,18 @@ func TestRefusals(t *testing.T) {
 // TestOneLeaseAtATime: a second client is refused while the first holds
 // the allocation, and gets it once the first lets go.
 func TestOneLeaseAtATime(t *testing.T) {
-	e := newEnv(t, rootOwned, broker.Limits{})
+	e := newEnv(t, rootOwned, wire.Limits{})
 	l, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64, Timeout: 200 * time.Millisecond}); !refusedWith(err, broker.CodeBusy) {
+	if _, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64, Timeout: 200 * time.Millisecond}); !refusedWith(err, wire.CodeBusy) {
 		t.Errorf("second lease: %v", err)
 	}
 	l.Close()
 	e.waitEnded(t, e.alloc.ID)
 	// The default limits hand out receive-only sockets.
-	if _, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64, TX: true}); !refusedWith(err, broker.CodeLimit) ||
+	if _, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64, TX: true}); !refusedWith(err, wire.CodeLimit) ||
 		!strings.Contains(err.Error(), "receive-only") {
 		t.Errorf("a TX ring under the default limits: %v", err)
 	}
@@ -345,7 +346,7 @@ func dpdkConn(t *testing.T, path string) (request func(cmd string, sendFD int) (
 // daemon does when a netdev-mode pool's netdev is in its pod) the map it
 // gets takes a socket it created itself, which then receives.
 func TestDPDKHandshake(t *testing.T) {
-	e := newEnv(t, rootOwned, broker.Limits{})
+	e := newEnv(t, rootOwned, wire.Limits{})
 	pr := e.peer(t)
 	host, _ := os.Hostname()
 	request, _ := dpdkConn(t, e.alloc.SocketPath())
@@ -421,7 +422,7 @@ func TestDPDKHandshake(t *testing.T) {
 	if r, _ := request("/config_busy_poll,20,64", socks[0].FD()); r != "/config_busy_poll_nak" {
 		t.Fatalf("/config_busy_poll without busy polling in the pool: %q", r)
 	}
-	if err := e.srv.SetLimits(e.alloc.ID, broker.Limits{}, &broker.BusyPoll{TimeoutMicros: 50, Budget: 64}); err != nil {
+	if err := e.srv.SetLimits(e.alloc.ID, wire.Limits{}, &wire.BusyPoll{TimeoutMicros: 50, Budget: 64}); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
@@ -456,7 +457,7 @@ func TestDPDKHandshake(t *testing.T) {
 
 // TestDPDKRefusedPeer: a peer that is not the owner gets /host_nak.
 func TestDPDKRefusedPeer(t *testing.T) {
-	e := newEnv(t, broker.Owner{UID: uid(12345)}, broker.Limits{})
+	e := newEnv(t, broker.Owner{UID: uid(12345)}, wire.Limits{})
 	c := dial(t, e)
 	defer c.Close()
 	xsk.SendFDs(c, []byte("/connect,h"), nil)

@@ -6,8 +6,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/client"
+	"github.com/xdpq/xdpq/pkg/wire"
 )
 
 // TestBusyPoll: the sockets a client receives are set up for the pool's
@@ -15,7 +15,7 @@ import (
 // on this kernel), the welcome tells the client; without the setting they
 // are left as the kernel makes them.
 func TestBusyPoll(t *testing.T) {
-	bp := &broker.BusyPoll{TimeoutMicros: 50, Budget: 16}
+	bp := &wire.BusyPoll{TimeoutMicros: 50, Budget: 16}
 	e := newEnvWith(t, envConfig{owner: rootOwned, busyPoll: bp})
 	check := func(l *client.Lease, timeout, prefer int) {
 		t.Helper()
@@ -42,7 +42,7 @@ func TestBusyPoll(t *testing.T) {
 	e.waitEnded(t, e.alloc.ID)
 
 	// The pool's busy polling is turned off: the next lease has none.
-	if err := e.srv.SetLimits(e.alloc.ID, broker.Limits{}, nil); err != nil {
+	if err := e.srv.SetLimits(e.alloc.ID, wire.Limits{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	l, err = client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64})
@@ -58,7 +58,7 @@ func TestBusyPoll(t *testing.T) {
 
 // TestSetLimits: a change of the pool's limits holds for the next lease.
 func TestSetLimits(t *testing.T) {
-	e := newEnv(t, rootOwned, broker.Limits{})
+	e := newEnv(t, rootOwned, wire.Limits{})
 	connect := func(o client.Options) error {
 		o.Ring = max(o.Ring, 64)
 		l, err := client.Connect(e.alloc.SocketPath(), o)
@@ -71,7 +71,7 @@ func TestSetLimits(t *testing.T) {
 		e.waitEnded(t, e.alloc.ID)
 		return nil
 	}
-	if err := connect(client.Options{TX: true}); !refusedWith(err, broker.CodeLimit) {
+	if err := connect(client.Options{TX: true}); !refusedWith(err, wire.CodeLimit) {
 		t.Fatalf("a TX ring under the default limits: %v", err)
 	}
 	if err := e.srv.SetLimits(e.alloc.ID, allowTX, nil); err != nil {
@@ -85,16 +85,16 @@ func TestSetLimits(t *testing.T) {
 	if err := e.srv.SetLimits(e.alloc.ID, small, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := connect(client.Options{Ring: 1024}); !refusedWith(err, broker.CodeLimit) || !strings.Contains(err.Error(), "at most 512") {
+	if err := connect(client.Options{Ring: 1024}); !refusedWith(err, wire.CodeLimit) || !strings.Contains(err.Error(), "at most 512") {
 		t.Errorf("a ring beyond the new limit: %v", err)
 	}
-	if err := connect(client.Options{TX: true, Ring: 512}); !refusedWith(err, broker.CodeLimit) {
+	if err := connect(client.Options{TX: true, Ring: 512}); !refusedWith(err, wire.CodeLimit) {
 		t.Errorf("a TX ring once the pool forbids it again: %v", err)
 	}
 	if err := connect(client.Options{Ring: 512}); err != nil {
 		t.Errorf("within the new limits: %v", err)
 	}
-	for _, bad := range []*broker.BusyPoll{{TimeoutMicros: 0, Budget: 8}, {TimeoutMicros: 50, Budget: 70000}, {TimeoutMicros: 2_000_000, Budget: 8}} {
+	for _, bad := range []*wire.BusyPoll{{TimeoutMicros: 0, Budget: 8}, {TimeoutMicros: 50, Budget: 70000}, {TimeoutMicros: 2_000_000, Budget: 8}} {
 		if err := e.srv.SetLimits(e.alloc.ID, allowTX, bad); err == nil {
 			t.Errorf("busy polling %+v accepted", *bad)
 		}

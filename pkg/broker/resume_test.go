@@ -14,6 +14,7 @@ import (
 	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/client"
+	"github.com/xdpq/xdpq/pkg/wire"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
 
@@ -125,7 +126,7 @@ func TestResume(t *testing.T) {
 // resume; the client reports it failed and stops trying, and once it lets
 // the sockets go a fresh lease binds the queues.
 func TestResumeUnknown(t *testing.T) {
-	e := newEnv(t, rootOwned, broker.Limits{})
+	e := newEnv(t, rootOwned, wire.Limits{})
 	onEvent, next := events(t)
 	l, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64, OnEvent: onEvent})
 	if err != nil {
@@ -136,7 +137,7 @@ func TestResumeUnknown(t *testing.T) {
 	next(client.EventLost)
 	e.startDaemon(t, nil)
 	ev := next(client.EventFailed)
-	if !refusedWith(ev.Err, broker.CodeForbidden) || !strings.Contains(ev.Err.Error(), "no lease to resume") {
+	if !refusedWith(ev.Err, wire.CodeForbidden) || !strings.Contains(ev.Err.Error(), "no lease to resume") {
 		t.Errorf("failed with %v", ev.Err)
 	}
 	// Its sockets still hold the queues.
@@ -154,7 +155,7 @@ func TestResumeUnknown(t *testing.T) {
 // TestLeaseCloseWhileRedialing: Close stops a lease that is redialing a
 // daemon that is not there, and Close from the event callback works.
 func TestLeaseCloseWhileRedialing(t *testing.T) {
-	e := newEnv(t, rootOwned, broker.Limits{})
+	e := newEnv(t, rootOwned, wire.Limits{})
 	onEvent, next := events(t)
 	l, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64, OnEvent: onEvent})
 	if err != nil {
@@ -195,14 +196,14 @@ func TestLeaseCloseWhileRedialing(t *testing.T) {
 func rawLease(t *testing.T, alloc broker.Allocation) (conn *net.UnixConn, socks []int) {
 	t.Helper()
 	c := dialPath(t, alloc.SocketPath())
-	buf := make([]byte, broker.MaxMessage)
+	buf := make([]byte, wire.MaxMessage)
 	recv := func(maxFDs int, want string) []int {
 		t.Helper()
 		n, fds, err := xsk.RecvFDs(c, buf, maxFDs)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := broker.ParseMessage(buf[:n], want); err != nil {
+		if _, err := wire.ParseMessage(buf[:n], want); err != nil {
 			t.Fatalf("%s: %v: %s", want, err, buf[:n])
 		}
 		return fds
@@ -210,7 +211,7 @@ func rawLease(t *testing.T, alloc broker.Allocation) (conn *net.UnixConn, socks 
 	if err := xsk.SendFDs(c, []byte(`{"type":"hello","version":1}`), nil); err != nil {
 		t.Fatal(err)
 	}
-	recv(0, broker.TypeWelcome)
+	recv(0, wire.TypeWelcome)
 	mf, err := xsk.NewMemfd("t", 1<<20, false)
 	if err != nil {
 		t.Fatal(err)
@@ -222,11 +223,11 @@ func rawLease(t *testing.T, alloc broker.Allocation) (conn *net.UnixConn, socks 
 	if err != nil {
 		t.Fatal(err)
 	}
-	socks = recv(len(alloc.Queues), broker.TypeSockets)
+	socks = recv(len(alloc.Queues), wire.TypeSockets)
 	if err := xsk.SendFDs(c, []byte(`{"type":"ready"}`), nil); err != nil {
 		t.Fatal(err)
 	}
-	recv(0, broker.TypeActive)
+	recv(0, wire.TypeActive)
 	return c, socks
 }
 
@@ -263,11 +264,11 @@ func TestResumeForged(t *testing.T) {
 	}
 	defer unix.Close(fresh)
 
-	resume := func(alloc broker.Allocation, msg string, fds []int) *broker.Message {
+	resume := func(alloc broker.Allocation, msg string, fds []int) *wire.Message {
 		t.Helper()
 		c := dialPath(t, alloc.SocketPath())
 		defer c.Close()
-		buf := make([]byte, broker.MaxMessage)
+		buf := make([]byte, wire.MaxMessage)
 		if err := xsk.SendFDs(c, []byte(`{"type":"hello","version":1}`), nil); err != nil {
 			t.Fatal(err)
 		}
@@ -281,7 +282,7 @@ func TestResumeForged(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var m broker.Message
+		var m wire.Message
 		if err := json.Unmarshal(buf[:n], &m); err != nil {
 			t.Fatal(err)
 		}
@@ -295,19 +296,19 @@ func TestResumeForged(t *testing.T) {
 		code   string
 		reason string
 	}{
-		{"another allocation's sockets", q01, s2, broker.CodeForbidden, "is not one of this allocation's lease"},
-		{"another allocation's queues", `{"type":"resume","queues":[2,3]}`, s2, broker.CodeForbidden, "is not one of this allocation's lease"},
-		{"swapped", `{"type":"resume","queues":[1,0]}`, s1, broker.CodeForbidden, "is bound to queue 0, not 1"},
-		{"not a socket", q01, []int{s1[0], int(memfd.Fd())}, broker.CodeBadRequest, "not a socket"},
-		{"not an AF_XDP socket", q01, []int{udp, s1[1]}, broker.CodeBadRequest, "not an AF_XDP socket"},
-		{"a fresh AF_XDP socket", q01, []int{s1[0], fresh}, broker.CodeForbidden, "is not one of this allocation's lease"},
-		{"some of them", `{"type":"resume","queues":[0]}`, s1[:1], broker.CodeBadRequest, "has 2 sockets"},
-		{"fewer sockets than queues", q01, s1[:1], broker.CodeBadRequest, "one socket per queue"},
-		{"a queue twice", `{"type":"resume","queues":[0,0]}`, s1, broker.CodeBadRequest, "queue 0 named twice"},
-		{"a memfd too", `{"type":"resume","queues":[0,1],"frame_size":2048}`, s1, broker.CodeBadRequest, "only queues"},
+		{"another allocation's sockets", q01, s2, wire.CodeForbidden, "is not one of this allocation's lease"},
+		{"another allocation's queues", `{"type":"resume","queues":[2,3]}`, s2, wire.CodeForbidden, "is not one of this allocation's lease"},
+		{"swapped", `{"type":"resume","queues":[1,0]}`, s1, wire.CodeForbidden, "is bound to queue 0, not 1"},
+		{"not a socket", q01, []int{s1[0], int(memfd.Fd())}, wire.CodeBadRequest, "not a socket"},
+		{"not an AF_XDP socket", q01, []int{udp, s1[1]}, wire.CodeBadRequest, "not an AF_XDP socket"},
+		{"a fresh AF_XDP socket", q01, []int{s1[0], fresh}, wire.CodeForbidden, "is not one of this allocation's lease"},
+		{"some of them", `{"type":"resume","queues":[0]}`, s1[:1], wire.CodeBadRequest, "has 2 sockets"},
+		{"fewer sockets than queues", q01, s1[:1], wire.CodeBadRequest, "one socket per queue"},
+		{"a queue twice", `{"type":"resume","queues":[0,0]}`, s1, wire.CodeBadRequest, "queue 0 named twice"},
+		{"a memfd too", `{"type":"resume","queues":[0,1],"frame_size":2048}`, s1, wire.CodeBadRequest, "only queues"},
 	} {
 		m := resume(a1, c.msg, c.fds)
-		if m.Type != broker.TypeError || m.Code != c.code || !strings.Contains(m.Reason, c.reason) {
+		if m.Type != wire.TypeError || m.Code != c.code || !strings.Contains(m.Reason, c.reason) {
 			t.Errorf("%s: got %+v, want %s %q", c.name, m, c.code, c.reason)
 		}
 	}
@@ -330,13 +331,13 @@ func TestResumeForged(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitEnded(t, a2.ID)
-	if m := resume(a2, `{"type":"resume","queues":[2,3]}`, s2); m.Code != broker.CodeForbidden || !strings.Contains(m.Reason, "no lease to resume") {
+	if m := resume(a2, `{"type":"resume","queues":[2,3]}`, s2); m.Code != wire.CodeForbidden || !strings.Contains(m.Reason, "no lease to resume") {
 		t.Errorf("resume of a lease forgotten by Retarget: %+v", m)
 	}
 
 	// The genuine resume, as a raw client: it is the lease again.
 	c := dialPath(t, a1.SocketPath())
-	buf := make([]byte, broker.MaxMessage)
+	buf := make([]byte, wire.MaxMessage)
 	xsk.SendFDs(c, []byte(`{"type":"hello","version":1}`), nil)
 	xsk.RecvFDs(c, buf, 0)
 	if err := xsk.SendFDs(c, []byte(q01), s1); err != nil {
@@ -358,7 +359,7 @@ func TestResumeForged(t *testing.T) {
 	l.Close()
 	e.waitEnded(t, a1.ID)
 	// The lease is gone: nothing is left to resume.
-	if m := resume(a1, q01, s2); m.Code != broker.CodeForbidden || !strings.Contains(m.Reason, "no lease to resume") {
+	if m := resume(a1, q01, s2); m.Code != wire.CodeForbidden || !strings.Contains(m.Reason, "no lease to resume") {
 		t.Errorf("resume of an ended lease: %+v", m)
 	}
 }

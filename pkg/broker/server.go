@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/xdpq/xdpq/pkg/wire"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
 
@@ -55,10 +56,10 @@ type Allocation struct {
 	Netdev xsk.Netdev
 	Queues []uint32
 	Owner  Owner
-	Limits Limits
+	Limits wire.Limits
 	// BusyPoll, if set, is the pool's busy polling: every socket a lease
 	// is given is set up for it, and a DPDK client may ask for no more.
-	BusyPoll *BusyPoll
+	BusyPoll *wire.BusyPoll
 	// Mode is how sockets bind: auto (zero-copy where the driver has it),
 	// copy or zero-copy.
 	Mode xsk.Mode
@@ -160,8 +161,8 @@ type allocation struct {
 	// (Retarget with a PodDatapath), else nil: only then may a DPDK client
 	// have the netdev's XSKMAP.
 	own      PodDatapath
-	limits   Limits
-	busyPoll *BusyPoll
+	limits   wire.Limits
+	busyPoll *wire.BusyPoll
 	conns    map[*net.UnixConn]bool
 	stopping bool // the allocation is being removed or the server closed
 	detached bool // the server closed: its leases stay for the next daemon
@@ -185,8 +186,8 @@ type policy struct {
 	dev      xsk.Netdev
 	dp       Datapath
 	own      PodDatapath
-	limits   Limits
-	busyPoll *BusyPoll
+	limits   wire.Limits
+	busyPoll *wire.BusyPoll
 }
 
 func (al *allocation) policy() policy {
@@ -237,8 +238,8 @@ func (s *Server) Add(a Allocation) error {
 			return fmt.Errorf("broker: allocation %s: alias %q is not another name in the socket's directory", a.ID, n)
 		}
 	}
-	if a.Limits == (Limits{}) {
-		a.Limits = DefaultLimits
+	if a.Limits == (wire.Limits{}) {
+		a.Limits = wire.DefaultLimits
 	}
 	if a.BusyPoll != nil {
 		if err := a.BusyPoll.Validate(); err != nil {
@@ -400,9 +401,9 @@ func (s *Server) SetOwner(id string, o Owner) error {
 // after a change of its pool's configuration. They hold for the next
 // lease and for device plugin commands from now on; a lease already
 // active, or resumed, keeps the sockets it has.
-func (s *Server) SetLimits(id string, lim Limits, bp *BusyPoll) error {
-	if lim == (Limits{}) {
-		lim = DefaultLimits
+func (s *Server) SetLimits(id string, lim wire.Limits, bp *wire.BusyPoll) error {
+	if lim == (wire.Limits{}) {
+		lim = wire.DefaultLimits
 	}
 	if bp != nil {
 		if err := bp.Validate(); err != nil {
@@ -694,21 +695,21 @@ func (s *Server) refuseForeign(c *net.UnixConn, al *allocation, peer Peer, why e
 		xsk.SendFDs(c, []byte(dpdkHostNak), nil)
 		return
 	}
-	pe := refuse(CodeForbidden, "%v", why)
-	s.send(c, Message{Type: TypeError, Code: pe.Code, Reason: pe.Reason})
+	pe := refuse(wire.CodeForbidden, "%v", why)
+	s.send(c, wire.Message{Type: wire.TypeError, Code: pe.Code, Reason: pe.Reason})
 }
 
 // recv reads one message with at most maxFDs descriptors within the step timeout.
 func (s *Server) recv(c *net.UnixConn, maxFDs int, timeout time.Duration) ([]byte, []int, error) {
 	c.SetReadDeadline(time.Now().Add(timeout))
-	buf := make([]byte, MaxMessage+1)
+	buf := make([]byte, wire.MaxMessage+1)
 	n, fds, err := xsk.RecvFDs(c, buf, maxFDs)
 	if errors.Is(err, xsk.ErrTruncated) {
-		return nil, nil, refuse(CodeBadMessage, "message too long or too many descriptors (at most %d)", maxFDs)
+		return nil, nil, refuse(wire.CodeBadMessage, "message too long or too many descriptors (at most %d)", maxFDs)
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
-		return nil, nil, refuse(CodeTimeout, "no message within %v", timeout)
+		return nil, nil, refuse(wire.CodeTimeout, "no message within %v", timeout)
 	}
 	if errors.Is(err, io.EOF) {
 		return nil, nil, errClosed
@@ -740,7 +741,7 @@ func (s *Server) serve(c *net.UnixConn, al *allocation, peer Peer, release func(
 	}
 	if len(fds) > 0 {
 		closeFDs(fds)
-		return nil, refuse(CodeBadMessage, "hello carries no descriptor")
+		return nil, refuse(wire.CodeBadMessage, "hello carries no descriptor")
 	}
 	l, err := s.native(c, al, peer, first)
 	if err != nil {
@@ -751,7 +752,7 @@ func (s *Server) serve(c *net.UnixConn, al *allocation, peer Peer, release func(
 	for {
 		_, fds, err := s.recv(c, 0, 24*time.Hour*365)
 		closeFDs(fds)
-		var pe *ProtocolError
+		var pe *wire.ProtocolError
 		if err != nil && !errors.As(err, &pe) {
 			return l, nil
 		}
@@ -760,19 +761,19 @@ func (s *Server) serve(c *net.UnixConn, al *allocation, peer Peer, release func(
 
 // fail logs a refused or broken handshake and tells the client why.
 func (s *Server) fail(c *net.UnixConn, al *allocation, peer Peer, err error) {
-	var pe *ProtocolError
+	var pe *wire.ProtocolError
 	if !errors.As(err, &pe) {
 		if errors.Is(err, errClosed) || errors.Is(err, net.ErrClosed) {
 			s.log.Info("client left during the handshake", "allocation", al.id, "peer", peer.String())
 			return
 		}
-		pe = refuse(CodeInternal, "%v", err)
+		pe = refuse(wire.CodeInternal, "%v", err)
 	}
 	s.log.Warn("refused", "allocation", al.id, "peer", peer.String(), "code", pe.Code, "reason", pe.Reason)
-	s.send(c, Message{Type: TypeError, Code: pe.Code, Reason: pe.Reason})
+	s.send(c, wire.Message{Type: wire.TypeError, Code: pe.Code, Reason: pe.Reason})
 }
 
-func (s *Server) send(c *net.UnixConn, m Message, fds ...int) error {
+func (s *Server) send(c *net.UnixConn, m wire.Message, fds ...int) error {
 	b, err := jsonMarshal(m)
 	if err != nil {
 		return err
@@ -785,17 +786,17 @@ func (s *Server) send(c *net.UnixConn, m Message, fds ...int) error {
 // sockets are in the XSKMAP), even with an error (the client did not
 // learn so): the caller ends it.
 func (s *Server) native(c *net.UnixConn, al *allocation, peer Peer, first []byte) (*lease, error) {
-	hello, err := ParseMessage(first, TypeHello)
+	hello, err := wire.ParseMessage(first, wire.TypeHello)
 	if err != nil {
 		return nil, err
 	}
-	if hello.Version != Version {
-		return nil, refuse(CodeVersion, "protocol version %d; this daemon speaks %d", hello.Version, Version)
+	if hello.Version != wire.Version {
+		return nil, refuse(wire.CodeVersion, "protocol version %d; this daemon speaks %d", hello.Version, wire.Version)
 	}
 	al.mu.Lock()
 	if al.leased {
 		al.mu.Unlock()
-		return nil, refuse(CodeBusy, "allocation %s is in use by another connection; close it first", al.id)
+		return nil, refuse(wire.CodeBusy, "allocation %s is in use by another connection; close it first", al.id)
 	}
 	al.leased = true
 	al.mu.Unlock()
@@ -811,7 +812,7 @@ func (s *Server) native(c *net.UnixConn, al *allocation, peer Peer, first []byte
 func (s *Server) handshake(c *net.UnixConn, al *allocation, peer Peer) (*lease, error) {
 	p := al.policy()
 	lim := p.limits
-	if err := s.send(c, Message{Type: TypeWelcome, Version: Version, Allocation: al.id, Netdev: p.dev.Name,
+	if err := s.send(c, wire.Message{Type: wire.TypeWelcome, Version: wire.Version, Allocation: al.id, Netdev: p.dev.Name,
 		Queues: al.queues, Limits: &lim, BusyPoll: p.busyPoll}); err != nil {
 		return nil, err
 	}
@@ -819,25 +820,25 @@ func (s *Server) handshake(c *net.UnixConn, al *allocation, peer Peer) (*lease, 
 	if err != nil {
 		return nil, err
 	}
-	m, err := decodeMessage(b)
+	m, err := wire.Decode(b)
 	switch {
 	case err != nil:
-	case m.Type == TypeRequest:
+	case m.Type == wire.TypeRequest:
 		return s.request(c, al, peer, p, m, fds)
-	case m.Type == TypeResume:
+	case m.Type == wire.TypeResume:
 		return s.resume(c, al, peer, p, m, fds)
 	default:
-		err = refuse(CodeBadMessage, "got a %q message, want %q or %q", m.Type, TypeRequest, TypeResume)
+		err = refuse(wire.CodeBadMessage, "got a %q message, want %q or %q", m.Type, wire.TypeRequest, wire.TypeResume)
 	}
 	closeFDs(fds)
 	return nil, err
 }
 
 // request binds new sockets with the client's memfd as their UMEM.
-func (s *Server) request(c *net.UnixConn, al *allocation, peer Peer, p policy, req *Message, fds []int) (*lease, error) {
+func (s *Server) request(c *net.UnixConn, al *allocation, peer Peer, p policy, req *wire.Message, fds []int) (*lease, error) {
 	if len(fds) != 1 {
 		closeFDs(fds)
-		return nil, refuse(CodeBadRequest, "a request carries exactly one descriptor, the UMEM memfd; got %d", len(fds))
+		return nil, refuse(wire.CodeBadRequest, "a request carries exactly one descriptor, the UMEM memfd; got %d", len(fds))
 	}
 	memfd := fds[0]
 	cfg, err := checkRequest(req, al.queues, p.limits)
@@ -852,7 +853,7 @@ func (s *Server) request(c *net.UnixConn, al *allocation, peer Peer, p policy, r
 	bound, err := xsk.Bind(p.dev, memfd, req.Queues, cfg)
 	unix.Close(memfd)
 	if err != nil {
-		return nil, refuse(CodeInternal, "%v", err)
+		return nil, refuse(wire.CodeInternal, "%v", err)
 	}
 	// The copies here go once the sockets are in the XSKMAP or refused:
 	// an open copy would keep a socket alive after the pod let it go.
@@ -864,15 +865,15 @@ func (s *Server) request(c *net.UnixConn, al *allocation, peer Peer, p policy, r
 	socks := make([]LeaseSocket, len(bound))
 	for i, b := range bound {
 		if err := setBusyPoll(b.FD, p.busyPoll); err != nil {
-			return nil, refuse(CodeInternal, "busy poll on %s/q%d: %v", p.dev, b.Queue, err)
+			return nil, refuse(wire.CodeInternal, "busy poll on %s/q%d: %v", p.dev, b.Queue, err)
 		}
 		ino, err := socketInode(b.FD)
 		if err != nil {
-			return nil, refuse(CodeInternal, "%s/q%d: %v", p.dev, b.Queue, err)
+			return nil, refuse(wire.CodeInternal, "%s/q%d: %v", p.dev, b.Queue, err)
 		}
 		socks[i] = LeaseSocket{Queue: b.Queue, Inode: ino}
 	}
-	if err := s.send(c, Message{Type: TypeSockets, Queues: req.Queues, Rings: req.Rings, FrameSize: req.FrameSize,
+	if err := s.send(c, wire.Message{Type: wire.TypeSockets, Queues: req.Queues, Rings: req.Rings, FrameSize: req.FrameSize,
 		Headroom: req.Headroom, ZeroCopy: bound[0].ZeroCopy}, sockFDs...); err != nil {
 		return nil, err
 	}
@@ -880,7 +881,7 @@ func (s *Server) request(c *net.UnixConn, al *allocation, peer Peer, p policy, r
 	if err != nil {
 		return nil, err
 	}
-	if _, err := ParseMessage(b, TypeReady); err != nil {
+	if _, err := wire.ParseMessage(b, wire.TypeReady); err != nil {
 		return nil, err
 	}
 	return s.activate(c, al, peer, p, socks, sockFDs, "new")
@@ -890,7 +891,7 @@ func (s *Server) request(c *net.UnixConn, al *allocation, peer Peer, p policy, r
 // the client that holds them: each must be an AF_XDP socket whose inode
 // the lease recorded for the queue it is named for. They are the same
 // sockets, bound as they were: nothing is bound, no option changes.
-func (s *Server) resume(c *net.UnixConn, al *allocation, peer Peer, p policy, m *Message, fds []int) (*lease, error) {
+func (s *Server) resume(c *net.UnixConn, al *allocation, peer Peer, p policy, m *wire.Message, fds []int) (*lease, error) {
 	defer closeFDs(fds) // the daemon keeps no copy: the pod holds its sockets
 	al.mu.Lock()
 	recorded := slices.Clone(al.lease)
@@ -903,14 +904,14 @@ func (s *Server) resume(c *net.UnixConn, al *allocation, peer Peer, p policy, m 
 		q := m.Queues[i]
 		ino, err := xdpSocketInode(fd)
 		if err != nil {
-			return nil, refuse(CodeBadRequest, "the descriptor for queue %d: %v", q, err)
+			return nil, refuse(wire.CodeBadRequest, "the descriptor for queue %d: %v", q, err)
 		}
 		j := slices.IndexFunc(recorded, func(ls LeaseSocket) bool { return ls.Inode == ino })
 		if j < 0 {
-			return nil, refuse(CodeForbidden, "the socket for queue %d (inode %d) is not one of this allocation's lease", q, ino)
+			return nil, refuse(wire.CodeForbidden, "the socket for queue %d (inode %d) is not one of this allocation's lease", q, ino)
 		}
 		if recorded[j].Queue != q {
-			return nil, refuse(CodeForbidden, "the socket of inode %d is bound to queue %d, not %d", ino, recorded[j].Queue, q)
+			return nil, refuse(wire.CodeForbidden, "the socket of inode %d is bound to queue %d, not %d", ino, recorded[j].Queue, q)
 		}
 		socks[i] = recorded[j]
 	}
@@ -926,7 +927,7 @@ func (s *Server) activate(c *net.UnixConn, al *allocation, peer Peer, p policy, 
 			for _, q := range added {
 				p.dp.RemoveSocket(p.dev.Name, q)
 			}
-			return nil, refuse(CodeInternal, "%v", err)
+			return nil, refuse(wire.CodeInternal, "%v", err)
 		}
 		added = append(added, ls.Queue)
 	}
@@ -943,7 +944,7 @@ func (s *Server) activate(c *net.UnixConn, al *allocation, peer Peer, p policy, 
 	if s.cfg.OnLease != nil {
 		s.cfg.OnLease(al.id, slices.Clone(socks))
 	}
-	if err := s.send(c, Message{Type: TypeActive}); err != nil {
+	if err := s.send(c, wire.Message{Type: wire.TypeActive}); err != nil {
 		return l, err
 	}
 	s.log.Info("lease active", "allocation", al.id, "peer", peer.String(), "queues", added, "lease", how)
@@ -1060,7 +1061,7 @@ func (s *Server) xskMap(connected bool, cmd dpdkCommand, p policy) (int, error) 
 // busyPoll configures preferred busy polling on the AF_XDP socket the
 // client sent, which it may not do itself without CAP_NET_ADMIN, within
 // the allocation's setting: none at all when it has none.
-func (s *Server) busyPoll(connected bool, cmd dpdkCommand, fds []int, limit *BusyPoll) (string, error) {
+func (s *Server) busyPoll(connected bool, cmd dpdkCommand, fds []int, limit *wire.BusyPoll) (string, error) {
 	timeout, budget, err := busyPollArgs(cmd.args)
 	switch {
 	case !connected:
@@ -1077,14 +1078,14 @@ func (s *Server) busyPoll(connected bool, cmd dpdkCommand, fds []int, limit *Bus
 	if _, err := xdpSocketInode(fds[0]); err != nil {
 		return dpdkBusyNak, err
 	}
-	if err := setBusyPoll(fds[0], &BusyPoll{TimeoutMicros: timeout, Budget: budget}); err != nil {
+	if err := setBusyPoll(fds[0], &wire.BusyPoll{TimeoutMicros: timeout, Budget: budget}); err != nil {
 		return dpdkBusyNak, err
 	}
 	return dpdkBusyAck, nil
 }
 
 // setBusyPoll sets a socket up for preferred busy polling; nil does nothing.
-func setBusyPoll(fd int, bp *BusyPoll) error {
+func setBusyPoll(fd int, bp *wire.BusyPoll) error {
 	if bp == nil {
 		return nil
 	}

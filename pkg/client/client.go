@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/wire"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
 
@@ -88,10 +88,10 @@ type Lease struct {
 	Sockets    []*xsk.Socket // in the order of Queues
 	UMEM       *xsk.UMEM
 	ZeroCopy   bool
-	Limits     broker.Limits
+	Limits     wire.Limits
 	// BusyPoll is the busy polling the daemon set the sockets up for, or
 	// nil (see the package documentation).
-	BusyPoll *broker.BusyPoll
+	BusyPoll *wire.BusyPoll
 
 	path      string
 	opts      Options
@@ -184,8 +184,8 @@ func Connect(path string, o Options) (*Lease, error) {
 			go l.watch()
 			return l, nil
 		}
-		var pe *broker.ProtocolError
-		retry := (errors.As(err, &pe) && pe.Code == broker.CodeBusy) || errors.Is(err, unix.EAGAIN)
+		var pe *wire.ProtocolError
+		retry := (errors.As(err, &pe) && pe.Code == wire.CodeBusy) || errors.Is(err, unix.EAGAIN)
 		if !retry || time.Now().After(deadline) {
 			return nil, err
 		}
@@ -237,7 +237,7 @@ func connect(path string, o Options, deadline time.Time) (*Lease, error) {
 		}
 		l.Queues = o.Queues
 	}
-	rings := broker.Rings{Fill: o.Ring, Completion: o.Ring, RX: o.Ring}
+	rings := wire.Rings{Fill: o.Ring, Completion: o.Ring, RX: o.Ring}
 	if o.TX {
 		rings.TX = o.Ring
 	}
@@ -258,12 +258,12 @@ func connect(path string, o Options, deadline time.Time) (*Lease, error) {
 	if err != nil {
 		return nil, fmt.Errorf("xdpq: %w", err)
 	}
-	err = send(c, broker.Message{Type: broker.TypeRequest, FrameSize: o.FrameSize, Headroom: o.Headroom,
+	err = send(c, wire.Message{Type: wire.TypeRequest, FrameSize: o.FrameSize, Headroom: o.Headroom,
 		Rings: &rings, Queues: l.Queues}, int(mf.Fd()))
 	if err != nil {
 		return nil, err
 	}
-	m, fds, err := expect(c, broker.TypeSockets, len(l.Queues))
+	m, fds, err := expect(c, wire.TypeSockets, len(l.Queues))
 	if err != nil {
 		return nil, err
 	}
@@ -295,10 +295,10 @@ func connect(path string, o Options, deadline time.Time) (*Lease, error) {
 			return nil, fmt.Errorf("xdpq: queue %d: fill ring took %d of %d frames", l.Queues[i], n, len(rx))
 		}
 	}
-	if err := send(c, broker.Message{Type: broker.TypeReady}); err != nil {
+	if err := send(c, wire.Message{Type: wire.TypeReady}); err != nil {
 		return nil, err
 	}
-	if _, _, err := expect(c, broker.TypeActive, 0); err != nil {
+	if _, _, err := expect(c, wire.TypeActive, 0); err != nil {
 		return nil, err
 	}
 	c.SetDeadline(time.Time{})
@@ -307,11 +307,11 @@ func connect(path string, o Options, deadline time.Time) (*Lease, error) {
 }
 
 // hello opens the handshake and returns the daemon's welcome.
-func hello(c *net.UnixConn, name string) (*broker.Message, error) {
-	if err := send(c, broker.Message{Type: broker.TypeHello, Version: broker.Version, Client: name}); err != nil {
+func hello(c *net.UnixConn, name string) (*wire.Message, error) {
+	if err := send(c, wire.Message{Type: wire.TypeHello, Version: wire.Version, Client: name}); err != nil {
 		return nil, err
 	}
-	w, _, err := expect(c, broker.TypeWelcome, 0)
+	w, _, err := expect(c, wire.TypeWelcome, 0)
 	return w, err
 }
 
@@ -342,7 +342,7 @@ func (l *Lease) watch() {
 // sends nothing once the lease is active; what a newer one might send is
 // ignored) and says how it ended.
 func waitClosed(c *net.UnixConn) error {
-	buf := make([]byte, broker.MaxMessage)
+	buf := make([]byte, wire.MaxMessage)
 	for {
 		n, fds, err := xsk.RecvFDs(c, buf, 0)
 		closeFDs(fds)
@@ -372,14 +372,14 @@ func (l *Lease) redial() bool {
 		}
 		delay = min(max(2*delay, firstBackoff), maxBackoff)
 		err := l.resume()
-		var pe *broker.ProtocolError
+		var pe *wire.ProtocolError
 		switch {
 		case err == nil:
 			l.emit(Event{Kind: EventResumed})
 			return true
 		case l.isClosed():
 			return false
-		case errors.As(err, &pe) && pe.Code != broker.CodeBusy && pe.Code != broker.CodeTimeout && pe.Code != broker.CodeInternal:
+		case errors.As(err, &pe) && pe.Code != wire.CodeBusy && pe.Code != wire.CodeTimeout && pe.Code != wire.CodeInternal:
 			l.emit(Event{Kind: EventFailed, Err: err})
 			return false
 		case errors.Is(err, errOther):
@@ -421,10 +421,10 @@ func (l *Lease) resume() error {
 	for i, s := range l.Sockets {
 		fds[i] = s.FD()
 	}
-	if err := send(c, broker.Message{Type: broker.TypeResume, Queues: l.Queues}, fds...); err != nil {
+	if err := send(c, wire.Message{Type: wire.TypeResume, Queues: l.Queues}, fds...); err != nil {
 		return err
 	}
-	if _, _, err := expect(c, broker.TypeActive, 0); err != nil {
+	if _, _, err := expect(c, wire.TypeActive, 0); err != nil {
 		return err
 	}
 	c.SetDeadline(time.Time{})
@@ -470,7 +470,7 @@ func (l *Lease) emit(e Event) {
 	l.opts.OnEvent(e)
 }
 
-func send(c *net.UnixConn, m broker.Message, fds ...int) error {
+func send(c *net.UnixConn, m wire.Message, fds ...int) error {
 	b, err := json.Marshal(m)
 	if err != nil {
 		return err
@@ -484,8 +484,8 @@ func send(c *net.UnixConn, m broker.Message, fds ...int) error {
 // expect receives the next message; the daemon's refusal becomes an
 // error carrying its code and reason. Fields it does not know are
 // ignored: a newer daemon may add some.
-func expect(c *net.UnixConn, want string, maxFDs int) (*broker.Message, []int, error) {
-	buf := make([]byte, broker.MaxMessage)
+func expect(c *net.UnixConn, want string, maxFDs int) (*wire.Message, []int, error) {
+	buf := make([]byte, wire.MaxMessage)
 	n, fds, err := xsk.RecvFDs(c, buf, maxFDs)
 	if err != nil && !errors.Is(err, io.EOF) {
 		return nil, nil, fmt.Errorf("xdpq: waiting for %s: %w", want, err)
@@ -494,14 +494,14 @@ func expect(c *net.UnixConn, want string, maxFDs int) (*broker.Message, []int, e
 		closeFDs(fds)
 		return nil, nil, fmt.Errorf("xdpq: the daemon closed the connection before %s", want)
 	}
-	var m broker.Message
+	var m wire.Message
 	if err := json.Unmarshal(buf[:n], &m); err != nil {
 		closeFDs(fds)
 		return nil, nil, fmt.Errorf("xdpq: waiting for %s: not a protocol message: %w", want, err)
 	}
-	if m.Type == broker.TypeError {
+	if m.Type == wire.TypeError {
 		closeFDs(fds)
-		return nil, nil, fmt.Errorf("xdpq: refused: %w", &broker.ProtocolError{Code: m.Code, Reason: m.Reason})
+		return nil, nil, fmt.Errorf("xdpq: refused: %w", &wire.ProtocolError{Code: m.Code, Reason: m.Reason})
 	}
 	if m.Type != want {
 		closeFDs(fds)

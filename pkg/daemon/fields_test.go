@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -26,6 +27,7 @@ import (
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/client"
 	"github.com/xdpq/xdpq/pkg/nic"
+	"github.com/xdpq/xdpq/pkg/wire"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
 
@@ -395,9 +397,9 @@ func TestFieldBusyPoll(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer lease.Close()
-		var want *broker.BusyPoll
+		var want *wire.BusyPoll
 		if timeout > 0 {
-			want = &broker.BusyPoll{TimeoutMicros: timeout, Budget: 16}
+			want = &wire.BusyPoll{TimeoutMicros: timeout, Budget: 16}
 		}
 		if (lease.BusyPoll == nil) != (want == nil) || (want != nil && *lease.BusyPoll != *want) {
 			t.Errorf("the lease says busy polling %+v, want %+v", lease.BusyPoll, want)
@@ -783,8 +785,8 @@ func TestFieldAllowTX(t *testing.T) {
 		t.Helper()
 		lease, err := connect(a, client.Options{TX: true})
 		if !granted {
-			var pe *broker.ProtocolError
-			if !errors.As(err, &pe) || pe.Code != broker.CodeLimit || !strings.Contains(pe.Reason, "receive-only") {
+			var pe *wire.ProtocolError
+			if !errors.As(err, &pe) || pe.Code != wire.CodeLimit || !strings.Contains(pe.Reason, "receive-only") {
 				t.Errorf("%s: a lease with TX: %v, want refused as receive-only", when, err)
 			}
 			if err == nil {
@@ -854,11 +856,11 @@ func TestFieldLimits(t *testing.T) {
 				if err == nil {
 					lease.Close()
 				}
-				var pe *broker.ProtocolError
+				var pe *wire.ProtocolError
 				switch {
 				case granted && err != nil:
 					t.Errorf("%s: %v", when, err)
-				case !granted && (!errors.As(err, &pe) || pe.Code != broker.CodeLimit || !strings.Contains(pe.Reason, tc.refusal)):
+				case !granted && (!errors.As(err, &pe) || pe.Code != wire.CodeLimit || !strings.Contains(pe.Reason, tc.refusal)):
 					t.Errorf("%s: %v, want refused: %s", when, err, tc.refusal)
 				}
 			}
@@ -974,5 +976,62 @@ func TestFieldPoolsKubernetes(t *testing.T) {
 	registered("example.org/b")
 	if ps, _ := r.pool("b"); ps.Resource != "example.org/b" || ps.Queues != 2 {
 		t.Errorf("pool b after the prefix changed: %+v", ps)
+	}
+}
+
+// TestFieldAttachInPod: a reload of attach reaches a netdev-mode pool's
+// netdev that is in a pod: always puts xdpq's program on it (inside the
+// pod, no socket bound), onDemand takes it off after the linger. (Before,
+// a hot reload of attach did not reach a netdev already in a pod.)
+func TestFieldAttachInPod(t *testing.T) {
+	p := testnet.NewPair(t, 2)
+	pool := func(extra string) string {
+		return "pools: [{name: vf, mode: netdev, linger: 200ms, devices: {netdevs: [xa]}" + extra + "}]\n"
+	}
+	r := startRig(t, p, pool(""))
+	a := r.alloc("vf", 1)
+	pod, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer testutils.UnmountNS(pod)
+	defer pod.Close()
+	ctx := context.Background()
+	ref := api.AttachmentRef{ContainerID: "c1", IfName: "net1"}
+	if _, err := r.d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: ref.ContainerID, IfName: ref.IfName, Netns: pod.Path(), Allocation: a.ID}); err != nil {
+		t.Fatal(err)
+	}
+	hook := func() *xdp.Attached {
+		t.Helper()
+		var att *xdp.Attached
+		if err := pod.Do(func(ns.NetNS) error {
+			l, err := netlink.LinkByName("net1")
+			if err != nil {
+				return err
+			}
+			att, err = xdp.Query(pod.Path(), l.Attrs().Index)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return att
+	}
+	if n := r.netdev(); n.State != string(agent.StateNone) || hook() != nil {
+		t.Fatalf("in the pod, onDemand, no socket: %+v", n)
+	}
+	r.reload(pool(", attach: always"))
+	if n := r.netdev(); n.State != string(agent.StateDirect) {
+		t.Errorf("after the reload to always: %+v", n)
+	}
+	if att := hook(); att == nil || !att.Ours {
+		t.Errorf("after the reload to always, net1's hook has %+v", att)
+	}
+	r.reload(pool(""))
+	r.waitNetdev("the program gone after the linger", func(n api.NetdevStatus) bool { return n.State == string(agent.StateNone) })
+	if att := hook(); att != nil {
+		t.Errorf("after the reload back to onDemand, net1's hook has %+v", att)
+	}
+	if err := r.d.CNIDel(ctx, ref); err != nil {
+		t.Fatal(err)
 	}
 }

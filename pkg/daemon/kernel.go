@@ -8,6 +8,7 @@ import (
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/mover"
+	"github.com/xdpq/xdpq/pkg/wire"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
 
@@ -43,7 +44,7 @@ type socketBroker interface {
 	Remove(id string) error
 	Retarget(id string, dev xsk.Netdev, own broker.PodDatapath) error
 	SetOwner(id string, o broker.Owner) error
-	SetLimits(id string, l broker.Limits, bp *broker.BusyPoll) error
+	SetLimits(id string, l wire.Limits, bp *wire.BusyPoll) error
 	Close()
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/config"
 	"github.com/xdpq/xdpq/pkg/ledger"
+	"github.com/xdpq/xdpq/pkg/wire"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
 
@@ -50,9 +51,9 @@ func policyEqual(a, b agent.Policy) bool {
 }
 
 // brokerLimits are what one lease of pool p may ask for.
-func brokerLimits(p config.Pool) broker.Limits {
+func brokerLimits(p config.Pool) wire.Limits {
 	l := p.Limits
-	return broker.Limits{MaxUMEM: l.MaxUMEMBytes, MaxRing: l.MaxRing, AllowTX: p.AllowTX, MaxQueue: l.MaxQueuesPerPod}
+	return wire.Limits{MaxUMEM: l.MaxUMEMBytes, MaxRing: l.MaxRing, AllowTX: p.AllowTX, MaxQueue: l.MaxQueuesPerPod}
 }
 
 func brokerOwner(o ledger.Owner) broker.Owner {
@@ -60,11 +61,11 @@ func brokerOwner(o ledger.Owner) broker.Owner {
 }
 
 // brokerBusyPoll is the busy polling pool p's sockets get, nil for none.
-func brokerBusyPoll(p config.Pool) *broker.BusyPoll {
+func brokerBusyPoll(p config.Pool) *wire.BusyPoll {
 	if p.BusyPoll == nil {
 		return nil
 	}
-	return &broker.BusyPoll{TimeoutMicros: p.BusyPoll.TimeoutMicros, Budget: p.BusyPoll.Budget}
+	return &wire.BusyPoll{TimeoutMicros: p.BusyPoll.TimeoutMicros, Budget: p.BusyPoll.Budget}
 }
 
 // brokerAllocation is how the broker serves allocation a of pool p, on

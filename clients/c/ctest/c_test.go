@@ -33,6 +33,7 @@ import (
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/wire"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
 
@@ -209,19 +210,19 @@ func request(msg string, fds ...func(*testing.T) []int) func(*testing.T, *net.Un
 			t.Error(err)
 			return
 		}
-		buf := make([]byte, broker.MaxMessage+1)
+		buf := make([]byte, wire.MaxMessage+1)
 		n, got, err := xsk.RecvFDs(c, buf, 2)
 		if err != nil {
 			t.Errorf("request: %v", err)
 			return
 		}
 		defer closeFDs(got)
-		m, err := broker.ParseMessage(buf[:n], broker.TypeRequest)
+		m, err := wire.ParseMessage(buf[:n], wire.TypeRequest)
 		if err != nil {
 			t.Errorf("request %s: %v", buf[:n], err)
 			return
 		}
-		want := broker.Rings{Fill: 2048, Completion: 2048, RX: 2048}
+		want := wire.Rings{Fill: 2048, Completion: 2048, RX: 2048}
 		if m.FrameSize != 2048 || m.Rings == nil || *m.Rings != want || !slices.Equal(m.Queues, []uint32{8, 9}) {
 			t.Errorf("request %s", buf[:n])
 		}
@@ -276,15 +277,15 @@ func fakeDaemon(t *testing.T, answer func(*testing.T, *net.UnixConn)) string {
 		}
 		defer c.Close()
 		c.SetDeadline(time.Now().Add(10 * time.Second))
-		buf := make([]byte, broker.MaxMessage+1)
+		buf := make([]byte, wire.MaxMessage+1)
 		n, fds, err := xsk.RecvFDs(c, buf, 1)
 		closeFDs(fds)
 		if err != nil {
 			t.Errorf("hello: %v", err)
 			return
 		}
-		m, err := broker.ParseMessage(buf[:n], broker.TypeHello)
-		if err != nil || m.Version != broker.Version || m.Client != "xdpq-rxdrop" || len(fds) != 0 {
+		m, err := wire.ParseMessage(buf[:n], wire.TypeHello)
+		if err != nil || m.Version != wire.Version || m.Client != "xdpq-rxdrop" || len(fds) != 0 {
 			t.Errorf("hello %s: %v", buf[:n], err)
 		}
 		answer(t, c)
