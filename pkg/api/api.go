@@ -103,6 +103,10 @@ type CNIAddRequest struct {
 	// pool's netdev moves there, renamed IfName, with MTU if not zero.
 	Netns string `json:"netns,omitempty"`
 	MTU   int    `json:"mtu,omitempty"`
+	// Chained says the plugin runs after another in the node's chain: the
+	// interface IfName is that plugin's, so a netdev-mode pool's netdev
+	// cannot be moved in under its name.
+	Chained bool `json:"chained,omitempty"`
 }
 
 // Attachment is a pod's attachment as the daemon keeps it.

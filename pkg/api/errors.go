@@ -36,6 +36,11 @@ var (
 	// and the client speak different versions of the API. Only the client
 	// returns it.
 	ErrVersionSkew = errors.New("api version skew")
+	// ErrNoDevices is the ErrNotFound of a CNI ADD for a pod that holds
+	// no xdpq device: where xdpq runs in the node's chain after the
+	// primary plugin every pod passes through it, and for such a pod it
+	// does nothing (404).
+	ErrNoDevices error = &kindError{kind: ErrNotFound, err: errors.New("the pod holds no xdpq device")}
 )
 
 // The codes of [Error], one per kind of refusal.
@@ -43,6 +48,7 @@ const (
 	CodeInvalid          = "invalid"            // 400, ErrInvalid
 	CodeTooLarge         = "too-large"          // 413, ErrInvalid
 	CodeNotFound         = "not-found"          // 404, ErrNotFound
+	CodeNoDevices        = "no-devices"         // 404, ErrNoDevices (an ErrNotFound)
 	CodeConflict         = "conflict"           // 409, ErrConflict
 	CodeUnavailable      = "unavailable"        // 503, ErrUnavailable
 	CodeNotSupported     = "not-supported"      // 501, ErrNotSupported
@@ -73,6 +79,8 @@ func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
 // else 500. An error that wraps two sentinels gets the first listed here.
 func classify(err error) (status int, code string) {
 	switch {
+	case errors.Is(err, ErrNoDevices):
+		return http.StatusNotFound, CodeNoDevices
 	case errors.Is(err, ErrNotFound):
 		return http.StatusNotFound, CodeNotFound
 	case errors.Is(err, ErrConflict):
@@ -96,6 +104,8 @@ func sentinelOf(code string, status int) error {
 		return ErrInvalid
 	case CodeNotFound:
 		return ErrNotFound
+	case CodeNoDevices:
+		return ErrNoDevices
 	case CodeConflict:
 		return ErrConflict
 	case CodeNotSupported:

@@ -71,7 +71,13 @@ func (p Plugin) cachePath(args *skel.CmdArgs) string {
 
 // Add attaches the pod: IPAM first, then the daemon steers the flows
 // (their "ipam" destinations the addresses IPAM gave) to the pod's queues.
-func (p Plugin) Add(args *skel.CmdArgs) error {
+//
+// In a chain, after the primary plugin (prevResult set), the addresses are
+// prevResult's and xdpq has no IPAM of its own; it passes prevResult on
+// as it is (a queue pool adds no interface), and for a pod that holds no
+// xdpq device (every pod on the node passes through the chain) it does
+// nothing else.
+func (p Plugin) Add(args *skel.CmdArgs) (err error) {
 	c, flows, err := ParseNetConf(args.StdinData)
 	if err != nil {
 		return err
@@ -80,12 +86,34 @@ func (p Plugin) Add(args *skel.CmdArgs) error {
 	if err := types.LoadArgs(args.Args, &ka); err != nil {
 		return fieldError("CNI_ARGS", "%v", err)
 	}
-	// What DEL needs, before anything else happens.
-	if err := os.MkdirAll(p.cacheDir(), 0o700); err == nil {
-		atomicfile.WriteFile(p.cachePath(args), args.StdinData, 0o600)
+	var prev *current.Result
+	if c.RawPrevResult != nil {
+		if c.IPAM.Type != "" {
+			return fieldError("ipam", "in a chain the pod's addresses are the previous plugin's (prevResult): leave out ipam")
+		}
+		if err := version.ParsePrevResult(&c.NetConf); err != nil {
+			return fieldError("prevResult", "%v", err)
+		}
+		if prev, err = current.NewResultFromResult(c.PrevResult); err != nil {
+			return fieldError("prevResult", "%v", err)
+		}
 	}
+	// What DEL needs, before anything else happens; gone again if ADD
+	// fails or has nothing to do.
+	cache := p.cachePath(args)
+	if err := os.MkdirAll(p.cacheDir(), 0o700); err == nil {
+		atomicfile.WriteFile(cache, args.StdinData, 0o600)
+	}
+	defer func() {
+		if err != nil {
+			atomicfile.Remove(cache)
+		}
+	}()
 	result := &current.Result{CNIVersion: current.ImplementedSpecVersion}
-	if c.IPAM.Type != "" {
+	switch {
+	case prev != nil:
+		result = prev
+	case c.IPAM.Type != "":
 		r, err := ipam.ExecAdd(c.IPAM.Type, args.StdinData)
 		if err != nil {
 			return &types.Error{Code: ErrIPAM, Msg: "ipam " + c.IPAM.Type, Details: err.Error()}
@@ -98,7 +126,7 @@ func (p Plugin) Add(args *skel.CmdArgs) error {
 	req := api.CNIAddRequest{ContainerID: args.ContainerID, IfName: args.IfName,
 		Allocation: string(ka.XDPQ_ALLOCATION), Resource: c.ResourceName, DeviceID: c.DeviceID,
 		PodUID: string(ka.K8S_POD_UID), PodNamespace: string(ka.K8S_POD_NAMESPACE), PodName: string(ka.K8S_POD_NAME),
-		Netns: args.Netns, MTU: c.MTU}
+		Netns: args.Netns, MTU: c.MTU, Chained: prev != nil}
 	var ips []netip.Addr
 	for _, ip := range result.IPs {
 		if a, ok := netip.AddrFromSlice(ip.Address.IP); ok {
@@ -110,6 +138,10 @@ func (p Plugin) Add(args *skel.CmdArgs) error {
 		return err
 	}
 	att, err := client(c).CNIAdd(req)
+	if prev != nil && errors.Is(err, api.ErrNoDevices) {
+		atomicfile.Remove(cache) // nothing for DEL to undo
+		return types.PrintResult(prev, c.CNIVersion)
+	}
 	if err != nil {
 		undoIPAM(c, args)
 		return &types.Error{Code: ErrDaemon, Msg: "xdpq daemon", Details: err.Error()}
@@ -209,6 +241,13 @@ func (p Plugin) Check(args *skel.CmdArgs) error {
 		return fieldError("prevResult", "%v", err)
 	}
 	att, err := client(c).CNICheck(args.ContainerID, args.IfName)
+	if errors.Is(err, api.ErrNotFound) && c.IPAM.Type == "" {
+		// In a chain, ADD did nothing for a pod without xdpq devices and
+		// kept no cache file; with one, the attachment is missing.
+		if _, e := os.Stat(p.cachePath(args)); errors.Is(e, os.ErrNotExist) {
+			return nil
+		}
+	}
 	if err != nil {
 		return &types.Error{Code: ErrDaemon, Msg: "xdpq check", Details: err.Error()}
 	}

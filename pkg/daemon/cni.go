@@ -38,6 +38,10 @@ func (d *Daemon) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attach
 	if err != nil {
 		return nil, err
 	}
+	if att.Mode == api.ModeNetdev && req.Chained {
+		return nil, api.Errorf(api.ErrInvalid, "pool %s hands out whole netdevs, moved into the pod under the CNI interface name: "+
+			"it needs an attachment of its own (a NetworkAttachmentDefinition), not a place in a chain after the plugin that made %s", a.Pool, req.IfName)
+	}
 	if att.Mode == api.ModeNetdev && req.Netns == "" {
 		return nil, api.Errorf(api.ErrInvalid, "pool %s hands out whole netdevs: the request needs the pod's netns", a.Pool)
 	}
@@ -122,7 +126,7 @@ func (d *Daemon) findAllocation(ctx context.Context, req api.CNIAddRequest) (led
 		return ledger.Allocation{}, fmt.Errorf("no allocation holds device %q of %s; the pod must request the pool's resource: %w",
 			req.DeviceID, req.Resource, api.ErrNotFound)
 	case req.PodName == "" || d.opts.Standalone:
-		return ledger.Allocation{}, api.Errorf(api.ErrInvalid, "no allocation id, device id or pod name to find the pod's queues by")
+		return ledger.Allocation{}, fmt.Errorf("no allocation id (CNI_ARGS XDPQ_ALLOCATION), device id or pod name to find the pod's queues by: %w", api.ErrNoDevices)
 	}
 	podDevs, err := d.kubelet.podDevices(ctx, req.PodNamespace, req.PodName)
 	if err != nil {
@@ -146,7 +150,7 @@ func (d *Daemon) findAllocation(ctx context.Context, req api.CNIAddRequest) (led
 			what = " of " + req.Resource
 		}
 		return ledger.Allocation{}, fmt.Errorf("kubelet assigns pod %s/%s no xdpq device%s; the pod must request the pool's resource: %w",
-			req.PodNamespace, req.PodName, what, api.ErrNotFound)
+			req.PodNamespace, req.PodName, what, api.ErrNoDevices)
 	case len(found) > 1:
 		return ledger.Allocation{}, fmt.Errorf("pod %s/%s holds allocations %v; set resourceName (or deviceID) to choose one: %w",
 			req.PodNamespace, req.PodName, found, api.ErrConflict)

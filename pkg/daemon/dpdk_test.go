@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -411,5 +412,32 @@ func TestTestpmdInPod(t *testing.T) {
 	}
 	if att, err := xdp.Query(pair.NSPath(), pair.A.Index); err != nil || att != nil {
 		t.Errorf("xa back on the node with a program: %+v %v", att, err)
+	}
+}
+
+// TestChainedNetdevPoolRefused: a netdev-mode pool's netdev moves into
+// the pod under the CNI interface name, which in a chain is the previous
+// plugin's: such an ADD is refused with what to do instead, and nothing
+// moves.
+func TestChainedNetdevPoolRefused(t *testing.T) {
+	pair := testnet.NewPair(t, 2)
+	d, _ := runDaemon(t, standaloneOpts(t, pair, t.TempDir(), testPins(t), "pools: [{name: vf, mode: netdev, devices: {netdevs: [xa]}}]\n"))
+	ctx := context.Background()
+	a, err := d.Alloc(ctx, api.AllocRequest{Pool: "vf", Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer testutils.UnmountNS(pod)
+	defer pod.Close()
+	_, err = d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "eth0", Netns: pod.Path(), Allocation: a.ID, Chained: true})
+	if !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), "NetworkAttachmentDefinition") {
+		t.Errorf("a chained ADD of a netdev pool: %v", err)
+	}
+	if err := pair.NS.Do(func(ns.NetNS) error { _, err := netlink.LinkByName("xa"); return err }); err != nil {
+		t.Errorf("xa left the node: %v", err)
 	}
 }
