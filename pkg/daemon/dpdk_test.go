@@ -31,6 +31,26 @@ import (
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
 
+// netdevInPod allocates a netdev of pool (standalone) and has CNI ADD
+// move it into a new pod namespace as net1, closed when the test ends.
+func netdevInPod(t *testing.T, d *Daemon, pool string) (*api.Allocation, ns.NetNS, api.AttachmentRef) {
+	t.Helper()
+	a, err := d.Alloc(context.Background(), api.AllocRequest{Pool: pool, Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pod.Close(); testutils.UnmountNS(pod) })
+	ref := api.AttachmentRef{ContainerID: "c1", IfName: "net1"}
+	if _, err := d.CNIAdd(context.Background(), api.CNIAddRequest{ContainerID: ref.ContainerID, IfName: ref.IfName, Netns: pod.Path(), Allocation: a.ID}); err != nil {
+		t.Fatal(err)
+	}
+	return a, pod, ref
+}
+
 // dpdkClient does what DPDK's af_xdp driver does with use_cni=1 (libxdp
 // with program loading inhibited): the device plugin handshake on the
 // allocation's socket for the netdev's XSKMAP, a socket of its own bound
@@ -135,20 +155,7 @@ func TestDPDKNetdevPool(t *testing.T) {
 	o := standaloneOpts(t, pair, dir, testPins(t), "pools: [{name: vf, mode: netdev, devices: {netdevs: [xa]}}]\n")
 	d, stop := runDaemon(t, o)
 	ctx := context.Background()
-	a, err := d.Alloc(ctx, api.AllocRequest{Pool: "vf", Count: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pod, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer testutils.UnmountNS(pod)
-	defer pod.Close()
-	ref := api.AttachmentRef{ContainerID: "c1", IfName: "net1"}
-	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: ref.ContainerID, IfName: ref.IfName, Netns: pod.Path(), Allocation: a.ID}); err != nil {
-		t.Fatal(err)
-	}
+	a, pod, ref := netdevInPod(t, d, "vf")
 	if n := netdevOf(t, d, "xa"); n.State != "None" {
 		t.Errorf("the netdev in the pod before any handshake: %+v, want no program", n)
 	}
@@ -327,20 +334,7 @@ func TestTestpmdInPod(t *testing.T) {
 	o := standaloneOpts(t, pair, t.TempDir(), testPins(t), "pools: [{name: vf, mode: netdev, devices: {netdevs: [xa]}}]\n")
 	d, _ := runDaemon(t, o)
 	ctx := context.Background()
-	a, err := d.Alloc(ctx, api.AllocRequest{Pool: "vf", Count: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pod, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer testutils.UnmountNS(pod)
-	defer pod.Close()
-	ref := api.AttachmentRef{ContainerID: "c1", IfName: "net1"}
-	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: ref.ContainerID, IfName: ref.IfName, Netns: pod.Path(), Allocation: a.ID}); err != nil {
-		t.Fatal(err)
-	}
+	_, pod, ref := netdevInPod(t, d, "vf")
 	need := []string{"net_raw", "net_admin", "sys_admin", "ipc_lock"}
 	run := func(caps []string, frames int) (uint64, string) {
 		t.Helper()

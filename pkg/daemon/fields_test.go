@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -989,18 +988,8 @@ func TestFieldAttachInPod(t *testing.T) {
 		return "pools: [{name: vf, mode: netdev, linger: 200ms, devices: {netdevs: [xa]}" + extra + "}]\n"
 	}
 	r := startRig(t, p, pool(""))
-	a := r.alloc("vf", 1)
-	pod, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer testutils.UnmountNS(pod)
-	defer pod.Close()
+	_, pod, ref := netdevInPod(t, r.d, "vf")
 	ctx := context.Background()
-	ref := api.AttachmentRef{ContainerID: "c1", IfName: "net1"}
-	if _, err := r.d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: ref.ContainerID, IfName: ref.IfName, Netns: pod.Path(), Allocation: a.ID}); err != nil {
-		t.Fatal(err)
-	}
 	hook := func() *xdp.Attached {
 		t.Helper()
 		var att *xdp.Attached
