@@ -59,7 +59,7 @@ type envConfig struct {
 	stepTimeout   time.Duration // default 500ms
 	maxHandshakes int
 	maxConns      int
-	aliases       []string
+	links         []string // names in each allocation's directory
 }
 
 type leaseEvent struct {
@@ -113,7 +113,7 @@ func newEnvWith(t *testing.T, cfg envConfig) *env {
 			owner = *cfg.owner2
 		}
 		e.allocs = append(e.allocs, broker.Allocation{ID: id, Netdev: xsk.Netdev{Name: "xa", Ifindex: e.p.A.Index, NetNS: e.p.NSPath()},
-			Queues: []uint32{uint32(2 * i), uint32(2*i + 1)}, Owner: owner, Limits: cfg.limits, BusyPoll: cfg.busyPoll, Dir: dir, Aliases: cfg.aliases})
+			Queues: []uint32{uint32(2 * i), uint32(2*i + 1)}, Owner: owner, Limits: cfg.limits, BusyPoll: cfg.busyPoll, Dir: dir, Links: inDir(dir, cfg.links)})
 	}
 	e.alloc = e.allocs[0]
 	e.startDaemon(t, nil)
@@ -353,4 +353,13 @@ func dialPath(t *testing.T, path string) *net.UnixConn {
 func refusedWith(err error, code string) bool {
 	var pe *wire.ProtocolError
 	return errors.As(err, &pe) && pe.Code == code
+}
+
+// inDir gives the paths of names in dir.
+func inDir(dir string, names []string) []string {
+	var out []string
+	for _, n := range names {
+		out = append(out, filepath.Join(dir, n))
+	}
+	return out
 }

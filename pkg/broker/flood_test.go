@@ -302,28 +302,29 @@ func TestMaxConnections(t *testing.T) {
 // by uid (standalone) owns its directory and socket, and nobody else may
 // enter or connect; an owner known by its pod (Kubernetes, uid unknown)
 // has a socket open to whoever sees it, the directory being mounted into
-// its container only. SetOwner changes them with the owner.
+// its container only.
 func TestSocketModes(t *testing.T) {
-	e := newEnvWith(t, envConfig{owner: broker.Owner{UID: uid(65534)}})
-	check := func(when string, uid uint32, dirMode, sockMode os.FileMode) {
-		t.Helper()
-		for path, mode := range map[string]os.FileMode{e.alloc.Dir: dirMode, e.alloc.SocketPath(): sockMode} {
-			fi, err := os.Lstat(path)
-			if err != nil {
-				t.Fatal(err)
+	for _, c := range []struct {
+		name              string
+		owner             broker.Owner
+		uid               uint32
+		dirMode, sockMode os.FileMode
+	}{
+		{"owned by uid 65534", broker.Owner{UID: uid(65534)}, 65534, 0o700, 0o600},
+		{"owned by root", broker.Owner{UID: uid(0)}, 0, 0o700, 0o600},
+		{"owned by a pod", broker.Owner{PodUID: podA}, 0, 0o755, 0o666},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnvWith(t, envConfig{owner: c.owner, links: []string{"afxdp.sock"}})
+			for path, mode := range map[string]os.FileMode{e.alloc.Dir: c.dirMode, e.alloc.SocketPath(): c.sockMode, e.allocs[0].Links[0]: c.sockMode} {
+				fi, err := os.Lstat(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != mode || st.Uid != c.uid {
+					t.Errorf("%s is uid %d mode %v, want uid %d mode %v", path, st.Uid, fi.Mode().Perm(), c.uid, mode)
+				}
 			}
-			if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != mode || st.Uid != uid {
-				t.Errorf("%s: %s is uid %d mode %v, want uid %d mode %v", when, path, st.Uid, fi.Mode().Perm(), uid, mode)
-			}
-		}
+		})
 	}
-	check("owned by uid 65534", 65534, 0o700, 0o600)
-	if err := e.srv.SetOwner(e.alloc.ID, broker.Owner{PodUID: podA}); err != nil {
-		t.Fatal(err)
-	}
-	check("owned by a pod", 65534, 0o755, 0o666)
-	if err := e.srv.SetOwner(e.alloc.ID, broker.Owner{UID: uid(0)}); err != nil {
-		t.Fatal(err)
-	}
-	check("owned by root", 0, 0o700, 0o600)
 }

@@ -469,37 +469,82 @@ func TestDPDKRefusedPeer(t *testing.T) {
 	var _ net.Conn = c
 }
 
-// TestSocketAliases: an allocation's socket is also reachable by the
-// other names asked for (DPDK's afxdp.sock), also after the daemon
-// restarted and made the socket anew; the names go with the allocation.
-func TestSocketAliases(t *testing.T) {
-	e := newEnvWith(t, envConfig{owner: rootOwned, aliases: []string{"afxdp.sock"}})
-	alias := filepath.Join(e.alloc.Dir, "afxdp.sock")
-	lease := func(when string) {
-		t.Helper()
-		l, err := client.Connect(alias, client.Options{Ring: 64, Timeout: 5 * time.Second})
-		if err != nil {
-			t.Fatalf("%s: a lease through the alias: %v", when, err)
-		}
-		l.Close()
-		e.waitEnded(t, e.alloc.ID)
-	}
-	lease("at first")
+// TestSocketLinks: an allocation's socket is also reachable by the other
+// paths asked for (DPDK's afxdp.sock beside it, a path outside its
+// directory), also after the daemon restarted and made the socket anew;
+// the links go with the allocation, and bad ones are refused.
+func TestSocketLinks(t *testing.T) {
+	e := newEnvWith(t, envConfig{owner: rootOwned, links: []string{"afxdp.sock"}})
+	outside := filepath.Join(t.TempDir(), "alloc-1.sock")
 	e.stopDaemon(t, false)
+	e.allocs[0].Links = append(e.allocs[0].Links, outside)
 	e.startDaemon(t, nil)
-	lease("after a restart")
+	for _, path := range e.allocs[0].Links {
+		lease := func(when string) {
+			t.Helper()
+			l, err := client.Connect(path, client.Options{Ring: 64, Timeout: 5 * time.Second})
+			if err != nil {
+				t.Fatalf("%s: a lease through %s: %v", when, path, err)
+			}
+			l.Close()
+			e.waitEnded(t, e.alloc.ID)
+		}
+		lease("at first")
+		e.stopDaemon(t, false)
+		e.startDaemon(t, nil)
+		lease("after a restart")
+	}
 	if err := e.srv.Remove(e.alloc.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Lstat(alias); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the alias after Remove: %v", err)
+	for _, l := range e.allocs[0].Links {
+		if _, err := os.Lstat(l); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after Remove: %v", l, err)
+		}
 	}
-	for _, bad := range []string{"", "xdpq.sock", "../x", "a/b", ".."} {
+	for _, bad := range []string{"", "relative.sock", e.alloc.SocketPath(), "/a/../b", "/"} {
 		a := e.allocs[0]
-		a.ID, a.Aliases = "alloc-bad", []string{bad}
+		a.ID, a.Links = "alloc-bad", []string{bad}
 		if err := e.srv.Add(a); err == nil {
-			t.Errorf("alias %q accepted", bad)
+			t.Errorf("link %q accepted", bad)
 			e.srv.Remove(a.ID)
 		}
 	}
+}
+
+// TestSocketNoPathFollowed: the owner of an allocation can write in its
+// directory (standalone: its uid owns it; Kubernetes: the container's
+// root). Whatever it leaves at the socket's paths, even symlinks to a
+// file of the node, the daemon starting again replaces without following
+// them: the file keeps its mode, and the paths are the allocation's
+// socket. (This checks the outcome; the race it cannot reach, a swap
+// between the bind and the chmod of the socket, listen closes by making
+// the socket in a staging directory only root may write.)
+func TestSocketNoPathFollowed(t *testing.T) {
+	e := newEnvWith(t, envConfig{owner: rootOwned, links: []string{"afxdp.sock"}})
+	e.stopDaemon(t, false)
+	victim := filepath.Join(t.TempDir(), "shadow")
+	if err := os.WriteFile(victim, []byte("secret"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range append([]string{e.alloc.SocketPath()}, e.allocs[0].Links...) {
+		os.Remove(p)
+		if err := os.Symlink(victim, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.startDaemon(t, nil)
+	if fi, err := os.Stat(victim); err != nil || fi.Mode().Perm() != 0o640 {
+		t.Errorf("the file the symlinks named: %v %v, want mode 0640", fi.Mode(), err)
+	}
+	for _, p := range append([]string{e.alloc.SocketPath()}, e.allocs[0].Links...) {
+		if fi, err := os.Lstat(p); err != nil || fi.Mode().Type() != os.ModeSocket {
+			t.Errorf("%s: %v %v, want the socket", p, fi, err)
+		}
+	}
+	l, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
 }

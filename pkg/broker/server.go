@@ -66,10 +66,12 @@ type Allocation struct {
 	// Dir is the directory the allocation's socket is created in; only the
 	// allocation's container should see it.
 	Dir string
-	// Aliases are other names of the socket in Dir (hard links, made
-	// again whenever the socket is), for clients that look for another
-	// name: DPDK's af_xdp driver looks for afxdp.sock.
-	Aliases []string
+	// Links are other paths of the socket: hard links, on Dir's
+	// filesystem, made again whenever the socket is and removed with it.
+	// DPDK's af_xdp driver looks for afxdp.sock in the directory; a
+	// mount of the socket file itself must come from a path that no
+	// container can change.
+	Links []string
 	// Resumable is the lease a previous daemon reported for this
 	// allocation (its last Config.OnLease call): a client still holding
 	// those sockets may resume the lease with them instead of binding new
@@ -145,13 +147,12 @@ const (
 const DefaultMaxConnections = 4096
 
 type allocation struct {
-	id      string
-	dir     string   // its socket's directory
-	aliases []string // other names of the socket there
-	queues  []uint32
-	mode    xsk.Mode
-	ln      *net.UnixListener
-	done    chan struct{} // closed when the allocation stops being served
+	id     string
+	names  []string // its socket's path and links
+	queues []uint32
+	mode   xsk.Mode
+	ln     *net.UnixListener
+	done   chan struct{} // closed when the allocation stops being served
 
 	mu    sync.Mutex // guards everything below
 	owner Owner
@@ -233,9 +234,9 @@ func (s *Server) Add(a Allocation) error {
 	if a.ID == "" || len(a.Queues) == 0 || a.Dir == "" {
 		return fmt.Errorf("broker: allocation %q needs an id, queues and a directory", a.ID)
 	}
-	for _, n := range a.Aliases {
-		if n == "" || n == SocketName || n != filepath.Base(n) || n == "." || n == ".." {
-			return fmt.Errorf("broker: allocation %s: alias %q is not another name in the socket's directory", a.ID, n)
+	for _, l := range a.Links {
+		if !filepath.IsAbs(l) || filepath.Clean(l) != l || l == a.SocketPath() || filepath.Dir(l) == l {
+			return fmt.Errorf("broker: allocation %s: link %q is not another absolute path for its socket", a.ID, l)
 		}
 	}
 	if a.Limits == (wire.Limits{}) {
@@ -283,29 +284,83 @@ func (s *Server) Add(a Allocation) error {
 }
 
 // listen creates the allocation's socket.
+//
+// The allocation's directory is writable by its owner: by the owner's uid
+// in standalone mode, by the container's root in Kubernetes, where it is
+// mounted into the container. So nothing in it is changed by its path,
+// which the owner could swap for a symlink to any file of the node between
+// two calls: the socket is bound, given its owner and mode, and linked in
+// a staging directory only root can write, then renamed into place
+// (rename replaces whatever is at the target and follows no link there).
 func (s *Server) listen(a Allocation) (*allocation, error) {
+	fail := func(err error) (*allocation, error) {
+		return nil, fmt.Errorf("broker: allocation %s: %w", a.ID, err)
+	}
 	if err := os.MkdirAll(a.Dir, 0o755); err != nil {
-		return nil, fmt.Errorf("broker: allocation %s: %w", a.ID, err)
+		return fail(err)
 	}
-	path := a.SocketPath()
-	os.Remove(path) // a predecessor's socket; no process listens on it
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	// The directory's parent is the daemon's: its own path is safe to use.
+	if err := restrictDir(a.Dir, a.Owner); err != nil {
+		return fail(err)
+	}
+	staging := filepath.Join(filepath.Dir(a.Dir), StagingDir)
+	if err := os.MkdirAll(staging, 0o700); err != nil {
+		return fail(err)
+	}
+	if err := os.Chmod(staging, 0o700); err != nil {
+		return fail(err)
+	}
+	tmp := filepath.Join(staging, a.ID+".sock")
+	os.Remove(tmp) // a predecessor's, left by a crash
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: tmp, Net: "unixpacket"})
 	if err != nil {
-		return nil, fmt.Errorf("broker: allocation %s: %w", a.ID, err)
+		return fail(err)
 	}
-	if err := restrict(a.Dir, path, a.Owner); err != nil {
+	ln.SetUnlinkOnClose(false) // the socket is elsewhere by then: unlisten removes it
+	names := append([]string{a.SocketPath()}, a.Links...)
+	var staged []string
+	undo := func(err error) (*allocation, error) {
 		ln.Close()
-		return nil, fmt.Errorf("broker: allocation %s: %w", a.ID, err)
+		for _, p := range append(staged, tmp) {
+			os.Remove(p)
+		}
+		return fail(err)
 	}
-	for _, n := range a.Aliases {
-		alias := filepath.Join(a.Dir, n)
-		os.Remove(alias) // a link to a predecessor's socket
-		if err := os.Link(path, alias); err != nil {
-			ln.Close()
-			return nil, fmt.Errorf("broker: allocation %s: %w", a.ID, err)
+	uid, mode := -1, os.FileMode(0o666)
+	if owned(a.Owner) {
+		uid, mode = int(*a.Owner.UID), 0o600
+	}
+	if err := os.Chown(tmp, uid, -1); err != nil {
+		return undo(err)
+	}
+	if err := os.Chmod(tmp, mode); err != nil {
+		return undo(err)
+	}
+	for i := range a.Links {
+		l := fmt.Sprintf("%s.%d", tmp, i+1)
+		os.Remove(l)
+		if err := os.Link(tmp, l); err != nil {
+			return undo(err)
+		}
+		staged = append(staged, l)
+	}
+	// The links first, the socket's own name last: a client that finds
+	// the socket finds every other name of it too.
+	for i, l := range staged {
+		if err := os.Rename(l, a.Links[i]); err != nil {
+			for _, done := range a.Links[:i] {
+				os.Remove(done)
+			}
+			return undo(err)
 		}
 	}
-	al := &allocation{id: a.ID, dir: a.Dir, aliases: slices.Clone(a.Aliases), queues: slices.Clone(a.Queues), mode: a.Mode, ln: ln, done: make(chan struct{}),
+	if err := os.Rename(tmp, names[0]); err != nil {
+		for _, l := range a.Links {
+			os.Remove(l)
+		}
+		return undo(err)
+	}
+	al := &allocation{id: a.ID, names: names, queues: slices.Clone(a.Queues), mode: a.Mode, ln: ln, done: make(chan struct{}),
 		owner: a.Owner, dev: a.Netdev, dp: s.dp, limits: a.Limits, conns: map[*net.UnixConn]bool{},
 		lease: slices.Clone(a.Resumable)}
 	if a.BusyPoll != nil {
@@ -315,39 +370,39 @@ func (s *Server) listen(a Allocation) (*allocation, error) {
 	return al, nil
 }
 
-// restrict sets who may reach an allocation's socket. An owner known by
-// uid (standalone) owns the directory (0700) and the socket (0600): no
-// other local user can connect at all. An owner known by its pod
-// (Kubernetes) runs as a uid the daemon does not know: the directory is
-// mounted into the pod's container only, and the socket is open to
-// whoever sees it (0666) and decides by the peer's credentials, at once.
-func restrict(dir, socket string, o Owner) error {
-	if o.UID == nil || o.PodUID != "" || o.AnyPod {
-		if err := os.Chmod(dir, 0o755); err != nil {
-			return err
-		}
-		return os.Chmod(socket, 0o666)
+// StagingDir is where the broker makes sockets before it moves them into
+// their allocations' directories: a directory beside those, that only
+// root may write. A daemon that removes allocation directories no record
+// names must leave it alone.
+const StagingDir = ".staging"
+
+// owned says whether an allocation's owner is a local uid (standalone),
+// whose alone its directory and socket are.
+func owned(o Owner) bool { return o.UID != nil && o.PodUID == "" && !o.AnyPod }
+
+// restrictDir sets who may reach an allocation's directory and socket. An
+// owner known by uid (standalone) owns both (0700, 0600): no other local
+// user can connect at all. An owner known by its pod (Kubernetes) runs as
+// a uid the daemon does not know: the directory is mounted into the pod's
+// container only, and the socket is open to whoever sees it (0666); the
+// broker decides by the peer's credentials, at once.
+func restrictDir(dir string, o Owner) error {
+	uid, mode := 0, os.FileMode(0o755)
+	if owned(o) {
+		uid, mode = int(*o.UID), 0o700
 	}
-	for _, f := range []struct {
-		path string
-		mode os.FileMode
-	}{{socket, 0o600}, {dir, 0o700}} {
-		if err := os.Lchown(f.path, int(*o.UID), -1); err != nil {
-			return err
-		}
-		if err := os.Chmod(f.path, f.mode); err != nil {
-			return err
-		}
+	if err := os.Lchown(dir, uid, -1); err != nil {
+		return err
 	}
-	return nil
+	return os.Chmod(dir, mode)
 }
 
-// unlisten closes the allocation's socket (which unlinks it) and removes
-// its aliases.
+// unlisten closes the allocation's socket and removes its names (unlink
+// follows no link: whatever the owner put there goes, nothing else).
 func (al *allocation) unlisten() {
 	al.ln.Close()
-	for _, n := range al.aliases {
-		os.Remove(filepath.Join(al.dir, n))
+	for _, n := range al.names {
+		os.Remove(n)
 	}
 }
 
@@ -380,9 +435,10 @@ func (s *Server) lookup(id string) (*allocation, error) {
 }
 
 // SetOwner changes who may use an allocation from now on (connections
-// already open are not affected), and who may reach its socket (see
-// restrict): Kubernetes learns the pod of an allocation only after
-// Allocate, from the CNI plugin.
+// already open are not affected): Kubernetes learns the pod of an
+// allocation only after Allocate, from the CNI plugin. Who may reach its
+// socket stays as Add made it (restrictDir): the directory is the owner's
+// to change, so the daemon changes nothing in it by path.
 func (s *Server) SetOwner(id string, o Owner) error {
 	al, err := s.lookup(id)
 	if err != nil {
@@ -391,9 +447,6 @@ func (s *Server) SetOwner(id string, o Owner) error {
 	al.mu.Lock()
 	al.owner = o
 	al.mu.Unlock()
-	if err := restrict(al.dir, filepath.Join(al.dir, SocketName), o); err != nil {
-		return fmt.Errorf("broker: allocation %s: %w", id, err)
-	}
 	return nil
 }
 

@@ -154,6 +154,9 @@ func New(opts Options) (_ *Daemon, err error) {
 	if err := os.MkdirAll(opts.AllocDir, 0o755); err != nil {
 		return nil, fmt.Errorf("allocation directory: %w", err)
 	}
+	if err := os.MkdirAll(filepath.Join(opts.AllocDir, dpdkLinkDir), 0o700); err != nil {
+		return nil, fmt.Errorf("allocation directory: %w", err)
+	}
 	if opts.NetNS != "" && opts.SysRoot == "" {
 		if err := d.mountSysfs(); err != nil {
 			return nil, err

@@ -8,7 +8,6 @@ import (
 	"github.com/cilium/ebpf"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/config"
 	"github.com/xdpq/xdpq/pkg/ledger"
 )
@@ -23,6 +22,19 @@ const (
 	dpdkOldPath = "/tmp/afxdp.sock"
 	dpdkMapName = "xsks_map"
 )
+
+// dpdkLinks are the other paths of an allocation's socket for DPDK: its
+// name afxdp.sock in the allocation's directory, and a path in a
+// directory no container sees, the source of the /tmp/afxdp.sock mount
+// (the allocation's directory is the container's to change: a mount's
+// source there could be swapped for a symlink to any file of the node).
+func (d *Daemon) dpdkLinks(id string) []string {
+	return []string{filepath.Join(d.allocDir(id), dpdkSocket), filepath.Join(d.opts.AllocDir, dpdkLinkDir, id+".sock")}
+}
+
+// dpdkLinkDir, in the allocation directory's parent, holds the second of
+// dpdkLinks; only root may enter it.
+const dpdkLinkDir = ".dpdk"
 
 // pinsDPDKMap says whether pool p pins its netdevs' XSKMAPs for DPDK.
 func pinsDPDKMap(p config.Pool) bool { return p.DPDK != nil && p.DPDK.PinnedMap }
@@ -43,7 +55,7 @@ func (d *Daemon) dpdkMounts(a ledger.Allocation, p config.Pool) []*pluginapi.Mou
 	dir := filepath.Join(dpdkDir, p.DPDK.Iface)
 	m := []*pluginapi.Mount{
 		{ContainerPath: dir, HostPath: d.allocDir(a.ID)},
-		{ContainerPath: dpdkOldPath, HostPath: filepath.Join(d.allocDir(a.ID), broker.SocketName)},
+		{ContainerPath: dpdkOldPath, HostPath: d.dpdkLinks(a.ID)[1]},
 	}
 	if p.DPDK.PinnedMap {
 		m = append(m, &pluginapi.Mount{ContainerPath: filepath.Join(dir, dpdkMapName), HostPath: d.dpdkMapPin(a.Netdev), ReadOnly: true})

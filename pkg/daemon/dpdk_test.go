@@ -240,16 +240,20 @@ func TestKubernetesDPDKPaths(t *testing.T) {
 	want := map[string]string{
 		"/run/xdpq":                   filepath.Join(allocDir, id),
 		"/tmp/afxdp_dp/net1":          filepath.Join(allocDir, id),
-		"/tmp/afxdp.sock":             filepath.Join(allocDir, id, "xdpq.sock"),
+		"/tmp/afxdp.sock":             filepath.Join(allocDir, ".dpdk", id+".sock"),
 		"/tmp/afxdp_dp/net1/xsks_map": pin,
 	}
 	if fmt.Sprint(mounts) != fmt.Sprint(want) {
 		t.Errorf("mounts %v, want %v", mounts, want)
 	}
-	alias, err1 := os.Stat(filepath.Join(allocDir, id, "afxdp.sock"))
-	sock, err2 := os.Stat(filepath.Join(allocDir, id, "xdpq.sock"))
-	if err1 != nil || err2 != nil || !os.SameFile(alias, sock) || alias.Mode().Type() != os.ModeSocket {
-		t.Errorf("afxdp.sock is not the allocation's socket: %v %v", err1, err2)
+	sock, err := os.Stat(filepath.Join(allocDir, id, "xdpq.sock"))
+	if err != nil || sock.Mode().Type() != os.ModeSocket {
+		t.Fatalf("the allocation's socket: %v", err)
+	}
+	for _, l := range []string{filepath.Join(allocDir, id, "afxdp.sock"), filepath.Join(allocDir, ".dpdk", id+".sock")} {
+		if fi, err := os.Stat(l); err != nil || !os.SameFile(fi, sock) {
+			t.Errorf("%s is not the allocation's socket: %v", l, err)
+		}
 	}
 
 	pod, err := testutils.NewNS()

@@ -75,7 +75,7 @@ func (d *Daemon) brokerAllocation(a ledger.Allocation, p config.Pool) broker.All
 	ba := broker.Allocation{ID: a.ID, Netdev: d.nodeNetdev(a.Netdev), Queues: slices.Clone(a.Queues), Owner: brokerOwner(a.Owner),
 		Limits: brokerLimits(p), BusyPoll: brokerBusyPoll(p), Dir: d.allocDir(a.ID)}
 	if p.DPDK != nil {
-		ba.Aliases = []string{dpdkSocket}
+		ba.Links = d.dpdkLinks(a.ID)
 	}
 	for _, s := range a.Lease {
 		ba.Resumable = append(ba.Resumable, broker.LeaseSocket{Queue: s.Queue, Inode: s.Inode})
