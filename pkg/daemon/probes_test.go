@@ -9,9 +9,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/xdpq/xdpq/internal/syncbuf"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/api"
@@ -299,42 +301,57 @@ func TestReloadKeepsHeldQueues(t *testing.T) {
 // may need (2 per device and 5120) raises it as far as the hard limit
 // allows, and says in status when that is not enough. (Before, it ran
 // with whatever limit it was given, and a flood of connections reached
-// it.) This machine's root lacks CAP_SYS_RESOURCE, so the raise of the
-// hard limit itself is not exercised here.
+// it.) This machine's root lacks CAP_SYS_RESOURCE: the hard limit cannot
+// be raised here, neither by the daemon nor back by the test, so the
+// case of a hard limit too low runs the daemon as a process of its own
+// under prlimit.
 func TestFDLimit(t *testing.T) {
-	var orig unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &orig); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Setrlimit(unix.RLIMIT_NOFILE, &orig) })
 	p := testnet.NewPair(t, 4)
+	const config = "pools: [{name: a, devices: {netdevs: ['xa#0-3', 'xb#0-3']}}]\n"
 	const need = 5120 + 2*8
-	for _, c := range []struct {
-		name     string
-		hard     uint64
-		problem  string
-		wantSoft uint64
-	}{
-		{"raised", 6000, "", need},
-		{"hard limit too low", 5000, "descriptor limit 5000 is below the 5136 that 8 devices may need", 5000},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: 1050, Max: c.hard}); err != nil {
-				t.Fatal(err)
-			}
-			d, stop := runDaemon(t, standaloneOpts(t, p, t.TempDir(), testPins(t), "pools: [{name: a, devices: {netdevs: ['xa#0-3', 'xb#0-3']}}]\n"))
-			defer stop()
-			var rl unix.Rlimit
-			if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
-				t.Fatal(err)
-			}
-			if rl.Cur != c.wantSoft {
-				t.Errorf("descriptor limit %+v, want %d", rl, c.wantSoft)
-			}
-			s, _ := d.Status(context.Background())
-			if c.problem == "" && s.ConfigError != "" || !strings.Contains(s.ConfigError, c.problem) {
-				t.Errorf("status says %q, want %q", s.ConfigError, c.problem)
-			}
-		})
-	}
+	t.Run("raised", func(t *testing.T) {
+		var orig unix.Rlimit
+		if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &orig); err != nil {
+			t.Fatal(err)
+		}
+		if orig.Max < need {
+			t.Fatalf("this test needs a hard descriptor limit of %d, not %d", need, orig.Max)
+		}
+		t.Cleanup(func() { unix.Setrlimit(unix.RLIMIT_NOFILE, &orig) })
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: 1050, Max: orig.Max}); err != nil {
+			t.Fatal(err)
+		}
+		d, stop := runDaemon(t, standaloneOpts(t, p, t.TempDir(), testPins(t), config))
+		defer stop()
+		var rl unix.Rlimit
+		if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+			t.Fatal(err)
+		}
+		if rl.Cur != need || rl.Max != orig.Max {
+			t.Errorf("descriptor limit %+v, want %d (hard %d)", rl, need, orig.Max)
+		}
+		if s, _ := d.Status(context.Background()); s.ConfigError != "" {
+			t.Errorf("status says %q", s.ConfigError)
+		}
+	})
+	t.Run("hard limit too low", func(t *testing.T) {
+		bin := t.TempDir()
+		if out, err := exec.Command("go", "build", "-o", bin, "github.com/xdpq/xdpq/cmd/deviceplugin").CombinedOutput(); err != nil {
+			t.Fatalf("build: %v\n%s", err, out)
+		}
+		o := standaloneOpts(t, p, t.TempDir(), testPins(t), config)
+		cmd := exec.Command("prlimit", "--nofile=1050:5000", "--", filepath.Join(bin, "deviceplugin"), "--standalone", "--config", o.ConfigPath,
+			"--netns", o.NetNS, "--pin-dir", o.PinDir, "--state-dir", o.StateDir, "--alloc-dir", o.AllocDir, "--api-socket", o.APISocket)
+		var out syncbuf.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }()
+		want := "descriptor limit 5000 is below the 5136 that 8 devices may need"
+		waitStatus(t, o.APISocket, func(s *api.Status) bool { return strings.Contains(s.ConfigError, want) })
+		if !strings.Contains(out.String(), "descriptor limit below the pools' need") {
+			t.Errorf("the log does not say so:\n%s", out.String())
+		}
+	})
 }
