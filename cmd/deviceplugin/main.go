@@ -30,6 +30,7 @@ func main() {
 	flag.StringVar(&o.RegistryDir, "registry-dir", "/var/lib/kubelet/plugins_registry", "kubelet's plugin watcher directory; used when it exists, else plugins register on kubelet.sock")
 	flag.BoolVar(&o.Standalone, "standalone", false, "run without kubelet: serve the local API for xdpqctl")
 	flag.StringVar(&o.APISocket, "api-socket", daemon.DefaultAPISocket, "the local API's socket (xdpqctl and the CNI plugin's daemonSocket use it)")
+	flag.StringVar(&o.MetricsAddr, "metrics-addr", ":9476", `address of /metrics (Prometheus), /healthz and /readyz; "" serves none`)
 	debug := flag.Bool("debug", false, "log at debug level")
 	flag.Parse()
 	level := slog.LevelInfo

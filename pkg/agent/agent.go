@@ -193,6 +193,9 @@ type netdev struct {
 	status    Status
 	busy      bool // a token holder is changing the netdev
 	stale     bool // a reconcile was skipped while busy
+	// reattach times the re-attaches of xdpq's program after a foreign
+	// one left, for metrics.
+	reattach histogram
 }
 
 // New returns an agent; it mounts bpffs under PinDir's parent if needed.
@@ -540,6 +543,7 @@ func (a *Agent) probeOrphans(d *netdev) {
 // reconcile converges one netdev. Called with a.mu held, never on a busy
 // netdev.
 func (a *Agent) reconcile(d *netdev) {
+	began := time.Now()
 	prev := d.status
 	defer func() {
 		if d.status.State != prev.State || d.status.Reason != prev.Reason {
@@ -626,6 +630,11 @@ func (a *Agent) reconcile(d *netdev) {
 		info, _ := d.running.Info()
 		id, _ := info.ID()
 		d.status.State, d.status.Mode, d.status.Program = state, mode, id
+		if prev.State == StateOverridden {
+			// From this reconcile's start (a link notification, mostly)
+			// to the program attached.
+			d.reattach.observe(time.Since(began).Seconds())
+		}
 	default:
 		d.status.State, d.status.Reason = StateNone, "no socket bound"
 	}

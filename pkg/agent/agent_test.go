@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/xdpq/xdpq/internal/frame"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
@@ -314,6 +316,27 @@ func TestForeignProgramPrecedence50(t *testing.T) {
 	if err := r0.Expect(send.UDP(100), time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
+	// Each come-back is a re-attach in the metrics, timed.
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(a.CollectorAs(func(n string) string { return "node-" + n }))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "xdpq_agent_reattach_duration_seconds" {
+			continue
+		}
+		h := mf.GetMetric()[0].GetHistogram()
+		if got := mf.GetMetric()[0].GetLabel()[0].GetValue(); got != "node-"+p.A.Name {
+			t.Errorf("re-attaches reported for netdev %q", got)
+		}
+		if h.GetSampleCount() != 50 || h.GetSampleSum() <= 0 || h.GetSampleSum() > 50*2.5 {
+			t.Errorf("re-attaches: %d taking %gs in all, want 50", h.GetSampleCount(), h.GetSampleSum())
+		}
+		return
+	}
+	t.Error("no re-attach histogram")
 }
 
 // TestXDPLoaderHasPrecedence: a program loaded with xdp-loader while xdpq

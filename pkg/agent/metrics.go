@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"slices"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,7 +25,45 @@ var (
 	packetsDesc = prometheus.NewDesc("xdpq_agent_program_packets_total",
 		"Frames the filter program saw, per queue and result: redirected to the socket, passed to the kernel, or redirect_failed (the flow's queue had no socket).",
 		[]string{"netdev", "queue", "result"}, nil)
+	reattachDesc = prometheus.NewDesc("xdpq_agent_reattach_duration_seconds",
+		"Re-attaches of xdpq's program after a foreign program left the netdev, and how long each took: from the reconcile that found the hook free (on the link notification) to the program attached.",
+		[]string{"netdev"}, nil)
 )
+
+// reattachBuckets are the upper bounds of the re-attach histogram: a
+// re-attach takes about a millisecond (BenchmarkReattach).
+var reattachBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
+
+// histogram counts observations in reattachBuckets.
+type histogram struct {
+	count   uint64
+	sum     float64
+	buckets []uint64 // per bucket, not cumulative; nil until the first observation
+}
+
+func (h *histogram) observe(v float64) {
+	if h.buckets == nil {
+		h.buckets = make([]uint64, len(reattachBuckets))
+	}
+	h.count++
+	h.sum += v
+	if i, _ := slices.BinarySearch(reattachBuckets, v); i < len(h.buckets) {
+		h.buckets[i]++
+	}
+}
+
+// cumulative returns the counts by upper bound, as Prometheus has them.
+func (h *histogram) cumulative() map[float64]uint64 {
+	out := make(map[float64]uint64, len(reattachBuckets))
+	var n uint64
+	for i, le := range reattachBuckets {
+		if h.buckets != nil {
+			n += h.buckets[i]
+		}
+		out[le] = n
+	}
+	return out
+}
 
 var (
 	allStates = []State{StateNone, StateDirect, StateFilter, StateOverridden, StateMissing}
@@ -33,12 +72,22 @@ var (
 
 // Collector returns a Prometheus collector of the agent's state. It reads
 // the agent's report and the filter programs' counters at scrape time.
-func (a *Agent) Collector() prometheus.Collector { return collector{a} }
+func (a *Agent) Collector() prometheus.Collector { return collector{a, nil} }
 
-type collector struct{ a *Agent }
+// CollectorAs is Collector with each netdev reported as name returns: an
+// agent in a pod's network namespace reports its netdev by its name on
+// the node.
+func (a *Agent) CollectorAs(name func(netdev string) string) prometheus.Collector {
+	return collector{a, name}
+}
+
+type collector struct {
+	a    *Agent
+	name func(string) string // nil: the netdevs' own names
+}
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{stateDesc, modeDesc, socketsDesc, flowsDesc, packetsDesc} {
+	for _, d := range []*prometheus.Desc{stateDesc, modeDesc, socketsDesc, flowsDesc, packetsDesc, reattachDesc} {
 		ch <- d
 	}
 }
@@ -55,6 +104,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		if d.prog == nil {
 			continue // its first Set is under way
 		}
+		if c.name != nil {
+			name = c.name(name)
+		}
 		for _, s := range allStates {
 			ch <- prometheus.MustNewConstMetric(stateDesc, prometheus.GaugeValue, b2f(d.status.State == s), name, string(s))
 		}
@@ -63,6 +115,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(socketsDesc, prometheus.GaugeValue, float64(len(d.sockets)), name)
 		ch <- prometheus.MustNewConstMetric(flowsDesc, prometheus.GaugeValue, float64(d.flows), name, string(d.steerMode))
+		ch <- prometheus.MustNewConstHistogram(reattachDesc, d.reattach.count, d.reattach.sum, d.reattach.cumulative(), name)
 		if d.kind == xdp.Filter {
 			filters = append(filters, counted{name, d.queues, d.prog})
 		}

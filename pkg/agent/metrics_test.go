@@ -52,6 +52,23 @@ xdpq_agent_netdev_state{netdev="xa",state="Overridden"} 0
 xdpq_agent_netdev_xdp_mode{mode="generic",netdev="xa"} 0
 xdpq_agent_netdev_xdp_mode{mode="native",netdev="xa"} 1
 xdpq_agent_netdev_xdp_mode{mode="offload",netdev="xa"} 0
+# HELP xdpq_agent_reattach_duration_seconds Re-attaches of xdpq's program after a foreign program left the netdev, and how long each took: from the reconcile that found the hook free (on the link notification) to the program attached.
+# TYPE xdpq_agent_reattach_duration_seconds histogram
+xdpq_agent_reattach_duration_seconds_bucket{netdev="xa",le="0.0005"} 0
+xdpq_agent_reattach_duration_seconds_bucket{netdev="xa",le="0.001"} 0
+xdpq_agent_reattach_duration_seconds_bucket{netdev="xa",le="0.0025"} 0
+xdpq_agent_reattach_duration_seconds_bucket{netdev="xa",le="0.005"} 0
+xdpq_agent_reattach_duration_seconds_bucket{netdev="xa",le="0.01"} 0
+xdpq_agent_reattach_duration_seconds_bucket{netdev="xa",le="0.025"} 0
+xdpq_agent_reattach_duration_seconds_bucket{netdev="xa",le="0.05"} 0
+xdpq_agent_reattach_duration_seconds_bucket{netdev="xa",le="0.1"} 0
+xdpq_agent_reattach_duration_seconds_bucket{netdev="xa",le="0.25"} 0
+xdpq_agent_reattach_duration_seconds_bucket{netdev="xa",le="0.5"} 0
+xdpq_agent_reattach_duration_seconds_bucket{netdev="xa",le="1"} 0
+xdpq_agent_reattach_duration_seconds_bucket{netdev="xa",le="2.5"} 0
+xdpq_agent_reattach_duration_seconds_bucket{netdev="xa",le="+Inf"} 0
+xdpq_agent_reattach_duration_seconds_sum{netdev="xa"} 0
+xdpq_agent_reattach_duration_seconds_count{netdev="xa"} 0
 # HELP xdpq_agent_steered_flows Flows xdpq steers on the netdev: ntuple rules it owns (hardware) or flow map entries (software).
 # TYPE xdpq_agent_steered_flows gauge
 xdpq_agent_steered_flows{netdev="xa",steering="software"} 1

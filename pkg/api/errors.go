@@ -74,6 +74,16 @@ type kindError struct {
 func (e *kindError) Error() string   { return e.err.Error() }
 func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
 
+// CodeOf returns the code a backend's error is answered with (one of
+// the codes above: CodeInternal for an error of no kind), "" for nil.
+func CodeOf(err error) string {
+	if err == nil {
+		return ""
+	}
+	_, code := classify(err)
+	return code
+}
+
 // classify gives the status and code of a backend's error: its sentinel's,
 // else 503 for a request out of time or cancelled (the daemon stopping),
 // else 500. An error that wraps two sentinels gets the first listed here.

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -126,12 +128,14 @@ type Server struct {
 	dp  Datapath
 	log *slog.Logger
 
-	mu     sync.Mutex // guards allocs, adding, closed and open
+	mu     sync.Mutex // guards allocs, adding, closed, open and refusals
 	allocs map[string]*allocation
 	adding map[string]bool // ids whose socket Add is creating
 	closed bool
-	open   int            // connections in a handshake or being refused
-	wg     sync.WaitGroup // connection and accept goroutines
+	open   int // connections in a handshake or being refused
+	// refusals counts the connections refused, by wire code.
+	refusals map[string]uint64
+	wg       sync.WaitGroup // connection and accept goroutines
 }
 
 // How long a peer that is not the owner has to send its first message
@@ -173,6 +177,8 @@ type allocation struct {
 	// lease is the sockets of the active lease, or of the lease a previous
 	// daemon recorded until it is resumed or replaced.
 	lease []LeaseSocket
+	// active is the active lease, for Stats, until its duplicates close.
+	active *lease
 	// ended is closed once the last lease's end has been reported.
 	ended                chan struct{}
 	handshakes, refusals int
@@ -207,6 +213,18 @@ type lease struct {
 	dev   xsk.Netdev
 	dp    Datapath
 	socks []LeaseSocket
+	// fds are the server's duplicates of the sockets (socks' order), for
+	// their statistics. They keep the sockets bound, so they live no
+	// longer than the lease: closed when it ends, when its allocation
+	// is removed or the server closes (a resumed lease gets them again
+	// from the client). The fields below are guarded by the allocation's
+	// mu: a Stats reading them holds the lease (readers), and the last
+	// of it and dropFDs closes them, so no lock is held across the
+	// kernel call.
+	fds     []int
+	readers int
+	closing bool // dropFDs was called
+	closed  bool // fds are closed
 }
 
 // NewServer returns a server that puts sockets into dp's XSKMAPs.
@@ -226,7 +244,7 @@ func NewServer(cfg Config, dp Datapath) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Server{cfg: cfg, dp: dp, log: cfg.Logger, allocs: map[string]*allocation{}, adding: map[string]bool{}}
+	return &Server{cfg: cfg, dp: dp, log: cfg.Logger, allocs: map[string]*allocation{}, adding: map[string]bool{}, refusals: map[string]uint64{}}
 }
 
 // Add starts serving an allocation at its socket path.
@@ -582,7 +600,13 @@ func (s *Server) stop(al *allocation, detach bool) {
 	al.mu.Lock()
 	al.stopping, al.detached = true, detach
 	conns := slices.Collect(maps.Keys(al.conns))
+	active := al.active
 	al.mu.Unlock()
+	if active != nil {
+		// Not left to the lease's end on the connection's goroutine: a
+		// removed allocation's queues may be given again at once.
+		al.dropFDs(active)
+	}
 	al.stopOnce.Do(func() { close(al.done) })
 	al.unlisten()
 	for _, c := range conns {
@@ -662,6 +686,7 @@ func (s *Server) admit(c *net.UnixConn, al *allocation) {
 		s.closeSlot()
 		c.Close()
 		if why != nil {
+			s.countRefusal(wire.CodeForbidden)
 			s.warn(al, "refused", "peer", peer.String(), "reason", why, "answered", false)
 		} else {
 			s.warn(al, "too many connections in a handshake; closed", "peer", peer.String(), "limit", s.cfg.MaxHandshakes)
@@ -737,6 +762,7 @@ func (s *Server) warn(al *allocation, msg string, args ...any) {
 // refuseForeign tells a peer that is not the owner why, in the protocol
 // its first message speaks, if it sends one soon.
 func (s *Server) refuseForeign(c *net.UnixConn, al *allocation, peer Peer, why error) {
+	s.countRefusal(wire.CodeForbidden)
 	s.warn(al, "refused", "peer", peer.String(), "reason", why)
 	first, fds, err := s.recv(c, 1, min(s.cfg.StepTimeout, refuseWait))
 	closeFDs(fds)
@@ -822,6 +848,7 @@ func (s *Server) fail(c *net.UnixConn, al *allocation, peer Peer, err error) {
 		}
 		pe = refuse(wire.CodeInternal, "%v", err)
 	}
+	s.countRefusal(pe.Code)
 	s.log.Warn("refused", "allocation", al.id, "peer", peer.String(), "code", pe.Code, "reason", pe.Reason)
 	s.send(c, wire.Message{Type: wire.TypeError, Code: pe.Code, Reason: pe.Reason})
 }
@@ -908,13 +935,19 @@ func (s *Server) request(c *net.UnixConn, al *allocation, peer Peer, p policy, r
 	if err != nil {
 		return nil, refuse(wire.CodeInternal, "%v", err)
 	}
-	// The copies here go once the sockets are in the XSKMAP or refused:
-	// an open copy would keep a socket alive after the pod let it go.
+	// The copies here become the lease's duplicates once it is active, and
+	// go with it; refused, they go now: an open copy would keep a socket
+	// bound after the pod let it go.
 	sockFDs := make([]int, len(bound))
 	for i, b := range bound {
 		sockFDs[i] = b.FD
 	}
-	defer closeFDs(sockFDs)
+	kept := false
+	defer func() {
+		if !kept {
+			closeFDs(sockFDs)
+		}
+	}()
 	socks := make([]LeaseSocket, len(bound))
 	for i, b := range bound {
 		if err := setBusyPoll(b.FD, p.busyPoll); err != nil {
@@ -937,7 +970,9 @@ func (s *Server) request(c *net.UnixConn, al *allocation, peer Peer, p policy, r
 	if _, err := wire.ParseMessage(b, wire.TypeReady); err != nil {
 		return nil, err
 	}
-	return s.activate(c, al, peer, p, socks, sockFDs, "new")
+	l, err := s.activate(c, al, peer, p, socks, sockFDs, "new")
+	kept = l != nil
+	return l, err
 }
 
 // resume takes back the sockets of the allocation's recorded lease from
@@ -945,7 +980,14 @@ func (s *Server) request(c *net.UnixConn, al *allocation, peer Peer, p policy, r
 // the lease recorded for the queue it is named for. They are the same
 // sockets, bound as they were: nothing is bound, no option changes.
 func (s *Server) resume(c *net.UnixConn, al *allocation, peer Peer, p policy, m *wire.Message, fds []int) (*lease, error) {
-	defer closeFDs(fds) // the daemon keeps no copy: the pod holds its sockets
+	// The client's sockets, received here, become the lease's duplicates
+	// once it is active; refused, they go now.
+	kept := false
+	defer func() {
+		if !kept {
+			closeFDs(fds)
+		}
+	}()
 	al.mu.Lock()
 	recorded := slices.Clone(al.lease)
 	al.mu.Unlock()
@@ -968,11 +1010,14 @@ func (s *Server) resume(c *net.UnixConn, al *allocation, peer Peer, p policy, m 
 		}
 		socks[i] = recorded[j]
 	}
-	return s.activate(c, al, peer, p, socks, fds, "resumed")
+	l, err := s.activate(c, al, peer, p, socks, fds, "resumed")
+	kept = l != nil
+	return l, err
 }
 
 // activate puts the lease's sockets into the XSKMAP, reports the lease and
-// tells the client.
+// tells the client. The lease it returns owns fds (its duplicates); with
+// no lease the caller still does.
 func (s *Server) activate(c *net.UnixConn, al *allocation, peer Peer, p policy, socks []LeaseSocket, fds []int, how string) (*lease, error) {
 	var added []uint32
 	for i, ls := range socks {
@@ -984,9 +1029,10 @@ func (s *Server) activate(c *net.UnixConn, al *allocation, peer Peer, p policy, 
 		}
 		added = append(added, ls.Queue)
 	}
-	l := &lease{dev: p.dev, dp: p.dp, socks: socks}
+	l := &lease{dev: p.dev, dp: p.dp, socks: socks, fds: fds}
 	al.mu.Lock()
 	al.lease = slices.Clone(socks)
+	al.active = l
 	prev := al.ended
 	al.mu.Unlock()
 	if prev != nil {
@@ -1012,6 +1058,10 @@ func (s *Server) end(al *allocation, l *lease) {
 	for i, ls := range l.socks {
 		queues[i] = ls.Queue
 	}
+	// The duplicates go first: with the daemon closing, so that none
+	// outlives it (the next daemon gets them again when the lease
+	// resumes); else so that the queues are free once the end is reported.
+	al.dropFDs(l)
 	al.mu.Lock()
 	detached := al.detached
 	if detached {
@@ -1195,4 +1245,103 @@ func closeFDs(fds []int) {
 func (s *Server) Serve(ctx context.Context) {
 	<-ctx.Done()
 	s.Close()
+}
+
+// dropFDs closes the lease's duplicates, at once or, when a Stats is
+// reading them, as soon as it is done; the lease is no longer active for
+// Stats.
+func (al *allocation) dropFDs(l *lease) {
+	al.mu.Lock()
+	l.closing = true
+	now := l.readers == 0 && !l.closed
+	l.closed = l.closed || now
+	if al.active == l {
+		al.active = nil
+	}
+	al.mu.Unlock()
+	if now {
+		closeFDs(l.fds)
+	}
+}
+
+// hold returns the active lease with a hold on its duplicates, which stay
+// open until release; nil when the allocation has no active lease.
+func (al *allocation) hold() *lease {
+	al.mu.Lock()
+	defer al.mu.Unlock()
+	l := al.active
+	if l == nil || l.closing {
+		return nil
+	}
+	l.readers++
+	return l
+}
+
+// release gives back a hold; the last one of a dropped lease closes its
+// duplicates.
+func (al *allocation) release(l *lease) {
+	al.mu.Lock()
+	l.readers--
+	now := l.closing && l.readers == 0 && !l.closed
+	l.closed = l.closed || now
+	al.mu.Unlock()
+	if now {
+		closeFDs(l.fds)
+	}
+}
+
+// QueueStats are the kernel's counters of the socket an active lease has
+// on one queue.
+type QueueStats struct {
+	Allocation string
+	// Netdev is where the socket is bound: for an allocation retargeted
+	// into a pod, the netdev's name there.
+	Netdev string
+	Queue  uint32
+	xsk.Statistics
+}
+
+// Stats reads the kernel's counters (XDP_STATISTICS) of the sockets of
+// every active lease, by allocation and queue, through the duplicates the
+// server keeps of them for as long as the lease lasts. A socket whose
+// counters cannot be read is left out.
+func (s *Server) Stats() []QueueStats {
+	s.mu.Lock()
+	als := slices.Collect(maps.Values(s.allocs))
+	s.mu.Unlock()
+	var out []QueueStats
+	for _, al := range als {
+		l := al.hold()
+		if l == nil {
+			continue
+		}
+		for i, ls := range l.socks {
+			st, err := xsk.StatisticsOf(l.fds[i])
+			if err != nil {
+				s.log.Debug("socket statistics", "allocation", al.id, "queue", ls.Queue, "err", err)
+				continue
+			}
+			out = append(out, QueueStats{Allocation: al.id, Netdev: l.dev.Name, Queue: ls.Queue, Statistics: st})
+		}
+		al.release(l)
+	}
+	slices.SortFunc(out, func(a, b QueueStats) int {
+		return cmp.Or(strings.Compare(a.Allocation, b.Allocation), cmp.Compare(a.Queue, b.Queue))
+	})
+	return out
+}
+
+// Refusals returns how many connections the server refused since it was
+// created, by the wire code of the refusal (wire.CodeForbidden for peers
+// that are not the owner, answered or not).
+func (s *Server) Refusals() map[string]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.refusals)
+}
+
+func (s *Server) countRefusal(code string) {
+	s.mu.Lock()
+	s.refusals[code]++
+	s.mu.Unlock()
 }

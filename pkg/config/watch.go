@@ -30,10 +30,21 @@ type Watcher struct {
 	log    *slog.Logger
 	reload chan chan error
 
-	mu      sync.Mutex // guards the three fields below, never held across apply
+	mu      sync.Mutex // guards the fields below, never held across apply
 	current *Config
 	raw     []byte
 	lastErr error
+	reloads Reloads
+}
+
+// Reloads counts a watcher's reloads: each time it read the file after
+// NewWatcher and put it in force or refused it. A file read again
+// unchanged, without Reload, is no reload.
+type Reloads struct {
+	Succeeded, Failed uint64
+	// LastSuccess is when the config in force was put in force: when
+	// NewWatcher loaded it, for the first.
+	LastSuccess time.Time
 }
 
 // NewWatcher loads path, which must hold a valid config; it becomes
@@ -46,7 +57,7 @@ func NewWatcher(path string, log *slog.Logger) (*Watcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Watcher{path: path, log: log, reload: make(chan chan error), current: c, raw: raw}, nil
+	return &Watcher{path: path, log: log, reload: make(chan chan error), current: c, raw: raw, reloads: Reloads{LastSuccess: time.Now()}}, nil
 }
 
 func load(path string) ([]byte, *Config, error) {
@@ -74,6 +85,13 @@ func (w *Watcher) LastError() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.lastErr
+}
+
+// Reloads returns the count of reloads so far.
+func (w *Watcher) Reloads() Reloads {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.reloads
 }
 
 // Reload has Run read the file now and apply it even when it has not
@@ -159,10 +177,13 @@ func (w *Watcher) apply(apply func(*Config) error, force bool) error {
 	defer w.mu.Unlock()
 	if err != nil {
 		w.lastErr = err
+		w.reloads.Failed++
 		w.log.Error("config refused; the last good one stays in force", "err", err)
 		return err
 	}
 	w.current, w.raw, w.lastErr = c, raw, nil
+	w.reloads.Succeeded++
+	w.reloads.LastSuccess = time.Now()
 	w.log.Info("config in force", "path", w.path, "pools", len(c.Pools))
 	return nil
 }

@@ -87,6 +87,10 @@ func TestWatcher(t *testing.T) {
 	if len(w.Current().Pools) != 2 {
 		t.Fatal("a config the daemon refused took effect")
 	}
+	r := w.Reloads()
+	if r.Succeeded != 1 || r.Failed != 2 || r.LastSuccess.IsZero() {
+		t.Errorf("reloads %+v, want 1 succeeded and 2 failed", r)
+	}
 
 	// A ConfigMap volume: config.yaml -> ..data/config.yaml, ..data a symlink swapped atomically.
 	os.Remove(path)
@@ -109,6 +113,9 @@ func TestWatcher(t *testing.T) {
 	mu.Unlock()
 	if err := w.Reload(ctx); err != nil || len(applied) != n+1 {
 		t.Fatalf("reload of an unchanged file: %v, %d applies, want %d", err, len(applied), n+1)
+	}
+	if r2 := w.Reloads(); r2.Succeeded < r.Succeeded+3 || !r2.LastSuccess.After(r.LastSuccess) {
+		t.Errorf("reloads %+v after the swap and two Reloads; were %+v", r2, r)
 	}
 
 	if _, err := NewWatcher(filepath.Join(dir, "missing.yaml"), nil); err == nil {

@@ -61,7 +61,10 @@ type Options struct {
 	// kubelet.
 	Standalone bool
 	APISocket  string // "" means api.DefaultSocket
-	Logger     *slog.Logger
+	// MetricsAddr is the TCP address of /metrics, /healthz and /readyz
+	// (host:port); "" serves none.
+	MetricsAddr string
+	Logger      *slog.Logger
 }
 
 // DefaultAPISocket is where the daemon serves its local API.
@@ -82,6 +85,10 @@ type Daemon struct {
 	kubelet kubelet
 	unmount func()
 	ready   chan struct{}
+	// metricsLn is the metrics address's listener, nil when none is served.
+	metricsLn net.Listener
+	metrics   *metrics
+	health    health
 	// recovered is set once start has finished what a previous daemon
 	// left: then the device plugins start.
 	recovered atomic.Bool
@@ -129,7 +136,8 @@ func New(opts Options) (_ *Daemon, err error) {
 		opts.Resync = 30 * time.Second
 	}
 	d := &Daemon{opts: opts, log: opts.Logger, kubelet: kubelet{opts.PodResourcesSocket}, ready: make(chan struct{}), reqs: make(chan reconcileRequest),
-		found: map[string]nic.Netdev{}, managed: map[string]agent.Policy{}, pods: map[string]*podNetdev{}, plugins: map[string]*plugin{}, retry: map[string]bool{}}
+		found: map[string]nic.Netdev{}, managed: map[string]agent.Policy{}, pods: map[string]*podNetdev{}, plugins: map[string]*plugin{}, retry: map[string]bool{},
+		health: health{running: map[string]bool{}}}
 	defer func() {
 		if err != nil {
 			d.close()
@@ -140,6 +148,11 @@ func New(opts Options) (_ *Daemon, err error) {
 	}
 	if d.apiLn, err = api.Listen(opts.APISocket); err != nil {
 		return nil, err
+	}
+	if opts.MetricsAddr != "" {
+		if d.metricsLn, err = listenMetrics(opts.MetricsAddr); err != nil {
+			return nil, err
+		}
 	}
 	if d.watcher, err = config.NewWatcher(opts.ConfigPath, opts.Logger); err != nil {
 		return nil, err
@@ -177,6 +190,7 @@ func New(opts Options) (_ *Daemon, err error) {
 		d.log.Warn("a netdev-mode pool's netdev that the kernel returns to the initial namespace will not be found", "err", err)
 	}
 	d.broker = broker.NewServer(broker.Config{Logger: opts.Logger, OnLease: d.onLease}, nodeAgent)
+	d.metrics = newMetrics(d)
 	return d, nil
 }
 
@@ -215,14 +229,17 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.group, d.groupCtx = g, gctx
 	d.mu.Unlock()
 	part := func(name string, run func(context.Context) error) {
+		d.health.started(name)
 		g.Go(func() error {
 			err := run(gctx)
 			if gctx.Err() != nil {
+				d.health.stopped(name, nil)
 				return nil // stopping
 			}
 			if err == nil {
 				err = errors.New("stopped on its own")
 			}
+			d.health.stopped(name, err)
 			d.log.Error("a part of the daemon failed; stopping", "part", name, "err", err)
 			return fmt.Errorf("%s: %w", name, err)
 		})
@@ -230,6 +247,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// The reconciler first: it is the one goroutine that changes what the
 	// node agent manages, start's changes included.
 	part("reconciler", d.reconcileLoop)
+	if d.metricsLn != nil {
+		// Before start: probes are answered while it recovers.
+		part("metrics", d.serveMetrics)
+	}
 	if err := d.start(gctx); err != nil {
 		d.log.Error("the daemon could not start", "err", err)
 		cancel() // the reconciler
@@ -238,7 +259,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	part("agent", d.agent.Run)
 	part("config watcher", func(ctx context.Context) error { return d.watcher.Run(ctx, d.applier(ctx)) })
-	part("local api", func(ctx context.Context) error { return api.Serve(ctx, d.apiLn, api.NewHandler(d, d.log), d.log) })
+	part("local api", func(ctx context.Context) error {
+		return api.Serve(ctx, d.apiLn, api.NewHandler(metered{d}, d.log), d.log)
+	})
 	part("collector", d.collectLoop)
 	close(d.ready)
 	d.log.Info("daemon ready", "standalone", d.opts.Standalone, "api", d.opts.APISocket, "state", d.opts.StateDir)
@@ -263,6 +286,9 @@ func (d *Daemon) close() {
 	}
 	if d.apiLn != nil {
 		d.apiLn.Close()
+	}
+	if d.metricsLn != nil {
+		d.metricsLn.Close() // if Run never served it
 	}
 	if d.unlock != nil {
 		d.unlock()

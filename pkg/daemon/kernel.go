@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netns"
 
 	"github.com/xdpq/xdpq/pkg/agent"
@@ -24,6 +25,7 @@ type netdevAgent interface {
 	Status() []agent.Status
 	Run(ctx context.Context) error
 	Close() error
+	Collector() prometheus.Collector
 	flowSteerer
 }
 
@@ -45,6 +47,9 @@ type socketBroker interface {
 	Retarget(id string, dev xsk.Netdev, own broker.PodDatapath) error
 	SetOwner(id string, o broker.Owner) error
 	SetLimits(id string, l wire.Limits, bp *wire.BusyPoll) error
+	Leased(id string) bool
+	Stats() []broker.QueueStats
+	Refusals() map[string]uint64
 	Close()
 }
 

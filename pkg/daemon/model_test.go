@@ -245,7 +245,7 @@ func TestModel(t *testing.T) {
 	sock := filepath.Join(dir, "api.sock")
 	fresh := &daemonProc{t: t, bin: filepath.Join(bin, "deviceplugin"), api: api.NewClient(sock), args: []string{"--standalone",
 		"--config", cfg, "--netns", p.NSPath(), "--pin-dir", filepath.Join(pins, "fresh"), "--state-dir", filepath.Join(dir, "state"),
-		"--alloc-dir", filepath.Join(dir, "alloc"), "--api-socket", sock}}
+		"--alloc-dir", filepath.Join(dir, "alloc"), "--api-socket", sock, "--metrics-addr", ""}}
 	fresh.start()
 	baseFDs := fresh.fds()
 	fresh.stop(syscall.SIGTERM)
@@ -273,7 +273,7 @@ func modelSequence(t *testing.T, p *testnet.Pair, bin, pins string, seed uint64,
 	allocDir := filepath.Join(dir, "alloc")
 	stateDir := filepath.Join(dir, "state")
 	d := &daemonProc{t: t, bin: bin, api: api.NewClient(sock), args: []string{"--standalone", "--config", cfg, "--netns", p.NSPath(),
-		"--pin-dir", pinDir, "--state-dir", stateDir, "--alloc-dir", allocDir, "--api-socket", sock}}
+		"--pin-dir", pinDir, "--state-dir", stateDir, "--alloc-dir", allocDir, "--api-socket", sock, "--metrics-addr", ""}}
 	d.start()
 	defer func() {
 		if d.cmd.ProcessState == nil {

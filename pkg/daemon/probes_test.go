@@ -72,7 +72,7 @@ func TestAPISocketUnusable(t *testing.T) {
 			}
 			before, _ := os.Lstat(o.APISocket)
 			cmd := exec.Command(filepath.Join(bin, "deviceplugin"), "--standalone", "--config", o.ConfigPath, "--netns", o.NetNS,
-				"--pin-dir", o.PinDir, "--state-dir", o.StateDir, "--alloc-dir", o.AllocDir, "--api-socket", o.APISocket)
+				"--pin-dir", o.PinDir, "--state-dir", o.StateDir, "--alloc-dir", o.AllocDir, "--api-socket", o.APISocket, "--metrics-addr", "")
 			done := make(chan error, 1)
 			var out strings.Builder
 			cmd.Stdout, cmd.Stderr = &out, &out

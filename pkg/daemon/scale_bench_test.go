@@ -597,7 +597,7 @@ func startScaleDaemon(b *testing.B, bin string, l scaleLayout, opts Options, log
 	// cmd/deviceplugin has no flag for the PodResources socket: the
 	// daemon finds no kubelet there, as opts's does not exist either.
 	cmd := exec.Command(bin, "--config", opts.ConfigPath, "--netns", opts.NetNS, "--pin-dir", opts.PinDir, "--state-dir", opts.StateDir,
-		"--alloc-dir", opts.AllocDir, "--plugin-dir", opts.PluginDir, "--registry-dir", "", "--api-socket", opts.APISocket)
+		"--alloc-dir", opts.AllocDir, "--plugin-dir", opts.PluginDir, "--registry-dir", "", "--api-socket", opts.APISocket, "--metrics-addr", "")
 	cmd.Stderr = logf
 	// The child inherits the CPUs of the thread that forks it.
 	runtime.LockOSThread()

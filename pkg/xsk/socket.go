@@ -207,6 +207,13 @@ func (s *Socket) Statistics() (Statistics, error) {
 	return statistics(s.fd)
 }
 
+// StatisticsOf reads the kernel's counters of the AF_XDP socket fd
+// refers to, in whichever process bound it: the daemon reads those of the
+// sockets it handed to pods through its own duplicates.
+func StatisticsOf(fd int) (Statistics, error) {
+	return statistics(fd)
+}
+
 func statistics(fd int) (Statistics, error) {
 	var st unix.XDPStatistics
 	if err := getsockopt(fd, unix.XDP_STATISTICS, unsafe.Pointer(&st), unsafe.Sizeof(st)); err != nil {
