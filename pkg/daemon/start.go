@@ -25,6 +25,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	// What the records hold, before the first reconcile starts the device
 	// plugins: kubelet may allocate at once, and those allocations are
 	// served already.
+	d.clearStaging()
 	recorded := map[string]bool{}
 	for _, a := range d.ledger.Allocations() {
 		recorded[a.ID] = true
@@ -52,6 +53,20 @@ func (d *Daemon) start(ctx context.Context) error {
 	d.removeStrayDirs()
 	d.recovered.Store(true)
 	return d.syncNetdevs(ctx) // and, with kubelet, the device plugins start
+}
+
+// clearStaging removes what a killed daemon left half made in the
+// broker's staging directory: no socket there is listened on any more.
+// It runs before this daemon serves any allocation.
+func (d *Daemon) clearStaging() {
+	staging := filepath.Join(d.opts.AllocDir, broker.StagingDir)
+	left, _ := os.ReadDir(staging)
+	for _, e := range left {
+		os.Remove(filepath.Join(staging, e.Name()))
+	}
+	if len(left) > 0 {
+		d.log.Info("removed what a previous daemon left in the staging directory", "dir", staging, "entries", len(left))
+	}
 }
 
 // recoverRescanned does for an allocation whose record became readable
@@ -220,6 +235,13 @@ func (d *Daemon) removeStrayDirs() {
 	broken := d.ledger.Broken()
 	if len(broken) > 0 {
 		return // an unreadable record may name any of them
+	}
+	links := filepath.Join(d.opts.AllocDir, dpdkLinkDir)
+	linked, _ := os.ReadDir(links)
+	for _, e := range linked {
+		if _, ok := d.ledger.Get(strings.TrimSuffix(e.Name(), ".sock")); !ok {
+			os.Remove(filepath.Join(links, e.Name()))
+		}
 	}
 	for _, e := range ents {
 		id := e.Name()
