@@ -13,7 +13,7 @@ import (
 	"github.com/xdpq/xdpq/pkg/api"
 )
 
-// backend is a standalone daemon's API with one pool of 4 queues; it
+// backend is a fake of a standalone daemon's API with one pool of 4 queues; it
 // records what it is asked.
 type backend struct {
 	mu    sync.Mutex
@@ -58,7 +58,7 @@ func (b *backend) CNIGC(context.Context, api.GCRequest) ([]string, error) {
 	return nil, api.ErrNotSupported
 }
 
-func daemon(t *testing.T) (socket string, b *backend) {
+func fakeDaemon(t *testing.T) (socket string, b *backend) {
 	t.Helper()
 	socket = filepath.Join(t.TempDir(), "api.sock")
 	ln, err := api.Listen(socket)
@@ -79,7 +79,7 @@ func daemon(t *testing.T) (socket string, b *backend) {
 }
 
 func TestCommandLine(t *testing.T) {
-	socket, b := daemon(t)
+	socket, b := fakeDaemon(t)
 	for _, tt := range []struct {
 		args   string
 		code   int
