@@ -174,7 +174,8 @@ func fileLayer(p string, data []byte, mtime time.Time) (v1.Layer, error) {
 		return nil, err
 	}
 	layer := buf.Bytes()
-	return tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layer)), nil })
+	// Compressed once: the digest and the archive take the same bytes.
+	return tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layer)), nil }, tarball.WithCompressedCaching)
 }
 
 // Tag is the image's name for a version: Repository:version. A version
