@@ -2,12 +2,34 @@
 GO          ?= go
 STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 
-.PHONY: all build test bench generate lint demo tools cclient
+.PHONY: all build image test bench generate lint demo tools cclient
 
 all: build
 
+# Every command into bin/ (bin/deviceplugin, bin/xdpqctl, ...), the CNI
+# plugin as bin/cni/xdpq: a CNI runtime runs a plugin by its name in its
+# bin directory. (An older `go build -o bin/ ./cmd/...` left a file
+# bin/cni where that directory goes: it is removed.)
+CMDS := $(filter-out cni,$(notdir $(wildcard cmd/*)))
 build:
 	$(GO) build ./...
+	@if [ -f bin/cni ]; then rm bin/cni; fi
+	$(GO) build -o bin/ $(addprefix ./cmd/,$(CMDS))
+	$(GO) build -o bin/cni/xdpq ./cmd/cni
+
+# The image of the Dockerfile, built without Docker (cmd/xdpqimage): one
+# docker-archive per architecture, bin/xdpq-image-<arch>.tar, tagged
+# xdpq.io/xdpq:$(VERSION), for `ctr -n k8s.io images import` or
+# `docker load`.
+VERSION      ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION     ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+CREATED      ?= $(shell git log -1 --format=%cI 2>/dev/null)
+IMAGE_ARCHES ?= amd64 arm64
+image:
+	@for a in $(IMAGE_ARCHES); do \
+	  echo "$(GO) run ./cmd/xdpqimage -arch $$a -version $(VERSION) -o bin/xdpq-image-$$a.tar"; \
+	  $(GO) run ./cmd/xdpqimage -arch $$a -version $(VERSION) -revision $(REVISION) -created "$(CREATED)" -o bin/xdpq-image-$$a.tar || exit 1; \
+	done
 
 # The test command of the README; CI runs it as root with CI=true. The
 # second line runs xdpq's device plugins against kubelet's own device

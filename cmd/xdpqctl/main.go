@@ -1,9 +1,10 @@
-// Command xdpqctl talks to a standalone xdpq daemon: it allocates queues
-// of a pool to a local user, frees them, and shows the daemon's state.
+// Command xdpqctl talks to an xdpq daemon: it allocates queues of a pool
+// to a local user (a standalone daemon), frees them, and shows the
+// daemon's state, as tables or (-o json) as the API's JSON.
 //
 //	xdpqctl alloc -pool upf -n 2 -uid 1000   # prints the allocation, with its socket
 //	xdpqctl free <allocation id>
-//	xdpqctl status
+//	xdpqctl status -o json
 package main
 
 import (
@@ -15,24 +16,38 @@ import (
 	"math"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/xdpq/xdpq/pkg/api"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
-const usage = `usage: xdpqctl [-api-socket PATH] COMMAND [flags] [arguments]
+const usage = `usage: xdpqctl [-api-socket PATH] [-o table|json] COMMAND [flags] [arguments]
 
 commands:
   alloc -pool POOL [-n N] [-uid UID]   allocate N queues of POOL to user UID; prints the allocation and its socket
   free ID                              end the allocation ID
-  status                               print the daemon's pools, allocations and netdevs
+  status                               print the daemon's pools, allocations and who holds them, CNI attachments and netdevs
 
-flags:
+flags (before or after the command):
   -api-socket PATH   the daemon's local API (default ` + api.DefaultSocket + `)
+  -o table|json      tables for a person (default), or the API's JSON for a program
 
 "xdpqctl COMMAND -h" describes a command.
 `
+
+// globals are the flags every command takes, before or after its name.
+type globals struct {
+	socket, output string
+}
+
+// register adds the global flags to fs, with their values so far as
+// defaults.
+func (g *globals) register(fs *flag.FlagSet) {
+	fs.StringVar(&g.socket, "api-socket", g.socket, "the daemon's local API")
+	fs.StringVar(&g.output, "o", g.output, "output: table or json")
+}
 
 // command is a subcommand: its usage line, its flags, and what it does
 // with its arguments.
@@ -77,7 +92,7 @@ func commands() map[string]command {
 				return api.FreeAnswer{Freed: args[0]}, nil
 			}
 		}},
-		"status": {"status", "Print the daemon's pools, allocations and netdevs.", func(*flag.FlagSet) func(*api.Client, []string) (any, error) {
+		"status": {"status", "Print the daemon's pools; its allocations, each with who holds it (the uid of a\nstandalone allocation, the pod of a Kubernetes one) and the queues a client holds\nsockets of (LEASE); the CNI attachments (container, interface, netns, flows);\nthe netdevs; and what is wrong with the config or the records.", func(*flag.FlagSet) func(*api.Client, []string) (any, error) {
 			return func(c *api.Client, args []string) (any, error) {
 				if len(args) > 0 {
 					return nil, newUsageError("takes no arguments, got %q", args)
@@ -98,9 +113,10 @@ func newUsageError(format string, a ...any) usageError { return usageError(fmt.S
 // run is xdpqctl with args, and returns its exit status: 0, 1 when the
 // daemon refused or failed, 2 for a bad command line.
 func run(args []string, stdout, stderr io.Writer) int {
+	g := globals{socket: api.DefaultSocket, output: "table"}
 	global := flag.NewFlagSet("xdpqctl", flag.ContinueOnError)
 	global.SetOutput(io.Discard)
-	socket := global.String("api-socket", api.DefaultSocket, "the daemon's local API")
+	g.register(global)
 	if err := global.Parse(args); err != nil {
 		return bad(stdout, stderr, "", usage, err)
 	}
@@ -121,12 +137,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	do := cmd.flags(fs)
-	cmdUsage := "usage: xdpqctl [-api-socket PATH] " + cmd.synopsis + "\n\n" + cmd.doc + "\n" + flagUsage(fs)
+	cmdFlags := flagUsage(fs)
+	g.register(fs)
+	cmdUsage := "usage: xdpqctl [-api-socket PATH] [-o table|json] " + cmd.synopsis + "\n\n" + cmd.doc + "\n" +
+		cmdFlags + "\nflags of every command:\n  -api-socket PATH\tthe daemon's local API (default " + api.DefaultSocket + ")\n" +
+		"  -o table|json\ttables for a person (default), or the API's JSON for a program\n"
 	rest, err := parseInterspersed(fs, args[1:])
 	if err != nil {
 		return bad(stdout, stderr, name, cmdUsage, err)
 	}
-	out, err := do(api.NewClient(*socket), rest)
+	if g.output != "table" && g.output != "json" {
+		return bad(stdout, stderr, name, cmdUsage, fmt.Errorf("-o %s: want table or json", g.output))
+	}
+	out, err := do(api.NewClient(g.socket), rest)
 	var ue usageError
 	if errors.As(err, &ue) {
 		return bad(stdout, stderr, name, cmdUsage, err)
@@ -135,9 +158,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "xdpqctl %s: %v\n", name, err)
 		return 1
 	}
-	enc := json.NewEncoder(stdout)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(out); err != nil {
+	if g.output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		err = enc.Encode(out)
+	} else {
+		err = printTable(stdout, out, time.Now())
+	}
+	if err != nil {
 		fmt.Fprintf(stderr, "xdpqctl %s: %v\n", name, err)
 		return 1
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/xdpq/xdpq/pkg/api"
 )
 
-// backend is a standalone daemon's API with one pool of 4 queues; it
+// backend is a fake of a standalone daemon's API with one pool of 4 queues; it
 // records what it is asked.
 type backend struct {
 	mu    sync.Mutex
@@ -58,7 +58,7 @@ func (b *backend) CNIGC(context.Context, api.GCRequest) ([]string, error) {
 	return nil, api.ErrNotSupported
 }
 
-func daemon(t *testing.T) (socket string, b *backend) {
+func fakeDaemon(t *testing.T) (socket string, b *backend) {
 	t.Helper()
 	socket = filepath.Join(t.TempDir(), "api.sock")
 	ln, err := api.Listen(socket)
@@ -79,7 +79,7 @@ func daemon(t *testing.T) (socket string, b *backend) {
 }
 
 func TestCommandLine(t *testing.T) {
-	socket, b := daemon(t)
+	socket, b := fakeDaemon(t)
 	for _, tt := range []struct {
 		args   string
 		code   int
@@ -87,46 +87,63 @@ func TestCommandLine(t *testing.T) {
 		stderr string // a part of it
 		asked  string // what the daemon was asked, "" for nothing
 	}{
-		{"", 2, "", "usage: xdpqctl [-api-socket PATH] COMMAND", ""},
-		{"-h", 0, "usage: xdpqctl [-api-socket PATH] COMMAND", "", ""},
+		{"", 2, "", "usage: xdpqctl [-api-socket PATH] [-o table|json] COMMAND", ""},
+		{"-h", 0, "usage: xdpqctl [-api-socket PATH] [-o table|json] COMMAND", "", ""},
 		{"--help", 0, "usage: xdpqctl", "", ""},
 		{"help", 0, "usage: xdpqctl", "", ""},
 		{"-bogus status", 2, "", "xdpqctl: flag provided but not defined: -bogus\nusage: xdpqctl", ""},
 		{"nope", 2, "", `xdpqctl: unknown command "nope"`, ""},
-		{"free -h", 0, "usage: xdpqctl [-api-socket PATH] free ID\n", "", ""},
-		{"free --help", 0, "usage: xdpqctl [-api-socket PATH] free ID\n", "", ""},
-		{"free upf-1 -h", 0, "usage: xdpqctl [-api-socket PATH] free ID\n", "", ""},
-		{"free", 2, "", "xdpqctl free: the allocation id is missing\nusage: xdpqctl [-api-socket PATH] free ID", ""},
+		{"free -h", 0, "usage: xdpqctl [-api-socket PATH] [-o table|json] free ID\n", "", ""},
+		{"free --help", 0, "usage: xdpqctl [-api-socket PATH] [-o table|json] free ID\n", "", ""},
+		{"free upf-1 -h", 0, "usage: xdpqctl [-api-socket PATH] [-o table|json] free ID\n", "", ""},
+		{"free", 2, "", "xdpqctl free: the allocation id is missing\nusage: xdpqctl [-api-socket PATH] [-o table|json] free ID", ""},
 		{"free a b", 2, "", `xdpqctl free: takes one allocation id, got 2 arguments ["a" "b"]`, ""},
 		{"free -x upf-1", 2, "", "xdpqctl free: flag provided but not defined: -x", ""},
-		{"free upf-1", 0, `"freed": "upf-1"`, "", "free upf-1"},
+		{"free upf-1", 0, "freed upf-1\n", "", "free upf-1"},
+		{"-o json free upf-1", 0, `"freed": "upf-1"`, "", "free upf-1"},
+		{"free upf-1 -o json", 0, `"freed": "upf-1"`, "", "free upf-1"},
+		{"free -api-socket $SOCK upf-1", 0, "freed upf-1\n", "", "free upf-1"},
+		{"free upf-1 -api-socket $SOCK -o json", 0, `"freed": "upf-1"`, "", "free upf-1"},
+		{"-api-socket /nonexistent/api.sock free upf-1 -api-socket $SOCK", 0, "freed upf-1\n", "", "free upf-1"},
 		{"free -- -h", 1, "", `xdpqctl free: no allocation "-h"`, "free -h"},
 		{"free upf-2", 1, "", "xdpqctl free: no allocation \"upf-2\"\n", "free upf-2"},
-		{"alloc -h", 0, "usage: xdpqctl [-api-socket PATH] alloc -pool POOL [-n N] [-uid UID]\n", "", ""},
+		{"free upf-1 -o yaml", 2, "", "xdpqctl free: -o yaml: want table or json\nusage:", ""},
+		{"-o yaml status", 2, "", "xdpqctl status: -o yaml: want table or json\nusage:", ""},
+		{"alloc -h", 0, "usage: xdpqctl [-api-socket PATH] [-o table|json] alloc -pool POOL [-n N] [-uid UID]\n", "", ""},
+		{"alloc -h", 0, "flags of every command:\n  -api-socket PATH", "", ""},
 		{"alloc", 2, "", "xdpqctl alloc: -pool is required", ""},
 		{"alloc -pool", 2, "", "xdpqctl alloc: flag needs an argument: -pool", ""},
 		{"alloc -pool upf extra", 2, "", `xdpqctl alloc: takes no arguments, got ["extra"]`, ""},
 		{"alloc -pool upf -n 0", 2, "", "xdpqctl alloc: -n 0: at least 1 queue", ""},
+		{"alloc -pool upf -n -1", 2, "", "xdpqctl alloc: -n -1: at least 1 queue", ""},
 		{"alloc -pool upf -n x", 2, "", `xdpqctl alloc: invalid value "x" for flag -n`, ""},
 		{"alloc -pool upf -uid 4294967296", 2, "", "xdpqctl alloc: -uid 4294967296: not a uid", ""},
-		{"alloc -pool upf -n 2 -uid 1000", 0, `"id": "upf-1"`, "", "alloc upf 2 1000"},
-		{"alloc -n 2 -pool upf -uid 1000", 0, `"queues": [`, "", "alloc upf 2 1000"},
+		{"alloc -pool upf -n 2 -uid 1000", 0, "ID     POOL  NETDEV  QUEUES  UID  SOCKET\nupf-1  upf   eth1    0-1     -    \n", "", "alloc upf 2 1000"},
+		{"alloc -pool upf -n 2 -uid 1000 -o json", 0, `"id": "upf-1"`, "", "alloc upf 2 1000"},
+		{"-o json alloc -n 2 -pool upf -uid 1000", 0, `"queues": [`, "", "alloc upf 2 1000"},
 		{"alloc -pool nope", 1, "", "xdpqctl alloc: no pool \"nope\" (pools: upf)\n", "alloc nope 1"},
-		{"status -h", 0, "usage: xdpqctl [-api-socket PATH] status\n", "", ""},
+		{"status -h", 0, "usage: xdpqctl [-api-socket PATH] [-o table|json] status\n", "", ""},
 		{"status now", 2, "", `xdpqctl status: takes no arguments, got ["now"]`, ""},
-		{"status", 0, `"name": "upf"`, "", "status"},
+		{"status -o json now", 2, "", `xdpqctl status: takes no arguments, got ["now"]`, ""},
+		{"status", 0, "POOL  RESOURCE  QUEUES  FREE  REASON\nupf             4       4     -\n\nno allocations\n", "", "status"},
+		{"status -o json", 0, `"name": "upf"`, "", "status"},
+		{"-o json status", 0, `"name": "upf"`, "", "status"},
+		{"status -o table", 0, "no CNI attachments", "", "status"},
 	} {
 		t.Run(tt.args, func(t *testing.T) {
 			b.mu.Lock()
 			b.asked = nil
 			b.mu.Unlock()
 			var stdout, stderr bytes.Buffer
-			args := append([]string{"-api-socket", socket}, strings.Fields(tt.args)...)
+			args := strings.Fields(strings.ReplaceAll(tt.args, "$SOCK", socket))
+			if !strings.Contains(tt.args, "$SOCK") {
+				args = append([]string{"-api-socket", socket}, args...)
+			}
 			code := run(args, &stdout, &stderr)
 			if code != tt.code || !strings.Contains(stdout.String(), tt.stdout) || !strings.Contains(stderr.String(), tt.stderr) {
 				t.Errorf("exit %d, want %d\nstdout %q, want %q in it\nstderr %q, want %q in it", code, tt.code, stdout.String(), tt.stdout, stderr.String(), tt.stderr)
 			}
-			if code == 0 && tt.stdout != "" && !strings.HasPrefix(tt.stdout, "usage") && !json.Valid(stdout.Bytes()) {
+			if code == 0 && strings.Contains(tt.args, "-o json") && !json.Valid(stdout.Bytes()) {
 				t.Errorf("not JSON: %s", stdout.String())
 			}
 			b.mu.Lock()

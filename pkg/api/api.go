@@ -25,6 +25,16 @@ type Allocation struct {
 	Created time.Time `json:"created"`
 	// Devices are the device ids of the queues.
 	Devices []string `json:"devices"`
+	// PodUID is the pod the allocation is bound to (Kubernetes): only its
+	// processes may take the allocation's sockets. Empty until the pod is
+	// known (its CNI ADD, or kubelet's PodResources).
+	PodUID string `json:"podUID,omitempty"`
+	// Pod is that pod's "namespace/name", as its CNI attachment named it.
+	Pod string `json:"pod,omitempty"`
+	// Lease lists the queues whose bound sockets a client of the broker
+	// holds, as the daemon last recorded the lease; empty when none does.
+	// A lease outlives a daemon restart: its client resumes it.
+	Lease []uint32 `json:"lease,omitempty"`
 }
 
 // Status reports pools, allocations and netdevs.
@@ -32,6 +42,9 @@ type Status struct {
 	Pools       []PoolStatus   `json:"pools"`
 	Allocations []Allocation   `json:"allocations"`
 	Netdevs     []NetdevStatus `json:"netdevs"`
+	// Attachments are the CNI attachments of the allocations, by
+	// container and interface.
+	Attachments []AttachmentStatus `json:"attachments"`
 	// ConfigError says why the config in force is not the file on disk,
 	// or what of it could not be put in force on this node.
 	ConfigError string `json:"configError,omitempty"`
@@ -124,6 +137,14 @@ type Attachment struct {
 	// names another namespace, the pod is gone and the daemon ends the
 	// attachment on its own (containerd never calls CNI GC).
 	NetnsInode uint64 `json:"netnsInode,omitempty"`
+}
+
+// AttachmentStatus is an attachment as status reports it.
+type AttachmentStatus struct {
+	Attachment
+	// State is "active", or what is being done to it: "pending" (ADD in
+	// progress) or "ending" (DEL in progress).
+	State string `json:"state"`
 }
 
 // Pool modes.

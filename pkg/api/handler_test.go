@@ -155,7 +155,7 @@ func TestHandlerRoutes(t *testing.T) {
 		answer             string // the answer's body, as JSON
 	}{
 		{"GET", "/v1/version", "", "", nil, `{"api":1}`},
-		{"GET", "/v1/status", "", "Status", nil, `{"pools":[{"name":"p","resource":"xdpq.io/p","queues":4,"free":2}],"allocations":null,"netdevs":null}`},
+		{"GET", "/v1/status", "", "Status", nil, `{"pools":[{"name":"p","resource":"xdpq.io/p","queues":4,"free":2}],"allocations":null,"netdevs":null,"attachments":null}`},
 		{"POST", "/v1/alloc", `{"pool":"p","count":2,"uid":1000}`, "Alloc", AllocRequest{Pool: "p", Count: 2, UID: 1000},
 			`{"id":"p-1","pool":"p","netdev":"eth1","queues":[2,3],"socket":"","created":"0001-01-01T00:00:00Z","devices":null}`},
 		{"POST", "/v1/free", `{"id":"p-1"}`, "Free", "p-1", `{"freed":"p-1"}`},

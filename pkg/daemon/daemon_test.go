@@ -50,7 +50,7 @@ func TestStandalone(t *testing.T) {
 	}
 	stop := start()
 	ctl := func(args ...string) (string, error) {
-		out, err := exec.Command(filepath.Join(bin, "xdpqctl"), append([]string{"-api-socket", apiSock}, args...)...).CombinedOutput()
+		out, err := exec.Command(filepath.Join(bin, "xdpqctl"), append([]string{"-api-socket", apiSock, "-o", "json"}, args...)...).CombinedOutput()
 		return string(out), err
 	}
 	// The daemon is ready (runDaemon waited): its pool is there.

@@ -28,8 +28,23 @@ func (d *Daemon) Status(ctx context.Context) (*api.Status, error) {
 		s.Pools = append(s.Pools, ps)
 	}
 	for _, a := range d.ledger.Allocations() {
-		s.Allocations = append(s.Allocations, *d.apiAllocation(a))
+		al := d.apiAllocation(a)
+		al.PodUID = a.Owner.PodUID
+		for _, ls := range a.Lease {
+			al.Lease = append(al.Lease, ls.Queue)
+		}
+		for _, att := range a.Attachments {
+			if al.Pod == "" && att.PodName != "" {
+				al.Pod = att.PodNamespace + "/" + att.PodName
+			}
+			s.Attachments = append(s.Attachments, api.AttachmentStatus{Attachment: att.Attachment, State: string(att.State)})
+		}
+		s.Allocations = append(s.Allocations, *al)
 	}
+	sort.Slice(s.Attachments, func(i, j int) bool {
+		a, b := s.Attachments[i], s.Attachments[j]
+		return a.ContainerID < b.ContainerID || a.ContainerID == b.ContainerID && a.IfName < b.IfName
+	})
 	for _, n := range d.netdevStatus() {
 		s.Netdevs = append(s.Netdevs, api.NetdevStatus{Netdev: n.Netdev, State: string(n.State), Mode: n.Mode.String(),
 			Steering: string(n.Steering), Flows: n.Flows, UnknownFlows: n.UnknownFlows, Sockets: n.Sockets, LinkUp: n.LinkUp,
