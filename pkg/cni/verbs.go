@@ -329,14 +329,22 @@ func sameFlows(a, b []api.CNIFlow) bool {
 	return slices.Equal(key(a), key(b))
 }
 
-// Status says whether the plugin can take ADDs: the daemon answers.
+// Status says whether the plugin can take ADDs: the daemon answers, in
+// the API version the plugin speaks. It asks for the version alone: the
+// runtime calls STATUS often, and the whole status is the daemon's
+// largest answer.
 func (p Plugin) Status(args *skel.CmdArgs) error {
 	c, _, err := ParseNetConf(args.StdinData)
 	if err != nil {
 		return err
 	}
-	if _, err := client(c).Status(); err != nil {
+	v, err := client(c).Version()
+	if err != nil {
 		return &types.Error{Code: types.ErrPluginNotAvailable, Msg: "xdpq daemon not reachable", Details: err.Error()}
+	}
+	if v != api.Version {
+		return &types.Error{Code: types.ErrPluginNotAvailable, Msg: "xdpq daemon of another version",
+			Details: fmt.Sprintf("the daemon speaks API version %d, this plugin %d: install the plugin of the daemon's release", v, api.Version)}
 	}
 	return nil
 }
