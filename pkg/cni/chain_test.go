@@ -46,7 +46,10 @@ func TestChainAfterBridge(t *testing.T) {
 	// one's go.sum).
 	bridge, err := os.ReadFile("/usr/lib/cni/bridge")
 	if err != nil {
-		t.Fatalf("Debian's containernetworking-plugins (CI installs it): %v", err)
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("Debian's containernetworking-plugins (CI installs it): %v", err)
+		}
+		t.Skipf("no bridge plugin (apt install containernetworking-plugins): %v", err)
 	}
 	if err := os.WriteFile(filepath.Join(n.bin, "bridge"), bridge, 0o755); err != nil {
 		t.Fatal(err)
