@@ -91,8 +91,10 @@ func (d *Daemon) attach(ctx context.Context, att *ledger.Attachment, flows []age
 	if err != nil {
 		return err
 	}
+	// The ledger records the pod as the owner with the attachment
+	// (EndAttach): one write, not two.
 	if att.PodUID != "" {
-		if err = d.setOwner(att.AllocationID, ledger.Owner{PodUID: att.PodUID}); err != nil {
+		if err = d.broker.SetOwner(att.AllocationID, brokerOwner(ledger.Owner{PodUID: att.PodUID})); err != nil {
 			d.undoAttachment(ctx, *att)
 		}
 	}

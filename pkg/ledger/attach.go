@@ -93,8 +93,9 @@ func (l *Ledger) UpdateAttachment(att Attachment) error {
 }
 
 // EndAttach ends the first phase of an attachment: with ok, it is active
-// as att says (its final record); without, it is gone. Either way the
-// record is persisted.
+// as att says (its final record), and an attachment of a pod (PodUID)
+// makes that pod the allocation's owner, in the same write; without ok,
+// it is gone. Either way the record is persisted.
 func (l *Ledger) EndAttach(att Attachment, ok bool) error {
 	key := att.Key()
 	if !ok {
@@ -113,7 +114,11 @@ func (l *Ledger) EndAttach(att Attachment, ok bool) error {
 	i := l.indexLocked(id, key)
 	att = cloneAtt(att)
 	att.AllocationID, att.State = id, Active
-	l.allocs[id].Attachments[i] = att
+	a := l.allocs[id]
+	a.Attachments[i] = att
+	if att.PodUID != "" {
+		a.Owner = Owner{PodUID: att.PodUID}
+	}
 	l.mu.Unlock()
 	return l.persist(id)
 }

@@ -611,3 +611,37 @@ func FuzzRecord(f *testing.F) {
 		}
 	})
 }
+
+// TestEndAttachOwner: an attachment of a pod, once active, makes that pod
+// the allocation's owner, in the same record write; a failed attachment
+// leaves the owner as it was.
+func TestEndAttachOwner(t *testing.T) {
+	dir := t.TempDir()
+	l := open(t, dir)
+	l.SetPools([]Pool{queuePool("upf", []string{"eth1"}, 0, 1)})
+	a, err := l.Reserve(Reservation{Pool: "upf", Devices: []string{"eth1-q0"}, Owner: Owner{AnyPod: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Commit(a.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	attach := func(container, pod string, ok bool) {
+		t.Helper()
+		att, _, err := l.BeginAttach(a.ID, Attachment{Attachment: api.Attachment{CNIAddRequest: api.CNIAddRequest{ContainerID: container, IfName: "net1", PodUID: pod}, Mode: api.ModeQueue}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.EndAttach(att, ok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	attach("c0", "pod-b", false)
+	if got, _ := l.Get(a.ID); got.Owner != (Owner{AnyPod: true}) {
+		t.Errorf("after a failed attachment the owner is %+v", got.Owner)
+	}
+	attach("c1", "pod-a", true)
+	if got, _ := open(t, dir).Get(a.ID); got.Owner != (Owner{PodUID: "pod-a"}) {
+		t.Errorf("the owner read back after an attachment of pod-a: %+v", got.Owner)
+	}
+}
