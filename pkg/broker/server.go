@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -132,7 +133,8 @@ type Server struct {
 	allocs map[string]*allocation
 	adding map[string]bool // ids whose socket Add is creating
 	closed bool
-	open   int // connections in a handshake or being refused
+	open   int           // connections in a handshake or being refused
+	staged atomic.Uint64 // names listen's staged sockets apart
 	// refusals counts the connections refused, by wire code.
 	refusals map[string]uint64
 	wg       sync.WaitGroup // connection and accept goroutines
@@ -328,8 +330,10 @@ func (s *Server) listen(a Allocation) (*allocation, error) {
 	if err := os.Chmod(staging, 0o700); err != nil {
 		return fail(err)
 	}
-	tmp := filepath.Join(staging, a.ID+".sock")
-	os.Remove(tmp) // a predecessor's, left by a crash
+	// Unique to this server and call: servers of other processes may
+	// share the directory (tests do; daemons do not, their state
+	// directory's lock keeps a second one out).
+	tmp := filepath.Join(staging, fmt.Sprintf("%s.%d.%d.sock", a.ID, os.Getpid(), s.staged.Add(1)))
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: tmp, Net: "unixpacket"})
 	if err != nil {
 		return fail(err)
