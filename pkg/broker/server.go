@@ -332,8 +332,10 @@ func (s *Server) listen(a Allocation) (*allocation, error) {
 	}
 	// Unique to this server and call: servers of other processes may
 	// share the directory (tests do; daemons do not, their state
-	// directory's lock keeps a second one out).
-	tmp := filepath.Join(staging, fmt.Sprintf("%s.%d.%d.sock", a.ID, os.Getpid(), s.staged.Add(1)))
+	// directory's lock keeps a second one out). Short: a socket's path
+	// has room for 107 bytes, and this one must fit wherever the
+	// allocation's own (<dir>/xdpq.sock) does.
+	tmp := filepath.Join(staging, fmt.Sprintf("%d.%d", os.Getpid(), s.staged.Add(1)))
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: tmp, Net: "unixpacket"})
 	if err != nil {
 		return fail(err)
