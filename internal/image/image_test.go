@@ -317,12 +317,7 @@ func TestBuildRefuses(t *testing.T) {
 func TestArchiveRunsInContainerd(t *testing.T) {
 	testnet.RequireRoot(t)
 	for _, bin := range []string{"containerd", "ctr", "runc"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s: %v (.ci/run installs Debian's containerd)", bin, err)
-			}
-			t.Skipf("%s not installed (Debian's containerd package; CI installs it)", bin)
-		}
+		testnet.RequireTool(t, "containerd runc", bin)
 	}
 	p := archive(t, runtime.GOARCH)
 	sock := startContainerd(t)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
@@ -31,6 +32,31 @@ func RequireRoot(tb testing.TB) {
 		tb.Fatal("this test needs root and a kernel with AF_XDP; CI=true runs it as root")
 	}
 	tb.Skip("needs root (runs under CI=true)")
+}
+
+// RequireTool returns the path of the first of names found (in PATH, or
+// as given when absolute). Without any it skips the test, saying which
+// Debian package to install, except under CI=true, where it fails: CI
+// installs every tool a test needs (.ci/run).
+func RequireTool(tb testing.TB, pkg string, names ...string) string {
+	tb.Helper()
+	for _, n := range names {
+		if filepath.IsAbs(n) {
+			if _, err := os.Stat(n); err == nil {
+				return n
+			}
+			continue
+		}
+		if p, err := exec.LookPath(n); err == nil {
+			return p
+		}
+	}
+	msg := fmt.Sprintf("needs %s (Debian: apt-get install %s)", strings.Join(names, " or "), pkg)
+	if os.Getenv("CI") == "true" {
+		tb.Fatal(msg + "; .ci/run installs it")
+	}
+	tb.Skip(msg + " (runs under CI=true)")
+	return ""
 }
 
 // Link is one end of the pair.

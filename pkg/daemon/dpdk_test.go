@@ -327,13 +327,7 @@ var testpmdRX = regexp.MustCompile(`Accumulated forward statistics[^\n]*\n\s*RX-
 // queue; without any one of those capabilities its port does not start.
 // The netdev comes back to the node without DPDK's program.
 func TestTestpmdInPod(t *testing.T) {
-	testpmd, err := exec.LookPath("dpdk-testpmd")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI installs dpdk-dev and librte-net-af-xdp23: ", err)
-		}
-		t.Skip("no dpdk-testpmd: ", err)
-	}
+	testpmd := testnet.RequireTool(t, "dpdk-dev librte-net-af-xdp23", "dpdk-testpmd")
 	pair := testnet.NewPair(t, 2)
 	o := standaloneOpts(t, pair, t.TempDir(), testPins(t), "pools: [{name: vf, mode: netdev, devices: {netdevs: [xa]}}]\n")
 	d, _ := runDaemon(t, o)

@@ -44,19 +44,7 @@ func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
 // is installed and the test must run.
 func build(t *testing.T, targets ...string) string {
 	t.Helper()
-	cc := ""
-	for _, name := range []string{"clang", "clang-14"} {
-		if p, err := exec.LookPath(name); err == nil {
-			cc = p
-			break
-		}
-	}
-	if cc == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("no clang or clang-14 in PATH; .ci/run installs clang-14")
-		}
-		t.Skip("needs clang or clang-14 (runs under CI=true)")
-	}
+	cc := testnet.RequireTool(t, "clang-14", "clang", "clang-14")
 	dir := t.TempDir()
 	args := []string{"-s", "-C", "..", "O=" + dir, "CC=" + cc}
 	for _, target := range targets {
