@@ -545,9 +545,14 @@ func (a *Agent) probeOrphans(d *netdev) {
 func (a *Agent) reconcile(d *netdev) {
 	began := time.Now()
 	prev := d.status
+	failed := false // the kernel refused what the netdev needs: a warning, not news
 	defer func() {
 		if d.status.State != prev.State || d.status.Reason != prev.Reason {
-			a.log.Info("netdev state", "netdev", d.name, "state", d.status.State, "mode", d.status.Mode,
+			level := slog.LevelInfo
+			if failed {
+				level = slog.LevelWarn
+			}
+			a.log.Log(context.Background(), level, "netdev state", "netdev", d.name, "state", d.status.State, "mode", d.status.Mode,
 				"program", d.status.Program, "foreign", d.status.Foreign, "reason", d.status.Reason)
 		}
 		if a.cfg.OnChange != nil && (d.status.State != prev.State || d.status.LinkUp != prev.LinkUp ||
@@ -585,6 +590,7 @@ func (a *Agent) reconcile(d *netdev) {
 	att, err := xdp.Query(a.cfg.NetNS, d.ifindex)
 	if err != nil {
 		d.status.State, d.status.Reason = StateNone, err.Error()
+		failed = true
 		return
 	}
 	lingering, left := d.lingering(a.now())
@@ -604,6 +610,7 @@ func (a *Agent) reconcile(d *netdev) {
 		if !want && d.link == nil {
 			if err := xdp.Detach(a.cfg.NetNS, d.ifindex, att.Mode, d.running); err != nil {
 				d.status.State, d.status.Reason = state, "detach: "+err.Error()
+				failed = true
 				return
 			}
 			d.setRunning(nil)
@@ -624,6 +631,7 @@ func (a *Agent) reconcile(d *netdev) {
 		}
 		if err != nil {
 			d.status.State, d.status.Reason = StateNone, "attach: "+err.Error()
+			failed = true
 			return
 		}
 		d.setRunning(d.prog.Prog())

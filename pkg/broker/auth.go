@@ -58,10 +58,29 @@ func peerOf(c *net.UnixConn, procRoot string) (Peer, error) {
 		return p, fmt.Errorf("peer pid %d: cgroup: %w", cred.Pid, err)
 	}
 	p.Pod, p.PodErr = ParsePodCgroup(string(b))
-	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
+	// A pidfd is readable once its process has exited. (Signal 0 would
+	// tell too, but needs CAP_KILL for another uid's process, which the
+	// DaemonSet does not give the daemon.)
+	if exited, err := pidExited(pidfd); err != nil || exited {
 		return p, fmt.Errorf("peer pid %d exited while being identified", cred.Pid)
 	}
 	return p, nil
+}
+
+// pidExited says whether the process of pidfd has exited, without
+// waiting.
+func pidExited(pidfd int) (bool, error) {
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return false, err
+		}
+		return n > 0 && fds[0].Revents&(unix.POLLIN|unix.POLLHUP) != 0, nil
+	}
 }
 
 // Owner is who may use an allocation.

@@ -299,10 +299,11 @@ func TestMaxConnections(t *testing.T) {
 }
 
 // TestSocketModes: who can reach an allocation's socket. An owner known
-// by uid (standalone) owns its directory and socket, and nobody else may
-// enter or connect; an owner known by its pod (Kubernetes, uid unknown)
-// has a socket open to whoever sees it, the directory being mounted into
-// its container only.
+// by uid (standalone) owns its socket, and nobody else may list the
+// directory or connect; an owner known by its pod (Kubernetes, uid
+// unknown) has a socket open to whoever sees it, the directory being
+// mounted into its container only. Root owns the directory always: the
+// daemon, without CAP_DAC_OVERRIDE, writes there.
 func TestSocketModes(t *testing.T) {
 	for _, c := range []struct {
 		name              string
@@ -310,8 +311,8 @@ func TestSocketModes(t *testing.T) {
 		uid               uint32
 		dirMode, sockMode os.FileMode
 	}{
-		{"owned by uid 65534", broker.Owner{UID: uid(65534)}, 65534, 0o700, 0o600},
-		{"owned by root", broker.Owner{UID: uid(0)}, 0, 0o700, 0o600},
+		{"owned by uid 65534", broker.Owner{UID: uid(65534)}, 65534, 0o711, 0o600},
+		{"owned by root", broker.Owner{UID: uid(0)}, 0, 0o711, 0o600},
 		{"owned by a pod", broker.Owner{PodUID: podA}, 0, 0o755, 0o666},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -321,8 +322,12 @@ func TestSocketModes(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != mode || st.Uid != c.uid {
-					t.Errorf("%s is uid %d mode %v, want uid %d mode %v", path, st.Uid, fi.Mode().Perm(), c.uid, mode)
+				want := c.uid
+				if path == e.alloc.Dir {
+					want = 0
+				}
+				if st := fi.Sys().(*syscall.Stat_t); fi.Mode().Perm() != mode || st.Uid != want {
+					t.Errorf("%s is uid %d mode %v, want uid %d mode %v", path, st.Uid, fi.Mode().Perm(), want, mode)
 				}
 			}
 		})

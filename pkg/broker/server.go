@@ -354,10 +354,13 @@ func (s *Server) listen(a Allocation) (*allocation, error) {
 	if owned(a.Owner) {
 		uid, mode = int(*a.Owner.UID), 0o600
 	}
-	if err := os.Chown(tmp, uid, -1); err != nil {
+	// The mode while root owns it, then the owner: a daemon that changes
+	// the mode of a file it does not own needs CAP_FOWNER, which the
+	// DaemonSet does not give it.
+	if err := os.Chmod(tmp, mode); err != nil {
 		return undo(err)
 	}
-	if err := os.Chmod(tmp, mode); err != nil {
+	if err := os.Chown(tmp, uid, -1); err != nil {
 		return undo(err)
 	}
 	for i := range a.Links {
@@ -404,18 +407,24 @@ const StagingDir = ".staging"
 // whose alone its directory and socket are.
 func owned(o Owner) bool { return o.UID != nil && o.PodUID == "" && !o.AnyPod }
 
-// restrictDir sets who may reach an allocation's directory and socket. An
-// owner known by uid (standalone) owns both (0700, 0600): no other local
-// user can connect at all. An owner known by its pod (Kubernetes) runs as
-// a uid the daemon does not know: the directory is mounted into the pod's
-// container only, and the socket is open to whoever sees it (0666); the
-// broker decides by the peer's credentials, at once.
+// restrictDir sets who may reach an allocation's directory. Root owns it,
+// always: the daemon (root without CAP_DAC_OVERRIDE or CAP_FOWNER in the
+// DaemonSet) puts sockets in it and removes them, and the holder can
+// plant nothing there. An owner known by uid (standalone) gets 0711: the
+// socket inside is its alone (0600), and other users may not list the
+// directory. An owner known by its pod (Kubernetes) runs as a uid the
+// daemon does not know: the directory is mounted into the pod's container
+// only, and it and the socket are open to whoever sees them (0755, 0666);
+// the broker decides by the peer's credentials, at once.
 func restrictDir(dir string, o Owner) error {
-	uid, mode := 0, os.FileMode(0o755)
+	mode := os.FileMode(0o755)
 	if owned(o) {
-		uid, mode = int(*o.UID), 0o700
+		mode = 0o711
 	}
-	if err := os.Lchown(dir, uid, -1); err != nil {
+	// Root first (a directory of an older daemon was its owner's), then
+	// the mode: the mode of a directory root does not own would need
+	// CAP_FOWNER.
+	if err := os.Lchown(dir, 0, -1); err != nil {
 		return err
 	}
 	return os.Chmod(dir, mode)
@@ -461,8 +470,8 @@ func (s *Server) lookup(id string) (*allocation, error) {
 // SetOwner changes who may use an allocation from now on (connections
 // already open are not affected): Kubernetes learns the pod of an
 // allocation only after Allocate, from the CNI plugin. Who may reach its
-// socket stays as Add made it (restrictDir): the directory is the owner's
-// to change, so the daemon changes nothing in it by path.
+// socket stays as Add made it (restrictDir): the daemon changes nothing
+// in the directory by path.
 func (s *Server) SetOwner(id string, o Owner) error {
 	al, err := s.lookup(id)
 	if err != nil {

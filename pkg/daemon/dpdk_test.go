@@ -59,23 +59,31 @@ func netdevInPod(t *testing.T, d *Daemon, pool string) (*api.Allocation, ns.NetN
 // on its socket.
 func dpdkClient(t *testing.T, socket string, pod ns.NetNS, ifname string, queue uint32) *traffic.Receiver {
 	t.Helper()
-	c, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET, 0)
+	rcv, err := tryDPDKClient(t, socket, pod, ifname, queue)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return rcv
+}
+
+// tryDPDKClient is dpdkClient, returning what fails.
+func tryDPDKClient(t *testing.T, socket string, pod ns.NetNS, ifname string, queue uint32) (*traffic.Receiver, error) {
+	c, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET, 0)
+	if err != nil {
+		return nil, err
+	}
 	defer unix.Close(c)
 	if err := unix.Connect(c, &unix.SockaddrUnix{Name: socket}); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	ask := func(cmd string) (string, int) {
-		t.Helper()
+	ask := func(cmd string) (string, int, error) {
 		if _, err := unix.Write(c, []byte(cmd)); err != nil {
-			t.Fatal(err)
+			return "", -1, err
 		}
 		buf, oob := make([]byte, 128), make([]byte, unix.CmsgSpace(4))
 		n, oobn, _, _, err := unix.Recvmsg(c, buf, oob, 0)
 		if err != nil {
-			t.Fatal(err)
+			return "", -1, err
 		}
 		fd := -1
 		if msgs, _ := unix.ParseSocketControlMessage(oob[:oobn]); len(msgs) == 1 {
@@ -83,27 +91,30 @@ func dpdkClient(t *testing.T, socket string, pod ns.NetNS, ifname string, queue 
 				fd = fds[0]
 			}
 		}
-		return string(buf[:n]), fd
+		return string(buf[:n]), fd, nil
 	}
-	for cmd, want := range map[string]string{"/connect,pod": "/host_ok", "/version": "0.1"} {
-		if r, _ := ask(cmd); r != want {
-			t.Fatalf("%s: %q, want %q", cmd, r, want)
+	for _, q := range [][2]string{{"/connect,pod", "/host_ok"}, {"/version", "0.1"}} {
+		if r, _, err := ask(q[0]); err != nil || r != q[1] {
+			return nil, fmt.Errorf("%s: %q %v, want %q", q[0], r, err, q[1])
 		}
 	}
-	r, mapFD := ask("/xsk_map_fd," + ifname)
-	if r != "/fd_ack" || mapFD < 0 {
-		t.Fatalf("/xsk_map_fd,%s: %q", ifname, r)
+	r, mapFD, err := ask("/xsk_map_fd," + ifname)
+	if err != nil || r != "/fd_ack" || mapFD < 0 {
+		return nil, fmt.Errorf("/xsk_map_fd,%s: %q %v", ifname, r, err)
 	}
 	m, err := ebpf.NewMapFromFD(mapFD)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	defer m.Close()
-	rcv := ownSocket(t, pod, ifname, queue, m)
-	if r, _ := ask("/fin"); r != "/fin_ack" {
-		t.Fatalf("/fin: %q", r)
+	rcv, err := tryOwnSocket(t, pod, ifname, queue, m)
+	if err != nil {
+		return nil, err
 	}
-	return rcv
+	if r, _, err := ask("/fin"); err != nil || r != "/fin_ack" {
+		return nil, fmt.Errorf("/fin: %q %v", r, err)
+	}
+	return rcv, nil
 }
 
 // ownSocket binds a socket of the test's own to queue of ifname in the
@@ -111,6 +122,16 @@ func dpdkClient(t *testing.T, socket string, pod ns.NetNS, ifname string, queue 
 // got, and returns a receiver on it.
 func ownSocket(t *testing.T, pod ns.NetNS, ifname string, queue uint32, m *ebpf.Map) *traffic.Receiver {
 	t.Helper()
+	rcv, err := tryOwnSocket(t, pod, ifname, queue, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rcv
+}
+
+// tryOwnSocket is ownSocket, returning what fails; the socket is closed
+// when the test ends.
+func tryOwnSocket(t *testing.T, pod ns.NetNS, ifname string, queue uint32, m *ebpf.Map) (*traffic.Receiver, error) {
 	var ifindex int
 	if err := pod.Do(func(ns.NetNS) error {
 		l, err := netlink.LinkByName(ifname)
@@ -119,26 +140,22 @@ func ownSocket(t *testing.T, pod ns.NetNS, ifname string, queue uint32, m *ebpf.
 		}
 		return err
 	}); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	umem, socks, err := xsk.Open(xsk.Netdev{Name: ifname, Ifindex: ifindex, NetNS: pod.Path()}, []uint32{queue}, 256,
 		xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: xsk.Rings{Fill: 256, Completion: 64, RX: 256}})
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	t.Cleanup(func() { socks[0].Close(); umem.Close() })
 	if err := m.Update(queue, uint32(socks[0].FD()), ebpf.UpdateAny); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	addrs := make([]uint64, 256)
 	for i := range addrs {
 		addrs[i] = umem.FrameAddr(i)
 	}
-	rcv, err := traffic.NewReceiver(socks[0], addrs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rcv
+	return traffic.NewReceiver(socks[0], addrs)
 }
 
 // TestDPDKNetdevPool: DPDK in a netdev-mode pool with the defaults
