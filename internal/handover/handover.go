@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -281,4 +282,41 @@ func RunPod(timeout time.Duration, pod func(*net.UnixConn) error) int {
 		return 1
 	}
 	return 0
+}
+
+// PodCgroup creates the cgroup of a pod's container (cgroupfs layout on cgroup
+// v1, systemd layout on cgroup v2), as kubelet lays them out, and returns
+// its cgroup.procs file; it is removed when the test ends.
+func PodCgroup(t testing.TB, container, podUID string) string {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs("/sys/fs/cgroup", &st); err != nil {
+		t.Fatal(err)
+	}
+	var root string
+	var rel []string
+	if st.Type == unix.CGROUP2_SUPER_MAGIC {
+		root = "/sys/fs/cgroup"
+		rel = []string{"kubepods.slice", "kubepods-besteffort.slice",
+			"kubepods-besteffort-pod" + strings.ReplaceAll(podUID, "-", "_") + ".slice", "cri-containerd-" + container + ".scope"}
+	} else {
+		root = "/sys/fs/cgroup/pids"
+		rel = []string{"kubepods", "besteffort", "pod" + podUID, container}
+	}
+	var made []string
+	dir := root
+	for _, r := range rel {
+		dir = filepath.Join(dir, r)
+		if err := os.Mkdir(dir, 0o755); err == nil {
+			made = append(made, dir)
+		} else if !os.IsExist(err) {
+			t.Fatalf("cgroup %s: %v", dir, err)
+		}
+	}
+	t.Cleanup(func() {
+		for i := len(made) - 1; i >= 0; i-- {
+			os.Remove(made[i])
+		}
+	})
+	return filepath.Join(dir, "cgroup.procs")
 }

@@ -60,6 +60,7 @@ type envConfig struct {
 	maxHandshakes int
 	maxConns      int
 	links         []string // names in each allocation's directory
+	claimPod      func(ctx context.Context, alloc string, pod broker.PodIdentity) error
 }
 
 type leaseEvent struct {
@@ -149,7 +150,7 @@ func (e *env) startDaemon(t *testing.T, resumable map[string][]broker.LeaseSocke
 		t.Fatal(err)
 	}
 	e.srv = broker.NewServer(broker.Config{StepTimeout: e.cfg.stepTimeout, MaxHandshakes: e.cfg.maxHandshakes, MaxConnections: e.cfg.maxConns,
-		Logger: e.agentC.Logger, OnLease: func(alloc string, socks []broker.LeaseSocket) {
+		ClaimPod: e.cfg.claimPod, Logger: e.agentC.Logger, OnLease: func(alloc string, socks []broker.LeaseSocket) {
 			e.leases.add(leaseEvent{alloc, socks})
 		}}, a)
 	for _, al := range e.allocs {

@@ -2,16 +2,16 @@ package broker_test
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/xdpq/xdpq/internal/handover"
 	"github.com/xdpq/xdpq/internal/testnet"
@@ -32,42 +32,6 @@ const (
 	perQueue   = 1000
 	frameBytes = 100
 )
-
-// podCgroup creates a pod's container cgroup (cgroupfs layout on cgroup
-// v1, systemd layout on cgroup v2) and returns its cgroup.procs file.
-func podCgroup(t *testing.T, podUID string) string {
-	t.Helper()
-	var st unix.Statfs_t
-	if err := unix.Statfs("/sys/fs/cgroup", &st); err != nil {
-		t.Fatal(err)
-	}
-	var root string
-	var rel []string
-	if st.Type == unix.CGROUP2_SUPER_MAGIC {
-		root = "/sys/fs/cgroup"
-		rel = []string{"kubepods.slice", "kubepods-besteffort.slice",
-			"kubepods-besteffort-pod" + strings.ReplaceAll(podUID, "-", "_") + ".slice", "cri-containerd-" + container + ".scope"}
-	} else {
-		root = "/sys/fs/cgroup/pids"
-		rel = []string{"kubepods", "besteffort", "pod" + podUID, container}
-	}
-	var made []string
-	dir := root
-	for _, r := range rel {
-		dir = filepath.Join(dir, r)
-		if err := os.Mkdir(dir, 0o755); err == nil {
-			made = append(made, dir)
-		} else if !os.IsExist(err) {
-			t.Fatalf("cgroup %s: %v", dir, err)
-		}
-	}
-	t.Cleanup(func() {
-		for i := len(made) - 1; i >= 0; i-- {
-			os.Remove(made[i])
-		}
-	})
-	return filepath.Join(dir, "cgroup.procs")
-}
 
 // startPod starts the pod process, puts it in the cgroup (if any) and
 // tells it where the allocation's socket is.
@@ -99,7 +63,7 @@ func startPod(t *testing.T, e *env, procs string) (*handover.Pod, *bytes.Buffer)
 func TestUnprivilegedPod(t *testing.T) {
 	e := newEnv(t, broker.Owner{PodUID: podA, ContainerID: container}, allowTX)
 	pr := e.peer(t)
-	pod, stderr := startPod(t, e, podCgroup(t, podA))
+	pod, stderr := startPod(t, e, handover.PodCgroup(t, container, podA))
 	m, _, err := handover.Expect(pod.Conn, "leased", 0)
 	if err != nil {
 		t.Fatalf("%v\npod stderr:\n%s", err, stderr)
@@ -154,7 +118,7 @@ func TestOtherPodRefused(t *testing.T) {
 		procs  string
 		reason string
 	}{
-		{"another pod", podCgroup(t, podB), "not to pod " + podB},
+		{"another pod", handover.PodCgroup(t, container, podB), "not to pod " + podB},
 		{"no pod", "", "is in no pod"},
 	} {
 		pod, stderr := startPod(t, e, c.procs)
@@ -169,6 +133,58 @@ func TestOtherPodRefused(t *testing.T) {
 		if s := e.sockets(); len(s) != 0 {
 			t.Errorf("%s: sockets %v", c.name, s)
 		}
+	}
+}
+
+// TestClaimPod: an allocation made for whichever pod kubelet gives it
+// (Allocate does not say which) is bound to the first pod whose process
+// connects and that the daemon says holds it (Config.ClaimPod). A process
+// of a pod that does not hold it is refused, before and after; once
+// bound, so is a process of any pod but that one, without asking. (Before,
+// any process of any pod that reached the socket got the queues.)
+func TestClaimPod(t *testing.T) {
+	var asked []string
+	var mu sync.Mutex
+	e := newEnvWith(t, envConfig{owner: broker.Owner{AnyPod: true}, limits: allowTX, stepTimeout: 5 * time.Second,
+		claimPod: func(_ context.Context, alloc string, pod broker.PodIdentity) error {
+			mu.Lock()
+			asked = append(asked, pod.PodUID)
+			mu.Unlock()
+			if alloc != "alloc-1" || pod.PodUID != podA {
+				return errors.New("kubelet says it holds none of xa-q0, xa-q1")
+			}
+			return nil
+		}})
+	podACgroup, podBCgroup := handover.PodCgroup(t, container, podA), handover.PodCgroup(t, container, podB)
+	refused := func(procs, reason string) {
+		t.Helper()
+		pod, stderr := startPod(t, e, procs)
+		m, _, err := handover.Expect(pod.Conn, "refused", 0)
+		if err != nil {
+			t.Fatalf("%v\npod stderr:\n%s", err, stderr)
+		}
+		if !strings.Contains(m.Reason, "forbidden") || !strings.Contains(m.Reason, reason) {
+			t.Errorf("refused with %q, want %q", m.Reason, reason)
+		}
+		pod.Wait()
+	}
+	refused(podBCgroup, "pod "+podB+": kubelet says it holds none of xa-q0, xa-q1")
+	refused("", "is in no pod")
+
+	pod, stderr := startPod(t, e, podACgroup)
+	if _, _, err := handover.Expect(pod.Conn, "leased", 0); err != nil {
+		t.Fatalf("the pod that holds it: %v\n%s", err, stderr)
+	}
+	pod.Kill()
+	pod.Wait()
+	mu.Lock()
+	n := len(asked)
+	mu.Unlock()
+	refused(podBCgroup, "belongs to pod "+podA+", not to pod "+podB)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) != n || n != 2 {
+		t.Errorf("claims asked %v: want one for pod B and one for pod A, none once bound", asked)
 	}
 }
 

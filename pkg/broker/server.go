@@ -120,7 +120,19 @@ type Config struct {
 	// Close reports nothing: the leases stay in the kernel for the next
 	// daemon to resume.
 	OnLease func(alloc string, socks []LeaseSocket)
-	Logger  *slog.Logger
+	// ClaimPod, if set, is asked before an allocation whose owner is any
+	// pod (Owner.AnyPod) serves a process of a pod: whether that pod
+	// holds the allocation (the daemon asks kubelet which devices the pod
+	// has). Nil binds the allocation to the pod: from then on its owner
+	// is that pod, and a process of any other pod is refused. An error
+	// refuses the peer, with the error as the reason. It is called on the
+	// connection's goroutine with no lock of the server held, with a
+	// context that ends after StepTimeout; calls for one allocation may
+	// run concurrently (the owner taken is the first claim's to finish).
+	// Without it any pod's process is accepted: the allocation's
+	// directory, mounted into its container only, keeps others out.
+	ClaimPod func(ctx context.Context, alloc string, pod PodIdentity) error
+	Logger   *slog.Logger
 }
 
 // Server serves the allocations' sockets.
@@ -745,6 +757,30 @@ func (s *Server) admit(c *net.UnixConn, al *allocation) {
 	}()
 }
 
+// claim binds an allocation whose owner is any pod to the pod of its
+// peer, if Config.ClaimPod says that pod holds it; else the peer is
+// refused. Allocations with another owner pass.
+func (s *Server) claim(al *allocation, peer Peer) error {
+	if s.cfg.ClaimPod == nil || !al.policy().owner.AnyPod {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.StepTimeout)
+	defer cancel()
+	if err := s.cfg.ClaimPod(ctx, al.id, peer.Pod); err != nil {
+		return refuse(wire.CodeForbidden, "pod %s: %v", peer.Pod.PodUID, err)
+	}
+	al.mu.Lock()
+	defer al.mu.Unlock()
+	if al.owner.AnyPod {
+		al.owner = Owner{PodUID: peer.Pod.PodUID}
+		return nil
+	}
+	if err := al.owner.check(peer); err != nil { // another pod's claim came first
+		return refuse(wire.CodeForbidden, "%v", err)
+	}
+	return nil
+}
+
 // closeSlot gives back a connection's place under MaxConnections.
 func (s *Server) closeSlot() {
 	s.mu.Lock()
@@ -827,6 +863,17 @@ func (s *Server) recv(c *net.UnixConn, maxFDs int, timeout time.Duration) ([]byt
 func (s *Server) serve(c *net.UnixConn, al *allocation, peer Peer, release func()) (*lease, error) {
 	first, fds, err := s.recv(c, 1, s.cfg.StepTimeout)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.claim(al, peer); err != nil {
+		closeFDs(fds)
+		if first[0] == '/' { // told in the protocol it speaks
+			s.countRefusal(wire.CodeForbidden)
+			s.warn(al, "refused", "peer", peer.String(), "reason", err)
+			c.SetWriteDeadline(time.Now().Add(s.cfg.StepTimeout))
+			xsk.SendFDs(c, []byte(dpdkHostNak), nil)
+			return nil, nil
+		}
 		return nil, err
 	}
 	if first[0] == '/' {

@@ -64,7 +64,13 @@ type Options struct {
 	// MetricsAddr is the TCP address of /metrics, /healthz and /readyz
 	// (host:port); "" serves none.
 	MetricsAddr string
-	Logger      *slog.Logger
+	// Pods finds this node's pods by UID (Kubernetes mode, with an API
+	// server): an allocation is then bound to the pod whose process
+	// connects first, if kubelet says that pod holds it. Nil: an
+	// allocation is bound to its pod only by CNI ADD (K8S_POD_UID); until
+	// then a process of any pod that reaches its socket is served.
+	Pods   PodDirectory
+	Logger *slog.Logger
 }
 
 // DefaultAPISocket is where the daemon serves its local API.
@@ -189,7 +195,11 @@ func New(opts Options) (_ *Daemon, err error) {
 	if err := m.InitErr(); err != nil {
 		d.log.Warn("a netdev-mode pool's netdev that the kernel returns to the initial namespace will not be found", "err", err)
 	}
-	d.broker = broker.NewServer(broker.Config{Logger: opts.Logger, OnLease: d.onLease}, nodeAgent)
+	bcfg := broker.Config{Logger: opts.Logger, OnLease: d.onLease}
+	if !opts.Standalone && opts.Pods != nil {
+		bcfg.ClaimPod = d.claimPod
+	}
+	d.broker = broker.NewServer(bcfg, nodeAgent)
 	d.metrics = newMetrics(d)
 	return d, nil
 }

@@ -2,10 +2,12 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -17,9 +19,11 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
 
+	"github.com/xdpq/xdpq/internal/handover"
 	"github.com/xdpq/xdpq/internal/kubelettest"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/client"
 )
 
 // fakePodResources is kubelet's PodResources List: one pod holding the
@@ -188,4 +192,110 @@ func allocateAgain(t *testing.T, plugins string) string {
 		t.Fatal(err)
 	}
 	return resp.ContainerResponses[0].Mounts[0].HostPath
+}
+
+// fakePods is a PodDirectory of fixed pods: UID to namespace/name.
+type fakePods map[string]string
+
+func (f fakePods) PodByUID(_ context.Context, uid string) (string, string, error) {
+	nn, ok := f[uid]
+	if !ok {
+		return "", "", fmt.Errorf("no pod %s on this node", uid)
+	}
+	ns, name, _ := strings.Cut(nn, "/")
+	return ns, name, nil
+}
+
+// joinCgroup moves this process into the cgroup of procs until the test
+// ends (or the returned function is called).
+func joinCgroup(t *testing.T, procs string) (leave func()) {
+	t.Helper()
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Back to where this process was in procs's hierarchy.
+	root := filepath.Dir(procs)
+	for filepath.Base(root) != "kubepods" && filepath.Base(root) != "kubepods.slice" && root != "/" {
+		root = filepath.Dir(root)
+	}
+	root = filepath.Dir(root)
+	var back string
+	for _, l := range strings.Split(strings.TrimSpace(string(self)), "\n") {
+		f := strings.SplitN(l, ":", 3)
+		if len(f) == 3 && (root == "/sys/fs/cgroup" && f[0] == "0" || strings.HasSuffix(root, "/"+f[1])) {
+			back = filepath.Join(root, f[2], "cgroup.procs")
+		}
+	}
+	if back == "" {
+		t.Fatalf("this process's cgroup under %s not found in %q", root, self)
+	}
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	if err := os.WriteFile(procs, pid, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	left := false
+	leave = func() {
+		if !left {
+			left = true
+			if err := os.WriteFile(back, pid, 0o644); err != nil {
+				t.Errorf("back to %s: %v", back, err)
+			}
+		}
+	}
+	t.Cleanup(leave)
+	return leave
+}
+
+// TestClaimPod: in Kubernetes mode with an API server, kubelet's Allocate
+// does not say which pod an allocation is for; the first process of a pod
+// that kubelet says holds its devices binds it to that pod, for good
+// (also across a restart), and a process of another pod is refused,
+// before and after. (Before, a process of any pod that reached the
+// socket got the queues until CNI ADD named the pod.)
+func TestClaimPod(t *testing.T) {
+	const (
+		podA      = "0c1d2e3f-4a5b-6c7d-8e9f-0a1b2c3d4e5f"
+		podB      = "11111111-2222-3333-4444-555555555555"
+		container = "4b825dc642cb6eb9a060e54bf8d69288fbee4904abcdef0123456789abcdef01"
+	)
+	p := testnet.NewPair(t, 4)
+	dir := t.TempDir()
+	plugins := filepath.Join(dir, "plugins")
+	os.MkdirAll(plugins, 0o755)
+	regs := kubelettest.Start(t, plugins).Registrations
+	prSock := filepath.Join(dir, "pod-resources.sock")
+	pr := serveFakePodResources(t, prSock)
+	cfg := filepath.Join(dir, "config.yaml")
+	os.WriteFile(cfg, []byte("pools: [{name: dns, steering: hardware, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
+	o := Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(testPins(t), "xdpq"),
+		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), APISocket: filepath.Join(dir, "api.sock"), PluginDir: plugins,
+		PodResourcesSocket: prSock, CollectPeriod: time.Hour, Pods: fakePods{podA: "default/dns-0", podB: "default/web-0"}}
+	d, stop := runDaemon(t, o)
+	<-regs
+	pr.set("xa-q2", "xa-q3") // held by default/dns-0
+	socket := filepath.Join(allocateAgain(t, plugins), "xdpq.sock")
+	procsA, procsB := handover.PodCgroup(t, container, podA), handover.PodCgroup(t, container, podB)
+
+	connect := func(procs string) (*client.Lease, error) {
+		defer joinCgroup(t, procs)()
+		return client.Connect(socket, client.Options{Ring: 256, Timeout: 5 * time.Second})
+	}
+	if _, err := connect(procsB); err == nil || !strings.Contains(err.Error(), "forbidden: pod "+podB+": kubelet pod resources") {
+		t.Fatalf("a process of another pod, first: %v", err)
+	}
+	l, err := connect(procsA)
+	if err != nil {
+		t.Fatalf("a process of the pod that holds it: %v", err)
+	}
+	l.Close()
+	if a := d.ledger.Allocations(); len(a) != 1 || a[0].Owner.PodUID != podA || a[0].Owner.AnyPod {
+		t.Errorf("the allocation's owner is not the pod: %+v", a)
+	}
+	stop()
+	runDaemon(t, o)
+	<-regs
+	if _, err := connect(procsB); err == nil || !strings.Contains(err.Error(), "belongs to pod "+podA+", not to pod "+podB) {
+		t.Fatalf("a process of another pod, once bound and after a restart: %v", err)
+	}
 }
