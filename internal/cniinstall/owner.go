@@ -121,7 +121,7 @@ type object struct {
 // when a pod ends the installer knows whether the DaemonSet went with it
 // (helm uninstall, kubectl delete: the CNI plugin must go too) or stays
 // (a rolling update, a restart, an eviction, a node shutdown: the plugin
-// must stay, or CNI DEL of the node's pods fails until it is back).
+// must stay, for the node's pods whose CNI DEL, CHECK and STATUS run it).
 //
 // It watches rather than asks once at the end because of how the end
 // comes: helm uninstall deletes the DaemonSet and, in the same breath,
@@ -259,8 +259,9 @@ func decodeOK(resp *http.Response, v any) error {
 // and why it thinks so. What the watch saw decides; when it saw nothing
 // (the API server was away the whole time) the DaemonSet is asked for
 // once. Whatever is not known keeps the plugin: a plugin left behind is
-// one file an operator can remove, a plugin missing under running pods
-// fails every CNI DEL of the node.
+// one file an operator can remove; a plugin taken from under a running
+// xdpq fails the CNI calls of the node's pods until a new xdpq pod
+// installs it again.
 func (o *Owner) Uninstalling(ctx context.Context) (bool, string) {
 	o.mu.Lock()
 	gone, seen := o.gone, o.seenAny
