@@ -32,7 +32,16 @@ type Options struct {
 	APIVersions []string
 	// IncludeCRDs puts the chart's crds/ first (--include-crds).
 	IncludeCRDs bool
+	// KubeVersion is the cluster's Kubernetes version (--kube-version);
+	// default KubeVersion.
+	KubeVersion string
 }
+
+// KubeVersion is the Kubernetes version a rendering assumes unless told:
+// that of the client-go Helm v4.3.2 is built with, which `helm template`
+// assumes. (The SDK's default in a test binary, which lacks the build
+// information it reads it from, is v1.20.0.)
+const KubeVersion = "v1.37.2"
 
 // Rendered is the output of a rendering.
 type Rendered struct {
@@ -71,6 +80,14 @@ func Render(dir string, o Options) (*Rendered, error) {
 	install.Replace = true
 	install.IncludeCRDs = o.IncludeCRDs
 	install.APIVersions = common.VersionSet(o.APIVersions)
+	if o.KubeVersion == "" {
+		o.KubeVersion = KubeVersion
+	}
+	kv, err := common.ParseKubeVersion(o.KubeVersion)
+	if err != nil {
+		return nil, fmt.Errorf("render: kube version: %w", err)
+	}
+	install.KubeVersion = kv
 	vals := o.Values
 	if vals == nil {
 		vals = map[string]any{}
