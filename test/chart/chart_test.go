@@ -445,7 +445,7 @@ func TestRBAC(t *testing.T) {
 	want := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
-		{APIGroups: []string{"xdpq.io"}, Resources: []string{"xdpqnodes"}, Verbs: []string{"create", "get"}},
+		{APIGroups: []string{"xdpq.io"}, Resources: []string{"xdpqnodes"}, Verbs: []string{"create", "get", "patch"}},
 		{APIGroups: []string{"xdpq.io"}, Resources: []string{"xdpqnodes/status"}, Verbs: []string{"patch"}},
 		{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 	}
