@@ -1,6 +1,7 @@
 # The xdpq image: the node daemon (cmd/deviceplugin, the entrypoint), the
 # CNI plugin (copied onto the host's CNI bin directory by the chart's init
-# container), xdpqctl and xdpqperf. Static binaries on an empty base, for
+# container, xdpq-install-cni: there is no shell or cp), xdpqctl and
+# xdpqperf. Static binaries on an empty base, for
 # linux/amd64 and linux/arm64:
 #
 #   docker buildx build --platform linux/amd64,linux/arm64 \
@@ -24,6 +25,7 @@ RUN go build -trimpath -ldflags='-s -w' -o /out/xdpq-deviceplugin ./cmd/devicepl
 RUN go build -trimpath -ldflags='-s -w' -o /out/xdpq-cni ./cmd/cni
 RUN go build -trimpath -ldflags='-s -w' -o /out/xdpqctl ./cmd/xdpqctl
 RUN go build -trimpath -ldflags='-s -w' -o /out/xdpqperf ./cmd/xdpqperf
+RUN go build -trimpath -ldflags='-s -w' -o /out/xdpq-install-cni ./cmd/xdpq-install-cni
 
 FROM scratch
 ARG VERSION=dev
@@ -32,6 +34,7 @@ COPY --from=build /out/xdpq-deviceplugin /usr/local/bin/xdpq-deviceplugin
 COPY --from=build /out/xdpq-cni /opt/xdpq/cni/xdpq
 COPY --from=build /out/xdpqctl /usr/local/bin/xdpqctl
 COPY --from=build /out/xdpqperf /usr/local/bin/xdpqperf
+COPY --from=build /out/xdpq-install-cni /usr/local/bin/xdpq-install-cni
 LABEL org.opencontainers.image.title="xdpq" \
       org.opencontainers.image.description="NIC queues for Kubernetes pods as AF_XDP sockets: the node daemon, the CNI plugin, xdpqctl and xdpqperf" \
       org.opencontainers.image.source="https://github.com/xdpq/xdpq" \

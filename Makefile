@@ -2,7 +2,7 @@
 GO          ?= go
 STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 
-.PHONY: all build image test bench generate lint demo tools cclient
+.PHONY: all build image manifests test bench generate lint demo tools cclient
 
 all: build
 
@@ -31,12 +31,20 @@ image:
 	  $(GO) run ./cmd/xdpqimage -arch $$a -version $(VERSION) -revision $(REVISION) -created "$(CREATED)" -o bin/xdpq-image-$$a.tar || exit 1; \
 	done
 
+# manifests/xdpq.yaml: the Helm chart charts/xdpq rendered with its
+# default values (helm template, by Helm's SDK in test/chart); a test of
+# test/chart fails when it is stale.
+manifests:
+	cd test/chart && $(GO) run ./cmd/manifests -o ../../manifests/xdpq.yaml
+
 # The test command of the README; CI runs it as root with CI=true. The
 # second line runs xdpq's device plugins against kubelet's own device
-# manager (test/kubelet, a module of its own; its first build takes minutes).
+# manager (test/kubelet, a module of its own; its first build takes
+# minutes); the third lints and renders the Helm chart (test/chart).
 test:
 	$(GO) test -count=1 -race ./...
 	cd test/kubelet && $(GO) test -count=1 ./...
+	cd test/chart && $(GO) test -count=1 ./...
 
 # Receive rates side by side on one veth pair (a table), the time the
 # agent takes to re-attach after a foreign program goes (100 trials), the
@@ -58,7 +66,9 @@ bench:
 cclient:
 	$(MAKE) -C clients/c O=$(CURDIR)/bin/c
 
-# Regenerate the BPF objects and their Go bindings (needs clang-14).
+# Regenerate the BPF objects and their Go bindings (needs clang-14), and
+# the config's schema (docs/config.schema.json and its copy in the chart's
+# values.schema.json).
 generate:
 	$(GO) generate ./...
 
@@ -70,6 +80,7 @@ lint: tools
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
+	cd test/chart && $(GO) vet ./... && $(STATICCHECK) ./...
 
 demo:
 	@echo "building xdpqdemo, xdpqperf, the xdpq CNI plugin, host-local and cnitool into bin/"

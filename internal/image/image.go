@@ -60,6 +60,9 @@ func Xdpq(version, revision string) Spec {
 			{"./cmd/cni", "/opt/xdpq/cni/xdpq"},
 			{"./cmd/xdpqctl", "/usr/local/bin/xdpqctl"},
 			{"./cmd/xdpqperf", "/usr/local/bin/xdpqperf"},
+			// The chart's init container and sidecar: the image has no
+			// shell and no cp to install the CNI plugin with.
+			{"./cmd/xdpq-install-cni", "/usr/local/bin/xdpq-install-cni"},
 		},
 		Entrypoint: []string{"/usr/local/bin/xdpq-deviceplugin"},
 		// Root: the daemon attaches XDP programs, pins maps, binds AF_XDP

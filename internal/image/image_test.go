@@ -345,6 +345,17 @@ func TestArchiveRunsInContainerd(t *testing.T) {
 	if !strings.Contains(out, "CNI") {
 		t.Errorf("the CNI plugin without CNI_COMMAND in the image:\n%s", out)
 	}
+	// The chart's init container: the installer puts the CNI plugin into
+	// a host directory mounted into the container (no shell, no cp).
+	bin := t.TempDir()
+	ctr("run", "--rm", "--mount", "type=bind,src="+bin+",dst=/host/cni/bin,options=rbind:rw", ref, "xdpq-image-test-install",
+		"/usr/local/bin/xdpq-install-cni", "install", "-src", "/opt/xdpq/cni/xdpq", "-dir", "/host/cni/bin")
+	if st, err := os.Stat(filepath.Join(bin, "xdpq")); err != nil || st.Mode() != 0o755 {
+		t.Fatalf("the installed plugin: %v, %v; want mode 0755", st, err)
+	}
+	if out, _ := exec.Command(filepath.Join(bin, "xdpq")).CombinedOutput(); !strings.Contains(string(out), "CNI") {
+		t.Errorf("the installed plugin without CNI_COMMAND:\n%s", out)
+	}
 	ctr("images", "rm", "--sync", ref)
 	if out := ctr("images", "ls", "-q"); strings.Contains(out, ref) {
 		t.Errorf("image still there after rm:\n%s", out)

@@ -22,6 +22,11 @@ func TestParsePodCgroup(t *testing.T) {
 		{"systemd v2 guaranteed", "0::/kubepods.slice/kubepods-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice/docker-" + cid + ".scope\n", PodIdentity{uid, cid}},
 		{"cgroupfs v2", "0::/kubepods/burstable/pod" + uid + "/" + cid + "\n", PodIdentity{uid, cid}},
 		{"pod cgroup only", "0::/kubepods/burstable/pod" + uid + "\n", PodIdentity{uid, ""}},
+		// The daemon's container has a cgroup namespace of its own (cgroup v2
+		// runtimes' default; Kubernetes has no hostCgroupns): another pod's
+		// path is relative to the daemon's cgroup (cgroup_namespaces(7)).
+		{"systemd v2 from the DaemonSet's cgroup namespace", "0::/../../../kubepods-besteffort.slice/kubepods-besteffort-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice/cri-containerd-" + cid + ".scope\n", PodIdentity{uid, cid}},
+		{"cgroupfs v2 from the DaemonSet's cgroup namespace", "0::/../../../besteffort/pod" + uid + "/" + cid + "\n", PodIdentity{uid, cid}},
 		{"kind nested", "0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice/cri-containerd-" + cid + ".scope\n", PodIdentity{}},
 	} {
 		got, err := ParsePodCgroup(c.content)

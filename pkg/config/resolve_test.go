@@ -88,3 +88,29 @@ func TestSchemaUpToDate(t *testing.T) {
 		}
 	}
 }
+
+// TestChartSchemaUpToDate: the Helm chart's values.schema.json holds the
+// config's schema as $defs.config (`go generate ./pkg/config` rewrites
+// it), and its config value refers to it.
+func TestChartSchemaUpToDate(t *testing.T) {
+	got, err := os.ReadFile("../../charts/xdpq/values.schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := EmbedSchema(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Error("charts/xdpq/values.schema.json is stale: run make generate")
+	}
+	if !bytes.Contains(got, []byte(`"$ref": "#/$defs/config"`)) {
+		t.Error(`values.schema.json's config does not refer to #/$defs/config`)
+	}
+}
+
+func TestEmbedSchemaRefuses(t *testing.T) {
+	if _, err := EmbedSchema([]byte("{not json")); err == nil || !strings.HasPrefix(err.Error(), "embed the config schema: ") {
+		t.Errorf("EmbedSchema of a broken document: %v", err)
+	}
+}

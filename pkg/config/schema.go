@@ -2,6 +2,7 @@ package config
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"strings"
 )
@@ -62,4 +63,35 @@ func typeSchema(t reflect.Type) map[string]any {
 		s["required"] = required
 	}
 	return s
+}
+
+// EmbedSchema returns the JSON Schema document doc (the Helm chart's
+// values.schema.json) with Schema put in as its $defs.config, without
+// Schema's $schema and $id (the document has its own), so that the
+// chart's config value is checked by the daemon's own schema. doc's
+// other parts are kept; the result is indented as Schema's is, with keys
+// in order.
+func EmbedSchema(doc []byte) ([]byte, error) {
+	var d map[string]any
+	if err := json.Unmarshal(doc, &d); err != nil {
+		return nil, fmt.Errorf("embed the config schema: %w", err)
+	}
+	b, err := Schema()
+	if err != nil {
+		return nil, err
+	}
+	var s map[string]any
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, err
+	}
+	delete(s, "$schema")
+	delete(s, "$id")
+	defs, _ := d["$defs"].(map[string]any)
+	if defs == nil {
+		defs = map[string]any{}
+	}
+	defs["config"] = s
+	d["$defs"] = defs
+	out, err := json.MarshalIndent(d, "", "  ")
+	return append(out, '\n'), err
 }
