@@ -21,6 +21,7 @@ import (
 
 	"github.com/xdpq/xdpq/pkg/cni"
 	"github.com/xdpq/xdpq/pkg/config"
+	"github.com/xdpq/xdpq/pkg/daemon"
 )
 
 const (
@@ -703,4 +704,20 @@ func TestKubeVersion(t *testing.T) {
 		t.Errorf("rendering for 1.28: %v", err)
 	}
 	render(t, Options{KubeVersion: "v1.29.0"})
+}
+
+// TestCapabilitiesMeasured: values.yaml adds exactly the capabilities
+// pkg/daemon's TestCapabilities measures the daemon needs
+// (daemon.Capabilities), no more.
+func TestCapabilitiesMeasured(t *testing.T) {
+	var want []string
+	for c := range daemon.Capabilities {
+		want = append(want, strings.ToUpper(c))
+	}
+	got := capsOf(t, nil)
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("values.yaml adds %v; the daemon needs %v (pkg/daemon.Capabilities, measured)", got, want)
+	}
 }
