@@ -120,7 +120,13 @@ type Config struct {
 	// Close reports nothing: the leases stay in the kernel for the next
 	// daemon to resume.
 	OnLease func(alloc string, socks []LeaseSocket)
-	Logger  *slog.Logger
+	// OnRefuse, if set, is told of every connection refused (those
+	// counted by Refusals): the allocation, the peer, the protocol's error
+	// code and the reason. It is called on the goroutine that refused
+	// (the connection's, or the accept loop's) with no lock of the server
+	// held, and must not block.
+	OnRefuse func(alloc string, peer Peer, code, reason string)
+	Logger   *slog.Logger
 }
 
 // Server serves the allocations' sockets.
@@ -692,7 +698,7 @@ func (s *Server) admit(c *net.UnixConn, al *allocation) {
 		s.closeSlot()
 		c.Close()
 		if why != nil {
-			s.countRefusal(wire.CodeForbidden)
+			s.refused(al, peer, wire.CodeForbidden, why.Error())
 			s.warn(al, "refused", "peer", peer.String(), "reason", why, "answered", false)
 		} else {
 			s.warn(al, "too many connections in a handshake; closed", "peer", peer.String(), "limit", s.cfg.MaxHandshakes)
@@ -768,7 +774,7 @@ func (s *Server) warn(al *allocation, msg string, args ...any) {
 // refuseForeign tells a peer that is not the owner why, in the protocol
 // its first message speaks, if it sends one soon.
 func (s *Server) refuseForeign(c *net.UnixConn, al *allocation, peer Peer, why error) {
-	s.countRefusal(wire.CodeForbidden)
+	s.refused(al, peer, wire.CodeForbidden, why.Error())
 	s.warn(al, "refused", "peer", peer.String(), "reason", why)
 	first, fds, err := s.recv(c, 1, min(s.cfg.StepTimeout, refuseWait))
 	closeFDs(fds)
@@ -854,7 +860,7 @@ func (s *Server) fail(c *net.UnixConn, al *allocation, peer Peer, err error) {
 		}
 		pe = refuse(wire.CodeInternal, "%v", err)
 	}
-	s.countRefusal(pe.Code)
+	s.refused(al, peer, pe.Code, pe.Reason)
 	s.log.Warn("refused", "allocation", al.id, "peer", peer.String(), "code", pe.Code, "reason", pe.Reason)
 	s.send(c, wire.Message{Type: wire.TypeError, Code: pe.Code, Reason: pe.Reason})
 }
@@ -1346,8 +1352,12 @@ func (s *Server) Refusals() map[string]uint64 {
 	return maps.Clone(s.refusals)
 }
 
-func (s *Server) countRefusal(code string) {
+// refused counts a refusal and reports it to Config.OnRefuse.
+func (s *Server) refused(al *allocation, peer Peer, code, reason string) {
 	s.mu.Lock()
 	s.refusals[code]++
 	s.mu.Unlock()
+	if s.cfg.OnRefuse != nil {
+		s.cfg.OnRefuse(al.id, peer, code, reason)
+	}
 }

@@ -15,6 +15,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/api"
@@ -64,6 +66,13 @@ type Options struct {
 	// MetricsAddr is the TCP address of /metrics, /healthz and /readyz
 	// (host:port); "" serves none.
 	MetricsAddr string
+	// Kube is the API server's client: with it the daemon keeps its
+	// node's XdpqNode (named NodeName, which it needs then) and records
+	// Events. Nil: no API server, and everything else works as well.
+	Kube kubernetes.Interface
+	// KubeDynamic is a dynamic client of the same API server, for the
+	// XdpqNode (a custom resource); required with Kube.
+	KubeDynamic dynamic.Interface
 	Logger      *slog.Logger
 }
 
@@ -93,6 +102,11 @@ type Daemon struct {
 	// left: then the device plugins start.
 	recovered atomic.Bool
 	reqs      chan reconcileRequest
+	// node is told what the cluster should see of the node: the
+	// XdpqNode's status and Events.
+	node nodeReporter
+	// netdevsChanged wakes reportNetdevs; capacity 1.
+	netdevsChanged chan struct{}
 	// fdNeed and fdProblem are the reconciler's own: the descriptors the
 	// pools needed at the last fitFDLimit, and what it found.
 	fdNeed    uint64
@@ -137,7 +151,11 @@ func New(opts Options) (_ *Daemon, err error) {
 	}
 	d := &Daemon{opts: opts, log: opts.Logger, kubelet: kubelet{opts.PodResourcesSocket}, ready: make(chan struct{}), reqs: make(chan reconcileRequest),
 		found: map[string]nic.Netdev{}, managed: map[string]agent.Policy{}, pods: map[string]*podNetdev{}, plugins: map[string]*plugin{}, retry: map[string]bool{},
-		health: health{running: map[string]bool{}}}
+		health: health{running: map[string]bool{}}, netdevsChanged: make(chan struct{}, 1)}
+	if opts.Kube != nil && (opts.NodeName == "" || opts.KubeDynamic == nil) {
+		return nil, errors.New("with an API server the daemon needs its node's name (--node-name, or NODE_NAME) and a dynamic client")
+	}
+	d.node = d.newNodeReporter()
 	defer func() {
 		if err != nil {
 			d.close()
@@ -157,7 +175,11 @@ func New(opts Options) (_ *Daemon, err error) {
 	if d.watcher, err = config.NewWatcher(opts.ConfigPath, opts.Logger); err != nil {
 		return nil, err
 	}
-	if d.ledger, err = ledger.Open(ledger.Options{Dir: filepath.Join(opts.StateDir, "allocations")}); err != nil {
+	d.watcher.OnRefused = func(err error) {
+		d.node.ConfigRefused(err)
+		d.node.Changed()
+	}
+	if d.ledger, err = ledger.Open(ledger.Options{Dir: filepath.Join(opts.StateDir, "allocations"), OnChange: d.node.Changed}); err != nil {
 		return nil, err
 	}
 	for id, err := range d.ledger.Broken() {
@@ -189,7 +211,7 @@ func New(opts Options) (_ *Daemon, err error) {
 	if err := m.InitErr(); err != nil {
 		d.log.Warn("a netdev-mode pool's netdev that the kernel returns to the initial namespace will not be found", "err", err)
 	}
-	d.broker = broker.NewServer(broker.Config{Logger: opts.Logger, OnLease: d.onLease}, nodeAgent)
+	d.broker = broker.NewServer(broker.Config{Logger: opts.Logger, OnLease: d.onLease, OnRefuse: d.onRefuse}, nodeAgent)
 	d.metrics = newMetrics(d)
 	return d, nil
 }
@@ -251,6 +273,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 		// Before start: probes are answered while it recovers.
 		part("metrics", d.serveMetrics)
 	}
+	if d.opts.Kube != nil {
+		// Before start too: the XdpqNode says the daemon is starting,
+		// and what start finds is told.
+		part("node status", d.node.Run)
+		part("netdev events", d.reportNetdevs)
+	}
 	if err := d.start(gctx); err != nil {
 		d.log.Error("the daemon could not start", "err", err)
 		cancel() // the reconciler
@@ -264,6 +292,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	})
 	part("collector", d.collectLoop)
 	close(d.ready)
+	d.node.Changed() // Ready
 	d.log.Info("daemon ready", "standalone", d.opts.Standalone, "api", d.opts.APISocket, "state", d.opts.StateDir)
 	return g.Wait()
 }

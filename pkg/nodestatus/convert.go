@@ -17,6 +17,7 @@ import (
 // Condition reasons.
 const (
 	ReasonServing       = "Serving"
+	ReasonStarting      = "Starting"
 	ReasonStopped       = "DaemonStopped"
 	ReasonInForce       = "InForce"
 	ReasonRefused       = "Refused"
@@ -32,7 +33,8 @@ const (
 )
 
 // Convert turns the daemon's status into the XdpqNode's. serving says
-// whether the daemon runs (the Ready condition); prev are the conditions
+// whether the daemon serves yet or still takes over from a previous one
+// (the Ready condition); prev are the conditions
 // last written, whose transition times stay where a condition's status
 // did not change; now is the time of a transition.
 func Convert(s *api.Status, serving bool, prev []metav1.Condition, now time.Time) v1alpha1.XdpqNodeStatus {
@@ -145,7 +147,7 @@ func Convert(s *api.Status, serving bool, prev []metav1.Condition, now time.Time
 	if serving {
 		set(v1alpha1.ConditionReady, true, ReasonServing, "the daemon serves its pools")
 	} else {
-		set(v1alpha1.ConditionReady, false, ReasonStopped, "the daemon stopped; what is attached keeps working, nothing new is served")
+		set(v1alpha1.ConditionReady, false, ReasonStarting, "the daemon is taking over what a previous one left")
 	}
 	if s.ConfigError == "" {
 		set(v1alpha1.ConditionConfigValid, true, ReasonInForce, "the config file is in force")

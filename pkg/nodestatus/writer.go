@@ -51,6 +51,9 @@ type Config struct {
 	Dynamic dynamic.Interface
 	// Source is the daemon's status.
 	Source Source
+	// Serving says whether the daemon serves yet (the Ready condition);
+	// nil means it does.
+	Serving func() bool
 	// Settle is how long the writer waits after a change for more before
 	// it looks; zero means DefaultSettle. A change of a netdev's state,
 	// a condition or the config is written then.
@@ -191,7 +194,8 @@ func (w *Writer) look(ctx context.Context) time.Duration {
 	if w.written != nil {
 		prev = w.written.Conditions
 	}
-	next := Convert(s, true, prev, now)
+	serving := w.cfg.Serving == nil || w.cfg.Serving()
+	next := Convert(s, serving, prev, now)
 	if w.written != nil {
 		if equalStatus(w.written, &next) {
 			return w.cfg.Resync
@@ -229,7 +233,7 @@ func (w *Writer) ensure(ctx context.Context) error {
 	obj := &v1alpha1.XdpqNode{
 		TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.Kind},
 		ObjectMeta: metav1.ObjectMeta{Name: w.cfg.Node,
-			Labels: map[string]string{"app.kubernetes.io/managed-by": "xdpq"},
+			Labels:          map[string]string{"app.kubernetes.io/managed-by": "xdpq"},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}}},
 	}
 	u, err := toUnstructured(obj)
