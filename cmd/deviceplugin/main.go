@@ -14,6 +14,11 @@ import (
 	"strings"
 	"syscall"
 
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
 	"github.com/xdpq/xdpq/pkg/daemon"
 )
 
@@ -31,6 +36,7 @@ func main() {
 	flag.BoolVar(&o.Standalone, "standalone", false, "run without kubelet: serve the local API for xdpqctl")
 	flag.StringVar(&o.APISocket, "api-socket", daemon.DefaultAPISocket, "the local API's socket (xdpqctl and the CNI plugin's daemonSocket use it)")
 	flag.StringVar(&o.MetricsAddr, "metrics-addr", ":9476", `address of /metrics (Prometheus), /healthz and /readyz; "" serves none`)
+	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the API server, where the daemon keeps its node's XdpqNode and records Events (default: the in-cluster config when KUBERNETES_SERVICE_HOST is set, else no API server)")
 	debug := flag.Bool("debug", false, "log at debug level")
 	flag.Parse()
 	level := slog.LevelInfo
@@ -48,6 +54,10 @@ func main() {
 			}
 			o.NodeLabels[k] = v
 		}
+	}
+	if err := kubeClients(&o, *kubeconfig); err != nil {
+		fmt.Fprintln(os.Stderr, "deviceplugin:", err)
+		os.Exit(1)
 	}
 	d, err := daemon.New(o)
 	if err != nil {
@@ -68,4 +78,31 @@ func main() {
 		fmt.Fprintln(os.Stderr, "deviceplugin:", err)
 		os.Exit(1)
 	}
+}
+
+// kubeClients sets the daemon's API server clients from a kubeconfig, or
+// the pod's service account in a cluster; neither means no API server.
+func kubeClients(o *daemon.Options, kubeconfig string) error {
+	var cfg *rest.Config
+	var err error
+	switch {
+	case kubeconfig != "":
+		if cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
+			return fmt.Errorf("-kubeconfig: %w", err)
+		}
+	case os.Getenv("KUBERNETES_SERVICE_HOST") != "":
+		if cfg, err = rest.InClusterConfig(); err != nil {
+			return fmt.Errorf("in-cluster API server config: %w", err)
+		}
+	default:
+		return nil
+	}
+	cfg.UserAgent = "xdpq-daemon"
+	if o.Kube, err = kubernetes.NewForConfig(cfg); err != nil {
+		return fmt.Errorf("API server client: %w", err)
+	}
+	if o.KubeDynamic, err = dynamic.NewForConfig(cfg); err != nil {
+		return fmt.Errorf("API server client: %w", err)
+	}
+	return nil
 }

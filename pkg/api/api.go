@@ -54,6 +54,16 @@ type Status struct {
 	// Collected is when the daemon last finished looking for attachments
 	// of gone pods (and, with kubelet, allocations no container holds).
 	Collected time.Time `json:"collected,omitzero"`
+	// Config is the config in force.
+	Config ConfigStatus `json:"config,omitzero"`
+}
+
+// ConfigStatus is the config in force.
+type ConfigStatus struct {
+	// Hash is the SHA-256 of the file in force, hex.
+	Hash string `json:"hash"`
+	// Loaded is when it was put in force.
+	Loaded time.Time `json:"loaded"`
 }
 
 // PoolStatus is one pool's capacity.
@@ -85,6 +95,23 @@ type NetdevStatus struct {
 	// PolicyError says which of its pool's settings could not be put in
 	// force on the netdev, and why.
 	PolicyError string `json:"policyError,omitempty"`
+	// Program is the id of the program on its hook, xdpq's or a foreign
+	// one; 0 when none.
+	Program uint32 `json:"program,omitempty"`
+	// Foreign is the foreign program's name, when State is Overridden.
+	Foreign string `json:"foreign,omitempty"`
+	// RXQueues is its rx queue count now.
+	RXQueues int `json:"rxQueues,omitempty"`
+	// Reserved are the queues its pool keeps RSS off.
+	Reserved []uint32 `json:"reserved,omitempty"`
+	// ZeroCopy is whether the driver offers AF_XDP zero-copy.
+	ZeroCopy bool `json:"zeroCopy,omitempty"`
+	// Driver, PCI and NUMANode are what discovery found of it: its kernel
+	// driver ("" when virtual), PCI address ("" when not PCI) and NUMA
+	// node (-1 when unknown).
+	Driver   string `json:"driver,omitempty"`
+	PCI      string `json:"pci,omitempty"`
+	NUMANode int    `json:"numaNode"`
 }
 
 // CNIFlow is a flow the CNI plugin asks for, its destination resolved

@@ -132,6 +132,12 @@ type Config struct {
 	// Without it any pod's process is accepted: the allocation's
 	// directory, mounted into its container only, keeps others out.
 	ClaimPod func(ctx context.Context, alloc string, pod PodIdentity) error
+	// OnRefuse, if set, is told of every connection refused (those
+	// counted by Refusals): the allocation, the peer, the protocol's error
+	// code and the reason. It is called on the goroutine that refused
+	// (the connection's, or the accept loop's) with no lock of the server
+	// held, and must not block.
+	OnRefuse func(alloc string, peer Peer, code, reason string)
 	Logger   *slog.Logger
 }
 
@@ -713,7 +719,7 @@ func (s *Server) admit(c *net.UnixConn, al *allocation) {
 		s.closeSlot()
 		c.Close()
 		if why != nil {
-			s.countRefusal(wire.CodeForbidden)
+			s.refused(al, peer, wire.CodeForbidden, why.Error())
 			s.warn(al, "refused", "peer", peer.String(), "reason", why, "answered", false)
 		} else {
 			s.warn(al, "too many connections in a handshake; closed", "peer", peer.String(), "limit", s.cfg.MaxHandshakes)
@@ -813,7 +819,7 @@ func (s *Server) warn(al *allocation, msg string, args ...any) {
 // refuseForeign tells a peer that is not the owner why, in the protocol
 // its first message speaks, if it sends one soon.
 func (s *Server) refuseForeign(c *net.UnixConn, al *allocation, peer Peer, why error) {
-	s.countRefusal(wire.CodeForbidden)
+	s.refused(al, peer, wire.CodeForbidden, why.Error())
 	s.warn(al, "refused", "peer", peer.String(), "reason", why)
 	first, fds, err := s.recv(c, 1, min(s.cfg.StepTimeout, refuseWait))
 	closeFDs(fds)
@@ -868,7 +874,7 @@ func (s *Server) serve(c *net.UnixConn, al *allocation, peer Peer, release func(
 	if err := s.claim(al, peer); err != nil {
 		closeFDs(fds)
 		if first[0] == '/' { // told in the protocol it speaks
-			s.countRefusal(wire.CodeForbidden)
+			s.refused(al, peer, wire.CodeForbidden, err.Error())
 			s.warn(al, "refused", "peer", peer.String(), "reason", err)
 			c.SetWriteDeadline(time.Now().Add(s.cfg.StepTimeout))
 			xsk.SendFDs(c, []byte(dpdkHostNak), nil)
@@ -910,7 +916,7 @@ func (s *Server) fail(c *net.UnixConn, al *allocation, peer Peer, err error) {
 		}
 		pe = refuse(wire.CodeInternal, "%v", err)
 	}
-	s.countRefusal(pe.Code)
+	s.refused(al, peer, pe.Code, pe.Reason)
 	s.log.Warn("refused", "allocation", al.id, "peer", peer.String(), "code", pe.Code, "reason", pe.Reason)
 	s.send(c, wire.Message{Type: wire.TypeError, Code: pe.Code, Reason: pe.Reason})
 }
@@ -1402,8 +1408,12 @@ func (s *Server) Refusals() map[string]uint64 {
 	return maps.Clone(s.refusals)
 }
 
-func (s *Server) countRefusal(code string) {
+// refused counts a refusal and reports it to Config.OnRefuse.
+func (s *Server) refused(al *allocation, peer Peer, code, reason string) {
 	s.mu.Lock()
 	s.refusals[code]++
 	s.mu.Unlock()
+	if s.cfg.OnRefuse != nil {
+		s.cfg.OnRefuse(al.id, peer, code, reason)
+	}
 }

@@ -3,6 +3,8 @@ package config
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,6 +28,11 @@ import (
 // handler; the program decides what SIGHUP means (cmd/deviceplugin calls
 // Reload).
 type Watcher struct {
+	// OnRefused, if set before Run, is told of each refusal (on Run's
+	// goroutine, no lock of the watcher held): the same error LastError
+	// then returns. It must not block.
+	OnRefused func(error)
+
 	path   string
 	log    *slog.Logger
 	reload chan chan error
@@ -85,6 +92,15 @@ func (w *Watcher) LastError() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.lastErr
+}
+
+// Hash returns the SHA-256 of the file in force, hex: the same on every
+// node that runs the same config.
+func (w *Watcher) Hash() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	sum := sha256.Sum256(w.raw)
+	return hex.EncodeToString(sum[:])
 }
 
 // Reloads returns the count of reloads so far.
@@ -173,14 +189,19 @@ func (w *Watcher) apply(apply func(*Config) error, force bool) error {
 			err = fmt.Errorf("%s: apply: %w", w.path, aerr)
 		}
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	if err != nil {
+		w.mu.Lock()
 		w.lastErr = err
 		w.reloads.Failed++
+		w.mu.Unlock()
 		w.log.Error("config refused; the last good one stays in force", "err", err)
+		if w.OnRefused != nil {
+			w.OnRefused(err)
+		}
 		return err
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	w.current, w.raw, w.lastErr = c, raw, nil
 	w.reloads.Succeeded++
 	w.reloads.LastSuccess = time.Now()

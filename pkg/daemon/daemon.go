@@ -15,11 +15,14 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/config"
+	"github.com/xdpq/xdpq/pkg/kubepods"
 	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/mover"
 	"github.com/xdpq/xdpq/pkg/nic"
@@ -64,9 +67,17 @@ type Options struct {
 	// MetricsAddr is the TCP address of /metrics, /healthz and /readyz
 	// (host:port); "" serves none.
 	MetricsAddr string
-	// Pods finds this node's pods by UID (Kubernetes mode, with an API
-	// server): an allocation is then bound to the pod whose process
-	// connects first, if kubelet says that pod holds it. Nil: an
+	// Kube is the API server's client: with it the daemon keeps its
+	// node's XdpqNode (named NodeName, which it needs then) and records
+	// Events. Nil: no API server, and everything else works as well.
+	Kube kubernetes.Interface
+	// KubeDynamic is a dynamic client of the same API server, for the
+	// XdpqNode (a custom resource); required with Kube.
+	KubeDynamic dynamic.Interface
+	// Pods finds this node's pods by UID (Kubernetes mode): an allocation
+	// is then bound to the pod whose process connects first, if kubelet
+	// says that pod holds it. Nil with Kube: an informer on the API
+	// server's pods of this node (pkg/kubepods). Nil without Kube: an
 	// allocation is bound to its pod only by CNI ADD (K8S_POD_UID); until
 	// then a process of any pod that reaches its socket is served.
 	Pods   PodDirectory
@@ -99,6 +110,11 @@ type Daemon struct {
 	// left: then the device plugins start.
 	recovered atomic.Bool
 	reqs      chan reconcileRequest
+	// node is told what the cluster should see of the node: the
+	// XdpqNode's status and Events.
+	node nodeReporter
+	// netdevsChanged wakes reportNetdevs; capacity 1.
+	netdevsChanged chan struct{}
 	// fdNeed and fdProblem are the reconciler's own: the descriptors the
 	// pools needed at the last fitFDLimit, and what it found.
 	fdNeed    uint64
@@ -113,6 +129,7 @@ type Daemon struct {
 	pods      map[string]*podNetdev // netdev-mode netdevs in pods, by node name
 	retry     map[string]bool       // allocations and attachments a failed undo left (retryLater)
 	plugins   map[string]*plugin    // Kubernetes mode, by pool
+	podDir    *kubepods.Directory   // Kubernetes mode with an API server, unless Options.Pods
 	collected time.Time             // when the collector last finished
 	group     *errgroup.Group       // Run's, for the plugins' goroutines
 	groupCtx  context.Context
@@ -143,7 +160,17 @@ func New(opts Options) (_ *Daemon, err error) {
 	}
 	d := &Daemon{opts: opts, log: opts.Logger, kubelet: kubelet{opts.PodResourcesSocket}, ready: make(chan struct{}), reqs: make(chan reconcileRequest),
 		found: map[string]nic.Netdev{}, managed: map[string]agent.Policy{}, pods: map[string]*podNetdev{}, plugins: map[string]*plugin{}, retry: map[string]bool{},
-		health: health{running: map[string]bool{}}}
+		health: health{running: map[string]bool{}}, netdevsChanged: make(chan struct{}, 1)}
+	if opts.Kube != nil && (opts.NodeName == "" || opts.KubeDynamic == nil) {
+		return nil, errors.New("with an API server the daemon needs its node's name (--node-name, or NODE_NAME) and a dynamic client")
+	}
+	d.node = d.newNodeReporter()
+	if opts.Pods == nil && opts.Kube != nil && !opts.Standalone {
+		if d.podDir, err = kubepods.New(opts.Kube, opts.NodeName); err != nil {
+			return nil, err
+		}
+		d.opts.Pods = d.podDir
+	}
 	defer func() {
 		if err != nil {
 			d.close()
@@ -163,7 +190,11 @@ func New(opts Options) (_ *Daemon, err error) {
 	if d.watcher, err = config.NewWatcher(opts.ConfigPath, opts.Logger); err != nil {
 		return nil, err
 	}
-	if d.ledger, err = ledger.Open(ledger.Options{Dir: filepath.Join(opts.StateDir, "allocations")}); err != nil {
+	d.watcher.OnRefused = func(err error) {
+		d.node.ConfigRefused(err)
+		d.node.Changed()
+	}
+	if d.ledger, err = ledger.Open(ledger.Options{Dir: filepath.Join(opts.StateDir, "allocations"), OnChange: d.node.Changed}); err != nil {
 		return nil, err
 	}
 	for id, err := range d.ledger.Broken() {
@@ -195,8 +226,8 @@ func New(opts Options) (_ *Daemon, err error) {
 	if err := m.InitErr(); err != nil {
 		d.log.Warn("a netdev-mode pool's netdev that the kernel returns to the initial namespace will not be found", "err", err)
 	}
-	bcfg := broker.Config{Logger: opts.Logger, OnLease: d.onLease}
-	if !opts.Standalone && opts.Pods != nil {
+	bcfg := broker.Config{Logger: opts.Logger, OnLease: d.onLease, OnRefuse: d.onRefuse}
+	if !opts.Standalone && d.opts.Pods != nil {
 		bcfg.ClaimPod = d.claimPod
 	}
 	d.broker = broker.NewServer(bcfg, nodeAgent)
@@ -261,6 +292,15 @@ func (d *Daemon) Run(ctx context.Context) error {
 		// Before start: probes are answered while it recovers.
 		part("metrics", d.serveMetrics)
 	}
+	if d.opts.Kube != nil {
+		// Before start too: the XdpqNode says the daemon is starting,
+		// and what start finds is told.
+		part("node status", d.node.Run)
+		if d.podDir != nil {
+			part("pods", d.podDir.Run)
+		}
+		part("netdev events", d.reportNetdevs)
+	}
 	if err := d.start(gctx); err != nil {
 		d.log.Error("the daemon could not start", "err", err)
 		cancel() // the reconciler
@@ -274,6 +314,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	})
 	part("collector", d.collectLoop)
 	close(d.ready)
+	d.node.Changed() // Ready
 	d.log.Info("daemon ready", "standalone", d.opts.Standalone, "api", d.opts.APISocket, "state", d.opts.StateDir)
 	return g.Wait()
 }

@@ -95,9 +95,11 @@ func (d *Daemon) toPluginDevices(devs []ledger.Device) []deviceplugin.Device {
 	return out
 }
 
-// devicesChanged tells the device plugins to send their lists again (the
-// agents call it when a netdev's state changes).
+// devicesChanged tells the device plugins to send their lists again, and
+// the node reporter to look (the agents call it when a netdev's state
+// changes).
 func (d *Daemon) devicesChanged() {
+	d.signalNetdevs()
 	d.mu.Lock()
 	var ps []*deviceplugin.Plugin
 	for _, pl := range d.plugins {

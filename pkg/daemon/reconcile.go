@@ -47,6 +47,7 @@ func (d *Daemon) applier(ctx context.Context) func(*config.Config) error {
 			// unreadable, the readable ones are taken back.
 			d.syncSteering(true)
 		}
+		d.node.Changed()
 		return nil
 	}
 }

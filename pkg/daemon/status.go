@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 
@@ -45,10 +46,18 @@ func (d *Daemon) Status(ctx context.Context) (*api.Status, error) {
 		a, b := s.Attachments[i], s.Attachments[j]
 		return a.ContainerID < b.ContainerID || a.ContainerID == b.ContainerID && a.IfName < b.IfName
 	})
+	d.mu.Lock()
+	found := maps.Clone(d.found)
+	d.mu.Unlock()
 	for _, n := range d.netdevStatus() {
-		s.Netdevs = append(s.Netdevs, api.NetdevStatus{Netdev: n.Netdev, State: string(n.State), Mode: n.Mode.String(),
+		ns := api.NetdevStatus{Netdev: n.Netdev, State: string(n.State), Mode: n.Mode.String(),
 			Steering: string(n.Steering), Flows: n.Flows, UnknownFlows: n.UnknownFlows, Sockets: n.Sockets, LinkUp: n.LinkUp,
-			Reason: n.Reason, PolicyError: n.PolicyError})
+			Reason: n.Reason, PolicyError: n.PolicyError, Program: uint32(n.Program), Foreign: n.Foreign,
+			RXQueues: n.RXQueues, Reserved: n.Policy.Reserved, ZeroCopy: n.ZeroCopy, NUMANode: -1}
+		if dev, ok := found[n.Netdev]; ok {
+			ns.Driver, ns.PCI, ns.NUMANode = dev.Driver, dev.PCI, dev.NUMANode
+		}
+		s.Netdevs = append(s.Netdevs, ns)
 	}
 	sort.Slice(s.Netdevs, func(i, j int) bool { return s.Netdevs[i].Netdev < s.Netdevs[j].Netdev })
 	var problems []string
@@ -60,6 +69,7 @@ func (d *Daemon) Status(ctx context.Context) (*api.Status, error) {
 	s.Collected = d.collected
 	d.mu.Unlock()
 	s.ConfigError = strings.Join(problems, "; ")
+	s.Config = api.ConfigStatus{Hash: d.watcher.Hash(), Loaded: d.watcher.Reloads().LastSuccess}
 	for id, err := range d.ledger.Broken() {
 		s.StateErrors = append(s.StateErrors, fmt.Sprintf("allocation %s: %v", id, err))
 	}

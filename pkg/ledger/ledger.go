@@ -140,8 +140,9 @@ func (realClock) Now() time.Time { return time.Now() }
 // Ledger is the record. Its methods are safe for concurrent use; none
 // waits for the kernel or the network, and persistence is the only I/O.
 type Ledger struct {
-	store *store
-	clock Clock
+	store    *store
+	clock    Clock
+	onChange func()
 
 	mu     sync.Mutex // guards the fields below; held for memory work only
 	pools  map[string]*Pool
@@ -166,6 +167,10 @@ type Options struct {
 	// Dir holds one file per allocation; it is created if missing.
 	Dir   string
 	Clock Clock // nil: the real clock
+	// OnChange, if set, is called after each record write or removal
+	// (an allocation made, freed, attached, leased), with no lock of the
+	// ledger held. It must not block.
+	OnChange func()
 }
 
 // Open reads the records in dir. Records that cannot be read are kept on
@@ -179,7 +184,7 @@ func Open(o Options) (*Ledger, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Ledger{store: st, clock: o.Clock, pools: map[string]*Pool{}, allocs: map[string]*Allocation{},
+	l := &Ledger{store: st, clock: o.Clock, onChange: o.OnChange, pools: map[string]*Pool{}, allocs: map[string]*Allocation{},
 		held: map[queue]string{}, atts: map[string]string{}, broken: map[string]error{}, writing: map[string]*sync.Mutex{}, usage: map[string]usageAt{}}
 	recs, broken, err := st.loadAll()
 	if err != nil {

@@ -147,6 +147,9 @@ func (l *Ledger) persist(id string) error {
 		delete(l.writing, id) // the last write of this record
 	}
 	l.mu.Unlock()
+	if l.onChange != nil {
+		defer l.onChange()
+	}
 	switch {
 	case a == nil:
 		if err := l.store.remove(id); err != nil {

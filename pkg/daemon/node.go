@@ -1,0 +1,109 @@
+package daemon
+
+import (
+	"context"
+
+	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/apis/xdpq/v1alpha1"
+	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/nodestatus"
+)
+
+// nodeReporter is what the daemon tells the cluster of its node: the
+// XdpqNode's status, from the daemon's (Changed says it may have
+// changed), and Events. pkg/nodestatus is the one with an API server;
+// without one the daemon tells nothing. No method blocks.
+type nodeReporter interface {
+	Run(ctx context.Context) error
+	Changed()
+	NetdevOverridden(netdev, program string, id uint32)
+	NetdevReclaimed(netdev, state string)
+	ConfigRefused(err error)
+	ConnectionRefused(alloc string, pod v1alpha1.PodRef, code, reason string)
+}
+
+var _ nodeReporter = (*nodestatus.Writer)(nil)
+
+// noReporter is the reporter without an API server.
+type noReporter struct{}
+
+func (noReporter) Run(ctx context.Context) error                             { <-ctx.Done(); return nil }
+func (noReporter) Changed()                                                  {}
+func (noReporter) NetdevOverridden(string, string, uint32)                   {}
+func (noReporter) NetdevReclaimed(string, string)                            {}
+func (noReporter) ConfigRefused(error)                                       {}
+func (noReporter) ConnectionRefused(string, v1alpha1.PodRef, string, string) {}
+
+// newNodeReporter is the writer of the node's XdpqNode when the daemon
+// has an API server.
+func (d *Daemon) newNodeReporter() nodeReporter {
+	if d.opts.Kube == nil {
+		return noReporter{}
+	}
+	return nodestatus.New(nodestatus.Config{Node: d.opts.NodeName, Kube: d.opts.Kube, Dynamic: d.opts.KubeDynamic,
+		Source: d.Status, Serving: d.started, Logger: d.log})
+}
+
+// hookState is what the events of a netdev's XDP hook compare.
+type hookState struct {
+	state   agent.State
+	program uint32
+}
+
+// reportNetdevs runs while the daemon does: each time an agent reports a
+// netdev's change it records the Events of a foreign program taking a
+// netdev's hook over and of xdpq's coming back, and has the status
+// written. One goroutine compares, so each transition is told once.
+func (d *Daemon) reportNetdevs(ctx context.Context) error {
+	last := map[string]hookState{}
+	for {
+		for _, s := range d.netdevStatus() {
+			now := hookState{s.State, uint32(s.Program)}
+			prev, seen := last[s.Netdev]
+			last[s.Netdev] = now
+			switch {
+			case now.state == agent.StateOverridden && (!seen || prev != now):
+				d.node.NetdevOverridden(s.Netdev, s.Foreign, now.program)
+			case seen && prev.state == agent.StateOverridden && now.state != agent.StateOverridden && now.state != agent.StateMissing:
+				st := string(now.state)
+				if now.state == agent.StateNone {
+					st = string(v1alpha1.StateIdle)
+				}
+				d.node.NetdevReclaimed(s.Netdev, st)
+			}
+		}
+		d.node.Changed()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-d.netdevsChanged:
+		}
+	}
+}
+
+// signalNetdevs tells reportNetdevs that a netdev changed; it never blocks.
+func (d *Daemon) signalNetdevs() {
+	select {
+	case d.netdevsChanged <- struct{}{}:
+	default:
+	}
+}
+
+// onRefuse records the Event of a connection the broker refused, naming
+// the peer's pod when an allocation's attachment names it.
+func (d *Daemon) onRefuse(alloc string, peer broker.Peer, code, reason string) {
+	pod := v1alpha1.PodRef{UID: peer.Pod.PodUID}
+	if pod.UID != "" {
+		for _, a := range d.ledger.Allocations() {
+			if a.Owner.PodUID != pod.UID {
+				continue
+			}
+			for _, att := range a.Attachments {
+				if att.PodName != "" {
+					pod.Namespace, pod.Name = att.PodNamespace, att.PodName
+				}
+			}
+		}
+	}
+	d.node.ConnectionRefused(alloc, pod, code, reason)
+}

@@ -1,0 +1,94 @@
+package nodestatus
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/xdpq/xdpq/pkg/apis/xdpq/v1alpha1"
+)
+
+// Event reasons, as `kubectl events` shows them.
+const (
+	EventNetdevOverridden  = "NetdevOverridden"
+	EventNetdevReclaimed   = "NetdevReclaimed"
+	EventConfigRefused     = "ConfigRefused"
+	EventConnectionRefused = "ConnectionRefused"
+	maxNote                = 1024 // events.k8s.io/v1's limit of a note
+)
+
+// NetdevOverridden records that a foreign program took netdev's XDP hook:
+// xdpq steps aside.
+func (w *Writer) NetdevOverridden(netdev, program string, id uint32) {
+	w.event(nil, corev1.EventTypeWarning, EventNetdevOverridden, "StepAside",
+		"netdev %s: foreign XDP program %q (id %d) has precedence; xdpq's sockets there get only what it redirects to them", netdev, program, id)
+}
+
+// NetdevReclaimed records that the foreign program left netdev and xdpq's
+// program is back (state: Direct or Filter), or that none is needed
+// (Idle).
+func (w *Writer) NetdevReclaimed(netdev, state string) {
+	w.event(nil, corev1.EventTypeNormal, EventNetdevReclaimed, "Attach",
+		"netdev %s: the foreign XDP program is gone; xdpq's hook state is %s", netdev, state)
+}
+
+// ConfigRefused records that a config file was refused: the last good
+// one stays in force.
+func (w *Writer) ConfigRefused(err error) {
+	w.event(nil, corev1.EventTypeWarning, EventConfigRefused, "Reload", "config refused, the last good one stays in force: %v", err)
+}
+
+// ConnectionRefused records that the broker refused a connection to
+// allocation alloc's socket, on the XdpqNode and, when the pod is known
+// (its namespace and name), on the pod.
+func (w *Writer) ConnectionRefused(alloc string, pod v1alpha1.PodRef, code, reason string) {
+	var podRef *corev1.ObjectReference
+	if pod.Namespace != "" && pod.Name != "" {
+		podRef = &corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: pod.Namespace, Name: pod.Name, UID: types.UID(pod.UID)}
+	}
+	who := "a connection"
+	switch {
+	case podRef != nil:
+		who = "pod " + pod.Namespace + "/" + pod.Name
+	case pod.UID != "":
+		who = "a process of pod " + pod.UID
+	}
+	note := fmt.Sprintf("allocation %s: %s was refused (%s): %s", alloc, who, code, reason)
+	if podRef == nil {
+		w.event(nil, corev1.EventTypeWarning, EventConnectionRefused, "Connect", "%s", note)
+		return
+	}
+	w.event(podRef, corev1.EventTypeWarning, EventConnectionRefused, "Connect", "%s", note)
+	w.record(podRef, w.regarding(), corev1.EventTypeWarning, EventConnectionRefused, "Connect", note)
+}
+
+// event records an event on the XdpqNode, related to related if not nil.
+func (w *Writer) event(related runtime.Object, typ, reason, action, format string, args ...any) {
+	w.record(w.regarding(), related, typ, reason, action, fmt.Sprintf(format, args...))
+}
+
+func (w *Writer) record(regarding, related runtime.Object, typ, reason, action, note string) {
+	w.mu.Lock()
+	rec := w.recorder
+	w.mu.Unlock()
+	if rec == nil {
+		w.log.Debug("event not recorded: the node status writer is not running", "reason", reason, "note", note)
+		return
+	}
+	if len(note) > maxNote {
+		note = note[:maxNote-3] + "..."
+	}
+	rec.Eventf(regarding, related, typ, reason, action, "%s", note)
+}
+
+// regarding is the XdpqNode as events name it: with its UID once it is
+// created.
+func (w *Writer) regarding() runtime.Object {
+	ref := &corev1.ObjectReference{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.Kind, Name: w.cfg.Node}
+	if o := w.object(); o != nil {
+		ref.UID = o.UID
+	}
+	return ref
+}
