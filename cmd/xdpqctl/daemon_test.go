@@ -113,8 +113,9 @@ func TestStatusOfARealDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(s.Allocations) != 1 || s.Allocations[0].Pod != "ran/upf-0" || !slices.Equal(s.Allocations[0].Lease, a.Queues) ||
-		s.Allocations[0].UID == nil || *s.Allocations[0].UID != uint32(os.Getuid()) {
-		t.Errorf("status's allocations %+v: want %s held by uid %d, pod ran/upf-0, queues %v leased", s.Allocations, a.ID, os.Getuid(), a.Queues)
+		s.Allocations[0].UID == nil || *s.Allocations[0].UID != uint32(os.Getuid()) ||
+		s.Allocations[0].Holder == nil || s.Allocations[0].Holder.PID != int32(os.Getpid()) || s.Allocations[0].Holder.UID != uint32(os.Getuid()) {
+		t.Errorf("status's allocations %+v: want %s held by uid %d, pod ran/upf-0, queues %v leased by this process", s.Allocations, a.ID, os.Getuid(), a.Queues)
 	}
 	if len(s.Attachments) != 1 || s.Attachments[0].ContainerID != container || s.Attachments[0].IfName != "net1" ||
 		s.Attachments[0].Netns != pod.Path() || s.Attachments[0].State != "active" || !slices.Equal(s.Attachments[0].Flows, []api.CNIFlow{flow}) {

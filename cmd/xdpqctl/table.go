@@ -47,14 +47,18 @@ func printStatus(tw *tabwriter.Writer, s *api.Status, now time.Time) {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", p.Name, p.Resource, p.Queues, p.Free, dash(p.Reason))
 	})
 	fmt.Fprintln(tw)
-	section(len(s.Allocations), "no allocations", "ALLOCATION\tPOOL\tNETDEV\tQUEUES\tUID\tPOD\tLEASE\tAGE", func(i int) {
+	section(len(s.Allocations), "no allocations", "ALLOCATION\tPOOL\tNETDEV\tQUEUES\tUID\tPOD\tLEASE\tHOLDER\tAGE", func(i int) {
 		a := s.Allocations[i]
 		pod := a.Pod
 		if pod == "" {
 			pod = a.PodUID
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.Pool, a.Netdev, queueList(a.Queues), uid(a.UID), dash(pod),
-			dash(queueList(a.Lease)), age(now, a.Created))
+		holder := "-"
+		if h := a.Holder; h != nil {
+			holder = fmt.Sprintf("pid %d uid %d", h.PID, h.UID)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.Pool, a.Netdev, queueList(a.Queues), uid(a.UID), dash(pod),
+			dash(queueList(a.Lease)), holder, age(now, a.Created))
 	})
 	fmt.Fprintln(tw)
 	section(len(s.Attachments), "no CNI attachments", "CONTAINER\tINTERFACE\tNETNS\tALLOCATION\tPOD\tSTATE\tFLOWS", func(i int) {

@@ -21,7 +21,7 @@ func TestStatusTable(t *testing.T) {
 			{Name: "cp", Resource: "xdpq.io/cp", Queues: 0, Free: 0, Reason: "netdev eth9 not found"},
 		},
 		Allocations: []api.Allocation{
-			{ID: "upf-a", Pool: "upf", Netdev: "eth1", Queues: []uint32{0, 1, 2, 3, 6}, UID: &uid, Lease: []uint32{0, 1, 2, 3, 6}, Created: now.Add(-90 * time.Second)},
+			{ID: "upf-a", Pool: "upf", Netdev: "eth1", Queues: []uint32{0, 1, 2, 3, 6}, UID: &uid, Lease: []uint32{0, 1, 2, 3, 6}, Holder: &api.Holder{PID: 4242, UID: 1000}, Created: now.Add(-90 * time.Second)},
 			{ID: "upf-b", Pool: "upf", Netdev: "eth1", Queues: []uint32{4}, PodUID: "8d1c-uid", Created: now.Add(-3 * time.Hour)},
 			{ID: "upf-c", Pool: "upf", Netdev: "eth1", Queues: []uint32{5}, PodUID: "77aa-uid", Pod: "ran/cu-0", Lease: []uint32{5}, Created: now.Add(-50 * time.Hour)},
 		},
@@ -47,10 +47,10 @@ func TestStatusTable(t *testing.T) {
 upf   xdpq.io/upf  8       2     -
 cp    xdpq.io/cp   0       0     netdev eth9 not found
 
-ALLOCATION  POOL  NETDEV  QUEUES  UID   POD       LEASE  AGE
-upf-a       upf   eth1    0-3,6   1000  -         0-3,6  90s
-upf-b       upf   eth1    4       -     8d1c-uid  -      3h
-upf-c       upf   eth1    5       -     ran/cu-0  5      2d
+ALLOCATION  POOL  NETDEV  QUEUES  UID   POD       LEASE  HOLDER             AGE
+upf-a       upf   eth1    0-3,6   1000  -         0-3,6  pid 4242 uid 1000  90s
+upf-b       upf   eth1    4       -     8d1c-uid  -      -                  3h
+upf-c       upf   eth1    5       -     ran/cu-0  5      -                  2d
 
 CONTAINER     INTERFACE  NETNS                 ALLOCATION  POD       STATE   FLOWS
 c0ffee012345  net1       /var/run/netns/cni-1  upf-c       ran/cu-0  ending  udp 10.0.0.2/32:2152, tcp 10.0.0.0/24 from 10.9.0.0/16:80 vlan 5

@@ -35,6 +35,18 @@ type Allocation struct {
 	// holds, as the daemon last recorded the lease; empty when none does.
 	// A lease outlives a daemon restart: its client resumes it.
 	Lease []uint32 `json:"lease,omitempty"`
+	// Holder is the process that holds the lease now, as this daemon saw
+	// it connect; nil when none does, or when a lease recorded before a
+	// restart has not been resumed yet.
+	Holder *Holder `json:"holder,omitempty"`
+}
+
+// Holder is a process holding an allocation's lease.
+type Holder struct {
+	PID int32  `json:"pid"`
+	UID uint32 `json:"uid"`
+	// PodUID is the pod its cgroup names; empty for a process in no pod.
+	PodUID string `json:"podUID,omitempty"`
 }
 
 // Status reports pools, allocations and netdevs.

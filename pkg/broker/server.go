@@ -232,6 +232,7 @@ func (al *allocation) policy() policy {
 type lease struct {
 	dev   xsk.Netdev
 	dp    Datapath
+	peer  Peer // who holds it
 	socks []LeaseSocket
 	// fds are the server's duplicates of the sockets (socks' order), for
 	// their statistics. They keep the sockets bound, so they live no
@@ -593,6 +594,21 @@ func (s *Server) Leased(id string) bool {
 	al.mu.Lock()
 	defer al.mu.Unlock()
 	return al.leased
+}
+
+// Holder returns the process that holds the allocation's active lease,
+// if one does: the peer that took it, or resumed it after a restart.
+func (s *Server) Holder(id string) (Peer, bool) {
+	al, err := s.lookup(id)
+	if err != nil {
+		return Peer{}, false
+	}
+	al.mu.Lock()
+	defer al.mu.Unlock()
+	if al.active == nil || !al.leased {
+		return Peer{}, false
+	}
+	return al.active.peer, true
 }
 
 // Remove stops serving an allocation: its socket goes, its connections
@@ -1097,7 +1113,7 @@ func (s *Server) activate(c *net.UnixConn, al *allocation, peer Peer, p policy, 
 		}
 		added = append(added, ls.Queue)
 	}
-	l := &lease{dev: p.dev, dp: p.dp, socks: socks, fds: fds}
+	l := &lease{dev: p.dev, dp: p.dp, peer: peer, socks: socks, fds: fds}
 	al.mu.Lock()
 	al.lease = slices.Clone(socks)
 	al.active = l

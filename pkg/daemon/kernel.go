@@ -48,6 +48,7 @@ type socketBroker interface {
 	SetOwner(id string, o broker.Owner) error
 	SetLimits(id string, l wire.Limits, bp *wire.BusyPoll) error
 	Leased(id string) bool
+	Holder(id string) (broker.Peer, bool)
 	Stats() []broker.QueueStats
 	Refusals() map[string]uint64
 	Close()

@@ -34,6 +34,9 @@ func (d *Daemon) Status(ctx context.Context) (*api.Status, error) {
 		for _, ls := range a.Lease {
 			al.Lease = append(al.Lease, ls.Queue)
 		}
+		if p, ok := d.broker.Holder(a.ID); ok {
+			al.Holder = &api.Holder{PID: p.PID, UID: p.UID, PodUID: p.Pod.PodUID}
+		}
 		for _, att := range a.Attachments {
 			if al.Pod == "" && att.PodName != "" {
 				al.Pod = att.PodNamespace + "/" + att.PodName
