@@ -8,9 +8,10 @@
 // binary is built under a temporary name in the cache directory and
 // renamed into place: a killed build leaves no half-written binary
 // under a cached name (its temporary file is removed by the next
-// Ensure). Builds in concurrent processes (go test runs packages in
-// parallel) are serialised by a lock file in the cache directory, so the
-// second waits for the first and finds its binaries there.
+// Ensure). Builds of a binary in concurrent processes (go test runs
+// packages in parallel) are serialised by a lock file of the binary in
+// the cache directory, so the second waits for the first and finds its
+// binary there.
 //
 // A fresh build of everything takes about 12 minutes on two cores;
 // Ensure says which binary it builds and, every 30 seconds, for how long.
@@ -168,27 +169,16 @@ func ensure(ctx context.Context, opts Options, all map[string]binary, names []st
 		return paths, nil
 	}
 
-	unlock, err := lock(ctx, opts)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	removeTemps(opts.Dir)
 	start := time.Now()
 	built := 0
 	for _, n := range missing {
-		if executable(paths[n]) { // built by another process while we waited
-			continue
-		}
-		b := all[n]
-		var ldflags []string
-		if b.ldflags != nil {
-			ldflags = b.ldflags(versions[b.module])
-		}
-		if err := build(ctx, opts, n, b.pkg, versions[b.module], ldflags, paths[n]); err != nil {
+		ok, err := buildLocked(ctx, opts, n, all[n], versions[all[n].module], paths[n])
+		if err != nil {
 			return nil, err
 		}
-		built++
+		if ok {
+			built++
+		}
 	}
 	if built > 1 {
 		fmt.Fprintf(opts.Progress, "kubebin: built %d binaries in %s\n", built, time.Since(start).Round(time.Second))
@@ -240,10 +230,30 @@ func moduleVersions(ctx context.Context, opts Options, names []string, all map[s
 	return goVersion, versions, nil
 }
 
+// buildLocked builds b into dst under dst's lock, unless another
+// process built it while this one waited for the lock. It removes what
+// a killed build of the binary left.
+func buildLocked(ctx context.Context, opts Options, name string, b binary, version, dst string) (bool, error) {
+	unlock, err := lock(ctx, opts, name)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	if executable(dst) {
+		return false, nil
+	}
+	removeTemps(opts.Dir, name)
+	var ldflags []string
+	if b.ldflags != nil {
+		ldflags = b.ldflags(version)
+	}
+	return true, build(ctx, opts, name, b.pkg, version, ldflags, dst)
+}
+
 // build builds pkg into dst through a temporary file in dst's directory,
 // reporting progress.
 func build(ctx context.Context, opts Options, name, pkg, version string, ldflags []string, dst string) error {
-	tmp, err := os.CreateTemp(filepath.Dir(dst), tempPrefix+name+"-")
+	tmp, err := os.CreateTemp(filepath.Dir(dst), tempPrefix+name+".")
 	if err != nil {
 		return fmt.Errorf("kubebin: build %s: %w", name, err)
 	}
@@ -314,15 +324,17 @@ func commit(tmp, dst string) error {
 	return d.Sync()
 }
 
+// Hidden files of the cache directory: a build's temporary file is
+// .tmp-<name>.<random>, a binary's lock .lock-<name>.
 const (
 	tempPrefix = ".tmp-"
-	lockName   = ".lock"
+	lockPrefix = ".lock-"
 )
 
-// lock takes the cache directory's lock, waiting for another process's
-// build, and returns its release.
-func lock(ctx context.Context, opts Options) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(opts.Dir, lockName), os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o644)
+// lock takes the lock of a binary's builds, waiting for another
+// process's build of it, and returns its release.
+func lock(ctx context.Context, opts Options, name string) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(opts.Dir, lockPrefix+name), os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("kubebin: lock cache: %w", err)
 	}
@@ -333,7 +345,7 @@ func lock(ctx context.Context, opts Options) (func(), error) {
 		release()
 		return nil, fmt.Errorf("kubebin: lock cache: %w", err)
 	}
-	fmt.Fprintf(opts.Progress, "kubebin: waiting for another process's build in %s\n", opts.Dir)
+	fmt.Fprintf(opts.Progress, "kubebin: waiting for another process's build of %s\n", name)
 	// flock cannot be interrupted by a context: wait in a goroutine that
 	// owns a descriptor of its own, and close it if ctx ends first.
 	got := make(chan error, 1)
@@ -353,10 +365,10 @@ func lock(ctx context.Context, opts Options) (func(), error) {
 	}
 }
 
-// removeTemps removes what killed builds left in dir. The caller holds
-// the lock, so no build of another process is under way.
-func removeTemps(dir string) {
-	m, _ := filepath.Glob(filepath.Join(dir, tempPrefix+"*"))
+// removeTemps removes what killed builds of name left in dir. The caller
+// holds name's lock, so no other process builds it.
+func removeTemps(dir, name string) {
+	m, _ := filepath.Glob(filepath.Join(dir, tempPrefix+name+".*"))
 	for _, p := range m {
 		os.Remove(p)
 	}

@@ -43,7 +43,7 @@ func (s *syncBuffer) String() string {
 // version.
 func TestEnsureBuildsOnceAndCaches(t *testing.T) {
 	dir := t.TempDir()
-	stale := filepath.Join(dir, tempPrefix+"hello-123")
+	stale := filepath.Join(dir, tempPrefix+"hello.123")
 	if err := os.WriteFile(stale, []byte("half a binary"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestEnsureBuildsOnceAndCaches(t *testing.T) {
 	if paths2["hello"] != want || again.String() != "" {
 		t.Errorf("second Ensure: %v, progress %q; want the cached %s without a build", paths2, again.String(), want)
 	}
-	assertOnly(t, dir, filepath.Base(want), lockName)
+	assertOnly(t, dir, filepath.Base(want), lockPrefix+"hello")
 }
 
 // TestEnsureConcurrent runs Ensure four times at once on an empty cache:
@@ -122,7 +122,7 @@ func TestEnsureCancelled(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled build: %v, want context.Canceled", err)
 	}
-	assertOnly(t, dir, lockName)
+	assertOnly(t, dir, lockPrefix+"hello")
 }
 
 type cancelOnWrite struct{ cancel func() }
