@@ -116,10 +116,10 @@ func StartControlPlane(ctx context.Context, dir string, opts Options) (cp *Contr
 		tokens:   map[string]string{},
 	}
 	cp.cancel = onSignal(func() { cp.Stop() })
+	started := cp
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, cp.Stop())
-			cp = nil
+			err = errors.Join(err, started.Stop())
 		}
 	}()
 	if err := cp.writeCredentials(); err != nil {
@@ -214,7 +214,9 @@ func (cp *ControlPlane) writeCredentials() error {
 	return os.WriteFile(cp.path("tokens.csv"), []byte(b.String()), 0o600)
 }
 
-func (cp *ControlPlane) path(name string) string { return filepath.Join(cp.Dir, name) }
+func (cp *ControlPlane) path(elem ...string) string {
+	return filepath.Join(append([]string{cp.Dir}, elem...)...)
+}
 
 // startEtcd starts a single-member etcd listening on clientPort and
 // peerPort and waits until it is healthy.
@@ -377,6 +379,35 @@ func (cp *ControlPlane) Kubectl(ctx context.Context, args ...string) ([]byte, er
 	out, err := cmd.Output()
 	if err != nil {
 		return out, fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
+// Helm runs the Helm CLI (built by kubebin unless Options.Binaries has
+// it) against the cluster as its admin, with its cache, configuration
+// and data in Dir, and returns its standard output; an error includes
+// its standard error.
+func (cp *ControlPlane) Helm(ctx context.Context, args ...string) ([]byte, error) {
+	path, ok := cp.Binaries[kubebin.Helm]
+	if !ok {
+		bins, err := kubebin.Ensure(ctx, kubebin.Options{Progress: cp.log}, kubebin.Helm)
+		if err != nil {
+			return nil, err
+		}
+		path = bins[kubebin.Helm]
+	}
+	cmd := exec.CommandContext(ctx, path, args...)
+	cmd.Env = append(os.Environ(),
+		"KUBECONFIG="+cp.Kubeconfig,
+		"HELM_CACHE_HOME="+cp.path("helm", "cache"),
+		"HELM_CONFIG_HOME="+cp.path("helm", "config"),
+		"HELM_DATA_HOME="+cp.path("helm", "data"),
+	)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("helm %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return out, nil
 }

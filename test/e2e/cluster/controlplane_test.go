@@ -176,3 +176,25 @@ func TestInterruptHelper(t *testing.T) {
 	fmt.Printf("PIDS %d %d\n", cp.pids()[0], cp.pids()[1])
 	select {}
 }
+
+// TestHelm runs the Helm CLI against a control plane: its version is
+// the module's, and it lists the (no) releases of the cluster.
+func TestHelm(t *testing.T) {
+	cp := StartControlPlaneForTest(t, Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute) // a fresh build of helm included
+	defer cancel()
+	out, err := cp.Helm(ctx, "version", "--template", "{{.Version}}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(out) != "v4.3.2" {
+		t.Errorf("helm version %q, want v4.3.2", out)
+	}
+	out, err = cp.Helm(ctx, "list", "--all-namespaces", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(string(out)) != "[]" {
+		t.Errorf("helm list: %s, want no release", out)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -89,17 +90,19 @@ type Node struct {
 	// CNIConfList is the path of the node's network configuration.
 	CNIConfList string
 
-	cp         *ControlPlane
-	podCIDR    string
-	log        io.Writer
-	lock       *os.File // Dir's lock, held until Stop
-	containerd *process
-	mu         sync.Mutex // guards procs and stopped: Stop may run during a start (Ctrl-C)
-	procs      []*process
-	stopped    bool
-	stopOnce   sync.Once
-	stopErr    error
-	cancel     func() // the signal handler's
+	cp          *ControlPlane
+	podCIDR     string
+	kubelet     string // its binary
+	kubeletArgs []string
+	log         io.Writer
+	lock        *os.File // Dir's lock, held until Stop
+	containerd  *process
+	mu          sync.Mutex // guards procs and stopped: Stop may run during a start (Ctrl-C)
+	procs       []*process
+	stopped     bool
+	stopOnce    sync.Once
+	stopErr     error
+	cancel      func() // the signal handler's
 }
 
 // StartNode starts the node's containerd, imports the pause image,
@@ -151,10 +154,10 @@ func StartNode(ctx context.Context, cp *ControlPlane, opts NodeOptions) (n *Node
 		return nil, err
 	}
 	n.cancel = onSignal(func() { n.Stop() })
+	started := n
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, n.Stop())
-			n = nil
+			err = errors.Join(err, started.Stop())
 		}
 	}()
 	if err := n.cleanHost(true); err != nil {
@@ -472,15 +475,41 @@ func (n *Node) startKubelet(ctx context.Context, path string) error {
 	if err := os.WriteFile(cfg, b, 0o644); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
-	_, err = n.start("kubelet", path, []string{
+	n.kubelet = path
+	n.kubeletArgs = []string{
 		"--config=" + cfg,
 		"--kubeconfig=" + n.cp.NodeKubeconfig,
 		"--root-dir=" + n.KubeletRootDir,
 		"--hostname-override=" + n.Name,
 		"--node-ip=127.0.0.1",
 		"--v=1",
-	})
+	}
+	_, err = n.start("kubelet", n.kubelet, n.kubeletArgs)
 	return err
+}
+
+// RestartKubelet stops the kubelet (SIGTERM), starts it again with the
+// same configuration, and waits until the Node is Ready. Containers keep
+// running meanwhile, as on a node whose kubelet restarts.
+func (n *Node) RestartKubelet(ctx context.Context) error {
+	n.mu.Lock()
+	i := slices.IndexFunc(n.procs, func(p *process) bool { return p.name == "kubelet" })
+	var old *process
+	if i >= 0 {
+		old = n.procs[i]
+		n.procs = slices.Delete(n.procs, i, i+1)
+	}
+	n.mu.Unlock()
+	if old == nil {
+		return errors.New("node: restart kubelet: not running")
+	}
+	if err := old.stop(); err != nil {
+		return fmt.Errorf("node: restart kubelet: %w", err)
+	}
+	if _, err := n.start("kubelet", n.kubelet, n.kubeletArgs); err != nil {
+		return err
+	}
+	return n.waitReady(ctx)
 }
 
 // waitReady watches the Node until it is Ready and untainted (the node

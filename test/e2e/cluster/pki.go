@@ -103,18 +103,20 @@ func (k keyPair) write(certFile, keyFile string) error {
 	return os.WriteFile(keyFile, k.key, 0o600)
 }
 
-// serviceAccountKey writes a new key that signs service account tokens,
-// PEM-encoded, to path.
+// serviceAccountKey writes a new key that signs service account tokens
+// to path, in the SEC 1 PEM form ("EC PRIVATE KEY") that the apiserver's
+// --service-account-key-file and the controller manager's
+// --service-account-private-key-file both read.
 func serviceAccountKey(path string) error {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return err
 	}
-	der, err := x509.MarshalPKCS8PrivateKey(key)
+	der, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)
+	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600)
 }
 
 func serial() *big.Int {
