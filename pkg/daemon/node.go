@@ -105,5 +105,8 @@ func (d *Daemon) onRefuse(alloc string, peer broker.Peer, code, reason string) {
 			}
 		}
 	}
+	if pod.UID != "" && pod.Name == "" && d.podDir != nil {
+		pod.Namespace, pod.Name, _ = d.podDir.Cached(pod.UID)
+	}
 	d.node.ConnectionRefused(alloc, pod, code, reason)
 }

@@ -85,6 +85,16 @@ func (d *Directory) PodByUID(ctx context.Context, uid string) (namespace, name s
 	return "", "", fmt.Errorf("the API server has no pod %s on node %s", uid, d.node)
 }
 
+// Cached returns the namespace and name of the node's pod with uid as the
+// informer has it, without asking the API server: for callers that must
+// not block.
+func (d *Directory) Cached(uid string) (namespace, name string, ok bool) {
+	if p := d.cached(uid); p != nil {
+		return p.Namespace, p.Name, true
+	}
+	return "", "", false
+}
+
 func (d *Directory) cached(uid string) *corev1.Pod {
 	objs, err := d.informer.GetIndexer().ByIndex(byUID, uid)
 	if err != nil || len(objs) == 0 {

@@ -1,0 +1,80 @@
+// Package kubepods tests pkg/kubepods against a real API server.
+package kubepods
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/pkg/kubepods"
+	"github.com/xdpq/xdpq/test/e2e/cluster"
+)
+
+// TestDirectory: the directory of node n1 finds n1's pods by UID, from
+// its informer and, for a pod created a moment ago, from one fresh list;
+// a pod of another node is not found, and never reaches the informer (it
+// watches with the field selector spec.nodeName, as kubelet does).
+func TestDirectory(t *testing.T) {
+	testnet.RequireRoot(t)
+	cp := cluster.StartControlPlaneForTest(t, cluster.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	create := func(name, node string) *corev1.Pod {
+		t.Helper()
+		p, err := cp.Client.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "xdpq.io/none"}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	// No controller manager runs: the namespace's service account is
+	// made here.
+	if _, err := cp.Client.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}},
+		metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a, b := create("a", "n1"), create("b", "n2")
+
+	d, err := kubepods.New(cp.Client, "n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- d.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	for !d.Synced() {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the directory never synced")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+
+	if ns, name, ok := d.Cached(string(a.UID)); !ok || ns != "default" || name != "a" {
+		t.Errorf("n1's pod from the informer: %q %q %v", ns, name, ok)
+	}
+	if _, _, ok := d.Cached(string(b.UID)); ok {
+		t.Error("the informer has a pod of another node")
+	}
+	if _, _, err := d.PodByUID(ctx, string(b.UID)); err == nil || !strings.Contains(err.Error(), "no pod "+string(b.UID)+" on node n1") {
+		t.Errorf("a pod of another node: %v", err)
+	}
+	// Created after the sync: found whether or not the informer has
+	// seen it yet.
+	c := create("c", "n1")
+	if ns, name, err := d.PodByUID(ctx, string(c.UID)); err != nil || ns != "default" || name != "c" {
+		t.Errorf("a pod created a moment ago: %q %q %v", ns, name, err)
+	}
+	if ns, name, err := d.PodByUID(ctx, string(a.UID)); err != nil || ns != "default" || name != "a" {
+		t.Errorf("PodByUID of n1's pod: %q %q %v", ns, name, err)
+	}
+}
