@@ -28,7 +28,7 @@ func TestDirectory(t *testing.T) {
 		t.Helper()
 		p, err := cp.Client.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "xdpq.io/none"}}},
+			Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "xdpq.io/none"}}},
 		}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
