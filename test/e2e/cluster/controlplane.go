@@ -290,7 +290,9 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context, etcd string, port in
 		"--kubelet-client-certificate=" + cp.path("apiserver-kubelet-client.crt"),
 		"--kubelet-client-key=" + cp.path("apiserver-kubelet-client.key"),
 		"--kubelet-certificate-authority=" + cp.CAFile,
-		"--kubelet-preferred-address-types=InternalIP,Hostname",
+		// The kubelet listens on 127.0.0.1, which it refuses as its
+		// InternalIP: reach it by its name.
+		"--kubelet-preferred-address-types=Hostname,InternalIP",
 		"--profiling=false",
 		"--v=1",
 	})

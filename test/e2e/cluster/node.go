@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -131,6 +132,9 @@ func StartNode(ctx context.Context, cp *ControlPlane, opts NodeOptions) (n *Node
 	if err := checkTools(opts.CNIPluginDir); err != nil {
 		return nil, err
 	}
+	if err := checkResolves(cp.NodeName); err != nil {
+		return nil, err
+	}
 	bins, err := nodeBinaries(ctx, cp)
 	if err != nil {
 		return nil, err
@@ -229,6 +233,16 @@ func checkTools(cniDir string) error {
 		}
 	}
 	return nil
+}
+
+// checkResolves checks that the node's name resolves to 127.0.0.1, the
+// address the apiserver reaches the kubelet at.
+func checkResolves(name string) error {
+	addrs, err := net.LookupHost(name)
+	if err == nil && slices.Contains(addrs, "127.0.0.1") {
+		return nil
+	}
+	return fmt.Errorf("node: its name %s resolves to %v (%v), not 127.0.0.1: the apiserver reaches the kubelet by it (add \"127.0.0.1 %s\" to /etc/hosts)", name, addrs, err, name)
 }
 
 // nodeBinaries returns the control plane's binaries with the kubelet,
@@ -422,7 +436,11 @@ func (n *Node) startControllers(bins kubebin.Paths) error {
 
 // startKubelet starts the kubelet with the node's token, a serving
 // certificate of the cluster's CA, webhook authentication and
-// authorization, and cgroupfs on this cgroup v1 machine.
+// authorization, and cgroupfs on this cgroup v1 machine. It listens on
+// 127.0.0.1, which it refuses as a node IP: the apiserver reaches it by
+// the node's Hostname address, its name, which must resolve to
+// 127.0.0.1 (/etc/hosts); its InternalIP is the address of the host's
+// default route.
 func (n *Node) startKubelet(ctx context.Context, path string) error {
 	serving, err := n.cp.ca.issue(pkix.Name{CommonName: n.Name}, "127.0.0.1", n.Name, "localhost")
 	if err != nil {
@@ -481,7 +499,6 @@ func (n *Node) startKubelet(ctx context.Context, path string) error {
 		"--kubeconfig=" + n.cp.NodeKubeconfig,
 		"--root-dir=" + n.KubeletRootDir,
 		"--hostname-override=" + n.Name,
-		"--node-ip=127.0.0.1",
 		"--v=1",
 	}
 	_, err = n.start("kubelet", n.kubelet, n.kubeletArgs)

@@ -1,10 +1,13 @@
 package cluster
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -37,35 +40,7 @@ func TestNodeRunsPod(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	hello, err := images.Build(ctx, images.Hello(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := n.ImportImage(ctx, hello); err != nil {
-		t.Fatal(err)
-	}
-	ns := "e2e-node"
-	if err := cp.CreateNamespace(ctx, ns, nil); err != nil {
-		t.Fatal(err)
-	}
-	pod := helloPod("hello", "from", "e2e")
-	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	got, err := cp.WaitPod(ctx, ns, pod.Name, PodSucceeded)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.Spec.NodeName != n.Name || got.Status.PodIP == "" {
-		t.Errorf("pod on node %q with IP %q, want on %s with an address of %s", got.Spec.NodeName, got.Status.PodIP, n.Name, DefaultPodCIDR)
-	}
-	out, err := cp.Kubectl(ctx, "logs", "-n", ns, pod.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(out) != "hello from e2e\n" {
-		t.Errorf("kubectl logs: %q, want %q", out, "hello from e2e\n")
-	}
+	runHello(ctx, t, cp, n)
 
 	if err := n.Stop(); err != nil {
 		t.Fatal(err)
@@ -202,4 +177,156 @@ func BenchmarkPodStartup(b *testing.B) {
 	b.ReportMetric(float64(took[len(took)/2].Milliseconds()), "ms-p50")
 	b.ReportMetric(float64(took[len(took)*9/10].Milliseconds()), "ms-p90")
 	b.Logf("pod create to Running, %d pods: %v", len(took), took)
+}
+
+// killedEnv makes the test binary run TestNodeKilledHelper for
+// TestNodeAfterKill instead of skipping it.
+const killedEnv = "XDPQ_E2E_KILLED_HELPER"
+
+// TestNodeAfterKill kills (SIGKILL: no teardown runs) a child test
+// process whose node runs a pod, then starts a node in the same
+// directories: StartNode removes what the killed one left (its shim and
+// pod still running, mounts, cgroups, bridge) and the new node runs a
+// pod; its Stop leaves nothing.
+func TestNodeAfterKill(t *testing.T) {
+	testnet.RequireRoot(t)
+	testnet.RequireTool(t, "containerd runc", "containerd")
+	sysctls := readSysctls(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestNodeKilledHelper$", "-test.v")
+	cmd.Env = append(os.Environ(), killedEnv+"=1")
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	var cpDir string
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if d, ok := strings.CutPrefix(sc.Text(), "RUNNING "); ok {
+			cpDir = d
+			break
+		}
+	}
+	if cpDir == "" {
+		t.Fatalf("the child did not run its pod (scan: %v)", sc.Err())
+	}
+	t.Cleanup(func() { os.RemoveAll(cpDir) })
+	cmd.Process.Kill()
+	go io.Copy(io.Discard, stdout)
+	cmd.Wait()
+	// What the killed run left: its pod's shim.
+	ctdSocket := filepath.Join(DefaultNodeDir, "run", "containerd.sock")
+	if shims := shimPids(t, ctdSocket); len(shims) == 0 {
+		t.Fatal("the killed node left no shim: the test would prove nothing")
+	}
+
+	cp := StartControlPlaneForTest(t, Options{})
+	n := StartNodeForTest(t, cp, NodeOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if shims := shimPids(t, ctdSocket); len(shims) != 0 {
+		t.Errorf("shims of the killed node's containerd after StartNode: %v", shims)
+	}
+	runHello(ctx, t, cp, n)
+	if err := n.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	assertNodeGone(t, n)
+	if after := readSysctls(t); !slices.Equal(after, sysctls) {
+		t.Errorf("sysctls after Stop %q, before the killed run %q", after, sysctls)
+	}
+}
+
+// TestNodeKilledHelper is TestNodeAfterKill's child: it starts a node,
+// runs a pod, prints its control plane's directory and waits to be
+// killed.
+func TestNodeKilledHelper(t *testing.T) {
+	if os.Getenv(killedEnv) == "" {
+		t.Skip("TestNodeAfterKill's child process")
+	}
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "xdpq-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, err := StartControlPlane(ctx, dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := StartNode(ctx, cp, NodeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hello, err := images.Build(ctx, images.Hello(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.ImportImage(ctx, hello); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.CreateNamespace(ctx, "e2e-killed", nil); err != nil {
+		t.Fatal(err)
+	}
+	pod := helloPod("waits", "-wait")
+	if _, err := cp.Client.CoreV1().Pods("e2e-killed").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.WaitPod(ctx, "e2e-killed", pod.Name, PodRunning); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("RUNNING %s\n", cp.Dir)
+	select {}
+}
+
+// shimPids returns the shims serving the containerd at socket.
+func shimPids(t *testing.T, socket string) []string {
+	t.Helper()
+	var pids []string
+	procs, _ := os.ReadDir("/proc")
+	for _, e := range procs {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(b), "containerd-shim") && strings.Contains(string(b), "\x00"+socket+"\x00") {
+			pids = append(pids, e.Name())
+		}
+	}
+	return pids
+}
+
+// runHello runs a pod of the hello image to completion on n and reads
+// its log with kubectl.
+func runHello(ctx context.Context, t *testing.T, cp *ControlPlane, n *Node) {
+	t.Helper()
+	hello, err := images.Build(ctx, images.Hello(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.ImportImage(ctx, hello); err != nil {
+		t.Fatal(err)
+	}
+	ns := "e2e-node"
+	if err := cp.CreateNamespace(ctx, ns, nil); err != nil {
+		t.Fatal(err)
+	}
+	pod := helloPod("hello", "from", "e2e")
+	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := cp.WaitPod(ctx, ns, pod.Name, PodSucceeded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Spec.NodeName != n.Name || got.Status.PodIP == "" {
+		t.Errorf("pod on node %q with IP %q, want on %s with an address of %s", got.Spec.NodeName, got.Status.PodIP, n.Name, DefaultPodCIDR)
+	}
+	out, err := cp.Kubectl(ctx, "logs", "-n", ns, pod.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(out) != "hello from e2e\n" {
+		t.Errorf("kubectl logs: %q, want %q", out, "hello from e2e\n")
+	}
 }
