@@ -7,17 +7,27 @@ import (
 
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/kubepods"
 	"github.com/xdpq/xdpq/pkg/ledger"
 )
 
-// PodDirectory finds a pod of this node by its UID (Kubernetes mode). The
-// broker learns a peer's pod UID from its cgroup; kubelet's PodResources
-// API knows pods by namespace and name. An informer on the API server's
-// pods of this node (cmd/deviceplugin, pkg/kubepods) joins the two.
+// PodDirectory is this node's pods by UID (Kubernetes mode). The broker
+// learns a peer's pod UID from its cgroup; kubelet's PodResources API
+// knows pods by namespace and name; a pod's xdpq.io/flows annotation is
+// on its object. An informer on the API server's pods of this node
+// (pkg/kubepods) joins them.
 type PodDirectory interface {
-	// PodByUID returns the namespace and name of the pod of this node with
-	// uid, or an error saying why it has none.
-	PodByUID(ctx context.Context, uid string) (namespace, name string, err error)
+	// PodByUID returns the pod of this node with uid, asking the API
+	// server if need be, or an error saying why there is none.
+	PodByUID(ctx context.Context, uid string) (kubepods.Pod, error)
+	// Cached returns the pod of this node with uid, as last seen.
+	Cached(uid string) (kubepods.Pod, bool)
+	// Next waits for a pod that changed (or was touched) and returns its
+	// UID; false when ctx ends. Done says it is dealt with.
+	Next(ctx context.Context) (uid string, ok bool)
+	Done(uid string)
+	// Touch has Next return uid again: its allocation changed.
+	Touch(uid string)
 }
 
 // claimPod is the broker's Config.ClaimPod: an allocation kubelet's
@@ -33,10 +43,11 @@ func (d *Daemon) claimPod(ctx context.Context, id string, pod broker.PodIdentity
 	if a.Owner.PodUID != "" && a.Owner.PodUID != pod.PodUID {
 		return fmt.Errorf("the allocation belongs to pod %s", a.Owner.PodUID)
 	}
-	namespace, name, err := d.opts.Pods.PodByUID(ctx, pod.PodUID)
+	kp, err := d.opts.Pods.PodByUID(ctx, pod.PodUID)
 	if err != nil {
 		return err
 	}
+	namespace, name := kp.Namespace, kp.Name
 	devs, err := d.kubelet.podDevices(ctx, namespace, name)
 	if err != nil {
 		return err
@@ -52,5 +63,6 @@ func (d *Daemon) claimPod(ctx context.Context, id string, pod broker.PodIdentity
 		return err
 	}
 	d.log.Info("allocation bound to its pod", "allocation", id, "pod", namespace+"/"+name, "pod_uid", pod.PodUID)
+	d.opts.Pods.Touch(pod.PodUID) // its flows annotation applies now
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -77,6 +78,9 @@ func (d *Daemon) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attach
 		return nil, err
 	}
 	d.log.Info("attached", "container", req.ContainerID, "ifname", req.IfName, "allocation", a.ID, "mode", got.Mode, "flows", len(flows))
+	if req.PodUID != "" && d.opts.Pods != nil && !strings.HasPrefix(req.ContainerID, "pod-") {
+		d.opts.Pods.Touch(req.PodUID) // bound to its pod: its flows annotation applies now
+	}
 	return &got.Attachment, nil
 }
 

@@ -126,12 +126,13 @@ type Daemon struct {
 	cfg       *config.Config // the config the reconciler put in force last
 	problems  []string       // why the config in force is not fully in force
 	managed   map[string]agent.Policy
-	pods      map[string]*podNetdev // netdev-mode netdevs in pods, by node name
-	retry     map[string]bool       // allocations and attachments a failed undo left (retryLater)
-	plugins   map[string]*plugin    // Kubernetes mode, by pool
-	podDir    *kubepods.Directory   // Kubernetes mode with an API server, unless Options.Pods
-	collected time.Time             // when the collector last finished
-	group     *errgroup.Group       // Run's, for the plugins' goroutines
+	pods      map[string]*podNetdev        // netdev-mode netdevs in pods, by node name
+	retry     map[string]bool              // allocations and attachments a failed undo left (retryLater)
+	plugins   map[string]*plugin           // Kubernetes mode, by pool
+	podDir    *kubepods.Directory          // Kubernetes mode with an API server, unless Options.Pods
+	flowsSaid map[api.AttachmentRef]string // what was last told of a pod's annotated flows
+	collected time.Time                    // when the collector last finished
+	group     *errgroup.Group              // Run's, for the plugins' goroutines
 	groupCtx  context.Context
 }
 
@@ -308,6 +309,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return fmt.Errorf("start: %w", err)
 	}
 	part("agent", d.agent.Run)
+	if d.opts.Pods != nil && !d.opts.Standalone {
+		part("pod flows", d.podFlowsLoop)
+	}
 	part("config watcher", func(ctx context.Context) error { return d.watcher.Run(ctx, d.applier(ctx)) })
 	part("local api", func(ctx context.Context) error {
 		return api.Serve(ctx, d.apiLn, api.NewHandler(metered{d}, d.log), d.log)

@@ -172,9 +172,16 @@ func waitStatus(t *testing.T, sock string, ok func(*api.Status) bool) {
 // queue.
 func sendFrames(t *testing.T, p *testnet.Pair, n int) [][][]byte {
 	t.Helper()
+	return sendFramesOn(t, p, n, 0, 1)
+}
+
+// sendFramesOn is sendFrames from xb's queues qa and qb (arriving on xa's
+// queues of the same numbers); it returns them in that order.
+func sendFramesOn(t *testing.T, p *testnet.Pair, n int, qa, qb uint32) [][][]byte {
+	t.Helper()
 	sent := make([][][]byte, 2)
 	dev := xsk.Netdev{Name: p.B.Name, Ifindex: p.B.Index, NetNS: p.NSPath()}
-	umem, socks, err := xsk.Open(dev, []uint32{0, 1}, 1024, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048},
+	umem, socks, err := xsk.Open(dev, []uint32{qa, qb}, 1024, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048},
 		Rings: xsk.Rings{Fill: 64, Completion: 512, TX: 512}})
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ type nodeReporter interface {
 	NetdevReclaimed(netdev, state string)
 	ConfigRefused(err error)
 	ConnectionRefused(alloc string, pod v1alpha1.PodRef, code, reason string)
+	PodFlows(pod v1alpha1.PodRef, alloc string, flows []string, refused string)
 }
 
 var _ nodeReporter = (*nodestatus.Writer)(nil)
@@ -33,6 +34,7 @@ func (noReporter) NetdevOverridden(string, string, uint32)                   {}
 func (noReporter) NetdevReclaimed(string, string)                            {}
 func (noReporter) ConfigRefused(error)                                       {}
 func (noReporter) ConnectionRefused(string, v1alpha1.PodRef, string, string) {}
+func (noReporter) PodFlows(v1alpha1.PodRef, string, []string, string)        {}
 
 // newNodeReporter is the writer of the node's XdpqNode when the daemon
 // has an API server.
@@ -105,8 +107,10 @@ func (d *Daemon) onRefuse(alloc string, peer broker.Peer, code, reason string) {
 			}
 		}
 	}
-	if pod.UID != "" && pod.Name == "" && d.podDir != nil {
-		pod.Namespace, pod.Name, _ = d.podDir.Cached(pod.UID)
+	if pod.UID != "" && pod.Name == "" && d.opts.Pods != nil {
+		if p, ok := d.opts.Pods.Cached(pod.UID); ok {
+			pod.Namespace, pod.Name = p.Namespace, p.Name
+		}
 	}
 	d.node.ConnectionRefused(alloc, pod, code, reason)
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/client"
+	"github.com/xdpq/xdpq/pkg/kubepods"
 )
 
 // fakePodResources is kubelet's PodResources List: one pod holding the
@@ -194,17 +195,54 @@ func allocateAgain(t *testing.T, plugins string) string {
 	return resp.ContainerResponses[0].Mounts[0].HostPath
 }
 
-// fakePods is a PodDirectory of fixed pods: UID to namespace/name.
-type fakePods map[string]string
-
-func (f fakePods) PodByUID(_ context.Context, uid string) (string, string, error) {
-	nn, ok := f[uid]
-	if !ok {
-		return "", "", fmt.Errorf("no pod %s on this node", uid)
-	}
-	ns, name, _ := strings.Cut(nn, "/")
-	return ns, name, nil
+// fakePods is a PodDirectory of pods set by the test.
+type fakePods struct {
+	mu      sync.Mutex
+	pods    map[string]kubepods.Pod
+	changed chan string
 }
+
+func newFakePods(pods ...kubepods.Pod) *fakePods {
+	f := &fakePods{pods: map[string]kubepods.Pod{}, changed: make(chan string, 64)}
+	for _, p := range pods {
+		f.pods[p.UID] = p
+	}
+	return f
+}
+
+// set changes a pod, as an update from the API server would.
+func (f *fakePods) set(p kubepods.Pod) {
+	f.mu.Lock()
+	f.pods[p.UID] = p
+	f.mu.Unlock()
+	f.Touch(p.UID)
+}
+
+func (f *fakePods) Cached(uid string) (kubepods.Pod, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.pods[uid]
+	return p, ok
+}
+
+func (f *fakePods) PodByUID(_ context.Context, uid string) (kubepods.Pod, error) {
+	if p, ok := f.Cached(uid); ok {
+		return p, nil
+	}
+	return kubepods.Pod{}, fmt.Errorf("no pod %s on this node", uid)
+}
+
+func (f *fakePods) Next(ctx context.Context) (string, bool) {
+	select {
+	case uid := <-f.changed:
+		return uid, true
+	case <-ctx.Done():
+		return "", false
+	}
+}
+
+func (f *fakePods) Done(string)      {}
+func (f *fakePods) Touch(uid string) { f.changed <- uid }
 
 // joinCgroup moves this process into the cgroup of procs until the test
 // ends (or the returned function is called).
@@ -270,7 +308,8 @@ func TestClaimPod(t *testing.T) {
 	os.WriteFile(cfg, []byte("pools: [{name: dns, steering: hardware, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
 	o := Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(testPins(t), "xdpq"),
 		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), APISocket: filepath.Join(dir, "api.sock"), PluginDir: plugins,
-		PodResourcesSocket: prSock, CollectPeriod: time.Hour, Pods: fakePods{podA: "default/dns-0", podB: "default/web-0"}}
+		PodResourcesSocket: prSock, CollectPeriod: time.Hour, Pods: newFakePods(
+			kubepods.Pod{UID: podA, Namespace: "default", Name: "dns-0"}, kubepods.Pod{UID: podB, Namespace: "default", Name: "web-0"})}
 	d, stop := runDaemon(t, o)
 	<-regs
 	pr.set("xa-q2", "xa-q3") // held by default/dns-0
@@ -298,4 +337,68 @@ func TestClaimPod(t *testing.T) {
 	if _, err := connect(procsB); err == nil || !strings.Contains(err.Error(), "belongs to pod "+podA+", not to pod "+podB) {
 		t.Fatalf("a process of another pod, once bound and after a restart: %v", err)
 	}
+}
+
+// TestPodFlowsAnnotation: a pod's xdpq.io/flows annotation is steered to
+// its allocation once the allocation is bound to it (no
+// NetworkAttachmentDefinition, no CNI ADD): the pod receives the frames
+// of its flow, byte for byte, on its queues (software steering: nothing
+// else reaches them). Changed to a destination that is not the pod's own
+// address, it is refused and its flows are removed; removed, nothing is
+// steered.
+func TestPodFlowsAnnotation(t *testing.T) {
+	const (
+		podA      = "0c1d2e3f-4a5b-6c7d-8e9f-0a1b2c3d4e5f"
+		container = "4b825dc642cb6eb9a060e54bf8d69288fbee4904abcdef0123456789abcdef01"
+	)
+	p := testnet.NewPair(t, 4)
+	dir := t.TempDir()
+	plugins := filepath.Join(dir, "plugins")
+	os.MkdirAll(plugins, 0o755)
+	regs := kubelettest.Start(t, plugins).Registrations
+	prSock := filepath.Join(dir, "pod-resources.sock")
+	pr := serveFakePodResources(t, prSock)
+	cfg := filepath.Join(dir, "config.yaml")
+	os.WriteFile(cfg, []byte("pools: [{name: dns, steering: software, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
+	pod := kubepods.Pod{UID: podA, Namespace: "default", Name: "dns-0", IPs: []netip.Addr{p.A.Addr},
+		Annotations: map[string]string{FlowsAnnotation: `[{"protocol": "udp", "destinationPort": "5000"}]`}}
+	pods := newFakePods(pod)
+	apiSock := filepath.Join(dir, "api.sock")
+	runDaemon(t, Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(testPins(t), "xdpq"),
+		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), APISocket: apiSock, PluginDir: plugins,
+		PodResourcesSocket: prSock, CollectPeriod: time.Hour, Pods: pods})
+	<-regs
+	pr.set("xa-q2", "xa-q3")
+	socket := filepath.Join(allocateAgain(t, plugins), "xdpq.sock")
+
+	leave := joinCgroup(t, handover.PodCgroup(t, container, podA))
+	got := connectPod(t, socket)
+	leave()
+	flows := func(n int) {
+		t.Helper()
+		waitStatus(t, apiSock, func(s *api.Status) bool { return len(s.Netdevs) == 1 && s.Netdevs[0].Flows == n })
+	}
+	flows(1)
+	sent := sendFramesOn(t, p, 50, 2, 3)
+	for i := range got.lease.Queues {
+		if err := got.recv[i].Expect(sent[i], time.Now().Add(5*time.Second)); err != nil {
+			t.Fatalf("queue %d: %v", got.lease.Queues[i], err)
+		}
+	}
+	s, _ := api.NewClient(apiSock).Status()
+	if len(s.Attachments) != 1 || s.Attachments[0].ContainerID != "pod-"+podA || s.Attachments[0].PodName != "dns-0" {
+		t.Errorf("attachments %+v", s.Attachments)
+	}
+
+	// Another pod's address: refused, and the flow goes.
+	pod.Annotations = map[string]string{FlowsAnnotation: `[{"protocol": "udp", "destination": "10.99.0.2", "destinationPort": "5000"}]`}
+	pods.set(pod)
+	flows(0)
+	// Back, then the annotation removed.
+	pod.Annotations = map[string]string{FlowsAnnotation + ".dns": `[{"protocol": "udp", "destination": "ipam", "destinationPort": "5000"}]`}
+	pods.set(pod)
+	flows(1)
+	pod.Annotations = nil
+	pods.set(pod)
+	flows(0)
 }

@@ -9,6 +9,7 @@ package kubepods
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -17,9 +18,18 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
 )
 
 const byUID = "uid"
+
+// Pod is what the daemon needs of a pod.
+type Pod struct {
+	Namespace, Name string
+	UID             string
+	Annotations     map[string]string
+	IPs             []netip.Addr // status.podIPs
+}
 
 // Directory is the pods of one node, by UID.
 type Directory struct {
@@ -27,6 +37,9 @@ type Directory struct {
 	node     string
 	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
+	// changed holds the UIDs of pods added, changed or deleted since
+	// Next took them, each once (a client-go workqueue).
+	changed workqueue.TypedInterface[string]
 }
 
 // New returns the directory of node's pods. It holds nothing until Run.
@@ -47,8 +60,38 @@ func New(client kubernetes.Interface, node string) (*Directory, error) {
 	}}); err != nil {
 		return nil, fmt.Errorf("kubepods: %w", err)
 	}
-	return &Directory{client: client, node: node, factory: f, informer: inf}, nil
+	d := &Directory{client: client, node: node, factory: f, informer: inf, changed: workqueue.NewTyped[string]()}
+	add := func(obj any) {
+		if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = tomb.Obj
+		}
+		if p, ok := obj.(*corev1.Pod); ok {
+			d.changed.Add(string(p.UID))
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: add, UpdateFunc: func(_, obj any) { add(obj) }, DeleteFunc: add}); err != nil {
+		return nil, fmt.Errorf("kubepods: %w", err)
+	}
+	return d, nil
 }
+
+// Next waits for a pod that was added, changed or deleted, and returns
+// its UID; false once Run has ended (Run ends with its ctx, which should
+// be Next's). The caller calls Done(uid) when it
+// has dealt with it: until then further changes of that pod wait.
+func (d *Directory) Next(ctx context.Context) (uid string, ok bool) {
+	if ctx.Err() != nil {
+		return "", false
+	}
+	uid, shutdown := d.changed.Get()
+	return uid, !shutdown
+}
+
+// Done says the change Next returned is dealt with.
+func (d *Directory) Done(uid string) { d.changed.Done(uid) }
+
+// Touch queues uid as if the pod changed (its allocation did).
+func (d *Directory) Touch(uid string) { d.changed.Add(uid) }
 
 // Run keeps the directory until ctx ends. (The informer retries, with
 // backoff, while the API server is away.)
@@ -56,6 +99,7 @@ func (d *Directory) Run(ctx context.Context) error {
 	d.factory.Start(ctx.Done())
 	<-ctx.Done()
 	d.factory.Shutdown()
+	d.changed.ShutDown()
 	return nil
 }
 
@@ -66,33 +110,43 @@ func (d *Directory) Synced() bool { return d.informer.HasSynced() }
 // pod the informer has not seen yet (its container may connect within
 // milliseconds of its creation) is looked for once in a fresh list of the
 // node's pods.
-func (d *Directory) PodByUID(ctx context.Context, uid string) (namespace, name string, err error) {
-	if p := d.cached(uid); p != nil {
-		return p.Namespace, p.Name, nil
+func (d *Directory) PodByUID(ctx context.Context, uid string) (Pod, error) {
+	if p, ok := d.Cached(uid); ok {
+		return p, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	list, err := d.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", d.node).String()})
 	if err != nil {
-		return "", "", fmt.Errorf("pods of node %s: %w", d.node, err)
+		return Pod{}, fmt.Errorf("pods of node %s: %w", d.node, err)
 	}
-	for _, p := range list.Items {
-		if string(p.UID) == uid {
-			return p.Namespace, p.Name, nil
+	for i := range list.Items {
+		if string(list.Items[i].UID) == uid {
+			return podOf(&list.Items[i]), nil
 		}
 	}
-	return "", "", fmt.Errorf("the API server has no pod %s on node %s", uid, d.node)
+	return Pod{}, fmt.Errorf("the API server has no pod %s on node %s", uid, d.node)
 }
 
-// Cached returns the namespace and name of the node's pod with uid as the
-// informer has it, without asking the API server: for callers that must
-// not block.
-func (d *Directory) Cached(uid string) (namespace, name string, ok bool) {
-	if p := d.cached(uid); p != nil {
-		return p.Namespace, p.Name, true
+// Cached returns the node's pod with uid as the informer has it, without
+// asking the API server: for callers that must not block.
+func (d *Directory) Cached(uid string) (Pod, bool) {
+	p := d.cached(uid)
+	if p == nil {
+		return Pod{}, false
 	}
-	return "", "", false
+	return podOf(p), true
+}
+
+func podOf(p *corev1.Pod) Pod {
+	out := Pod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Annotations: p.Annotations}
+	for _, ip := range p.Status.PodIPs {
+		if a, err := netip.ParseAddr(ip.IP); err == nil {
+			out.IPs = append(out.IPs, a)
+		}
+	}
+	return out
 }
 
 func (d *Directory) cached(uid string) *corev1.Pod {

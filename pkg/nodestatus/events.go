@@ -2,6 +2,7 @@ package nodestatus
 
 import (
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -16,6 +17,8 @@ const (
 	EventNetdevReclaimed   = "NetdevReclaimed"
 	EventConfigRefused     = "ConfigRefused"
 	EventConnectionRefused = "ConnectionRefused"
+	EventFlowsApplied      = "FlowsApplied"
+	EventFlowsRefused      = "FlowsRefused"
 	maxNote                = 1024 // events.k8s.io/v1's limit of a note
 )
 
@@ -62,6 +65,20 @@ func (w *Writer) ConnectionRefused(alloc string, pod v1alpha1.PodRef, code, reas
 	}
 	w.event(podRef, corev1.EventTypeWarning, EventConnectionRefused, "Connect", "%s", note)
 	w.record(podRef, w.regarding(), corev1.EventTypeWarning, EventConnectionRefused, "Connect", note)
+}
+
+// PodFlows records on the pod that the flows of its xdpq.io/flows
+// annotation are steered to its allocation's queues (refused empty), or
+// why they are not.
+func (w *Writer) PodFlows(pod v1alpha1.PodRef, alloc string, flows []string, refused string) {
+	ref := &corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: pod.Namespace, Name: pod.Name, UID: types.UID(pod.UID)}
+	if refused != "" {
+		w.record(ref, w.regarding(), corev1.EventTypeWarning, EventFlowsRefused, "Steer",
+			fmt.Sprintf("allocation %s: the pod's flows are refused, none is steered: %s", alloc, refused))
+		return
+	}
+	w.record(ref, w.regarding(), corev1.EventTypeNormal, EventFlowsApplied, "Steer",
+		fmt.Sprintf("allocation %s: %d flows steered to the pod's queues: %s", alloc, len(flows), strings.Join(flows, ", ")))
 }
 
 // event records an event on the XdpqNode, related to related if not nil.

@@ -59,10 +59,10 @@ func TestDirectory(t *testing.T) {
 		}
 	}
 
-	if ns, name, ok := d.Cached(string(a.UID)); !ok || ns != "default" || name != "a" {
-		t.Errorf("n1's pod from the informer: %q %q %v", ns, name, ok)
+	if p, ok := d.Cached(string(a.UID)); !ok || p.Namespace != "default" || p.Name != "a" {
+		t.Errorf("n1's pod from the informer: %+v %v", p, ok)
 	}
-	if _, _, ok := d.Cached(string(b.UID)); ok {
+	if _, ok := d.Cached(string(b.UID)); ok {
 		t.Error("the informer has a pod of another node")
 	}
 	if _, _, err := d.PodByUID(ctx, string(b.UID)); err == nil || !strings.Contains(err.Error(), "no pod "+string(b.UID)+" on node n1") {
