@@ -65,16 +65,30 @@ func TestDirectory(t *testing.T) {
 	if _, ok := d.Cached(string(b.UID)); ok {
 		t.Error("the informer has a pod of another node")
 	}
-	if _, _, err := d.PodByUID(ctx, string(b.UID)); err == nil || !strings.Contains(err.Error(), "no pod "+string(b.UID)+" on node n1") {
+	if _, err := d.PodByUID(ctx, string(b.UID)); err == nil || !strings.Contains(err.Error(), "no pod "+string(b.UID)+" on node n1") {
 		t.Errorf("a pod of another node: %v", err)
 	}
 	// Created after the sync: found whether or not the informer has
 	// seen it yet.
 	c := create("c", "n1")
-	if ns, name, err := d.PodByUID(ctx, string(c.UID)); err != nil || ns != "default" || name != "c" {
-		t.Errorf("a pod created a moment ago: %q %q %v", ns, name, err)
+	if p, err := d.PodByUID(ctx, string(c.UID)); err != nil || p.Namespace != "default" || p.Name != "c" {
+		t.Errorf("a pod created a moment ago: %+v %v", p, err)
 	}
-	if ns, name, err := d.PodByUID(ctx, string(a.UID)); err != nil || ns != "default" || name != "a" {
-		t.Errorf("PodByUID of n1's pod: %q %q %v", ns, name, err)
+	if p, err := d.PodByUID(ctx, string(a.UID)); err != nil || p.Namespace != "default" || p.Name != "a" {
+		t.Errorf("PodByUID of n1's pod: %+v %v", p, err)
+	}
+	// Next gives the pods that changed: n1's a (listed) and c (added),
+	// never n2's b.
+	seen := map[string]bool{}
+	for !seen[string(a.UID)] || !seen[string(c.UID)] {
+		uid, ok := d.Next(ctx)
+		if !ok {
+			t.Fatalf("Next ended having given %v", seen)
+		}
+		if uid == string(b.UID) {
+			t.Fatal("Next gave a pod of another node")
+		}
+		seen[uid] = true
+		d.Done(uid)
 	}
 }
