@@ -2,7 +2,7 @@
 GO          ?= go
 STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 
-.PHONY: all build image manifests test bench generate lint demo tools cclient
+.PHONY: all build image manifests test e2e bench generate lint demo tools cclient
 
 all: build
 
@@ -46,6 +46,17 @@ test:
 	cd test/kubelet && $(GO) test -count=1 ./...
 	cd test/chart && $(GO) test -count=1 ./...
 
+# The end-to-end tests (test/e2e, a module of its own) on a real
+# single-node cluster: etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler and a kubelet v1.37.2 with containerd. Needs root,
+# containerd, runc and containernetworking-plugins. The cluster's binaries
+# are built once into /var/cache/xdpq-e2e ($$XDPQ_E2E_CACHE), about 12
+# minutes on a fresh machine: the first line builds them, showing its
+# progress (go test would hold it back until the end).
+e2e:
+	cd test/e2e && $(GO) run ./cmd/kubebin >/dev/null
+	cd test/e2e && $(GO) test -count=1 -timeout 40m ./...
+
 # Receive rates side by side on one veth pair (a table), the time the
 # agent takes to re-attach after a foreign program goes (100 trials), the
 # daemon (its own process) on 64 netdevs of 64 queues: a table of first
@@ -81,6 +92,7 @@ lint: tools
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 	cd test/chart && $(GO) vet ./... && $(STATICCHECK) ./...
+	cd test/e2e && $(GO) vet ./... && $(STATICCHECK) ./...
 
 demo:
 	@echo "building xdpqdemo, xdpqperf, the xdpq CNI plugin, host-local and cnitool into bin/"
