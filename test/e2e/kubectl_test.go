@@ -12,11 +12,14 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/cache"
@@ -211,6 +214,50 @@ upf-0  worker-1  ens1f0  upf   8-9     udp 10.20.0.5:2152, udp 10.20.0.5:8805 fr
 		_, stderr, err = k.run(ctx, "xdpq", "describe", "node", "nosuch")
 		if want := `error: no XdpqNode "nosuch": the cluster has no node of that name`; err == nil || !strings.Contains(stderr, want) {
 			t.Errorf("describe a node that does not exist: %v, stderr %q, want %q", err, stderr, want)
+		}
+	})
+
+	// What the README says a user needs: get and list on xdpqnodes; list on
+	// events for describe's Events; get on nodes for a sharper error.
+	t.Run("rbac", func(t *testing.T) {
+		role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "xdpqnode-reader"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{v1alpha1.GroupName}, Resources: []string{"xdpqnodes"}, Verbs: []string{"get", "list"}}}}
+		if _, err := cp.Client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "xdpqnode-reader"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+			Subjects: []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "viewer"}}}
+		if _, err := cp.Client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// RBAC's authorizer learns of the binding from its informer, and
+		// tells no one when it has: ask it, as Kubernetes' own e2e
+		// framework does (WaitForAuthorizationUpdate).
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: "viewer",
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Group: v1alpha1.GroupName, Resource: "xdpqnodes", Verb: "list"}}}
+		if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			r, err := cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+			return err == nil && r.Status.Allowed, err
+		}); err != nil {
+			t.Fatalf("viewer never allowed to list xdpqnodes: %v", err)
+		}
+		out, _ := k.must(ctx, t, "xdpq", "status", "--as", "viewer")
+		if !strings.Contains(out, "worker-1  ens1f1  Overridden") {
+			t.Errorf("kubectl xdpq status --as viewer:\n%s", out)
+		}
+		out, _ = k.must(ctx, t, "xdpq", "describe", "node", "worker-1", "--as", "viewer")
+		if want := `Events:  <cannot read: list events: events is forbidden: User "viewer" cannot list resource "events"`; !strings.Contains(out, want) ||
+			!strings.Contains(out, "State:            Overridden") {
+			t.Errorf("kubectl xdpq describe node worker-1 --as viewer, want the node and %q:\n%s", want, out)
+		}
+		_, stderr, err := k.run(ctx, "xdpq", "describe", "node", "nosuch", "--as", "viewer")
+		if want := `error: no XdpqNode for node "nosuch": xdpq's daemon has not reported from it`; err == nil || !strings.Contains(stderr, want) {
+			t.Errorf("describe a node that does not exist, without get on nodes: %v, stderr %q, want %q", err, stderr, want)
+		}
+		_, stderr, err = k.run(ctx, "xdpq", "status", "--as", "nobody")
+		if want := `error: list XdpqNodes: xdpqnodes.xdpq.io is forbidden: User "nobody" cannot list resource "xdpqnodes"`; err == nil || !strings.Contains(stderr, want) {
+			t.Errorf("kubectl xdpq status --as nobody: %v, stderr %q, want %q", err, stderr, want)
 		}
 	})
 
