@@ -19,10 +19,10 @@ import (
 )
 
 // Describe writes everything n says, for a person, as kubectl describe
-// does: its metadata, summary, conditions, config, each netdev, the
-// pools, the allocations and events, the XdpqNode's Events (nil: none
-// found; eventsErr: why they could not be read). Times are written in
-// now's location, with their age at now.
+// does: its metadata, a summary, its conditions, config, netdevs, pools
+// and allocations, then events, the Events about it (eventsErr: why they
+// could not be read). Times are written in now's location, with their
+// age at now.
 func Describe(w io.Writer, n *v1alpha1.XdpqNode, events []corev1.Event, eventsErr error, now time.Time) error {
 	d := describer{w: newTabWriter(w), now: now}
 	s := &n.Status
@@ -65,7 +65,11 @@ func Describe(w io.Writer, n *v1alpha1.XdpqNode, events []corev1.Event, eventsEr
 			d.field(2, "Driver", orNone(nd.Driver))
 			d.field(2, "PCI Address", orNone(nd.PCIAddress))
 			d.field(2, "NUMA Node", numa(nd.NUMANode))
-			d.field(2, "Zero-Copy", map[bool]string{true: "available", false: "not available"}[nd.ZeroCopy])
+			zc := "not available"
+			if nd.ZeroCopy {
+				zc = "available"
+			}
+			d.field(2, "Zero-Copy", zc)
 			d.field(2, "Queues", fmt.Sprintf("%d (%d held by pods)", nd.Queues, held[nd.Name]))
 			d.field(2, "Reserved Queues", orNone(QueueList(nd.ReservedQueues)))
 			d.field(2, "Steering", fmt.Sprintf("%s, %s", orNone(nd.Steering), plural(int(nd.Flows), "flow")))

@@ -26,7 +26,8 @@ func newTabWriter(w io.Writer) *tabwriter.Writer {
 // PrintStatus writes one row per node and netdev of nodes: the netdev's
 // program state, the program on its hook (the foreign one when
 // Overridden), its XDP mode, the queues pods hold of its queues, and the
-// node's pools, Ready condition and config. A node that reports no
+// node's pools, Ready condition (and its reason when not True) and
+// config. A node that reports no
 // netdev has one row. wide adds the program id, steering, flows, link,
 // driver, PCI address, NUMA node, zero-copy, the reserved queues, the
 // Degraded reason and what the daemon says of the netdev.
@@ -39,7 +40,7 @@ func PrintStatus(w io.Writer, nodes []v1alpha1.XdpqNode, wide bool) error {
 	row(tw, header...)
 	for _, n := range sortedNodes(nodes) {
 		s := &n.Status
-		pools, ready, config := poolSummary(s.Pools), conditionStatus(s.Conditions, v1alpha1.ConditionReady), orNone(s.Summary.Config)
+		pools, ready, config := poolSummary(s.Pools), readiness(s.Conditions), orNone(s.Summary.Config)
 		degraded := none
 		if c := meta.FindStatusCondition(s.Conditions, v1alpha1.ConditionDegraded); c != nil && c.Status == metav1.ConditionTrue {
 			degraded = c.Reason
@@ -190,15 +191,16 @@ func QueueList(qs []int32) string {
 // and newlines (a daemon's reason may hold any text) become spaces, or
 // they would break the table.
 func row(w io.Writer, cells ...string) {
+	clean := make([]string, len(cells))
 	for i, c := range cells {
-		cells[i] = strings.Map(func(r rune) rune {
+		clean[i] = strings.Map(func(r rune) rune {
 			if r == '\t' || r == '\n' || r == '\r' {
 				return ' '
 			}
 			return r
 		}, c)
 	}
-	fmt.Fprintln(w, strings.Join(cells, "\t"))
+	fmt.Fprintln(w, strings.Join(clean, "\t"))
 }
 
 // sortedNodes is nodes by name.
@@ -241,13 +243,18 @@ func programName(d *v1alpha1.Netdev) string {
 	return orNone(d.ProgramName)
 }
 
-// conditionStatus is a condition's status, Unknown when it is not there
-// (a daemon that has not reported yet).
-func conditionStatus(cs []metav1.Condition, typ string) string {
-	if c := meta.FindStatusCondition(cs, typ); c != nil {
+// readiness is the Ready condition's status, with its reason when it is
+// not True ("False (Starting)", "False (DaemonStopped)"); Unknown when
+// the daemon has not reported yet.
+func readiness(cs []metav1.Condition) string {
+	c := meta.FindStatusCondition(cs, v1alpha1.ConditionReady)
+	switch {
+	case c == nil:
+		return string(metav1.ConditionUnknown)
+	case c.Status == metav1.ConditionTrue || c.Reason == "":
 		return string(c.Status)
 	}
-	return string(metav1.ConditionUnknown)
+	return string(c.Status) + " (" + c.Reason + ")"
 }
 
 func orNone(s string) string {

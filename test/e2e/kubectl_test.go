@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -79,7 +80,7 @@ func TestKubectlXdpq(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	w1 := startWriter(t, cp, dyn, "worker-1", worker1(), true)
+	w1, stop1 := startWriter(t, cp, dyn, "worker-1", worker1(), true)
 	startWriter(t, cp, dyn, "worker-2", worker2(), false) // still starting: Ready False
 	waitStatus(ctx, t, dyn, "worker-1", 2)
 	waitStatus(ctx, t, dyn, "worker-2", 1)
@@ -89,10 +90,10 @@ func TestKubectlXdpq(t *testing.T) {
 	t.Run("status", func(t *testing.T) {
 		out, _ := k.must(ctx, t, "xdpq", "status")
 		t.Logf("kubectl xdpq status:\n%s", out)
-		want := `NODE      NETDEV  STATE       PROGRAM       MODE     QUEUES  POOLS             READY  CONFIG
-worker-1  ens1f0  Direct      xdpq_direct   native   2/64    dns 1/8,upf 2/16  True   3f2a9c1d8e7b
-worker-1  ens1f1  Overridden  xdp_firewall  native   1/64    dns 1/8,upf 2/16  True   3f2a9c1d8e7b
-worker-2  veth0   Filter      xdpq_filter   generic  1/4     upf 1/4           False  0badc0ffee00 (refused newer)
+		want := `NODE      NETDEV  STATE       PROGRAM       MODE     QUEUES  POOLS             READY             CONFIG
+worker-1  ens1f0  Direct      xdpq_direct   native   2/64    dns 1/8,upf 2/16  True              3f2a9c1d8e7b
+worker-1  ens1f1  Overridden  xdp_firewall  native   1/64    dns 1/8,upf 2/16  True              3f2a9c1d8e7b
+worker-2  veth0   Filter      xdpq_filter   generic  1/4     upf 1/4           False (Starting)  0badc0ffee00 (refused newer)
 `
 		if out != want {
 			t.Errorf("kubectl xdpq status:\n%s\nwant:\n%s", out, want)
@@ -294,6 +295,15 @@ upf-0  worker-1  ens1f0  upf   8-9     udp 10.20.0.5:2152, udp 10.20.0.5:8805 fr
 			}
 		}
 	})
+
+	// The daemon stops: its writer's last write says so.
+	t.Run("stopped", func(t *testing.T) {
+		stop1()
+		out, _ := k.must(ctx, t, "xdpq", "status", "worker-1")
+		if !strings.Contains(strings.Join(strings.Fields(out), " "), "worker-1 ens1f0 Direct xdpq_direct native 2/64 dns 1/8,upf 2/16 False (DaemonStopped) 3f2a9c1d8e7b") {
+			t.Errorf("kubectl xdpq status worker-1 after its daemon stopped:\n%s", out)
+		}
+	})
 }
 
 // kubectl runs the real kubectl with the plugin's directory first on
@@ -337,21 +347,26 @@ func buildPlugin(ctx context.Context, t *testing.T) string {
 }
 
 // startWriter runs xdpq's status writer of node, as its daemon does,
-// with status as the daemon's, until the test ends.
-func startWriter(t *testing.T, cp *cluster.ControlPlane, dyn dynamic.Interface, node string, status *api.Status, serving bool) *nodestatus.Writer {
-	w := nodestatus.New(nodestatus.Config{Node: node, Kube: cp.Client, Dynamic: dyn,
+// with status as the daemon's, until stop is called or the test ends.
+// stop returns when the writer has, having written Ready False.
+func startWriter(t *testing.T, cp *cluster.ControlPlane, dyn dynamic.Interface, node string, status *api.Status, serving bool) (w *nodestatus.Writer, stop func()) {
+	w = nodestatus.New(nodestatus.Config{Node: node, Kube: cp.Client, Dynamic: dyn,
 		Source:  func(context.Context) (*api.Status, error) { return status, nil },
 		Serving: func() bool { return serving }})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("status writer of %s: %v", node, err)
-		}
-	})
-	return w
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("status writer of %s: %v", node, err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return w, stop
 }
 
 // waitStatus waits until node's XdpqNode reports netdevs netdevs.
