@@ -64,18 +64,30 @@ func NewClient(cfg *rest.Config) (*Client, error) {
 	return &Client{dynamic: dyn, discovery: disc, core: core}, nil
 }
 
-// List returns every XdpqNode as the API server serves it.
-func (c *Client) List(ctx context.Context) ([]unstructured.Unstructured, error) {
-	l, err := c.dynamic.Resource(v1alpha1.Resource).List(ctx, metav1.ListOptions{})
-	if apierrors.IsNotFound(err) {
-		// A list of a served resource is never NotFound: the resource is
-		// not served.
-		return nil, ErrCRDNotInstalled
+// DefaultChunkSize is how many XdpqNodes List asks for at a time, as
+// kubectl get does.
+const DefaultChunkSize = 500
+
+// List returns every XdpqNode as the API server serves it, chunk at a
+// time (0: all at once).
+func (c *Client) List(ctx context.Context, chunk int64) ([]unstructured.Unstructured, error) {
+	var out []unstructured.Unstructured
+	opts := metav1.ListOptions{Limit: chunk}
+	for {
+		l, err := c.dynamic.Resource(v1alpha1.Resource).List(ctx, opts)
+		if apierrors.IsNotFound(err) {
+			// A list of a served resource is never NotFound: the resource
+			// is not served.
+			return nil, ErrCRDNotInstalled
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list XdpqNodes: %w", err)
+		}
+		out = append(out, l.Items...)
+		if opts.Continue = l.GetContinue(); opts.Continue == "" {
+			return out, nil
+		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("list XdpqNodes: %w", err)
-	}
-	return l.Items, nil
 }
 
 // Get returns node's XdpqNode as the API server serves it. When there is

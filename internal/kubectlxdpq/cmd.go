@@ -20,15 +20,19 @@ import (
 	"github.com/xdpq/xdpq/pkg/apis/xdpq/v1alpha1"
 )
 
-// options is what every subcommand shares: the connection flags and the
-// streams.
+// options is what every subcommand shares: the connection flags, the
+// streams, and the list chunk size.
 type options struct {
 	config  *genericclioptions.ConfigFlags
 	streams genericiooptions.IOStreams
+	chunk   int64
 }
 
 // client connects to the API server the flags name.
 func (o *options) client() (*Client, error) {
+	if o.chunk < 0 {
+		return nil, fmt.Errorf("--chunk-size %d: 0 (no chunks) or more", o.chunk)
+	}
 	cfg, err := o.config.ToRESTConfig()
 	if err != nil {
 		return nil, err
@@ -58,6 +62,8 @@ queues and flows, and everything of one node.`,
 	root.SetOut(streams.Out)
 	root.SetErr(streams.ErrOut)
 	o.config.AddFlags(root.PersistentFlags())
+	root.PersistentFlags().Int64Var(&o.chunk, "chunk-size", DefaultChunkSize,
+		"Return large lists in chunks rather than all at once. Pass 0 to disable.")
 	root.AddCommand(o.statusCommand(), o.podsCommand(), o.describeCommand())
 	return root
 }
@@ -137,7 +143,7 @@ XdpqNode objects.`,
 // empty. It returns those it found with the error of those it did not.
 func (o *options) fetch(ctx context.Context, c *Client, nodes []string) ([]unstructured.Unstructured, error) {
 	if len(nodes) == 0 {
-		return c.List(ctx)
+		return c.List(ctx, o.chunk)
 	}
 	var out []unstructured.Unstructured
 	var errs []error
@@ -211,7 +217,7 @@ print the rows ({"items": [...]}).`,
 			if node != "" {
 				objs, err = o.fetch(cmd.Context(), c, []string{node})
 			} else {
-				objs, err = c.List(cmd.Context())
+				objs, err = c.List(cmd.Context(), o.chunk)
 			}
 			if err != nil {
 				return err

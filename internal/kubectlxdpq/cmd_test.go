@@ -72,6 +72,7 @@ func TestRefused(t *testing.T) {
 		{[]string{"describe", "pod", "x"}, `kubectl xdpq describes nodes, not "pod"`},
 		{[]string{"frob"}, `unknown command "frob" for "kubectl xdpq"`},
 		{[]string{"status", "--frob"}, "unknown flag: --frob"},
+		{[]string{"status", "--chunk-size", "-1"}, "--chunk-size -1: 0 (no chunks) or more"},
 	} {
 		out, _, err := run(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -98,6 +98,10 @@ worker-2  veth0   Filter      xdpq_filter   generic  1/4     upf 1/4           F
 		if out != want {
 			t.Errorf("kubectl xdpq status:\n%s\nwant:\n%s", out, want)
 		}
+		// A list in chunks of one XdpqNode has them all.
+		if out, _ = k.must(ctx, t, "xdpq", "status", "--chunk-size", "1"); out != want {
+			t.Errorf("kubectl xdpq status --chunk-size 1:\n%s\nwant:\n%s", out, want)
+		}
 		out, _ = k.must(ctx, t, "xdpq", "status", "worker-2", "-o", "wide")
 		for _, w := range []string{"PROGRAM-ID", "software", "PoolLimited", "worker-2  veth0"} {
 			if !strings.Contains(out, w) {
