@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"unicode"
+	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -187,20 +189,38 @@ func QueueList(qs []int32) string {
 	return b.String()
 }
 
-// row writes a table row: its cells, tab-separated. A cell's own tabs
-// and newlines (a daemon's reason may hold any text) become spaces, or
-// they would break the table.
+// row writes a table row: its cells, tab-separated, each made safe by
+// cell.
 func row(w io.Writer, cells ...string) {
 	clean := make([]string, len(cells))
 	for i, c := range cells {
-		clean[i] = strings.Map(func(r rune) rune {
-			if r == '\t' || r == '\n' || r == '\r' {
-				return ' '
-			}
-			return r
-		}, c)
+		clean[i] = cell(c)
 	}
 	fmt.Fprintln(w, strings.Join(clean, "\t"))
+}
+
+// cell is s safe to print in a table on a terminal: whitespace that would
+// break the table (tabs, newlines) becomes a space, and every other
+// control character is escaped ("\x1b"), so that text from the API (a
+// reason, a message, a name) can neither break a table nor drive the
+// operator's terminal. Bytes that are not UTF-8 become U+FFFD.
+func cell(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsFunc(s, unicode.IsControl) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		switch {
+		case r == '\t' || r == '\n' || r == '\r' || r == '\f' || r == '\v':
+			b.WriteByte(' ')
+		case unicode.IsControl(r):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 // sortedNodes is nodes by name.

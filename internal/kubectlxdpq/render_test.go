@@ -7,8 +7,11 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -239,4 +242,52 @@ func TestQueueList(t *testing.T) {
 			t.Errorf("QueueList(%v) = %q, want %q", tc.in, got, tc.want)
 		}
 	}
+}
+
+// FuzzRender: whatever text an XdpqNode holds (any writer of its status
+// may put anything in a name, reason, flow or message), the tables and
+// describe text keep their shape (as many lines as with plain text) and
+// carry no control character but the newlines ending lines, nor invalid
+// UTF-8.
+func FuzzRender(f *testing.F) {
+	f.Add("ens1f0", "telco", "upf-0", "udp 10.0.0.1:2152", "a foreign XDP program has precedence")
+	f.Add("eth\t0", "ns\n1", "pod\r", "udp\x1b[31m red", "line one\nline two\n\n")
+	f.Add("\x9b31m", "\u0085", "\xff\xfe", "\x00", "tab\tand\vform\ffeed")
+	f.Fuzz(func(t *testing.T, netdev, namespace, pod, flow, reason string) {
+		render := func(netdev, namespace, pod, flow, reason string) string {
+			n := v1alpha1.XdpqNode{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: map[string]string{"l": reason}}}
+			n.Status = v1alpha1.XdpqNodeStatus{
+				Summary:     v1alpha1.Summary{Config: reason},
+				Netdevs:     []v1alpha1.Netdev{{Name: netdev, State: v1alpha1.StateOverridden, ForeignProgram: reason, Reason: reason, XDPMode: reason, Steering: reason}},
+				Pools:       []v1alpha1.Pool{{Name: reason, Resource: reason, Reason: reason}},
+				Allocations: []v1alpha1.Allocation{{ID: reason, Pool: reason, Netdev: netdev, Queues: []int32{1}, Pod: &v1alpha1.PodRef{Namespace: namespace, Name: pod, UID: reason}, Flows: []string{flow, flow}}},
+				Config:      v1alpha1.Config{Hash: reason, LastError: reason},
+				Conditions:  []metav1.Condition{{Type: reason, Status: metav1.ConditionTrue, Reason: reason, Message: reason}},
+			}
+			events := []corev1.Event{{Type: reason, Reason: reason, Message: reason, ReportingController: reason}}
+			var b bytes.Buffer
+			nodes := []v1alpha1.XdpqNode{n}
+			for _, err := range []error{
+				kubectlxdpq.PrintStatus(&b, nodes, true),
+				kubectlxdpq.PrintPods(&b, kubectlxdpq.PodQueuesOf(nodes, ""), true, true),
+				kubectlxdpq.Describe(&b, &n, events, nil, now),
+			} {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			return b.String()
+		}
+		got := render(netdev, namespace, pod, flow, reason)
+		plain := render("x", "x", "x", "x", "x")
+		if g, p := strings.Count(got, "\n"), strings.Count(plain, "\n"); g != p {
+			t.Errorf("%d lines, %d with plain text:\n%s", g, p, got)
+		}
+		if !utf8.ValidString(got) {
+			t.Errorf("invalid UTF-8: %q", got)
+		}
+		if i := strings.IndexFunc(got, func(r rune) bool { return r != '\n' && unicode.IsControl(r) }); i >= 0 {
+			t.Errorf("control character %q at %d: %q", got[i:min(i+4, len(got))], i, got)
+		}
+	})
 }
