@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"time"
 
@@ -101,7 +100,8 @@ the nodes named):
   MODE     where it runs: native, generic or offload
   QUEUES   the netdev's queues pods hold / its rx queues
   POOLS    the node's pools: queues allocated/capacity
-  READY    the node's Ready condition: the daemon serves its pools
+  READY    the node's Ready condition: the daemon serves its pools; when not
+           True, why: Starting (taking over), DaemonStopped
   CONFIG   the config in force (its hash); "(refused newer)" when a newer one was refused
 
 -o wide adds the program id, steering, flows, link, driver, PCI address, NUMA
@@ -147,7 +147,12 @@ func (o *options) fetch(ctx context.Context, c *Client, nodes []string) ([]unstr
 	}
 	var out []unstructured.Unstructured
 	var errs []error
-	for _, n := range slices.Compact(slices.Clone(nodes)) {
+	seen := map[string]bool{}
+	for _, n := range nodes {
+		if seen[n] {
+			continue
+		}
+		seen[n] = true
 		u, err := c.Get(ctx, n)
 		if errors.Is(err, ErrCRDNotInstalled) {
 			return nil, err
