@@ -3,15 +3,15 @@ package cni
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"net/netip"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
+	"github.com/xdpq/xdpq/pkg/flow"
 )
 
 // ErrInvalidField is the CNI error code (plugin-specific, ≥ 100) of a
@@ -42,32 +42,30 @@ type RuntimeConfig struct {
 	DeviceID string `json:"deviceID,omitempty"`
 }
 
-// Flow is traffic the pod wants.
-type Flow struct {
-	Protocol string `json:"protocol"`
-	// Destination is an address or prefix; empty or "ipam" means the
-	// address IPAM assigns to the pod.
-	Destination string `json:"destination,omitempty"`
-	// DestinationPort is a port or a range "2000-2063"; empty means any.
-	DestinationPort string `json:"destinationPort,omitempty"`
-	Source          string `json:"source,omitempty"`
-	SourcePort      string `json:"sourcePort,omitempty"`
-	VLAN            int    `json:"vlan,omitempty"`
-}
+// Flow is traffic the pod wants (package flow).
+type Flow = flow.Flow
 
 // ParsedFlow is a Flow checked and with its ports expanded.
-type ParsedFlow struct {
-	Protocol string
-	Dst      netip.Prefix // zero: the IPAM address
-	DstPorts []uint16     // nil: any port
-	Src      netip.Prefix
-	SrcPort  uint16
-	VLAN     uint16
-}
+type ParsedFlow = flow.Parsed
 
 // MaxPortRange is the widest port range a flow may name: each port is a
 // rule of its own.
-const MaxPortRange = 64
+const MaxPortRange = flow.MaxPortRange
+
+// parseFlow is flow.Parse with its error a CNI error.
+func parseFlow(f Flow, field string) (ParsedFlow, error) {
+	pf, err := flow.Parse(f, field)
+	return pf, cniError(err)
+}
+
+// cniError makes a flow's field error a CNI error.
+func cniError(err error) error {
+	var fe *flow.FieldError
+	if errors.As(err, &fe) {
+		return fieldError(fe.Field, "%s", fe.Details)
+	}
+	return err
+}
 
 // fieldError is the CNI error of one field.
 func fieldError(field, format string, args ...any) *types.Error {
@@ -151,81 +149,4 @@ func ParseNetConf(b []byte) (*NetConf, []ParsedFlow, error) {
 		flows = append(flows, pf)
 	}
 	return &c, flows, nil
-}
-
-func parseFlow(f Flow, field string) (ParsedFlow, error) {
-	pf := ParsedFlow{Protocol: f.Protocol}
-	if f.Protocol != "udp" && f.Protocol != "tcp" {
-		return pf, fieldError(field+".protocol", "%q: udp or tcp", f.Protocol)
-	}
-	if d := f.Destination; d != "" && d != "ipam" {
-		p, err := prefix(d)
-		if err != nil {
-			return pf, fieldError(field+".destination", "%v", err)
-		}
-		pf.Dst = p
-	}
-	if f.Source != "" {
-		p, err := prefix(f.Source)
-		if err != nil {
-			return pf, fieldError(field+".source", "%v", err)
-		}
-		pf.Src = p
-		if pf.Dst.IsValid() && p.Addr().Is4() != pf.Dst.Addr().Is4() {
-			return pf, fieldError(field+".source", "IP version differs from the destination's")
-		}
-	}
-	if f.DestinationPort != "" {
-		lo, hi, err := portRange(f.DestinationPort)
-		if err != nil {
-			return pf, fieldError(field+".destinationPort", "%v", err)
-		}
-		for p := lo; p <= hi; p++ {
-			pf.DstPorts = append(pf.DstPorts, uint16(p))
-		}
-	}
-	if f.SourcePort != "" {
-		lo, hi, err := portRange(f.SourcePort)
-		if err != nil || lo != hi {
-			return pf, fieldError(field+".sourcePort", "%q: one port from 1 to 65535", f.SourcePort)
-		}
-		pf.SrcPort = uint16(lo)
-	}
-	if f.VLAN < 0 || f.VLAN > 4094 {
-		return pf, fieldError(field+".vlan", "%d: from 1 to 4094 (0: untagged)", f.VLAN)
-	}
-	pf.VLAN = uint16(f.VLAN)
-	return pf, nil
-}
-
-func prefix(s string) (netip.Prefix, error) {
-	if strings.Contains(s, "/") {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return p, fmt.Errorf("%q is not an address or prefix", s)
-		}
-		return p.Masked(), nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil || a.Zone() != "" {
-		return netip.Prefix{}, fmt.Errorf("%q is not an address or prefix", s)
-	}
-	return netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()), nil
-}
-
-func portRange(s string) (lo, hi int, err error) {
-	a, b, isRange := strings.Cut(s, "-")
-	if lo, err = strconv.Atoi(a); err != nil || lo < 1 || lo > 65535 {
-		return 0, 0, fmt.Errorf("%q: a port from 1 to 65535 or a range such as 2000-2063", s)
-	}
-	hi = lo
-	if isRange {
-		if hi, err = strconv.Atoi(b); err != nil || hi < lo || hi > 65535 {
-			return 0, 0, fmt.Errorf("%q: a range runs from a lower to a higher port", s)
-		}
-	}
-	if hi-lo+1 > MaxPortRange {
-		return 0, 0, fmt.Errorf("%q: %d ports; at most %d (each port is a rule of its own)", s, hi-lo+1, MaxPortRange)
-	}
-	return lo, hi, nil
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/xdpq/xdpq/internal/atomicfile"
 	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/flow"
 )
 
 // DefaultCacheDir is where the plugin keeps what DEL needs, written at
@@ -162,35 +163,10 @@ func (p Plugin) Add(args *skel.CmdArgs) (err error) {
 	return types.PrintResult(result, c.CNIVersion)
 }
 
-// resolveFlows gives the flows whose destination is the IPAM address each
-// of ips (of the source's family) and expands port ranges: the flows the
-// daemon steers.
+// resolveFlows is flow.Resolve with its error a CNI error.
 func resolveFlows(flows []ParsedFlow, ips []netip.Addr) ([]api.CNIFlow, error) {
-	var out []api.CNIFlow
-	for i, f := range flows {
-		dsts := []netip.Prefix{f.Dst}
-		if !f.Dst.IsValid() {
-			dsts = nil
-			for _, a := range ips {
-				if !f.Src.IsValid() || f.Src.Addr().Is4() == a.Is4() {
-					dsts = append(dsts, netip.PrefixFrom(a, a.BitLen()))
-				}
-			}
-			if len(dsts) == 0 {
-				return nil, fieldError(fmt.Sprintf("flows[%d].destination", i), "empty means the address IPAM assigns, and IPAM assigned none")
-			}
-		}
-		ports := f.DstPorts
-		if ports == nil {
-			ports = []uint16{0}
-		}
-		for _, d := range dsts {
-			for _, p := range ports {
-				out = append(out, api.CNIFlow{Protocol: f.Protocol, Dst: d, DstPort: p, Src: f.Src, SrcPort: f.SrcPort, VLAN: f.VLAN})
-			}
-		}
-	}
-	return out, nil
+	out, err := flow.Resolve(flows, ips)
+	return out, cniError(err)
 }
 
 func undoIPAM(c *NetConf, args *skel.CmdArgs) {

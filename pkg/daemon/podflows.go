@@ -8,7 +8,7 @@ import (
 
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/apis/xdpq/v1alpha1"
-	"github.com/xdpq/xdpq/pkg/cni"
+	"github.com/xdpq/xdpq/pkg/flow"
 	"github.com/xdpq/xdpq/pkg/kubepods"
 	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/nodestatus"
@@ -134,14 +134,14 @@ func (d *Daemon) annotatedFlows(pod kubepods.Pod, a ledger.Allocation, n int) (f
 	if p, _ := d.ledger.Meta(a.Pool); p.Mode() == api.ModeNetdev {
 		return nil, fmt.Sprintf("pool %s hands out whole netdevs: its flows come with its CNI attachment", a.Pool), false
 	}
-	parsed, err := cni.ParseFlows([]byte(val), name)
+	parsed, err := flow.ParseList([]byte(val), name)
 	if err != nil {
 		return nil, err.Error(), false
 	}
 	if len(pod.IPs) == 0 {
 		return nil, "", true
 	}
-	flows, err = cni.ResolveFlows(parsed, pod.IPs)
+	flows, err = flow.Resolve(parsed, pod.IPs)
 	if err != nil {
 		return nil, err.Error(), false
 	}

@@ -1,4 +1,4 @@
-package cni
+package flow
 
 import (
 	"net/netip"
@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-func TestParseFlows(t *testing.T) {
+func TestParseList(t *testing.T) {
 	ips := []netip.Addr{netip.MustParseAddr("10.244.0.7")}
 	for _, c := range []struct {
 		in, want, err string
@@ -22,7 +22,7 @@ func TestParseFlows(t *testing.T) {
 		{in: `[] []`, err: "more than one JSON value"},
 		{in: `[{"protocol":"udp","destinationPort":"1-100"}]`, err: "flows[0].destinationPort"},
 	} {
-		fs, err := ParseFlows([]byte(c.in), "flows")
+		fs, err := ParseList([]byte(c.in), "flows")
 		if c.err != "" {
 			if err == nil || !strings.Contains(err.Error(), c.err) {
 				t.Errorf("%s: %v, want %q", c.in, err, c.err)
@@ -33,7 +33,7 @@ func TestParseFlows(t *testing.T) {
 			t.Errorf("%s: %v", c.in, err)
 			continue
 		}
-		got, err := ResolveFlows(fs, ips)
+		got, err := Resolve(fs, ips)
 		if err != nil {
 			t.Errorf("%s: %v", c.in, err)
 			continue
@@ -50,11 +50,11 @@ func TestParseFlows(t *testing.T) {
 
 func itoa(p uint16) string { return strconv.Itoa(int(p)) }
 
-func FuzzParseFlows(f *testing.F) {
+func FuzzParseList(f *testing.F) {
 	f.Add([]byte(`[{"protocol":"udp","destination":"10.0.0.1","destinationPort":"2000-2063","source":"10.1.0.0/16","sourcePort":"5","vlan":7}]`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		fs, err := ParseFlows(b, "flows")
+		fs, err := ParseList(b, "flows")
 		if err != nil {
 			return
 		}

@@ -1,0 +1,195 @@
+// Package flow is the flows a pod wants steered to its queues, as a CNI
+// configuration's "flows" and a pod's xdpq.io/flows annotation write them:
+// their schema, checks and resolution to the addresses the daemon steers.
+// The CNI plugin and the daemon both use it.
+package flow
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/xdpq/xdpq/pkg/api"
+)
+
+// Flow is traffic the pod wants.
+type Flow struct {
+	Protocol string `json:"protocol"`
+	// Destination is an address or prefix; empty or "ipam" means the
+	// address IPAM assigns to the pod.
+	Destination string `json:"destination,omitempty"`
+	// DestinationPort is a port or a range "2000-2063"; empty means any.
+	DestinationPort string `json:"destinationPort,omitempty"`
+	Source          string `json:"source,omitempty"`
+	SourcePort      string `json:"sourcePort,omitempty"`
+	VLAN            int    `json:"vlan,omitempty"`
+}
+
+// Parsed is a Flow checked and with its ports expanded.
+type Parsed struct {
+	Protocol string
+	Dst      netip.Prefix // zero: the IPAM address
+	DstPorts []uint16     // nil: any port
+	Src      netip.Prefix
+	SrcPort  uint16
+	VLAN     uint16
+}
+
+// MaxPortRange is the widest port range a flow may name: each port is a
+// rule of its own.
+const MaxPortRange = 64
+
+// MaxFlows is how many flows one list (a NetConf's, a pod annotation's)
+// may have.
+const MaxFlows = 64
+
+// FieldError is a flow's field that is wrong, and how.
+type FieldError struct {
+	Field   string // e.g. flows[2].destinationPort
+	Details string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Details }
+
+func fieldError(field, format string, args ...any) *FieldError {
+	return &FieldError{Field: field, Details: fmt.Sprintf(format, args...)}
+}
+
+// ParseList decodes a JSON list of flows and checks each; unknown fields
+// are refused. An error names the list's field.
+func ParseList(b []byte, field string) ([]Parsed, error) {
+	var fs []Flow
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&fs); err != nil {
+		return nil, fmt.Errorf("%s: %w", field, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%s: more than one JSON value", field)
+	}
+	if len(fs) > MaxFlows {
+		return nil, fmt.Errorf("%s: %d flows, at most %d", field, len(fs), MaxFlows)
+	}
+	out := make([]Parsed, 0, len(fs))
+	for i, f := range fs {
+		pf, err := Parse(f, fmt.Sprintf("%s[%d]", field, i))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, pf)
+	}
+	return out, nil
+}
+
+// Parse checks a flow and expands its ports; an error is a *FieldError
+// naming the field of field (e.g. "flows[2]").
+func Parse(f Flow, field string) (Parsed, error) {
+	pf := Parsed{Protocol: f.Protocol}
+	if f.Protocol != "udp" && f.Protocol != "tcp" {
+		return pf, fieldError(field+".protocol", "%q: udp or tcp", f.Protocol)
+	}
+	if d := f.Destination; d != "" && d != "ipam" {
+		p, err := prefix(d)
+		if err != nil {
+			return pf, fieldError(field+".destination", "%v", err)
+		}
+		pf.Dst = p
+	}
+	if f.Source != "" {
+		p, err := prefix(f.Source)
+		if err != nil {
+			return pf, fieldError(field+".source", "%v", err)
+		}
+		pf.Src = p
+		if pf.Dst.IsValid() && p.Addr().Is4() != pf.Dst.Addr().Is4() {
+			return pf, fieldError(field+".source", "IP version differs from the destination's")
+		}
+	}
+	if f.DestinationPort != "" {
+		lo, hi, err := portRange(f.DestinationPort)
+		if err != nil {
+			return pf, fieldError(field+".destinationPort", "%v", err)
+		}
+		for p := lo; p <= hi; p++ {
+			pf.DstPorts = append(pf.DstPorts, uint16(p))
+		}
+	}
+	if f.SourcePort != "" {
+		lo, hi, err := portRange(f.SourcePort)
+		if err != nil || lo != hi {
+			return pf, fieldError(field+".sourcePort", "%q: one port from 1 to 65535", f.SourcePort)
+		}
+		pf.SrcPort = uint16(lo)
+	}
+	if f.VLAN < 0 || f.VLAN > 4094 {
+		return pf, fieldError(field+".vlan", "%d: from 1 to 4094 (0: untagged)", f.VLAN)
+	}
+	pf.VLAN = uint16(f.VLAN)
+	return pf, nil
+}
+
+// Resolve gives the flows whose destination is the IPAM address each
+// of ips (of the source's family) and expands port ranges: the flows the
+// daemon steers.
+func Resolve(flows []Parsed, ips []netip.Addr) ([]api.CNIFlow, error) {
+	var out []api.CNIFlow
+	for i, f := range flows {
+		dsts := []netip.Prefix{f.Dst}
+		if !f.Dst.IsValid() {
+			dsts = nil
+			for _, a := range ips {
+				if !f.Src.IsValid() || f.Src.Addr().Is4() == a.Is4() {
+					dsts = append(dsts, netip.PrefixFrom(a, a.BitLen()))
+				}
+			}
+			if len(dsts) == 0 {
+				return nil, fieldError(fmt.Sprintf("flows[%d].destination", i), "empty means the address IPAM assigns, and IPAM assigned none")
+			}
+		}
+		ports := f.DstPorts
+		if ports == nil {
+			ports = []uint16{0}
+		}
+		for _, d := range dsts {
+			for _, p := range ports {
+				out = append(out, api.CNIFlow{Protocol: f.Protocol, Dst: d, DstPort: p, Src: f.Src, SrcPort: f.SrcPort, VLAN: f.VLAN})
+			}
+		}
+	}
+	return out, nil
+}
+
+func prefix(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return p, fmt.Errorf("%q is not an address or prefix", s)
+		}
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.Zone() != "" {
+		return netip.Prefix{}, fmt.Errorf("%q is not an address or prefix", s)
+	}
+	return netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()), nil
+}
+
+func portRange(s string) (lo, hi int, err error) {
+	a, b, isRange := strings.Cut(s, "-")
+	if lo, err = strconv.Atoi(a); err != nil || lo < 1 || lo > 65535 {
+		return 0, 0, fmt.Errorf("%q: a port from 1 to 65535 or a range such as 2000-2063", s)
+	}
+	hi = lo
+	if isRange {
+		if hi, err = strconv.Atoi(b); err != nil || hi < lo || hi > 65535 {
+			return 0, 0, fmt.Errorf("%q: a range runs from a lower to a higher port", s)
+		}
+	}
+	if hi-lo+1 > MaxPortRange {
+		return 0, 0, fmt.Errorf("%q: %d ports; at most %d (each port is a rule of its own)", s, hi-lo+1, MaxPortRange)
+	}
+	return lo, hi, nil
+}
