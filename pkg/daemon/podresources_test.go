@@ -285,6 +285,47 @@ func joinCgroup(t *testing.T, procs string) (leave func()) {
 	return leave
 }
 
+// podTestUIDs are the pods and container of the tests of pod identity.
+const (
+	podA      = "0c1d2e3f-4a5b-6c7d-8e9f-0a1b2c3d4e5f"
+	podB      = "11111111-2222-3333-4444-555555555555"
+	container = "4b825dc642cb6eb9a060e54bf8d69288fbee4904abcdef0123456789abcdef01"
+)
+
+// kubeEnv is a daemon in Kubernetes mode on pool dns (xa#2-3, with
+// steering) with a fake PodResources whose pod default/dns-0 holds both
+// queues once allocated, and pods as its PodDirectory.
+type kubeEnv struct {
+	pair    *testnet.Pair
+	opts    Options
+	d       *Daemon
+	stop    func()
+	regs    <-chan *pluginapi.RegisterRequest
+	plugins string
+	socket  string // the allocation's
+}
+
+func newKubeEnv(t *testing.T, steering string, pods PodDirectory) *kubeEnv {
+	t.Helper()
+	e := &kubeEnv{pair: testnet.NewPair(t, 4)}
+	dir := t.TempDir()
+	e.plugins = filepath.Join(dir, "plugins")
+	os.MkdirAll(e.plugins, 0o755)
+	e.regs = kubelettest.Start(t, e.plugins).Registrations
+	prSock := filepath.Join(dir, "pod-resources.sock")
+	pr := serveFakePodResources(t, prSock)
+	cfg := filepath.Join(dir, "config.yaml")
+	os.WriteFile(cfg, []byte("pools: [{name: dns, steering: "+steering+", devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
+	e.opts = Options{ConfigPath: cfg, NetNS: e.pair.NSPath(), PinDir: filepath.Join(testPins(t), "xdpq"),
+		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), APISocket: filepath.Join(dir, "api.sock"), PluginDir: e.plugins,
+		PodResourcesSocket: prSock, CollectPeriod: time.Hour, Pods: pods}
+	e.d, e.stop = runDaemon(t, e.opts)
+	<-e.regs
+	pr.set("xa-q2", "xa-q3") // held by default/dns-0
+	e.socket = filepath.Join(allocateAgain(t, e.plugins), "xdpq.sock")
+	return e
+}
+
 // TestClaimPod: in Kubernetes mode with an API server, kubelet's Allocate
 // does not say which pod an allocation is for; the first process of a pod
 // that kubelet says holds its devices binds it to that pod, for good
@@ -292,28 +333,9 @@ func joinCgroup(t *testing.T, procs string) (leave func()) {
 // before and after. (Before, a process of any pod that reached the
 // socket got the queues until CNI ADD named the pod.)
 func TestClaimPod(t *testing.T) {
-	const (
-		podA      = "0c1d2e3f-4a5b-6c7d-8e9f-0a1b2c3d4e5f"
-		podB      = "11111111-2222-3333-4444-555555555555"
-		container = "4b825dc642cb6eb9a060e54bf8d69288fbee4904abcdef0123456789abcdef01"
-	)
-	p := testnet.NewPair(t, 4)
-	dir := t.TempDir()
-	plugins := filepath.Join(dir, "plugins")
-	os.MkdirAll(plugins, 0o755)
-	regs := kubelettest.Start(t, plugins).Registrations
-	prSock := filepath.Join(dir, "pod-resources.sock")
-	pr := serveFakePodResources(t, prSock)
-	cfg := filepath.Join(dir, "config.yaml")
-	os.WriteFile(cfg, []byte("pools: [{name: dns, steering: hardware, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
-	o := Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(testPins(t), "xdpq"),
-		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), APISocket: filepath.Join(dir, "api.sock"), PluginDir: plugins,
-		PodResourcesSocket: prSock, CollectPeriod: time.Hour, Pods: newFakePods(
-			kubepods.Pod{UID: podA, Namespace: "default", Name: "dns-0"}, kubepods.Pod{UID: podB, Namespace: "default", Name: "web-0"})}
-	d, stop := runDaemon(t, o)
-	<-regs
-	pr.set("xa-q2", "xa-q3") // held by default/dns-0
-	socket := filepath.Join(allocateAgain(t, plugins), "xdpq.sock")
+	e := newKubeEnv(t, "hardware", newFakePods(
+		kubepods.Pod{UID: podA, Namespace: "default", Name: "dns-0"}, kubepods.Pod{UID: podB, Namespace: "default", Name: "web-0"}))
+	d, socket := e.d, e.socket
 	procsA, procsB := handover.PodCgroup(t, container, podA), handover.PodCgroup(t, container, podB)
 
 	connect := func(procs string) (*client.Lease, error) {
@@ -331,9 +353,9 @@ func TestClaimPod(t *testing.T) {
 	if a := d.ledger.Allocations(); len(a) != 1 || a[0].Owner.PodUID != podA || a[0].Owner.AnyPod {
 		t.Errorf("the allocation's owner is not the pod: %+v", a)
 	}
-	stop()
-	runDaemon(t, o)
-	<-regs
+	e.stop()
+	runDaemon(t, e.opts)
+	<-e.regs
 	if _, err := connect(procsB); err == nil || !strings.Contains(err.Error(), "belongs to pod "+podA+", not to pod "+podB) {
 		t.Fatalf("a process of another pod, once bound and after a restart: %v", err)
 	}
@@ -347,30 +369,14 @@ func TestClaimPod(t *testing.T) {
 // address, it is refused and its flows are removed; removed, nothing is
 // steered.
 func TestPodFlowsAnnotation(t *testing.T) {
-	const (
-		podA      = "0c1d2e3f-4a5b-6c7d-8e9f-0a1b2c3d4e5f"
-		container = "4b825dc642cb6eb9a060e54bf8d69288fbee4904abcdef0123456789abcdef01"
-	)
-	p := testnet.NewPair(t, 4)
-	dir := t.TempDir()
-	plugins := filepath.Join(dir, "plugins")
-	os.MkdirAll(plugins, 0o755)
-	regs := kubelettest.Start(t, plugins).Registrations
-	prSock := filepath.Join(dir, "pod-resources.sock")
-	pr := serveFakePodResources(t, prSock)
-	cfg := filepath.Join(dir, "config.yaml")
-	os.WriteFile(cfg, []byte("pools: [{name: dns, steering: software, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644)
-	pod := kubepods.Pod{UID: podA, Namespace: "default", Name: "dns-0", IPs: []netip.Addr{p.A.Addr},
+	pod := kubepods.Pod{UID: podA, Namespace: "default", Name: "dns-0", IPs: []netip.Addr{netip.MustParseAddr("10.99.0.1")},
 		Annotations: map[string]string{FlowsAnnotation: `[{"protocol": "udp", "destinationPort": "5000"}]`}}
 	pods := newFakePods(pod)
-	apiSock := filepath.Join(dir, "api.sock")
-	runDaemon(t, Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(testPins(t), "xdpq"),
-		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), APISocket: apiSock, PluginDir: plugins,
-		PodResourcesSocket: prSock, CollectPeriod: time.Hour, Pods: pods})
-	<-regs
-	pr.set("xa-q2", "xa-q3")
-	socket := filepath.Join(allocateAgain(t, plugins), "xdpq.sock")
-
+	e := newKubeEnv(t, "software", pods)
+	p, socket, apiSock := e.pair, e.socket, e.opts.APISocket
+	if pod.IPs[0] != p.A.Addr {
+		t.Fatalf("xa is %s", p.A.Addr)
+	}
 	leave := joinCgroup(t, handover.PodCgroup(t, container, podA))
 	got := connectPod(t, socket)
 	leave()
