@@ -1,0 +1,40 @@
+package e2e_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/test/e2e/cluster"
+)
+
+// TestHelmDryRunServer: the chart installs on a real API server with
+// --dry-run=server (the server defaults and validates every object of the
+// release, admission included, and stores none), and a bad value is
+// refused by the chart's schema before anything reaches the server.
+func TestHelmDryRunServer(t *testing.T) {
+	testnet.RequireRoot(t)
+	cp := cluster.StartControlPlaneForTest(t, cluster.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute) // a fresh build of helm included
+	defer cancel()
+	out, err := cp.Helm(ctx, "install", "xdpq", "../../charts/xdpq", "-n", "kube-system", "--dry-run=server",
+		"--set", "config.pools[0].name=upf", "--set", "config.pools[0].devices.netdevs[0]=eth1#0-3")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"STATUS: pending-install", "kind: DaemonSet", "kind: ClusterRole", "kind: ConfigMap", "name: upf"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the dry run's output has no %q:\n%s", want, out)
+		}
+	}
+	if out, err := cp.Kubectl(ctx, "-n", "kube-system", "get", "daemonsets", "-o", "name"); err != nil || strings.TrimSpace(string(out)) != "" {
+		t.Errorf("a dry run left objects: %q %v", out, err)
+	}
+	out, err = cp.Helm(ctx, "install", "xdpq", "../../charts/xdpq", "-n", "kube-system", "--dry-run=server",
+		"--set", "securityContext.capabilities[0]=ALL")
+	if err == nil || !strings.Contains(err.Error(), "values don't meet the specifications of the schema") {
+		t.Errorf("a capability ALL: %v\n%s", err, out)
+	}
+}
