@@ -15,6 +15,7 @@ tool (
 )
 
 require (
+	github.com/containernetworking/plugins v1.10.0
 	github.com/google/go-containerregistry v0.22.1
 	github.com/vishvananda/netlink v1.3.1
 	github.com/xdpq/xdpq v0.0.0
@@ -57,7 +58,6 @@ require (
 	github.com/containerd/log v0.1.0 // indirect
 	github.com/containerd/ttrpc v1.2.9 // indirect
 	github.com/containernetworking/cni v1.3.1 // indirect
-	github.com/containernetworking/plugins v1.10.0 // indirect
 	github.com/coreos/go-oidc v2.5.0+incompatible // indirect
 	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.7.0 // indirect

@@ -13,6 +13,9 @@
 //	cp.WaitPod(ctx, "ns", pod.Name, cluster.PodRunning)
 //	cp.Kubectl(ctx, "logs", "-n", "ns", pod.Name)
 //
+// AddNIC gives the node a "NIC": a veth with queues in the host's
+// network namespace, its peer in a traffic namespace of its own.
+//
 // The control plane listens on 127.0.0.1 only, with a certificate
 // authority of its own, static tokens (an admin in system:masters, the
 // controllers, the node) and Node,RBAC authorization. The node needs

@@ -24,7 +24,8 @@ import (
 
 // TestNodeRunsPod starts a control plane and a node, runs a pod of the
 // hello image (imported with ctr, never pulled) to completion, reads its
-// log with kubectl, and tears the node down, checking it left nothing:
+// log with kubectl, does the same with xdpq's image (make image's), and
+// tears the node down, checking it left nothing:
 // no process, mount, cgroup, bridge, shim or directory of its own, and
 // the sysctls the kubelet changed back at their values.
 func TestNodeRunsPod(t *testing.T) {
@@ -41,6 +42,31 @@ func TestNodeRunsPod(t *testing.T) {
 	defer cancel()
 
 	runHello(ctx, t, cp, n)
+
+	// xdpq's image, as make image builds it: the daemon's -h in a pod.
+	archive, ref, err := images.Xdpq(ctx, "v0.0.0-e2e", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.ImportImage(ctx, archive); err != nil {
+		t.Fatal(err)
+	}
+	pod := helloPod("xdpq")
+	pod.Spec.Containers[0].Image = ref
+	pod.Spec.Containers[0].Command = []string{"/usr/local/bin/xdpq-deviceplugin", "-h"}
+	if _, err := cp.Client.CoreV1().Pods("e2e-node").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.WaitPod(ctx, "e2e-node", pod.Name, PodSucceeded); err != nil {
+		t.Fatal(err)
+	}
+	out, err := cp.Kubectl(ctx, "logs", "-n", "e2e-node", pod.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), "-standalone") {
+		t.Errorf("kubectl logs of the xdpq image's daemon -h:\n%s", out)
+	}
 
 	if err := n.Stop(); err != nil {
 		t.Fatal(err)

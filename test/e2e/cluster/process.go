@@ -32,7 +32,10 @@ type process struct {
 
 // start runs path with args in a new process group, its output appended
 // to dir/<name>.log. The process is killed if the test binary dies (a
-// test timeout's panic runs no cleanup).
+// test timeout's panic runs no cleanup): Pdeathsig, which the kernel
+// sends when the thread that started the process exits. Go ends a
+// thread only when a goroutine locked to it returns without unlocking
+// it, so start must not run on such a goroutine (ns.Do's, say).
 func start(name, dir, path string, args []string, env []string) (*process, error) {
 	log := filepath.Join(dir, name+".log")
 	f, err := os.OpenFile(log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)

@@ -75,6 +75,44 @@ func Build(ctx context.Context, img Image, dir string) (string, error) {
 	return p, nil
 }
 
+// Xdpq builds xdpq's image as `make image` does (internal/image: the
+// Dockerfile's image), for the host's architecture, tagged
+// xdpq.io/xdpq:<version>, into dir, and returns the archive's path and
+// the image's reference.
+func Xdpq(ctx context.Context, version, dir string) (archive, ref string, err error) {
+	mod, err := moduleDir(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	root := filepath.Join(mod, "..", "..") // test/e2e is in the repository's root module
+	tag, err := image.Tag(version)
+	if err != nil {
+		return "", "", err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", "", fmt.Errorf("xdpq image: %w", err)
+	}
+	work, err := os.MkdirTemp(dir, ".build-")
+	if err != nil {
+		return "", "", fmt.Errorf("xdpq image: %w", err)
+	}
+	defer os.RemoveAll(work)
+	spec := image.Xdpq(version, "e2e")
+	files, err := image.Compile(ctx, "go", root, runtime.GOARCH, work, spec)
+	if err != nil {
+		return "", "", fmt.Errorf("xdpq image: %w", err)
+	}
+	img, err := image.Build(spec, runtime.GOARCH, files, time.Unix(0, 0).UTC())
+	if err != nil {
+		return "", "", fmt.Errorf("xdpq image: %w", err)
+	}
+	p := filepath.Join(dir, "xdpq-image-"+runtime.GOARCH+".tar")
+	if err := image.WriteArchive(p, tag, img); err != nil {
+		return "", "", err
+	}
+	return p, tag.String(), nil
+}
+
 // moduleDir returns the root of the e2e module, which the current
 // directory must be in.
 func moduleDir(ctx context.Context) (string, error) {
