@@ -106,7 +106,7 @@ func (cp *ControlPlane) pids() []int {
 	return pids
 }
 
-// helperEnv makes the test binary run TestInterruptHelper for
+// helperEnv makes the test binary run interruptChild for
 // TestInterrupt instead of skipping it.
 const helperEnv = "XDPQ_E2E_INTERRUPT_HELPER"
 
@@ -115,7 +115,7 @@ const helperEnv = "XDPQ_E2E_INTERRUPT_HELPER"
 // it died of the signal: processes gone, directory removed.
 func TestInterrupt(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "cp")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestInterruptHelper$", "-test.v")
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.v")
 	cmd.Env = append(os.Environ(), helperEnv+"="+dir)
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
@@ -162,19 +162,34 @@ func TestInterrupt(t *testing.T) {
 	}
 }
 
-// TestInterruptHelper is TestInterrupt's child: it starts a control
-// plane, prints its processes' ids and waits for a signal.
-func TestInterruptHelper(t *testing.T) {
-	dir := os.Getenv(helperEnv)
-	if dir == "" {
-		t.Skip("TestInterrupt's child process")
-	}
+// interruptChild is TestInterrupt's child (TestMain runs it when
+// helperEnv is set): it starts a control plane, prints its processes' ids
+// and waits for a signal.
+func interruptChild(dir string) error {
 	cp, err := StartControlPlane(context.Background(), dir, Options{})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	fmt.Printf("PIDS %d %d\n", cp.pids()[0], cp.pids()[1])
 	select {}
+}
+
+// TestMain runs the test binary as one of the tests' children when their
+// variable says so, else the tests.
+func TestMain(m *testing.M) {
+	var child func() error
+	switch {
+	case os.Getenv(helperEnv) != "":
+		child = func() error { return interruptChild(os.Getenv(helperEnv)) }
+	case os.Getenv(killedEnv) != "":
+		child = nodeKilledChild
+	default:
+		os.Exit(m.Run())
+	}
+	if err := child(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 }
 
 // TestHelm runs the Helm CLI against a control plane: its version is

@@ -205,7 +205,7 @@ func BenchmarkPodStartup(b *testing.B) {
 	b.Logf("pod create to Running, %d pods: %v", len(took), took)
 }
 
-// killedEnv makes the test binary run TestNodeKilledHelper for
+// killedEnv makes the test binary run nodeKilledChild for
 // TestNodeAfterKill instead of skipping it.
 const killedEnv = "XDPQ_E2E_KILLED_HELPER"
 
@@ -218,7 +218,7 @@ func TestNodeAfterKill(t *testing.T) {
 	testnet.RequireRoot(t)
 	testnet.RequireTool(t, "containerd runc", "containerd")
 	sysctls := readSysctls(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestNodeKilledHelper$", "-test.v")
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.v")
 	cmd.Env = append(os.Environ(), killedEnv+"=1")
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
@@ -267,42 +267,44 @@ func TestNodeAfterKill(t *testing.T) {
 	}
 }
 
-// TestNodeKilledHelper is TestNodeAfterKill's child: it starts a node,
+// nodeKilledChild is TestNodeAfterKill's child (TestMain runs it when
+// killedEnv is set): it starts a node,
 // runs a pod, prints its control plane's directory and waits to be
 // killed.
-func TestNodeKilledHelper(t *testing.T) {
-	if os.Getenv(killedEnv) == "" {
-		t.Skip("TestNodeAfterKill's child process")
-	}
+func nodeKilledChild() error {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "xdpq-e2e-")
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	cp, err := StartControlPlane(ctx, dir, Options{})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	n, err := StartNode(ctx, cp, NodeOptions{})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
-	hello, err := images.Build(ctx, images.Hello(), t.TempDir())
+	tmp, err := os.MkdirTemp("", "xdpq-e2e-image-")
 	if err != nil {
-		t.Fatal(err)
+		return err
+	}
+	hello, err := images.Build(ctx, images.Hello(), tmp)
+	if err != nil {
+		return err
 	}
 	if err := n.ImportImage(ctx, hello); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	if err := cp.CreateNamespace(ctx, "e2e-killed", nil); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	pod := helloPod("waits", "-wait")
 	if _, err := cp.Client.CoreV1().Pods("e2e-killed").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	if _, err := cp.WaitPod(ctx, "e2e-killed", pod.Name, PodRunning); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	fmt.Printf("RUNNING %s\n", cp.Dir)
 	select {}
