@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -30,12 +31,41 @@ type process struct {
 	err  error         // how it exited, once done is closed
 }
 
+// spawns runs the functions sent to it on one OS thread that no other
+// goroutine runs on and that lives as long as the test binary.
+//
+// A process started with Pdeathsig is killed when the thread that forked
+// it exits, not the process. Go ends a thread when a goroutine locked to
+// it returns without unlocking it, which is how a goroutine leaves a
+// network namespace it entered for good (testutils.NewNS does this). Any
+// goroutine can be scheduled on the thread that forked a cluster process
+// a moment before, so forking from an arbitrary goroutine let a later
+// NewNS kill etcd, the apiserver or containerd seconds after the cluster
+// was Ready. Forking from this thread, which is locked and never exits
+// before the binary does, cannot.
+var spawns = sync.OnceValue(func() chan<- func() {
+	ch := make(chan func())
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread is this goroutine's alone
+		for f := range ch {
+			f()
+		}
+	}()
+	return ch
+})
+
+// startOnSpawnThread starts cmd from the spawn thread.
+func startOnSpawnThread(cmd *exec.Cmd) error {
+	errc := make(chan error, 1)
+	spawns() <- func() { errc <- cmd.Start() }
+	return <-errc
+}
+
 // start runs path with args in a new process group, its output appended
 // to dir/<name>.log. The process is killed if the test binary dies (a
 // test timeout's panic runs no cleanup): Pdeathsig, which the kernel
-// sends when the thread that started the process exits. Go ends a
-// thread only when a goroutine locked to it returns without unlocking
-// it, so start must not run on such a goroutine (ns.Do's, say).
+// sends when the thread that started the process exits, here the spawn
+// thread (see spawns), which exits only with the binary.
 func start(name, dir, path string, args []string, env []string) (*process, error) {
 	log := filepath.Join(dir, name+".log")
 	f, err := os.OpenFile(log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
@@ -47,7 +77,7 @@ func start(name, dir, path string, args []string, env []string) (*process, error
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = append(os.Environ(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := startOnSpawnThread(cmd); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	p := &process{name: name, log: log, cmd: cmd, done: make(chan struct{})}
