@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"net/url"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -49,6 +52,7 @@ func TestScenario(t *testing.T) {
 	testnet.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute) // a fresh build included
 	defer cancel()
+	sharedMounts(t) // undone after the node's teardown
 	cp := cluster.StartControlPlaneForTest(t, cluster.Options{})
 	node := cluster.StartNodeForTest(t, cp, cluster.NodeOptions{})
 	nic := cluster.AddNICForTest(t, scenarioNIC, scenarioQueues)
@@ -61,6 +65,10 @@ func TestScenario(t *testing.T) {
 	}
 	k := kubectl{path: cp.Binaries[kubebin.Kubectl], kubeconfig: cp.Kubeconfig, pluginDir: buildPlugin(ctx, t)}
 	repo, tag, _ := strings.Cut(ref, ":")
+	api, err := url.Parse(cp.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// 1. helm install: the DaemonSet Ready, the node advertising the
 	// pool's 4 queues, the XdpqNode showing the netdev and the pool.
@@ -69,6 +77,9 @@ func TestScenario(t *testing.T) {
 		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
 		"--set", "cni.binDir="+node.CNIBinDir,
 		"--set", "kubelet.rootDir="+node.KubeletRootDir,
+		// No kube-proxy on this node: the kubernetes Service's address
+		// leads nowhere from the host network.
+		"--set", "apiServer.host="+api.Hostname(), "--set-string", "apiServer.port="+api.Port(),
 		"--set", "config.pools[0].name="+scenarioPool,
 		"--set", "config.pools[0].devices.netdevs[0]="+scenarioNIC+"#0-3",
 		"--set", "config.pools[0].steering=software",
@@ -87,7 +98,7 @@ func TestScenario(t *testing.T) {
 			}
 		}
 	})
-	if out, err := cp.Kubectl(ctx, "-n", "kube-system", "rollout", "status", "daemonset/xdpq", "--timeout=5m"); err != nil {
+	if out, err := cp.Kubectl(ctx, "-n", "kube-system", "rollout", "status", "daemonset/xdpq", "--timeout=150s"); err != nil {
 		t.Fatalf("the DaemonSet never became Ready: %v\n%s", err, out)
 	}
 	t.Logf("helm install to DaemonSet Ready: %s", time.Since(installed).Round(time.Millisecond))
@@ -168,6 +179,39 @@ func TestScenario(t *testing.T) {
 		if len(rx) != len(p.queues) {
 			t.Errorf("%s reported queues %v, want %v", p.name, rx, p.queues)
 		}
+	}
+}
+
+// sharedMounts makes the node's bpffs and /run/netns shared mounts, as
+// systemd makes every mount on a real node: the chart mounts both
+// HostToContainer, which containerd refuses for a private mount ("is
+// mounted on ... but it is not a shared or slave mount"). This machine's
+// mounts are private. The test's cleanup makes them private again.
+func sharedMounts(t *testing.T) {
+	t.Helper()
+	if err := unix.Mount("", "/sys/fs/bpf", "", unix.MS_SHARED, ""); err != nil {
+		t.Fatalf("make /sys/fs/bpf shared: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Mount("", "/sys/fs/bpf", "", unix.MS_PRIVATE, ""); err != nil {
+			t.Errorf("make /sys/fs/bpf private again: %v", err)
+		}
+	})
+	const netns = "/run/netns"
+	if err := os.MkdirAll(netns, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A bind mount of itself, as iproute2's `ip netns add` makes it.
+	if err := unix.Mount(netns, netns, "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind-mount %s: %v", netns, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(netns, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", netns, err)
+		}
+	})
+	if err := unix.Mount("", netns, "", unix.MS_SHARED, ""); err != nil {
+		t.Fatalf("make %s shared: %v", netns, err)
 	}
 }
 
