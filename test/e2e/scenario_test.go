@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -61,7 +62,8 @@ func TestScenario(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := node.ImportImage(ctx, archive); err != nil {
-		t.Fatal(err)
+		log, _ := os.ReadFile(filepath.Join(node.Dir, "containerd.log"))
+		t.Fatalf("%v; containerd's log ends:\n%s", err, tail(log, 4000))
 	}
 	k := kubectl{path: cp.Binaries[kubebin.Kubectl], kubeconfig: cp.Kubeconfig, pluginDir: buildPlugin(ctx, t)}
 	repo, tag, _ := strings.Cut(ref, ":")
@@ -180,6 +182,43 @@ func TestScenario(t *testing.T) {
 			t.Errorf("%s reported queues %v, want %v", p.name, rx, p.queues)
 		}
 	}
+
+	// 8. The pods gone, their queues are free: the Pending pod gets two.
+	if _, err := cp.WaitPod(ctx, ns, "rx-c", cluster.PodRunning); err != nil {
+		t.Errorf("the third pod, once the others are gone: %v", err)
+	}
+	if err := cp.Client.CoreV1().Pods(ns).Delete(ctx, "rx-c", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := cp.Kubectl(ctx, "-n", ns, "wait", "--for=delete", "pod/rx-c", "--timeout=60s"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	// helm uninstall: no program on the NIC, no pin, no CNI plugin left.
+	if out, err := cp.Helm(ctx, "uninstall", "xdpq", "-n", "kube-system", "--wait", "--timeout=2m"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if out, err := cp.Kubectl(ctx, "-n", "kube-system", "wait", "--for=delete", "pod", "-l", "app.kubernetes.io/name=xdpq", "--timeout=2m"); err != nil {
+		t.Errorf("the daemon's pod after helm uninstall: %v\n%s", err, out)
+	}
+	if l, err := netlink.LinkByIndex(nic.Index); err != nil {
+		t.Error(err)
+	} else if x := l.Attrs().Xdp; x != nil && x.Attached {
+		t.Errorf("helm uninstall left XDP program %d on %s", x.ProgId, nic.Name)
+	}
+	if ents, err := os.ReadDir("/sys/fs/bpf/xdpq"); err == nil && len(ents) > 0 {
+		t.Errorf("helm uninstall left %d pins in /sys/fs/bpf/xdpq", len(ents))
+	}
+	if _, err := os.Stat(filepath.Join(node.CNIBinDir, "xdpq")); !os.IsNotExist(err) {
+		t.Errorf("helm uninstall left the CNI plugin in %s: %v", node.CNIBinDir, err)
+	}
+}
+
+// tail is b's last n bytes.
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
 }
 
 // sharedMounts makes the node's bpffs and /run/netns shared mounts, as
@@ -289,22 +328,28 @@ func startPerfPod(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, n
 			r.lines <- s.Text()
 		}
 	}()
-	select {
-	case l, ok := <-r.lines:
-		m := perfStart.FindStringSubmatch(l)
-		if !ok || m == nil {
-			t.Fatalf("pod %s's first line %q, want %q", name, l, perfStart)
+	var m []string
+	var before []string
+	for m == nil {
+		select {
+		case l, ok := <-r.lines:
+			if !ok {
+				t.Fatalf("pod %s ended before it said it had its sockets; its log:\n%s", name, strings.Join(before, "\n"))
+			}
+			if m = perfStart.FindStringSubmatch(l); m == nil {
+				before = append(before, l)
+			}
+		case <-ctx.Done():
+			t.Fatalf("pod %s never said it had its sockets", name)
 		}
-		r.ready = time.Now()
-		for _, f := range strings.Fields(m[2]) {
-			q, _ := strconv.Atoi(f)
-			r.queues = append(r.queues, q)
-		}
-		if m[1] != scenarioNIC {
-			t.Errorf("pod %s's queues are on %s, want %s", name, m[1], scenarioNIC)
-		}
-	case <-ctx.Done():
-		t.Fatalf("pod %s never said it had its sockets", name)
+	}
+	r.ready = time.Now()
+	for _, f := range strings.Fields(m[2]) {
+		q, _ := strconv.Atoi(f)
+		r.queues = append(r.queues, q)
+	}
+	if m[1] != scenarioNIC {
+		t.Errorf("pod %s's queues are on %s, want %s", name, m[1], scenarioNIC)
 	}
 	return r
 }
