@@ -79,6 +79,10 @@ func TestScenario(t *testing.T) {
 		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
 		"--set", "cni.binDir="+node.CNIBinDir,
 		"--set", "kubelet.rootDir="+node.KubeletRootDir,
+		// /var/run is a symlink to /run; containerd looks for the mount
+		// of the path as given and finds this machine's private root
+		// (on a systemd node / is shared and /var/run/netns works).
+		"--set", "hostPaths.netns=/run/netns",
 		// No kube-proxy on this node: the kubernetes Service's address
 		// leads nowhere from the host network.
 		"--set", "apiServer.host="+api.Hostname(), "--set-string", "apiServer.port="+api.Port(),
