@@ -198,6 +198,7 @@ func TestScenario(t *testing.T) {
 	}
 	for _, p := range []*perfRun{a, b} {
 		rx := p.totals(t)
+		t.Logf("%s: sent %d frames of its flow and 1 of another on each of queues %v; xdpqperf received %v", p.name, perQueue, p.queues, rx)
 		for _, q := range p.queues {
 			if rx[q] != perQueue {
 				t.Errorf("%s: queue %d received %d frames, sent %d of its flow (and 1 of another)", p.name, q, rx[q], perQueue)
