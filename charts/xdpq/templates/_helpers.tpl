@@ -76,3 +76,20 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
+
+{{/*
+The API server's address for the daemon and the sidecar when
+apiServer.host is set: it overrides the kubernetes Service's that kubelet
+puts in every container's environment.
+*/}}
+{{- define "xdpq.apiServerEnv" -}}
+{{- if or .Values.apiServer.host .Values.apiServer.port }}
+{{- if not (and .Values.apiServer.host .Values.apiServer.port) }}
+{{- fail "apiServer: set both host and port, or neither" }}
+{{- end }}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ .Values.apiServer.host | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ .Values.apiServer.port | quote }}
+{{- end }}
+{{- end }}
