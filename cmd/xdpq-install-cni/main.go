@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/xdpq/xdpq/internal/cniinstall"
+	"github.com/xdpq/xdpq/internal/dsowner"
 )
 
 const usage = `usage:
@@ -66,15 +67,15 @@ func main() {
 		ns := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "the DaemonSet's namespace")
 		fs.Parse(args)
 		needArgs(fs, *dir != "" && *ds != "" && *ns != "")
-		api, err := cniinstall.InCluster()
+		api, err := dsowner.InCluster()
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "xdpq-install-cni:", err)
 			os.Exit(1)
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		o := &cniinstall.Owner{API: api, Namespace: *ns, Name: *ds, Log: log}
-		if err := o.RemoveOnUninstall(ctx, 5*time.Second, *dir, *name); err != nil {
+		o := &dsowner.Owner{API: api, Namespace: *ns, Name: *ds, Log: log}
+		if err := cniinstall.RemoveOnUninstall(ctx, o, 5*time.Second, *dir, *name); err != nil {
 			fmt.Fprintln(os.Stderr, "xdpq-install-cni:", err)
 			os.Exit(1)
 		}

@@ -11,14 +11,17 @@ package cniinstall
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/xdpq/xdpq/internal/atomicfile"
+	"github.com/xdpq/xdpq/internal/dsowner"
 )
 
 // Install copies the executable src into dir as name: the new content is
@@ -187,4 +190,27 @@ func removeTemps(dir, name string) {
 			os.Remove(filepath.Join(dir, e.Name()))
 		}
 	}
+}
+
+// RemoveOnUninstall follows the DaemonSet o names until ctx is done (the
+// container's SIGTERM), then removes dir/name if the DaemonSet went (see
+// dsowner.Owner.Uninstalling). final bounds the last question to the API
+// server, if one is needed.
+func RemoveOnUninstall(ctx context.Context, o *dsowner.Owner, final time.Duration, dir, name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if err := checkDir(dir); err != nil {
+		return err
+	}
+	uninstalling, why := o.Follow(ctx, final)
+	if !uninstalling {
+		o.Log.Info("keeping the CNI plugin", "plugin", dir+"/"+name, "reason", why)
+		return nil
+	}
+	if err := Remove(dir, name); err != nil {
+		return err
+	}
+	o.Log.Info("removed the CNI plugin", "plugin", dir+"/"+name, "reason", why)
+	return nil
 }

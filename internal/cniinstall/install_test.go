@@ -2,17 +2,21 @@ package cniinstall
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/xdpq/xdpq/internal/dsowner"
 	"github.com/xdpq/xdpq/internal/testnet"
 )
 
@@ -271,5 +275,13 @@ func TestRemove(t *testing.T) {
 	}
 	if err := Remove(filepath.Join(dir, "nope"), "xdpq"); err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Errorf("Remove from a missing dir = %v", err)
+	}
+}
+
+func TestRemoveOnUninstallRefusesBadDir(t *testing.T) {
+	o := &dsowner.Owner{API: &dsowner.API{Server: "https://127.0.0.1:1"}, Namespace: "xdpq", Name: "xdpq", Log: slog.Default()}
+	err := RemoveOnUninstall(context.Background(), o, time.Second, filepath.Join(t.TempDir(), "nope"), "xdpq")
+	if err == nil || !strings.Contains(err.Error(), "does not exist: mount the host's CNI bin directory there") {
+		t.Errorf("RemoveOnUninstall into a missing dir = %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package cniinstall
+package dsowner
 
 import (
 	"context"
@@ -179,32 +179,24 @@ func (f *fakeAPIServer) waitWatching(t *testing.T) {
 	waitChan(t, f.watching, "watch opened")
 }
 
-func pluginDir(t *testing.T) string {
-	dir := t.TempDir()
-	writeFile(t, filepath.Join(dir, "xdpq"), []byte("plugin"), 0o755)
-	return dir
-}
-
-func installed(dir string) bool {
-	_, err := os.Stat(filepath.Join(dir, "xdpq"))
-	return err == nil
-}
-
-// runOwner runs RemoveOnUninstall until stop is called, which returns
-// its error.
-func runOwner(t *testing.T, o *Owner, dir string) (stop func() error) {
+// runOwner runs Follow until stop is called, which returns its answer.
+func runOwner(t *testing.T, o *Owner) (stop func() bool) {
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- o.RemoveOnUninstall(ctx, 5*time.Second, dir, "xdpq") }()
+	done := make(chan bool, 1)
+	go func() {
+		gone, why := o.Follow(ctx, 5*time.Second)
+		t.Logf("Follow: %v, %s", gone, why)
+		done <- gone
+	}()
 	t.Cleanup(cancel)
-	return func() error {
+	return func() bool {
 		cancel()
 		select {
-		case err := <-done:
-			return err
+		case gone := <-done:
+			return gone
 		case <-time.After(20 * time.Second):
-			t.Fatal("RemoveOnUninstall did not return after its context ended")
-			return nil
+			t.Fatal("Follow did not return after its context ended")
+			return false
 		}
 	}
 }
@@ -255,18 +247,14 @@ func (w testWriter) Write(p []byte) (int, error) {
 func TestOwnerKeepsPluginOnRestart_FakeAPIServer(t *testing.T) {
 	f := newFakeAPIServer(t)
 	f.event("ADDED", "xdpq", "")
-	dir := pluginDir(t)
 	o, learnt := newOwner(t, f)
-	stop := runOwner(t, o, dir)
+	stop := runOwner(t, o)
 	waitLearnt(t, learnt, false)
 	f.waitWatching(t)
 	f.event("MODIFIED", "xdpq", "") // the update's new template
 	waitLearnt(t, learnt, false)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-	if !installed(dir) {
-		t.Error("the plugin was removed while its DaemonSet remains")
+	if stop() {
+		t.Error("uninstalling while its DaemonSet remains")
 	}
 }
 
@@ -284,9 +272,8 @@ func TestOwnerRemovesPluginOnUninstall_FakeAPIServer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFakeAPIServer(t)
 			f.event("ADDED", "xdpq", "")
-			dir := pluginDir(t)
 			o, learnt := newOwner(t, f)
-			stop := runOwner(t, o, dir)
+			stop := runOwner(t, o)
 			waitLearnt(t, learnt, false)
 			f.waitWatching(t)
 			tc.event(f)
@@ -296,11 +283,8 @@ func TestOwnerRemovesPluginOnUninstall_FakeAPIServer(t *testing.T) {
 			f.mu.Unlock()
 			f.endWatches()
 			waitChan(t, f.refused, "refused list after the token was revoked")
-			if err := stop(); err != nil {
-				t.Fatal(err)
-			}
-			if installed(dir) {
-				t.Error("the plugin stayed after its DaemonSet was deleted")
+			if !stop() {
+				t.Error("not uninstalling after its DaemonSet was deleted")
 			}
 		})
 	}
@@ -312,20 +296,16 @@ func TestOwnerRemovesPluginOnUninstall_FakeAPIServer(t *testing.T) {
 func TestOwnerDaemonSetCreatedAgain_FakeAPIServer(t *testing.T) {
 	f := newFakeAPIServer(t)
 	f.event("ADDED", "xdpq", "")
-	dir := pluginDir(t)
 	o, learnt := newOwner(t, f)
-	stop := runOwner(t, o, dir)
+	stop := runOwner(t, o)
 	waitLearnt(t, learnt, false)
 	f.waitWatching(t)
 	f.event("DELETED", "xdpq", "")
 	waitLearnt(t, learnt, true)
 	f.event("ADDED", "xdpq", "")
 	waitLearnt(t, learnt, false)
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-	if !installed(dir) {
-		t.Error("the plugin was removed while a DaemonSet of its name exists")
+	if stop() {
+		t.Error("uninstalling while a DaemonSet of its name exists")
 	}
 }
 
@@ -336,9 +316,8 @@ func TestOwnerListsAgain_FakeAPIServer(t *testing.T) {
 	f.event("ADDED", "xdpq", "")
 	f.expireOne = true
 	f.failLists = 0
-	dir := pluginDir(t)
 	o, learnt := newOwner(t, f)
-	stop := runOwner(t, o, dir)
+	stop := runOwner(t, o)
 	waitLearnt(t, learnt, false)
 	waitLearnt(t, learnt, false) // the list after the expired watch
 	f.waitWatching(t)
@@ -354,11 +333,8 @@ func TestOwnerListsAgain_FakeAPIServer(t *testing.T) {
 	if lists != 4 {
 		t.Errorf("%d lists, want 4 (first, after the expired watch, refused, after the backoff)", lists)
 	}
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-	if installed(dir) {
-		t.Error("the plugin stayed after its DaemonSet was deleted")
+	if !stop() {
+		t.Error("not uninstalling after its DaemonSet was deleted")
 	}
 }
 
@@ -374,7 +350,7 @@ func TestOwnerNeverListed_FakeAPIServer(t *testing.T) {
 	}{
 		{"DaemonSet missing", false, "s3cret", true, "does not exist"},
 		{"DaemonSet there", true, "s3cret", false, "remains"},
-		{"refused", false, "wrong", false, "(401 Unauthorized: Unauthorized): keeping the plugin"},
+		{"refused", false, "wrong", false, "(401 Unauthorized: Unauthorized): taken as staying"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFakeAPIServer(t)
@@ -398,13 +374,5 @@ func TestOwnerNeverListed_FakeAPIServer(t *testing.T) {
 	f.srv.Close()
 	if got, why := o.Uninstalling(context.Background()); got || !strings.Contains(why, "could not be asked for") {
 		t.Errorf("Uninstalling without an API server = %v, %q; want false, could not be asked for", got, why)
-	}
-}
-
-func TestRemoveOnUninstallRefusesBadDir(t *testing.T) {
-	o := &Owner{API: &API{Server: "https://127.0.0.1:1"}, Namespace: "xdpq", Name: "xdpq", Log: slog.Default()}
-	err := o.RemoveOnUninstall(context.Background(), time.Second, filepath.Join(t.TempDir(), "nope"), "xdpq")
-	if err == nil || !strings.Contains(err.Error(), "does not exist: mount the host's CNI bin directory there") {
-		t.Errorf("RemoveOnUninstall into a missing dir = %v", err)
 	}
 }

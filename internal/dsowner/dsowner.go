@@ -1,4 +1,10 @@
-package cniinstall
+// Package dsowner follows the DaemonSet that runs a pod, so that when
+// the pod stops it knows whether its DaemonSet went with it (helm
+// uninstall, kubectl delete) or stays (a restart, a rolling update, an
+// eviction, a node shutdown). xdpq's daemon removes its datapath from the
+// node, and the CNI installer's sidecar the plugin, only in the first
+// case.
+package dsowner
 
 import (
 	"context"
@@ -119,9 +125,10 @@ type object struct {
 
 // Owner follows the DaemonSet that runs the installer's pods, so that
 // when a pod ends the installer knows whether the DaemonSet went with it
-// (helm uninstall, kubectl delete: the CNI plugin must go too) or stays
-// (a rolling update, a restart, an eviction, a node shutdown: the plugin
-// must stay, for the node's pods whose CNI DEL, CHECK and STATUS run it).
+// (helm uninstall, kubectl delete: xdpq's datapath and CNI plugin must
+// go too) or stays (a rolling update, a restart, an eviction, a node
+// shutdown: they must stay, for the node's pods that receive through them
+// and whose CNI DEL, CHECK and STATUS run the plugin).
 //
 // It watches rather than asks once at the end because of how the end
 // comes: helm uninstall deletes the DaemonSet and, in the same breath,
@@ -258,10 +265,10 @@ func decodeOK(resp *http.Response, v any) error {
 // Uninstalling reports whether the DaemonSet is gone or being deleted,
 // and why it thinks so. What the watch saw decides; when it saw nothing
 // (the API server was away the whole time) the DaemonSet is asked for
-// once. Whatever is not known keeps the plugin: a plugin left behind is
-// one file an operator can remove; a plugin taken from under a running
-// xdpq fails the CNI calls of the node's pods until a new xdpq pod
-// installs it again.
+// once. Whatever is not known counts as staying: what xdpq leaves behind
+// an operator can remove; what is taken from under a running xdpq (its
+// pods' traffic, the CNI calls of the node's pods) is lost until a new
+// xdpq pod puts it back.
 func (o *Owner) Uninstalling(ctx context.Context) (bool, string) {
 	o.mu.Lock()
 	gone, seen := o.gone, o.seenAny
@@ -275,7 +282,7 @@ func (o *Owner) Uninstalling(ctx context.Context) (bool, string) {
 	}
 	resp, err := o.API.get(ctx, o.path()+"/"+url.PathEscape(o.Name), nil)
 	if err != nil {
-		return false, fmt.Sprintf("DaemonSet %s could not be asked for (%v): keeping the plugin", ds, err)
+		return false, fmt.Sprintf("DaemonSet %s could not be asked for (%v): taken as staying", ds, err)
 	}
 	if resp.StatusCode == http.StatusNotFound {
 		resp.Body.Close()
@@ -283,7 +290,7 @@ func (o *Owner) Uninstalling(ctx context.Context) (bool, string) {
 	}
 	var obj object
 	if err := decodeOK(resp, &obj); err != nil {
-		return false, fmt.Sprintf("DaemonSet %s could not be asked for (%v): keeping the plugin", ds, err)
+		return false, fmt.Sprintf("DaemonSet %s could not be asked for (%v): taken as staying", ds, err)
 	}
 	if obj.Metadata.DeletionTimestamp != nil {
 		return true, "DaemonSet " + ds + " is being deleted"
@@ -291,27 +298,13 @@ func (o *Owner) Uninstalling(ctx context.Context) (bool, string) {
 	return false, "DaemonSet " + ds + " remains (a restart or an update of its pods)"
 }
 
-// RemoveOnUninstall follows the DaemonSet until ctx is done (the
-// container's SIGTERM), then removes dir/name when the DaemonSet went.
-// final bounds the last question to the API server, if one is needed.
-func (o *Owner) RemoveOnUninstall(ctx context.Context, final time.Duration, dir, name string) error {
-	if err := checkName(name); err != nil {
-		return err
-	}
-	if err := checkDir(dir); err != nil {
-		return err
-	}
+// Follow follows the DaemonSet until ctx is done (the container's
+// SIGTERM), then says whether it is being uninstalled and why (see
+// Uninstalling); final bounds the last question to the API server, if
+// one is needed.
+func (o *Owner) Follow(ctx context.Context, final time.Duration) (bool, string) {
 	o.Run(ctx)
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), final)
 	defer cancel()
-	uninstalling, why := o.Uninstalling(fctx)
-	if !uninstalling {
-		o.Log.Info("keeping the CNI plugin", "plugin", dir+"/"+name, "reason", why)
-		return nil
-	}
-	if err := Remove(dir, name); err != nil {
-		return err
-	}
-	o.Log.Info("removed the CNI plugin", "plugin", dir+"/"+name, "reason", why)
-	return nil
+	return o.Uninstalling(fctx)
 }
