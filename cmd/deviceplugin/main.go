@@ -13,12 +13,14 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/xdpq/xdpq/internal/dsowner"
 	"github.com/xdpq/xdpq/pkg/daemon"
 )
 
@@ -37,6 +39,8 @@ func main() {
 	flag.StringVar(&o.APISocket, "api-socket", daemon.DefaultAPISocket, "the local API's socket (xdpqctl and the CNI plugin's daemonSocket use it)")
 	flag.StringVar(&o.MetricsAddr, "metrics-addr", ":9476", `address of /metrics (Prometheus), /healthz and /readyz; "" serves none`)
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the API server, where the daemon keeps its node's XdpqNode and records Events (default: the in-cluster config when KUBERNETES_SERVICE_HOST is set, else no API server)")
+	daemonSet := flag.String("daemonset", "", "the DaemonSet that runs this daemon, in -namespace: when it is deleted (helm uninstall) the daemon removes everything it put on the node as it stops; on any other stop (a restart, an update) everything stays. Needs an API server")
+	namespace := flag.String("namespace", os.Getenv("POD_NAMESPACE"), "the namespace of -daemonset")
 	debug := flag.Bool("debug", false, "log at debug level")
 	flag.Parse()
 	level := slog.LevelInfo
@@ -55,17 +59,50 @@ func main() {
 			o.NodeLabels[k] = v
 		}
 	}
-	if err := kubeClients(&o, *kubeconfig); err != nil {
+	restCfg, err := kubeClients(&o, *kubeconfig)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "deviceplugin:", err)
 		os.Exit(1)
+	}
+	var owner *dsowner.Owner
+	if *daemonSet != "" {
+		if restCfg == nil || *namespace == "" {
+			fmt.Fprintln(os.Stderr, "deviceplugin: -daemonset needs an API server (-kubeconfig, or in a pod) and -namespace (or POD_NAMESPACE)")
+			os.Exit(2)
+		}
+		if owner, err = daemonSetOwner(restCfg, *namespace, *daemonSet, o.Logger); err != nil {
+			fmt.Fprintln(os.Stderr, "deviceplugin:", err)
+			os.Exit(1)
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if owner != nil {
+		// Followed from the start: by the time the pod is told to stop,
+		// helm uninstall has deleted the service account that could ask.
+		type answer struct {
+			yes bool
+			why string
+		}
+		answered := make(chan answer, 1)
+		go func() {
+			yes, why := owner.Follow(ctx, 5*time.Second)
+			answered <- answer{yes, why}
+		}()
+		o.Uninstalling = func(actx context.Context) (bool, string) {
+			select {
+			case a := <-answered:
+				return a.yes, a.why
+			case <-actx.Done():
+				return false, "the DaemonSet's fate was not learnt in time: taken as staying"
+			}
+		}
 	}
 	d, err := daemon.New(o)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "deviceplugin:", err)
 		os.Exit(1)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
@@ -82,27 +119,37 @@ func main() {
 
 // kubeClients sets the daemon's API server clients from a kubeconfig, or
 // the pod's service account in a cluster; neither means no API server.
-func kubeClients(o *daemon.Options, kubeconfig string) error {
+func kubeClients(o *daemon.Options, kubeconfig string) (*rest.Config, error) {
 	var cfg *rest.Config
 	var err error
 	switch {
 	case kubeconfig != "":
 		if cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
-			return fmt.Errorf("-kubeconfig: %w", err)
+			return nil, fmt.Errorf("-kubeconfig: %w", err)
 		}
 	case os.Getenv("KUBERNETES_SERVICE_HOST") != "":
 		if cfg, err = rest.InClusterConfig(); err != nil {
-			return fmt.Errorf("in-cluster API server config: %w", err)
+			return nil, fmt.Errorf("in-cluster API server config: %w", err)
 		}
 	default:
-		return nil
+		return nil, nil
 	}
 	cfg.UserAgent = "xdpq-daemon"
 	if o.Kube, err = kubernetes.NewForConfig(cfg); err != nil {
-		return fmt.Errorf("API server client: %w", err)
+		return nil, fmt.Errorf("API server client: %w", err)
 	}
 	if o.KubeDynamic, err = dynamic.NewForConfig(cfg); err != nil {
-		return fmt.Errorf("API server client: %w", err)
+		return nil, fmt.Errorf("API server client: %w", err)
 	}
-	return nil
+	return cfg, nil
+}
+
+// daemonSetOwner follows the DaemonSet namespace/name through the API
+// server cfg reaches, with cfg's credentials.
+func daemonSetOwner(cfg *rest.Config, namespace, name string, log *slog.Logger) (*dsowner.Owner, error) {
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("API server client: %w", err)
+	}
+	return &dsowner.Owner{API: &dsowner.API{Server: cfg.Host, Client: hc}, Namespace: namespace, Name: name, Log: log}, nil
 }

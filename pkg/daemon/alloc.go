@@ -29,6 +29,9 @@ func (d *Daemon) brokerSocket(id string) string {
 
 // Alloc hands count devices of a pool to a local user (standalone mode).
 func (d *Daemon) Alloc(ctx context.Context, req api.AllocRequest) (*api.Allocation, error) {
+	if d.isUninstalling() {
+		return nil, errUninstalling
+	}
 	if !d.opts.Standalone {
 		return nil, api.Errorf(api.ErrNotSupported, "allocations come from kubelet on this node; xdpqctl alloc is for a standalone daemon")
 	}
@@ -191,6 +194,9 @@ func (d *Daemon) devInfoDir() string {
 // which takes over its attachments (CNI does not run again for a
 // container restart) where the pod is still there.
 func (d *Daemon) allocate(ctx context.Context, pool string, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	if d.isUninstalling() {
+		return nil, errUninstalling
+	}
 	a, err := d.ledger.Reserve(ledger.Reservation{Pool: pool, Devices: ids, Owner: ledger.Owner{AnyPod: true}, Replace: true})
 	if err != nil {
 		return nil, err

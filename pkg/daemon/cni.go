@@ -26,6 +26,9 @@ func (d *Daemon) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attach
 	if err != nil {
 		return nil, err
 	}
+	if d.isUninstalling() { // after the lookup: a pod without devices passes through a chain as always
+		return nil, errUninstalling
+	}
 	pool, _ := d.ledger.Meta(a.Pool)
 	att := ledger.Attachment{Attachment: api.Attachment{CNIAddRequest: req, Mode: pool.Mode()}}
 	if req.Netns != "" {

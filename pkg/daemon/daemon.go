@@ -80,8 +80,17 @@ type Options struct {
 	// server's pods of this node (pkg/kubepods). Nil without Kube: an
 	// allocation is bound to its pod only by CNI ADD (K8S_POD_UID); until
 	// then a process of any pod that reaches its socket is served.
-	Pods   PodDirectory
-	Logger *slog.Logger
+	Pods PodDirectory
+	// Uninstalling, if set, is asked when Run's context ends whether xdpq
+	// is being uninstalled from the node (its DaemonSet deleted), and
+	// why. If so, the daemon removes what it put on the node before Run
+	// returns: allocations and leases ended, flows removed, netdevs back
+	// from pods, programs detached, pins, records and sockets removed,
+	// the XdpqNode deleted (if the API server still lets it). Otherwise,
+	// and without it, all of that stays for the next daemon to adopt. It
+	// must return when its context ends.
+	Uninstalling func(context.Context) (bool, string)
+	Logger       *slog.Logger
 }
 
 // DefaultAPISocket is where the daemon serves its local API.
@@ -134,6 +143,10 @@ type Daemon struct {
 	collected time.Time                    // when the collector last finished
 	group     *errgroup.Group              // Run's, for the plugins' goroutines
 	groupCtx  context.Context
+	// uninstalling is set when uninstall begins: nothing new is served.
+	// uninstalled is set when it removed everything but the files, which
+	// close removes.
+	uninstalling, uninstalled bool
 }
 
 // New checks what must be right before the daemon touches anything: that
@@ -261,12 +274,23 @@ func (d *Daemon) Reload(ctx context.Context) error { return d.watcher.Reload(ctx
 // collector and, with kubelet, one device plugin per pool) until ctx ends
 // or one of them fails: then the others stop and Run returns that part's
 // error. What is attached and pinned stays: traffic keeps flowing while
-// the daemon is away.
+// the daemon is away. Only when ctx ends and Options.Uninstalling says
+// xdpq is being uninstalled does the daemon remove it all first.
 func (d *Daemon) Run(ctx context.Context) error {
 	defer d.close()
-	ctx, cancel := context.WithCancel(ctx)
+	// The parts stop when ctx ends, but only after stopping, which may
+	// need them (the reconciler) to remove the datapath.
+	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
-	g, gctx := errgroup.WithContext(ctx)
+	g, gctx := errgroup.WithContext(pctx)
+	go func() {
+		select {
+		case <-ctx.Done():
+			d.stopping(gctx)
+		case <-gctx.Done(): // a part failed
+		}
+		cancel()
+	}()
 	d.mu.Lock()
 	d.group, d.groupCtx = g, gctx
 	d.mu.Unlock()
@@ -320,7 +344,20 @@ func (d *Daemon) Run(ctx context.Context) error {
 	close(d.ready)
 	d.node.Changed() // Ready
 	d.log.Info("daemon ready", "standalone", d.opts.Standalone, "api", d.opts.APISocket, "state", d.opts.StateDir)
-	return g.Wait()
+	err := g.Wait()
+	d.mu.Lock()
+	uninstalled := d.uninstalled
+	d.mu.Unlock()
+	if uninstalled {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		if derr := d.node.Delete(dctx); derr != nil {
+			// helm uninstall deletes the daemon's service account in the
+			// same breath as its DaemonSet: this often comes too late.
+			d.log.Warn("uninstall: the XdpqNode stays (kubectl delete xdpqnode removes it)", "err", derr)
+		}
+		cancel()
+	}
+	return err
 }
 
 // close releases what New and Run took; attached programs, pins and
@@ -344,6 +381,12 @@ func (d *Daemon) close() {
 	}
 	if d.metricsLn != nil {
 		d.metricsLn.Close() // if Run never served it
+	}
+	d.mu.Lock()
+	uninstalled := d.uninstalled
+	d.mu.Unlock()
+	if uninstalled {
+		d.removeState() // the lock still held
 	}
 	if d.unlock != nil {
 		d.unlock()

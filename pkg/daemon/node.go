@@ -21,6 +21,8 @@ type nodeReporter interface {
 	ConfigRefused(err error)
 	ConnectionRefused(alloc string, pod v1alpha1.PodRef, code, reason string)
 	PodFlows(pod v1alpha1.PodRef, alloc string, flows []string, refused string)
+	// Delete deletes the node's XdpqNode (xdpq uninstalled); after Run.
+	Delete(ctx context.Context) error
 }
 
 var _ nodeReporter = (*nodestatus.Writer)(nil)
@@ -35,6 +37,7 @@ func (noReporter) NetdevReclaimed(string, string)                            {}
 func (noReporter) ConfigRefused(error)                                       {}
 func (noReporter) ConnectionRefused(string, v1alpha1.PodRef, string, string) {}
 func (noReporter) PodFlows(v1alpha1.PodRef, string, []string, string)        {}
+func (noReporter) Delete(context.Context) error                              { return nil }
 
 // newNodeReporter is the writer of the node's XdpqNode when the daemon
 // has an API server.

@@ -32,6 +32,10 @@ type reconcileRequest struct {
 // applier is the config watcher's apply: the reconciler puts c in force.
 func (d *Daemon) applier(ctx context.Context) func(*config.Config) error {
 	return func(c *config.Config) error {
+		if d.isUninstalling() {
+			d.log.Info("config not applied: xdpq is being uninstalled")
+			return nil
+		}
 		if err := d.request(ctx, reconcileRequest{cfg: c, discover: true}); err != nil {
 			return err
 		}

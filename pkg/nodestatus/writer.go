@@ -277,6 +277,22 @@ func (w *Writer) apply(ctx context.Context, st *v1alpha1.XdpqNodeStatus) error {
 	return nil
 }
 
+// Delete deletes the node's XdpqNode, the one this writer made if it
+// knows it (a precondition on its UID), and says nothing of one that is
+// already gone. Call it after Run returned: xdpq was uninstalled from the
+// node.
+func (w *Writer) Delete(ctx context.Context) error {
+	var opts metav1.DeleteOptions
+	if o := w.object(); o != nil && o.UID != "" {
+		opts.Preconditions = &metav1.Preconditions{UID: &o.UID}
+	}
+	err := w.cfg.Dynamic.Resource(v1alpha1.Resource).Delete(ctx, w.cfg.Node, opts)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete xdpqnode %s: %w", w.cfg.Node, err)
+	}
+	return nil
+}
+
 // stop writes Ready False, if a status was written, with a few seconds'
 // tries.
 func (w *Writer) stop() {

@@ -199,7 +199,7 @@ func TestRenderDefault(t *testing.T) {
 	}
 	sort.Strings(kinds)
 	want := []string{"ClusterRole/xdpq", "ClusterRoleBinding/xdpq", "ConfigMap/xdpq", "DaemonSet/xdpq",
-		"Role/xdpq-cni", "RoleBinding/xdpq-cni", "Service/xdpq-metrics", "ServiceAccount/xdpq"}
+		"Role/xdpq", "RoleBinding/xdpq", "Service/xdpq-metrics", "ServiceAccount/xdpq"}
 	if diff := cmp.Diff(want, kinds); diff != "" {
 		t.Errorf("objects (-want +got):\n%s", diff)
 	}
@@ -216,7 +216,7 @@ func TestRenderDefault(t *testing.T) {
 	if d.Image != "xdpq.io/xdpq:0.1.0" {
 		t.Errorf("image %q, want the chart's appVersion", d.Image)
 	}
-	for _, a := range []string{"--config=/etc/xdpq/config.yaml", "--metrics-addr=:9476", "--pin-dir=/sys/fs/bpf/xdpq"} {
+	for _, a := range []string{"--config=/etc/xdpq/config.yaml", "--metrics-addr=:9476", "--pin-dir=/sys/fs/bpf/xdpq", "--daemonset=xdpq"} {
 		if !slices.Contains(d.Args, a) {
 			t.Errorf("daemon args %q lack %s", d.Args, a)
 		}
@@ -230,8 +230,9 @@ func TestRenderDefault(t *testing.T) {
 	if len(d.Ports) != 1 || d.Ports[0].Name != "metrics" || d.Ports[0].ContainerPort != 9476 {
 		t.Errorf("ports %+v, want metrics 9476", d.Ports)
 	}
-	if len(d.Env) != 1 || d.Env[0].Name != "NODE_NAME" || d.Env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
-		t.Errorf("env %+v, want NODE_NAME from spec.nodeName", d.Env)
+	if len(d.Env) != 2 || d.Env[0].Name != "NODE_NAME" || d.Env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" ||
+		d.Env[1].Name != "POD_NAMESPACE" || d.Env[1].ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
+		t.Errorf("env %+v, want NODE_NAME from spec.nodeName and POD_NAMESPACE from metadata.namespace", d.Env)
 	}
 	if ann := ds.Spec.Template.Annotations; len(ann) != 0 {
 		t.Errorf("pod annotations %v: a checksum of the config would restart the daemons the config reloads in", ann)
@@ -439,14 +440,14 @@ func str(v map[string]any, a, b, def string) string {
 }
 
 // TestRBAC: the daemon may do what it does with the API server and
-// nothing more; the sidecar may read its DaemonSet only.
+// nothing more; it and the sidecar may read their DaemonSet only.
 func TestRBAC(t *testing.T) {
 	objs := objects(t, render(t, Options{}))
 	cr := decode[rbacv1.ClusterRole](t, find(objs, "ClusterRole")[0])
 	want := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get"}},
-		{APIGroups: []string{"xdpq.io"}, Resources: []string{"xdpqnodes"}, Verbs: []string{"create", "get", "patch"}},
+		{APIGroups: []string{"xdpq.io"}, Resources: []string{"xdpqnodes"}, Verbs: []string{"create", "get", "patch", "delete"}},
 		{APIGroups: []string{"xdpq.io"}, Resources: []string{"xdpqnodes/status"}, Verbs: []string{"patch"}},
 		{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 	}
@@ -553,7 +554,8 @@ func TestServiceMonitor(t *testing.T) {
 }
 
 // TestCustomCNIDir: the CNI bin directory and kubelet's root are the
-// values'; without removeOnUninstall there is no sidecar and no Role.
+// values'; without removeOnUninstall there is no sidecar (the daemon's
+// Role stays: it follows its DaemonSet too).
 func TestCustomCNIDir(t *testing.T) {
 	r := render(t, Options{Values: values(t, valueSets["k3s"])})
 	objs := objects(t, r)
@@ -568,8 +570,8 @@ func TestCustomCNIDir(t *testing.T) {
 	if len(spec.InitContainers) != 1 || spec.InitContainers[0].Name != "install-cni" {
 		t.Errorf("init containers %d, want install-cni only", len(spec.InitContainers))
 	}
-	if len(find(objs, "Role")) != 0 || len(find(objs, "RoleBinding")) != 0 || len(find(objs, "Service")) != 0 {
-		t.Error("a Role, RoleBinding or Service rendered without removeOnUninstall and the metrics service")
+	if len(find(objs, "Role")) != 1 || len(find(objs, "RoleBinding")) != 1 || len(find(objs, "Service")) != 0 {
+		t.Error("want the daemon's Role and RoleBinding, and no Service without the metrics service")
 	}
 	if ds.Name != "xdpq-k3s" {
 		t.Errorf("DaemonSet %s, want the fullnameOverride", ds.Name)

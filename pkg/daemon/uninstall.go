@@ -1,0 +1,108 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"os"
+	"time"
+
+	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/config"
+	"github.com/xdpq/xdpq/pkg/ledger"
+)
+
+// uninstallTimeout bounds the removal of the datapath on uninstall. The
+// chart's terminationGracePeriodSeconds must leave it room.
+const uninstallTimeout = 20 * time.Second
+
+// errUninstalling refuses what would put something new on the node while
+// the daemon removes what it put there.
+var errUninstalling = api.Errorf(api.ErrUnavailable, "xdpq is being uninstalled from this node")
+
+// isUninstalling reports whether uninstall has begun.
+func (d *Daemon) isUninstalling() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.uninstalling
+}
+
+// stopping runs when Run's context ends, before the parts stop: it asks
+// Options.Uninstalling and, if xdpq is being uninstalled and the daemon
+// had started, removes what it put on the node while the reconciler still
+// runs. Otherwise (a restart, an update, a node shutdown) everything
+// stays for the next daemon to adopt.
+func (d *Daemon) stopping(ctx context.Context) {
+	if d.opts.Uninstalling == nil {
+		return
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), uninstallTimeout)
+	defer cancel()
+	yes, why := d.opts.Uninstalling(actx)
+	if !yes {
+		d.log.Info("stopping; the datapath stays for the next daemon", "reason", why)
+		return
+	}
+	if !d.started() {
+		d.log.Warn("uninstalled before the daemon had started: what a previous daemon left stays", "reason", why)
+		return
+	}
+	d.log.Info("xdpq is being uninstalled: removing its datapath from the node", "reason", why)
+	if err := d.uninstall(actx); err != nil {
+		d.log.Error("uninstall left something on the node", "err", err)
+		return
+	}
+	d.log.Info("uninstalled: no allocation, flow, program or netdev of xdpq remains on the node")
+}
+
+// uninstall ends every allocation (their attachments undone, netdevs in
+// pods returned, leases ended, sockets and device-info files removed),
+// then puts an empty config in force, which unmanages every netdev (flows,
+// RSS reservations and busy-poll settings restored, programs detached,
+// pins removed) and stops the device plugins. What remains on disk (the
+// records, the pin and allocation directories) close removes.
+func (d *Daemon) uninstall(ctx context.Context) error {
+	d.mu.Lock()
+	d.uninstalling = true
+	d.mu.Unlock()
+	var errs []error
+	for _, a := range d.ledger.Allocations() {
+		var err error
+		switch {
+		case a.State == ledger.Ending:
+			err = d.finishFree(ctx, a, "xdpq uninstalled")
+		default:
+			err = d.free(ctx, a.ID, "xdpq uninstalled")
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := d.request(ctx, reconcileRequest{cfg: &config.Config{}}); err != nil {
+		errs = append(errs, err)
+	}
+	d.mu.Lock()
+	left := len(d.managed)
+	d.mu.Unlock()
+	if left > 0 {
+		errs = append(errs, errors.New("netdevs are still managed after the empty config"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.uninstalled = true
+	d.mu.Unlock()
+	return nil
+}
+
+// removeState removes, once everything is released, what the daemon kept
+// on disk: its records and the agent's state, the allocations' directory
+// and its pins. It runs only after a complete uninstall, with the state
+// directory's lock still held.
+func (d *Daemon) removeState() {
+	for _, dir := range []string{d.opts.AllocDir, d.pinRoot(), d.opts.StateDir} {
+		if err := os.RemoveAll(dir); err != nil {
+			d.log.Warn("uninstall: remove", "dir", dir, "err", err)
+		}
+	}
+}
