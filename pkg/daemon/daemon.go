@@ -12,9 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sync/errgroup"
-	"golang.org/x/sys/unix"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
@@ -393,18 +391,18 @@ func (d *Daemon) close() {
 	}
 }
 
-// mountSysfs mounts a sysfs that shows the NICs' namespace.
+// mountSysfs mounts a sysfs that shows the NICs' namespace, attached to
+// no directory (nic.MountSysfs): it goes with the daemon however the
+// daemon ends. (A sysfs mounted on a temporary directory stayed in the
+// host's mount table, holding the namespace, after every daemon that was
+// killed.)
 func (d *Daemon) mountSysfs() error {
-	dir, err := os.MkdirTemp("", "xdpq-sysfs-")
+	fs, err := nic.MountSysfs(d.opts.NetNS)
 	if err != nil {
-		return err
-	}
-	if err := ns.WithNetNSPath(d.opts.NetNS, func(ns.NetNS) error { return unix.Mount("sysfs", dir, "sysfs", 0, "") }); err != nil {
-		os.Remove(dir)
 		return fmt.Errorf("sysfs of %s: %w", d.opts.NetNS, err)
 	}
-	d.opts.SysRoot = dir
-	d.unmount = func() { unix.Unmount(dir, unix.MNT_DETACH); os.Remove(dir) }
+	d.opts.SysRoot = fs.Path()
+	d.unmount = func() { fs.Close() }
 	return nil
 }
 

@@ -153,3 +153,27 @@ func TestUninstall(t *testing.T) {
 		}
 	})
 }
+
+// TestSysfsNotInMountTable: the sysfs the daemon mounts to see the NICs'
+// namespace is attached to no directory, so the mount table is the same
+// while it runs, and a daemon killed without its cleanup leaves none
+// behind holding the namespace. (Mounted on a temporary directory, one
+// stayed for every killed daemon: 14,363 on this machine.)
+func TestSysfsNotInMountTable(t *testing.T) {
+	pair := testnet.NewPair(t, 2)
+	mounts := func() string {
+		b, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	before := mounts()
+	d, _ := runDaemon(t, standaloneOpts(t, pair, t.TempDir(), testPins(t), "pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n"))
+	if n := netdevOf(t, d, "xa"); n.RXQueues != 2 {
+		t.Fatalf("xa not found through the daemon's sysfs: %+v", n)
+	}
+	if after := mounts(); after != before {
+		t.Errorf("the mount table changed while the daemon runs:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+}

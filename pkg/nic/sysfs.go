@@ -68,6 +68,12 @@ func MountSysfs(netns string) (*Sysfs, error) {
 	return &Sysfs{fd: fd}, nil
 }
 
+// Path is a path of the tree's root for as long as it is open, for code
+// that takes a sysfs root by path (Discoverer.SysRoot): the magic link of
+// its descriptor in /proc/self/fd, which reaches a mount that MountSysfs
+// attached nowhere.
+func (s *Sysfs) Path() string { return "/proc/self/fd/" + strconv.Itoa(s.fd) }
+
 // Close releases the tree (and a mount MountSysfs made).
 func (s *Sysfs) Close() error {
 	if s.fd < 0 {
