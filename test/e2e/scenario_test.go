@@ -9,24 +9,22 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
-	"github.com/xdpq/xdpq/internal/frame"
 	"github.com/xdpq/xdpq/internal/testnet"
-	"github.com/xdpq/xdpq/internal/traffic"
-	"github.com/xdpq/xdpq/pkg/xsk"
 	"github.com/xdpq/xdpq/test/e2e/cluster"
 	"github.com/xdpq/xdpq/test/e2e/images"
 	"github.com/xdpq/xdpq/test/e2e/kubebin"
@@ -37,7 +35,11 @@ const (
 	scenarioPool     = "upf"
 	scenarioResource = "xdpq.io/" + scenarioPool
 	scenarioNIC      = "xdpqnic0"
-	scenarioQueues   = 4
+	// The NIC has 6 queues; the pool takes 4 of them, then all 6 (step 7).
+	nicQueues      = 6
+	scenarioQueues = 4
+	// metricsPort is the chart's metrics.port.
+	metricsPort = 9476
 	// pinDir is the chart's daemon's pin directory (hostPaths.bpffs/xdpq).
 	pinDir = "/sys/fs/bpf/xdpq"
 )
@@ -55,72 +57,17 @@ func TestScenario(t *testing.T) {
 	testnet.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute) // a fresh build included
 	defer cancel()
-	sharedMounts(t) // undone after the node's teardown
-	if _, err := os.Stat(pinDir); err == nil {
-		t.Fatalf("%s exists: a daemon or a killed run left it; remove it first", pinDir)
-	}
-	clearHostState(t)
-	t.Cleanup(func() {
-		if err := os.RemoveAll(pinDir); err != nil {
-			t.Errorf("remove the daemon's pins: %v", err)
-		}
-	})
-	cp := cluster.StartControlPlaneForTest(t, cluster.Options{})
-	node := cluster.StartNodeForTest(t, cp, cluster.NodeOptions{})
-	nic := cluster.AddNICForTest(t, scenarioNIC, scenarioQueues)
-	archive, ref, err := images.Xdpq(ctx, "0.0.0-e2e", node.Dir+"/images")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := node.ImportImage(ctx, archive); err != nil {
-		log, _ := os.ReadFile(filepath.Join(node.Dir, "containerd.log"))
-		t.Fatalf("%v; containerd's log ends:\n%s", err, tail(log, 4000))
-	}
+	e := newScenarioEnv(ctx, t)
+	cp, node, nic, ref := e.cp, e.node, e.nic, e.ref
 	k := kubectl{path: cp.Binaries[kubebin.Kubectl], kubeconfig: cp.Kubeconfig, pluginDir: buildPlugin(ctx, t)}
-	repo, tag, _ := strings.Cut(ref, ":")
-	api, err := url.Parse(cp.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	// 1. helm install: the DaemonSet Ready, the node advertising the
 	// pool's 4 queues, the XdpqNode showing the netdev and the pool.
 	installed := time.Now()
-	out, err := cp.Helm(ctx, "install", "xdpq", repoRoot+"/charts/xdpq", "-n", "kube-system",
-		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
-		"--set", "cni.binDir="+node.CNIBinDir,
-		"--set", "kubelet.rootDir="+node.KubeletRootDir,
-		// /var/run is a symlink to /run; containerd looks for the mount
-		// of the path as given and finds this machine's private root
-		// (on a systemd node / is shared and /var/run/netns works).
-		"--set", "hostPaths.netns=/run/netns",
-		// No kube-proxy on this node: the kubernetes Service's address
-		// leads nowhere from the host network.
-		"--set", "apiServer.host="+api.Hostname(), "--set-string", "apiServer.port="+api.Port(),
-		"--set", "config.pools[0].name="+scenarioPool,
-		"--set", "config.pools[0].devices.netdevs[0]="+scenarioNIC+"#0-3",
-		"--set", "config.pools[0].steering=software",
-		"--set", "debug=true")
-	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, args := range [][]string{
-				{"-n", "kube-system", "describe", "pods"},
-				{"-n", "kube-system", "logs", "daemonset/xdpq", "--all-containers", "--tail=200"},
-			} {
-				out, _ := cp.Kubectl(context.Background(), args...)
-				t.Logf("kubectl %s:\n%s", strings.Join(args, " "), out)
-			}
-		}
-	})
-	if out, err := cp.Kubectl(ctx, "-n", "kube-system", "rollout", "status", "daemonset/xdpq", "--timeout=150s"); err != nil {
-		t.Fatalf("the DaemonSet never became Ready: %v\n%s", err, out)
-	}
+	e.install(ctx, t)
 	t.Logf("helm install to DaemonSet Ready: %s", time.Since(installed).Round(time.Millisecond))
 	waitAllocatable(ctx, t, cp, node.Name, scenarioQueues)
-	out, err = cp.Kubectl(ctx, "get", "xdpqnodes", "-o", "wide")
+	out, err := cp.Kubectl(ctx, "get", "xdpqnodes", "-o", "wide")
 	if err != nil || !strings.Contains(string(out), node.Name) {
 		t.Fatalf("kubectl get xdpqnodes: %v\n%s", err, out)
 	}
@@ -154,72 +101,191 @@ func TestScenario(t *testing.T) {
 	for _, p := range []*perfRun{a, b} {
 		waitFlowsApplied(ctx, t, cp, ns, p.name)
 	}
+	sa, sb := openPeerSender(t, nic, a), openPeerSender(t, nic, b)
 	const perQueue = 1000
 	firstFrame := time.Now()
-	sendTo(t, nic, a, perQueue)
+	if err := sa.send(perQueue, true); err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("helm install to the first frames sent to a pod: %s", firstFrame.Sub(installed).Round(time.Millisecond))
-	sendTo(t, nic, b, perQueue)
+	if err := sb.send(perQueue, true); err != nil {
+		t.Fatal(err)
+	}
 
-	// 3. kubectl shows both pods' queues.
+	// 3. kubectl shows both pods' queues; /metrics their per-queue
+	// counters.
 	out, err = cp.Kubectl(ctx, "get", "xdpqnodes")
 	t.Logf("kubectl get xdpqnodes:\n%s", out)
 	if err != nil || !strings.Contains(string(out), "4/4") {
 		t.Errorf("kubectl get xdpqnodes, want 4/4 queues allocated: %v\n%s", err, out)
 	}
-	// The daemon writes its XdpqNode a little after a pod binds its
-	// allocation: wait for both rows (the API's state, no notification
-	// of it to wait on but a watch of the same object).
-	var pods string
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		var stderr string
-		pods, stderr, err = k.run(ctx, "xdpq", "pods", "-n", ns)
-		if err != nil {
-			return false, fmt.Errorf("kubectl xdpq pods: %w: %s", err, stderr)
-		}
-		for _, p := range []*perfRun{a, b} {
-			want := fmt.Sprintf(`(?m)^%s\s+%s\s+%s\s+%s\s+%s\s+udp %s:%d\s+connected`, p.name, node.Name, scenarioNIC, scenarioPool,
-				queueList(p.queues), regexp.QuoteMeta(p.ip.String()), p.port)
-			if !regexp.MustCompile(want).MatchString(pods) {
-				return false, nil
+	waitPodRows(ctx, t, k, node.Name, ns, a, b)
+	red := redirected(ctx, t, scenarioNIC)
+	for _, p := range []*perfRun{a, b} {
+		for _, q := range p.queues {
+			if red[q] != perQueue {
+				t.Errorf("/metrics: queue %d (%s) redirected %d frames, sent %d of the pod's flow", q, p.name, red[q], perQueue)
 			}
 		}
-		return true, nil
-	})
-	t.Logf("kubectl xdpq pods -n %s:\n%s", ns, pods)
-	if err != nil {
-		t.Errorf("kubectl xdpq pods never showed both pods' queues, flows and leases: %v", err)
 	}
+	t.Logf("/metrics: xdpq_agent_program_packets_total{result=\"redirected\"} per queue of %s: %v", scenarioNIC, red)
 
-	// The pods stop (SIGTERM) and report what they received: every frame
-	// of their flow, nothing else.
-	for _, p := range []*perfRun{a, b} {
-		if err := cp.Client.CoreV1().Pods(ns).Delete(ctx, p.name, metav1.DeleteOptions{}); err != nil {
+	// 4. An operator's program takes the NIC's hook: the XdpqNode says
+	// Overridden and an Event says so; what is sent meanwhile is the
+	// operator's (its program passes it to the kernel). Removed: xdpq's
+	// program is back and the pods receive again.
+	ipLinkXDP(t, scenarioNIC, true)
+	took := waitNetdevState(ctx, t, cp, node.Name, scenarioNIC, "Overridden")
+	t.Logf("operator's program attached: the XdpqNode showed Overridden within %s", took.Round(time.Millisecond))
+	waitEventReason(ctx, t, cp, "NetdevOverridden", scenarioNIC)
+	if err := sa.send(100, false); err != nil {
+		t.Fatal(err)
+	}
+	ipLinkXDP(t, scenarioNIC, false)
+	took = waitNetdevState(ctx, t, cp, node.Name, scenarioNIC, "Filter")
+	t.Logf("operator's program removed: the XdpqNode showed Filter again within %s", took.Round(time.Millisecond))
+	waitEventReason(ctx, t, cp, "NetdevReclaimed", scenarioNIC)
+	for _, s := range []*peerSender{sa, sb} {
+		if err := s.send(perQueue, true); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, p := range []*perfRun{a, b} {
-		rx := p.totals(t)
-		t.Logf("%s: sent %d frames of its flow and 1 of another on each of queues %v; xdpqperf received %v", p.name, perQueue, p.queues, rx)
-		for _, q := range p.queues {
-			if rx[q] != perQueue {
-				t.Errorf("%s: queue %d received %d frames, sent %d of its flow (and 1 of another)", p.name, q, rx[q], perQueue)
+
+	// 5. The daemon's pod is deleted while traffic flows: the pods keep
+	// receiving (every frame: checked at the end), the new daemon adopts
+	// the allocations (the same ones) and the pods' leases.
+	allocs := allocationIDs(ctx, t, cp, node.Name)
+	untouched := containerIDs(ctx, t, cp, ns, a.name, b.name)
+	old := daemonPod(ctx, t, cp)
+	stopSending := make(chan struct{})
+	sending := make(chan error, 1)
+	var batches int
+	go func() {
+		tick := time.NewTicker(5 * time.Millisecond) // a rate: 100 frames per queue and pod per tick
+		defer tick.Stop()
+		for {
+			for _, s := range []*peerSender{sa, sb} {
+				if err := s.send(100, true); err != nil {
+					sending <- err
+					return
+				}
+			}
+			batches++
+			select {
+			case <-stopSending:
+				sending <- nil
+				return
+			case <-tick.C:
 			}
 		}
-		if len(rx) != len(p.queues) {
-			t.Errorf("%s reported queues %v, want %v", p.name, rx, p.queues)
+	}()
+	deleted := time.Now()
+	if err := cp.Client.CoreV1().Pods("kube-system").Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	newPod := waitNewDaemonReady(ctx, t, cp, old.Name)
+	t.Logf("daemon pod %s deleted; %s Ready %s later", old.Name, newPod.Name, time.Since(deleted).Round(time.Millisecond))
+	waitPodRows(ctx, t, k, node.Name, ns, a, b)
+	close(stopSending)
+	if err := <-sending; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("sent %d batches of 100 frames per queue to each pod while the daemon was replaced", batches)
+	if got := allocationIDs(ctx, t, cp, node.Name); got != allocs {
+		t.Errorf("allocations after the daemon's restart %q, want the same as before %q", got, allocs)
+	}
+
+	// 6. kubelet restarts: the plugin registers again, the capacity is
+	// right, the running pods are untouched and still receive.
+	if err := node.RestartKubelet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitAllocatable(ctx, t, cp, node.Name, scenarioQueues)
+	for _, s := range []*peerSender{sa, sb} {
+		if err := s.send(perQueue, true); err != nil {
+			t.Fatal(err)
 		}
 	}
 
-	// 8. The pods gone, their queues are free: the Pending pod gets two.
-	if _, err := cp.WaitPod(ctx, ns, "rx-c", cluster.PodRunning); err != nil {
-		t.Errorf("the third pod, once the others are gone: %v", err)
+	// 7. helm upgrade: the pool grows to the NIC's 6 queues with another
+	// linger, applied in place (the DaemonSet's pod stays, the running
+	// pods too): the Pending pod gets the two new queues. A value the
+	// schema refuses changes nothing; a broken ConfigMap edit is refused
+	// by the daemon and shown in the XdpqNode, and undone by the next
+	// upgrade.
+	daemonBefore := daemonPod(ctx, t, cp).UID
+	upgraded := time.Now()
+	// A values file with the whole pool: --set on a list's element
+	// replaces the list, as Helm merges lists.
+	poolValues := func(linger string) string {
+		f := filepath.Join(t.TempDir(), "pools.yaml")
+		v := fmt.Sprintf("config:\n  pools:\n    - name: %s\n      steering: software\n      linger: %s\n      devices:\n        netdevs: ['%s#0-5']\n",
+			scenarioPool, linger, scenarioNIC)
+		if err := os.WriteFile(f, []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return f
 	}
+	if out, err := cp.Helm(ctx, "upgrade", "xdpq", repoRoot+"/charts/xdpq", "-n", "kube-system", "--reuse-values",
+		"-f", poolValues("30s")); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	waitAllocatable(ctx, t, cp, node.Name, nicQueues)
+	t.Logf("helm upgrade to the node advertising %d queues: %s", nicQueues, time.Since(upgraded).Round(time.Millisecond))
+	c := followPerfPod(ctx, t, cp, ns, "rx-c", 5002)
+	if !slices.Equal(c.queues, []int{4, 5}) {
+		t.Errorf("the pod that was Pending got queues %v, want the new [4 5]", c.queues)
+	}
+	if got := daemonPod(ctx, t, cp).UID; got != daemonBefore {
+		t.Error("helm upgrade replaced the daemon's pod: the config should apply in place")
+	}
+	out, err = cp.Helm(ctx, "upgrade", "xdpq", repoRoot+"/charts/xdpq", "-n", "kube-system", "--reuse-values",
+		"-f", poolValues("soon"))
+	if err == nil || !strings.Contains(err.Error()+string(out), "linger") {
+		t.Errorf("helm upgrade with linger=soon: %v, want the schema's refusal naming linger\n%s", err, out)
+	}
+	cms := cp.Client.CoreV1().ConfigMaps("kube-system")
+	cm, err := cms.Get(ctx, "xdpq", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := cm.Data["config.yaml"]
+	cm.Data["config.yaml"] = "pools: [{name: upf, devices: {netdevs: ['" + scenarioNIC + "#0-5']}, linger: -5s}]\n"
+	if cm, err = cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCondition(ctx, t, cp, node.Name, "ConfigValid", "False")
+	t.Logf("a ConfigMap edited to a negative linger: the XdpqNode shows ConfigValid False")
+	cm.Data["config.yaml"] = good // the operator undoes the edit
+	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCondition(ctx, t, cp, node.Name, "ConfigValid", "True")
+	if got := containerIDs(ctx, t, cp, ns, a.name, b.name); got != untouched {
+		t.Errorf("the running pods' containers changed:\nbefore %s\nafter  %s", untouched, got)
+	}
+	for _, s := range []*peerSender{sa, sb} {
+		if err := s.send(perQueue, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The pods stop (SIGTERM) and report what they received: every frame
+	// of their flow sent while xdpq held the hook (none lost while the
+	// daemon was replaced or kubelet restarted), nothing else.
+	checkTotals(ctx, t, cp, ns, sa, sb)
+
+	// 8. The pods gone: the queues are free, the flows removed, the
+	// leases ended.
 	if err := cp.Client.CoreV1().Pods(ns).Delete(ctx, "rx-c", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := cp.Kubectl(ctx, "-n", ns, "wait", "--for=delete", "pod/rx-c", "--timeout=60s"); err != nil {
-		t.Fatalf("%v\n%s", err, out)
+	for _, p := range []string{a.name, b.name, c.name} {
+		if out, err := cp.Kubectl(ctx, "-n", ns, "wait", "--for=delete", "pod/"+p, "--timeout=60s"); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
 	}
+	waitFreed(ctx, t, cp, node.Name)
 	// helm uninstall: no program on the NIC, no pin, no CNI plugin left.
 	if out, err := cp.Helm(ctx, "uninstall", "xdpq", "-n", "kube-system", "--wait", "--timeout=2m"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -243,6 +309,88 @@ func TestScenario(t *testing.T) {
 	}
 }
 
+// scenarioEnv is a node with the scenario's NIC and the xdpq image.
+type scenarioEnv struct {
+	cp   *cluster.ControlPlane
+	node *cluster.Node
+	nic  *cluster.NIC
+	ref  string // the xdpq image
+}
+
+// newScenarioEnv starts a control plane and a node, adds the NIC and
+// imports the xdpq image; everything goes when the test ends.
+func newScenarioEnv(ctx context.Context, tb testing.TB) *scenarioEnv {
+	tb.Helper()
+	sharedMounts(tb) // undone after the node's teardown
+	if _, err := os.Stat(pinDir); err == nil {
+		tb.Fatalf("%s exists: a daemon or a killed run left it; remove it first", pinDir)
+	}
+	clearHostState(tb)
+	tb.Cleanup(func() {
+		if err := os.RemoveAll(pinDir); err != nil {
+			tb.Errorf("remove the daemon's pins: %v", err)
+		}
+	})
+	e := &scenarioEnv{cp: cluster.StartControlPlaneForTest(tb, cluster.Options{})}
+	e.node = cluster.StartNodeForTest(tb, e.cp, cluster.NodeOptions{})
+	e.nic = cluster.AddNICForTest(tb, scenarioNIC, nicQueues)
+	archive, ref, err := images.Xdpq(ctx, "0.0.0-e2e", e.node.Dir+"/images")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := e.node.ImportImage(ctx, archive); err != nil {
+		log, _ := os.ReadFile(filepath.Join(e.node.Dir, "containerd.log"))
+		tb.Fatalf("%v; containerd's log ends:\n%s", err, tail(log, 4000))
+	}
+	e.ref = ref
+	return e
+}
+
+// install runs helm install of the chart with the scenario's pool (4 of
+// the NIC's queues, software steering) and waits for the DaemonSet. On
+// failure the test's end shows the daemon's pods and logs.
+func (e *scenarioEnv) install(ctx context.Context, tb testing.TB) {
+	tb.Helper()
+	repo, tag, _ := strings.Cut(e.ref, ":")
+	api, err := url.Parse(e.cp.URL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out, err := e.cp.Helm(ctx, "install", "xdpq", repoRoot+"/charts/xdpq", "-n", "kube-system",
+		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
+		"--set", "cni.binDir="+e.node.CNIBinDir,
+		"--set", "kubelet.rootDir="+e.node.KubeletRootDir,
+		// /var/run is a symlink to /run; containerd looks for the mount
+		// of the path as given and finds this machine's private root
+		// (on a systemd node / is shared and /var/run/netns works).
+		"--set", "hostPaths.netns=/run/netns",
+		// No kube-proxy on this node: the kubernetes Service's address
+		// leads nowhere from the host network.
+		"--set", "apiServer.host="+api.Hostname(), "--set-string", "apiServer.port="+api.Port(),
+		"--set", "config.pools[0].name="+scenarioPool,
+		"--set", "config.pools[0].devices.netdevs[0]="+scenarioNIC+"#0-3",
+		"--set", "config.pools[0].linger=5s",
+		"--set", "config.pools[0].steering=software",
+		"--set", "debug=true")
+	if err != nil {
+		tb.Fatalf("%v\n%s", err, out)
+	}
+	tb.Cleanup(func() {
+		if tb.Failed() {
+			for _, args := range [][]string{
+				{"-n", "kube-system", "describe", "pods"},
+				{"-n", "kube-system", "logs", "daemonset/xdpq", "--all-containers", "--tail=200"},
+			} {
+				out, _ := e.cp.Kubectl(context.Background(), args...)
+				tb.Logf("kubectl %s:\n%s", strings.Join(args, " "), out)
+			}
+		}
+	})
+	if out, err := e.cp.Kubectl(ctx, "-n", "kube-system", "rollout", "status", "daemonset/xdpq", "--timeout=150s"); err != nil {
+		tb.Fatalf("the DaemonSet never became Ready: %v\n%s", err, out)
+	}
+}
+
 // tail is b's last n bytes.
 func tail(b []byte, n int) []byte {
 	if len(b) > n {
@@ -256,7 +404,7 @@ func tail(b []byte, n int) []byte {
 // HostToContainer, which containerd refuses for a private mount ("is
 // mounted on ... but it is not a shared or slave mount"). This machine's
 // mounts are private. The test's cleanup makes them private again.
-func sharedMounts(t *testing.T) {
+func sharedMounts(t testing.TB) {
 	t.Helper()
 	if err := unix.Mount("", "/sys/fs/bpf", "", unix.MS_SHARED, ""); err != nil {
 		t.Fatalf("make /sys/fs/bpf shared: %v", err)
@@ -338,6 +486,13 @@ func startPerfPod(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, n
 	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, perfPod(ns, name, image, port), metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create pod %s: %v", name, err)
 	}
+	return followPerfPod(ctx, t, cp, ns, name, port)
+}
+
+// followPerfPod waits until the perfPod name runs and has its sockets,
+// and follows its log.
+func followPerfPod(ctx context.Context, t testing.TB, cp *cluster.ControlPlane, ns, name string, port int) *perfRun {
+	t.Helper()
 	pod, err := cp.WaitPod(ctx, ns, name, cluster.PodRunning)
 	if err != nil {
 		t.Fatal(err)
@@ -346,18 +501,7 @@ func startPerfPod(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, n
 	if r.ip, err = netip.ParseAddr(pod.Status.PodIP); err != nil {
 		t.Fatalf("pod %s's IP %q: %v", name, pod.Status.PodIP, err)
 	}
-	logs, err := cp.Client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Follow: true}).Stream(ctx)
-	if err != nil {
-		t.Fatalf("follow pod %s's log: %v", name, err)
-	}
-	go func() {
-		defer close(r.lines)
-		defer logs.Close()
-		s := bufio.NewScanner(logs)
-		for s.Scan() {
-			r.lines <- s.Text()
-		}
-	}()
+	go followLog(ctx, cp, ns, name, r.lines)
 	var m []string
 	var before []string
 	for m == nil {
@@ -384,6 +528,39 @@ func startPerfPod(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, n
 	return r
 }
 
+// followLog sends the lines of the pod's log to lines until the
+// container has ended and its log has been read to the end, then closes
+// lines. A log stream that ends while the container runs (kubelet, which
+// serves it, restarted) is opened again, its lines already sent skipped.
+func followLog(ctx context.Context, cp *cluster.ControlPlane, ns, name string, lines chan<- string) {
+	defer close(lines)
+	pods := cp.Client.CoreV1().Pods(ns)
+	sent := 0
+	for ctx.Err() == nil {
+		if logs, err := pods.GetLogs(name, &corev1.PodLogOptions{Follow: true}).Stream(ctx); err == nil {
+			s := bufio.NewScanner(logs)
+			for n := 0; s.Scan(); n++ {
+				if n >= sent {
+					lines <- s.Text()
+					sent++
+				}
+			}
+			logs.Close()
+		}
+		p, err := pods.Get(ctx, name, metav1.GetOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			continue // the API server away too: try again
+		}
+		if err != nil || len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].State.Terminated != nil {
+			return
+		}
+		select { // kubelet restarting: ask again in a moment
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 var perfTotal = regexp.MustCompile(`^total q(\d+): rx (\d+) tx \d+$`)
 
 // totals reads the pod's log to its end and returns its per-queue rx
@@ -405,59 +582,9 @@ func (r *perfRun) totals(t *testing.T) map[int]uint64 {
 	return rx
 }
 
-// sendTo sends n frames of r's flow from each of the peer's tx queues
-// that arrive on r's queues, and one frame to another port on each.
-func sendTo(t *testing.T, nic *cluster.NIC, r *perfRun, n int) {
-	t.Helper()
-	qs := make([]uint32, len(r.queues))
-	for i, q := range r.queues {
-		qs[i] = uint32(q)
-	}
-	dev := xsk.Netdev{Name: nic.Peer, NetNS: nic.PeerNS.Path()}
-	if err := nic.PeerNS.Do(func(ns.NetNS) error {
-		l, err := netlink.LinkByName(nic.Peer)
-		if err == nil {
-			dev.Ifindex = l.Attrs().Index
-		}
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	umem, socks, err := xsk.Open(dev, qs, 1024*len(qs), xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048},
-		Rings: xsk.Rings{Fill: 64, Completion: 512, TX: 512}})
-	if err != nil {
-		t.Fatalf("open the peer's queues %v: %v", qs, err)
-	}
-	defer umem.Close()
-	src := netip.MustParseAddr("10.9.0.1")
-	for i, s := range socks {
-		defer s.Close()
-		var frames [][]byte
-		for j := range n + 1 {
-			port := uint16(r.port)
-			if j == n {
-				port = 9 // discard: no pod's flow
-			}
-			f, err := frame.Spec{SrcMAC: nic.PeerMAC, DstMAC: nic.MAC, Src: src, Dst: r.ip, Protocol: 17,
-				SrcPort: 4000, DstPort: port, Payload: frame.Payload(uint32(i), uint64(j), 40)}.Build()
-			if err != nil {
-				t.Fatal(err)
-			}
-			frames = append(frames, f)
-		}
-		addrs := make([]uint64, 1024)
-		for j := range addrs {
-			addrs[j] = umem.FrameAddr(i*1024 + j)
-		}
-		if err := traffic.NewSender(s, addrs, 0).Send(frames, time.Now().Add(10*time.Second)); err != nil {
-			t.Fatalf("send on the peer's queue %d: %v", qs[i], err)
-		}
-	}
-}
-
 // waitAllocatable waits until the node's allocatable has want of the
 // scenario's resource.
-func waitAllocatable(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, node string, want int64) {
+func waitAllocatable(ctx context.Context, t testing.TB, cp *cluster.ControlPlane, node string, want int64) {
 	t.Helper()
 	var got resource.Quantity
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
@@ -538,7 +665,7 @@ func queueList(qs []int) string {
 // clearHostState removes what a previous run's daemon left in /run/xdpq
 // (the chart's host path for its state and sockets), unless a daemon runs
 // there: then the test cannot run.
-func clearHostState(t *testing.T) {
+func clearHostState(t testing.TB) {
 	t.Helper()
 	f, err := os.OpenFile("/run/xdpq/agent/daemon.lock", os.O_RDWR, 0)
 	if err == nil {

@@ -465,7 +465,11 @@ func (n *Node) startKubelet(ctx context.Context, path string) error {
 			"webhook":   map[string]any{"enabled": true},
 			"x509":      map[string]any{"clientCAFile": n.cp.CAFile},
 		},
-		"authorization":            map[string]any{"mode": "Webhook"},
+		"authorization": map[string]any{"mode": "Webhook"},
+		// ConfigMap volumes are updated at a pod's sync: every 10 s here
+		// rather than the default minute, so that a config change shows
+		// in a test's time (a real node takes up to a minute or two).
+		"syncFrequency":            "10s",
 		"cgroupDriver":             "cgroupfs",
 		"failCgroupV1":             false,
 		"failSwapOn":               false,
