@@ -548,3 +548,48 @@ func TestSocketNoPathFollowed(t *testing.T) {
 	}
 	l.Close()
 }
+
+// TestQueueHeldByPreviousHolder: a queue of the allocation is still bound
+// by a socket its previous holder has not closed (a deleted pod whose
+// process has not exited yet while its queues go to the next pod). The
+// client is told busy, not a failure, and keeps trying: once the old
+// socket closes, it gets its lease.
+func TestQueueHeldByPreviousHolder(t *testing.T) {
+	e := newEnv(t, rootOwned, wire.Limits{})
+	umem, held, err := xsk.Open(xsk.Netdev{Name: "xa", NetNS: e.p.NSPath(), Ifindex: e.p.A.Index}, []uint32{0}, 64, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: xsk.Rings{Fill: 64, Completion: 64, RX: 64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer umem.Close()
+	_, err = client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64, Timeout: 200 * time.Millisecond})
+	var pe *wire.ProtocolError
+	if !errors.As(err, &pe) || pe.Code != wire.CodeBusy || !strings.Contains(pe.Reason, "previous holder") {
+		t.Fatalf("connect while queue 0 is held: %v, want busy naming the previous holder", err)
+	}
+	refused := func(logs []string) (n int) {
+		for _, l := range logs {
+			if l == "refused" {
+				n++
+			}
+		}
+		return n
+	}
+	before := refused(e.logs.snapshot())
+	got := make(chan error, 1)
+	go func() {
+		l, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64, Timeout: 20 * time.Second})
+		if err == nil {
+			l.Close()
+		}
+		got <- err
+	}()
+	// Refused again while it is held: the client is retrying.
+	e.logs.wait(t, "a second refusal", func(logs []string) bool { return refused(logs) > before })
+	if n := e.srv.Refusals()[wire.CodeBusy]; n < 2 {
+		t.Errorf("%d busy refusals, want the first connect's and the second's", n)
+	}
+	held[0].Close()
+	if err := <-got; err != nil {
+		t.Errorf("connect once the previous holder's socket closed: %v", err)
+	}
+}

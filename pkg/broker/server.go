@@ -1016,6 +1016,13 @@ func (s *Server) request(c *net.UnixConn, al *allocation, peer Peer, p policy, r
 	cfg.Mode = al.mode
 	bound, err := xsk.Bind(p.dev, memfd, req.Queues, cfg)
 	unix.Close(memfd)
+	if errors.Is(err, unix.EBUSY) {
+		// A socket of the queue's previous holder is still bound: its
+		// process has not exited yet (a pod deleted and its queues given
+		// to the next before its containers were killed). The client
+		// tries again.
+		return nil, refuse(wire.CodeBusy, "%v: a socket of the queue's previous holder is still open; try again", err)
+	}
 	if err != nil {
 		return nil, refuse(wire.CodeInternal, "%v", err)
 	}

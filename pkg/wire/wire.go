@@ -106,7 +106,7 @@ const (
 	CodeForbidden  = "forbidden"   // the peer is not the allocation's pod
 	CodeLimit      = "limit"       // the request breaks the allocation's limits
 	CodeBadRequest = "bad-request" // the request is inconsistent
-	CodeBusy       = "busy"        // the allocation has an active lease
+	CodeBusy       = "busy"        // the allocation has an active lease, or a queue's previous holder has not let it go yet: try again
 	CodeTimeout    = "timeout"     // the client took too long
 	CodeInternal   = "internal"    // the daemon failed
 )
