@@ -327,9 +327,12 @@ func newScenarioEnv(ctx context.Context, tb testing.TB) *scenarioEnv {
 	}
 	clearHostState(tb)
 	tb.Cleanup(func() {
+		// After the node's teardown (cleanups run last first): what a
+		// daemon that was not uninstalled left.
 		if err := os.RemoveAll(pinDir); err != nil {
 			tb.Errorf("remove the daemon's pins: %v", err)
 		}
+		clearHostState(tb)
 	})
 	e := &scenarioEnv{cp: cluster.StartControlPlaneForTest(tb, cluster.Options{})}
 	e.node = cluster.StartNodeForTest(tb, e.cp, cluster.NodeOptions{})
