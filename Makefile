@@ -2,7 +2,7 @@
 GO          ?= go
 STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 
-.PHONY: all build image manifests test e2e bench generate lint demo tools cclient
+.PHONY: all build image manifests test e2e bench bench-e2e generate lint demo tools cclient
 
 all: build
 
@@ -71,6 +71,15 @@ bench:
 	$(GO) test -run '^$$' -bench 'Scale64x64$$' -benchtime 1x ./pkg/daemon
 	$(GO) test -run '^$$' -bench BusyQueues -benchtime 10x ./pkg/xsk
 	$(GO) test -run '^$$' -bench CNIToolAddDel -benchtime 100x ./pkg/cni
+
+# On the e2e node (root, the cluster binaries as make e2e builds them):
+# pod creation to Running with and without an xdpq resource, side by side
+# (20 pods each, p50 and their ratio), and the XdpqNode's API writes idle
+# and under allocation churn at a real API server.
+bench-e2e:
+	cd test/e2e && $(GO) run ./cmd/kubebin >/dev/null
+	cd test/e2e && $(GO) test -run '^$$' -bench PodStartupXdpq -benchtime 20x -timeout 30m .
+	cd test/e2e && $(GO) test -run '^$$' -bench XdpqNodeWrites -benchtime 1x -timeout 30m ./crd
 
 # The C client (clients/c): libxdpq.a and xdpq-rxdrop in bin/c (clang or
 # clang-14; its tests run with the others in make test).
