@@ -198,7 +198,7 @@ func TestRenderDefault(t *testing.T) {
 		}
 	}
 	sort.Strings(kinds)
-	want := []string{"ClusterRole/xdpq", "ClusterRoleBinding/xdpq", "ConfigMap/xdpq", "DaemonSet/xdpq",
+	want := []string{"ClusterRole/xdpq", "ClusterRole/xdpq-view", "ClusterRoleBinding/xdpq", "ConfigMap/xdpq", "DaemonSet/xdpq",
 		"Role/xdpq", "RoleBinding/xdpq", "Service/xdpq-metrics", "ServiceAccount/xdpq"}
 	if diff := cmp.Diff(want, kinds); diff != "" {
 		t.Errorf("objects (-want +got):\n%s", diff)
@@ -453,6 +453,17 @@ func TestRBAC(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, cr.Rules); diff != "" {
 		t.Errorf("ClusterRole rules (-want +got):\n%s", diff)
+	}
+	// Readers of XdpqNodes: the cluster's view, edit and admin roles.
+	view := decode[rbacv1.ClusterRole](t, find(objs, "ClusterRole")[1])
+	wantView := []rbacv1.PolicyRule{{APIGroups: []string{"xdpq.io"}, Resources: []string{"xdpqnodes"}, Verbs: []string{"get", "list", "watch"}}}
+	if diff := cmp.Diff(wantView, view.Rules); diff != "" || view.Name != "xdpq-view" {
+		t.Errorf("ClusterRole %s rules (-want +got):\n%s", view.Name, diff)
+	}
+	for _, agg := range []string{"view", "edit", "admin"} {
+		if view.Labels["rbac.authorization.k8s.io/aggregate-to-"+agg] != "true" {
+			t.Errorf("xdpq-view is not aggregated to %s: labels %v", agg, view.Labels)
+		}
 	}
 	role := decode[rbacv1.Role](t, find(objs, "Role")[0])
 	wantRole := []rbacv1.PolicyRule{{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, ResourceNames: []string{"xdpq"}, Verbs: []string{"get", "list", "watch"}}}

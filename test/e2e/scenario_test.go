@@ -18,6 +18,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -120,6 +121,25 @@ func TestScenario(t *testing.T) {
 		t.Errorf("kubectl get xdpqnodes, want 4/4 queues allocated: %v\n%s", err, out)
 	}
 	waitPodRows(ctx, t, k, node.Name, ns, a, b)
+	// A user with the cluster's view role reads them too (the chart's
+	// xdpq-view is aggregated into it); one with no role may not.
+	if _, err := cp.Client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "alice-view"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "view"},
+		Subjects:   []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: "alice"}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, _, err := k.run(ctx, "xdpq", "status", "--as", "alice")
+		return err == nil, nil // the aggregation controller fills view in a moment
+	})
+	if err != nil {
+		t.Errorf("kubectl xdpq status as a user with the view role: %v", err)
+	}
+	if _, stderr, err := k.run(ctx, "xdpq", "status", "--as", "bob"); err == nil || !strings.Contains(stderr, "forbidden") {
+		t.Errorf("kubectl xdpq status as a user with no role: %v, %s; want forbidden", err, stderr)
+	}
 	red := redirected(ctx, t, scenarioNIC)
 	for _, p := range []*perfRun{a, b} {
 		for _, q := range p.queues {
