@@ -53,9 +53,11 @@ test:
 # are built once into /var/cache/xdpq-e2e ($$XDPQ_E2E_CACHE), about 12
 # minutes on a fresh machine: the first line builds them, showing its
 # progress (go test would hold it back until the end).
+# One package at a time (-p 1): a machine runs one e2e node, and a
+# package that wants one waits for the other's to stop.
 e2e:
 	cd test/e2e && $(GO) run ./cmd/kubebin >/dev/null
-	cd test/e2e && $(GO) test -count=1 -timeout 40m ./...
+	cd test/e2e && $(GO) test -p 1 -count=1 -timeout 40m ./...
 
 # Receive rates side by side on one veth pair (a table), the time the
 # agent takes to re-attach after a foreign program goes (100 trials), the

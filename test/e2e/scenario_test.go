@@ -441,8 +441,10 @@ func sharedMounts(t testing.TB) {
 	if err := os.MkdirAll(netns, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// A bind mount of itself, as iproute2's `ip netns add` makes it.
-	if err := unix.Mount(netns, netns, "", unix.MS_BIND, ""); err != nil {
+	// A bind mount of itself, as iproute2's `ip netns add` makes it;
+	// recursive, so that namespaces already mounted there (another node's
+	// pods) stay visible.
+	if err := unix.Mount(netns, netns, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		t.Fatalf("bind-mount %s: %v", netns, err)
 	}
 	t.Cleanup(func() {

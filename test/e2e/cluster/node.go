@@ -154,7 +154,7 @@ func StartNode(ctx context.Context, cp *ControlPlane, opts NodeOptions) (n *Node
 	if err := os.MkdirAll(n.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
-	if n.lock, err = lockDir(n.Dir); err != nil {
+	if n.lock, err = lockDir(ctx, n.Dir, opts.Log); err != nil {
 		return nil, err
 	}
 	n.cancel = onSignal(func() { n.Stop() })
@@ -269,20 +269,35 @@ func nodeBinaries(ctx context.Context, cp *ControlPlane) (kubebin.Paths, error) 
 	return bins, nil
 }
 
-// lockDir takes dir's lock or says that another node holds it.
-func lockDir(dir string) (*os.File, error) {
+// lockDir takes dir's lock, waiting while another node holds it (one at
+// a time on a machine: a node uses the kubelet's port and directories;
+// go test runs packages in parallel) until ctx ends.
+func lockDir(ctx context.Context, dir string, log io.Writer) (*os.File, error) {
 	f, err := os.OpenFile(filepath.Join(filepath.Dir(dir), "."+filepath.Base(dir)+".lock"), os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("node: lock: %w", err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("node: another e2e node runs in %s (one at a time on a machine: it uses the kubelet's port and directories)", dir)
+	said := false
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return f, nil
 		}
-		return nil, fmt.Errorf("node: lock %s: %w", dir, err)
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("node: lock %s: %w", dir, err)
+		}
+		if !said {
+			fmt.Fprintf(log, "node: another e2e node runs in %s; waiting for it to stop\n", dir)
+			said = true
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("node: another e2e node runs in %s (one at a time on a machine): %w", dir, ctx.Err())
+		case <-time.After(500 * time.Millisecond): // no notification of another process's unlock to wait on
+		}
 	}
-	return f, nil
 }
 
 // writeCNI copies the plugins into the node's CNI bin directory and
