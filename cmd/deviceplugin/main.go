@@ -13,7 +13,6 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -64,39 +63,22 @@ func main() {
 		fmt.Fprintln(os.Stderr, "deviceplugin:", err)
 		os.Exit(1)
 	}
-	var owner *dsowner.Owner
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	if *daemonSet != "" {
 		if restCfg == nil || *namespace == "" {
 			fmt.Fprintln(os.Stderr, "deviceplugin: -daemonset needs an API server (-kubeconfig, or in a pod) and -namespace (or POD_NAMESPACE)")
 			os.Exit(2)
 		}
-		if owner, err = daemonSetOwner(restCfg, *namespace, *daemonSet, o.Logger); err != nil {
+		owner, err := daemonSetOwner(restCfg, *namespace, *daemonSet, o.Logger)
+		if err != nil {
 			fmt.Fprintln(os.Stderr, "deviceplugin:", err)
 			os.Exit(1)
 		}
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if owner != nil {
 		// Followed from the start: by the time the pod is told to stop,
 		// helm uninstall has deleted the service account that could ask.
-		type answer struct {
-			yes bool
-			why string
-		}
-		answered := make(chan answer, 1)
-		go func() {
-			yes, why := owner.Follow(ctx, 5*time.Second)
-			answered <- answer{yes, why}
-		}()
-		o.Uninstalling = func(actx context.Context) (bool, string) {
-			select {
-			case a := <-answered:
-				return a.yes, a.why
-			case <-actx.Done():
-				return false, "the DaemonSet's fate was not learnt in time: taken as staying"
-			}
-		}
+		go owner.Run(ctx)
+		o.Uninstalling = owner.Uninstalling
 	}
 	d, err := daemon.New(o)
 	if err != nil {

@@ -206,6 +206,7 @@ func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
 		}
 		if err := d.agent.Unmanage(name); err != nil {
 			d.log.Warn("unmanage", "netdev", name, "err", err)
+			problems = append(problems, err.Error()) // it names the netdev
 		}
 		delete(managed, name)
 	}

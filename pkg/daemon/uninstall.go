@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/xdpq/xdpq/pkg/api"
@@ -48,7 +49,7 @@ func (d *Daemon) stopping(ctx context.Context) {
 	}
 	d.log.Info("xdpq is being uninstalled: removing its datapath from the node", "reason", why)
 	if err := d.uninstall(actx); err != nil {
-		d.log.Error("uninstall left something on the node", "err", err)
+		d.log.Error("uninstall left something on the node; its records and pins stay, so that a new install adopts it or an operator can remove it", "err", err)
 		return
 	}
 	d.log.Info("uninstalled: no allocation, flow, program or netdev of xdpq remains on the node")
@@ -80,11 +81,13 @@ func (d *Daemon) uninstall(ctx context.Context) error {
 	if err := d.request(ctx, reconcileRequest{cfg: &config.Config{}}); err != nil {
 		errs = append(errs, err)
 	}
+	// With no pool, what is not in force is what could not be removed (a
+	// netdev's program, flows or pins the agent failed to take away).
 	d.mu.Lock()
-	left := len(d.managed)
+	problems := slices.Clone(d.problems)
 	d.mu.Unlock()
-	if left > 0 {
-		errs = append(errs, errors.New("netdevs are still managed after the empty config"))
+	for _, p := range problems {
+		errs = append(errs, errors.New(p))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err

@@ -13,8 +13,8 @@ import (
 	"github.com/xdpq/xdpq/pkg/api"
 )
 
-// uninstallAnswer is an Options.Uninstalling that answers yes, counting
-// its calls.
+// uninstallAnswer is an Options.Uninstalling that answers yes (an
+// uninstall) or no (a restart), counting its calls.
 func uninstallAnswer(yes bool, calls *int) func(context.Context) (bool, string) {
 	return func(context.Context) (bool, string) {
 		*calls++
@@ -23,25 +23,6 @@ func uninstallAnswer(yes bool, calls *int) func(context.Context) (bool, string) 
 		}
 		return false, "DaemonSet xdpq/xdpq remains (test)"
 	}
-}
-
-// xdpAttached reports whether a program is attached to name in the
-// pair's namespace.
-func xdpAttached(t *testing.T, pair *testnet.Pair, name string) bool {
-	t.Helper()
-	var attached bool
-	err := pair.NS.Do(func(ns.NetNS) error {
-		l, err := netlink.LinkByName(name)
-		if err != nil {
-			return err
-		}
-		attached = l.Attrs().Xdp != nil && l.Attrs().Xdp.Attached
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return attached
 }
 
 func exists(path string) bool {
@@ -68,7 +49,7 @@ func TestUninstall(t *testing.T) {
 		if calls != 1 {
 			t.Errorf("Uninstalling asked %d times, want once", calls)
 		}
-		if !xdpAttached(t, pair, "xa") || !exists(o.PinDir) || !exists(o.StateDir) {
+		if attached(t, pair) == nil || !exists(o.PinDir) || !exists(o.StateDir) {
 			t.Error("a daemon stopped for a restart removed its datapath")
 		}
 		p.expect(t, pair, "after a stop that is not an uninstall")
@@ -82,14 +63,14 @@ func TestUninstall(t *testing.T) {
 		a := allocWithFlow(t, d, pair, "upf")
 		p := connectPod(t, a.Socket)
 		p.expect(t, pair, "before the uninstall")
-		if !xdpAttached(t, pair, "xa") {
+		if attached(t, pair) == nil {
 			t.Fatal("no program on xa while a pod holds its lease")
 		}
 		stop()
 		if calls != 1 {
 			t.Errorf("Uninstalling asked %d times, want once", calls)
 		}
-		if xdpAttached(t, pair, "xa") {
+		if attached(t, pair) != nil {
 			t.Error("the program stays on xa after the uninstall")
 		}
 		for _, dir := range []string{o.PinDir, o.StateDir, o.AllocDir} {
@@ -143,7 +124,7 @@ func TestUninstall(t *testing.T) {
 		if err := pod.Do(func(ns.NetNS) error { _, err := netlink.LinkByName("net1"); return err }); err == nil {
 			t.Error("net1 stays in the pod after the uninstall")
 		}
-		if xdpAttached(t, pair, "xa") {
+		if attached(t, pair) != nil {
 			t.Error("xa came back with a program attached")
 		}
 		for _, dir := range []string{o.PinDir, o.StateDir, o.AllocDir} {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
-	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
@@ -301,21 +300,6 @@ func waitEventReason(ctx context.Context, t *testing.T, cp *cluster.ControlPlane
 	})
 	if err != nil {
 		t.Errorf("no %s Event about %s: %v", reason, netdev, err)
-	}
-}
-
-// ipLinkXDP attaches the operator's program to dev (native, replacing
-// what is there) or removes whatever is attached.
-func ipLinkXDP(t *testing.T, dev string, on bool) {
-	t.Helper()
-	args := []string{"-force", "link", "set", "dev", dev, "xdpdrv"}
-	if on {
-		args = append(args, "obj", operatorObj, "sec", "xdp")
-	} else {
-		args = append(args, "off")
-	}
-	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
 	}
 }
 

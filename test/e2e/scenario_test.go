@@ -154,14 +154,18 @@ func TestScenario(t *testing.T) {
 	// Overridden and an Event says so; what is sent meanwhile is the
 	// operator's (its program passes it to the kernel). Removed: xdpq's
 	// program is back and the pods receive again.
-	ipLinkXDP(t, scenarioNIC, true)
+	if err := cluster.OperatorXDP("", scenarioNIC, operatorObj); err != nil {
+		t.Fatal(err)
+	}
 	took := waitNetdevState(ctx, t, cp, node.Name, scenarioNIC, "Overridden")
 	t.Logf("operator's program attached: the XdpqNode showed Overridden within %s", took.Round(time.Millisecond))
 	waitEventReason(ctx, t, cp, "NetdevOverridden", scenarioNIC)
 	if err := sa.send(100, false); err != nil {
 		t.Fatal(err)
 	}
-	ipLinkXDP(t, scenarioNIC, false)
+	if err := cluster.OperatorXDP("", scenarioNIC, ""); err != nil {
+		t.Fatal(err)
+	}
 	took = waitNetdevState(ctx, t, cp, node.Name, scenarioNIC, "Filter")
 	t.Logf("operator's program removed: the XdpqNode showed Filter again within %s", took.Round(time.Millisecond))
 	waitEventReason(ctx, t, cp, "NetdevReclaimed", scenarioNIC)

@@ -181,14 +181,12 @@ func netdev(o *v1alpha1.XdpqNode, name string) v1alpha1.Netdev {
 // foreign attaches (on) or removes the operator's program on xa.
 func foreign(t testing.TB, p *testnet.Pair, on bool) {
 	t.Helper()
-	args := []string{"-n", filepath.Base(p.NSPath()), "-force", "link", "set", "dev", "xa", "xdpdrv"}
+	obj := ""
 	if on {
-		args = append(args, "obj", operatorObj, "sec", "xdp")
-	} else {
-		args = append(args, "off")
+		obj = operatorObj
 	}
-	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+	if err := cluster.OperatorXDP(p.NSPath(), "xa", obj); err != nil {
+		t.Fatal(err)
 	}
 }
 
