@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -60,6 +61,11 @@ type handler struct {
 	log    *slog.Logger
 	routes map[string]route
 	paths  string // "GET /v1/status, POST /v1/alloc, ...", for a 404's message
+	// bufs are the buffers answers are encoded in (*bytes.Buffer): the
+	// status of a node with hundreds of allocations is tens of KiB, asked
+	// for often, and each buffer grown anew was garbage the collector ran
+	// for.
+	bufs sync.Pool
 }
 
 // NewHandler returns the local API's HTTP handler serving b: GET
@@ -225,14 +231,26 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.refuse(w, r, status, code, msg)
 		return
 	}
-	buf, err := json.Marshal(v)
-	if err != nil {
+	buf, _ := h.bufs.Get().(*bytes.Buffer)
+	if buf == nil {
+		buf = new(bytes.Buffer)
+	}
+	defer func() {
+		if buf.Cap() <= maxPooledAnswer {
+			buf.Reset()
+			h.bufs.Put(buf)
+		}
+	}()
+	if err := json.NewEncoder(buf).Encode(v); err != nil { // the line ends the answer
 		h.refuse(w, r, http.StatusInternalServerError, CodeInternal, "encode the answer: "+err.Error())
 		return
 	}
 	h.log.Debug("local api", "method", r.Method, "path", r.URL.Path, "status", http.StatusOK, "took", time.Since(start))
-	write(w, http.StatusOK, buf)
+	writeLine(w, http.StatusOK, buf.Bytes())
 }
+
+// maxPooledAnswer is the largest buffer kept for the next answer.
+const maxPooledAnswer = 1 << 20
 
 // call calls the route, turning a panic of the backend into an error: the
 // client gets a 500 instead of a closed connection, the log the stack.
@@ -267,8 +285,13 @@ func (h *handler) refuse(w http.ResponseWriter, r *http.Request, status int, cod
 }
 
 func write(w http.ResponseWriter, status int, body []byte) {
+	writeLine(w, status, append(body, '\n'))
+}
+
+// writeLine writes an answer that ends in its newline.
+func writeLine(w http.ResponseWriter, status int, line []byte) {
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)+1))
+	w.Header().Set("Content-Length", strconv.Itoa(len(line)))
 	w.WriteHeader(status)
-	w.Write(append(body, '\n'))
+	w.Write(line)
 }

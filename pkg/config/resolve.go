@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/xdpq/xdpq/pkg/nic"
 )
@@ -100,7 +101,8 @@ func (s Selector) matches(n nic.Netdev) bool {
 	if len(s.Netdevs) > 0 {
 		named := false
 		for _, e := range s.Netdevs {
-			if name, _, err := SplitNetdev(e); err == nil && name == n.Name {
+			// The name alone: the queues are parsed once, by Resolve.
+			if name, _, _ := strings.Cut(e, "#"); name == n.Name {
 				named = true
 			}
 		}

@@ -24,7 +24,7 @@ func (d *Daemon) apiAllocation(a ledger.Allocation) *api.Allocation {
 }
 
 func (d *Daemon) brokerSocket(id string) string {
-	return broker.Allocation{Dir: d.allocDir(id)}.SocketPath()
+	return d.allocDir(id) + "/" + broker.SocketName
 }
 
 // Alloc hands count devices of a pool to a local user (standalone mode).

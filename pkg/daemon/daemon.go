@@ -158,6 +158,7 @@ func New(opts Options) (_ *Daemon, err error) {
 	if opts.AllocDir == "" {
 		opts.AllocDir = "/run/xdpq/alloc"
 	}
+	opts.AllocDir = filepath.Clean(opts.AllocDir) // allocDir joins by hand
 	if opts.StateDir == "" {
 		opts.StateDir = agent.DefaultStateDir
 	}

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"errors"
-	"path/filepath"
 	"slices"
 
 	"github.com/xdpq/xdpq/pkg/agent"
@@ -96,7 +95,10 @@ func (d *Daemon) onLease(id string, socks []broker.LeaseSocket) {
 	}
 }
 
-func (d *Daemon) allocDir(id string) string { return filepath.Join(d.opts.AllocDir, id) }
+// allocDir is allocation id's broker directory. (Status asks for every
+// allocation's socket: filepath.Join, cleaning what is clean, was a
+// tenth of its time.)
+func (d *Daemon) allocDir(id string) string { return d.opts.AllocDir + "/" + id }
 
 // nodeNetdev names a netdev of the node for a bind.
 func (d *Daemon) nodeNetdev(name string) xsk.Netdev {

@@ -52,7 +52,7 @@ const (
 	scaleWorkers   = 8
 	scaleAddPasses = 3
 	scaleStatus    = 200 // status calls of an idle daemon
-	scaleRounds    = 3   // per layout
+	scaleRounds    = 2   // per layout
 )
 
 // scaleRSSGoal is the goal for the daemon's resident memory, in MiB.
@@ -71,6 +71,7 @@ type scaleLayout struct {
 type scaleRound struct {
 	firstList, healthy                     time.Duration
 	preferred, allocate, statusIdle        []time.Duration
+	emptyRPC                               []time.Duration // GetDevicePluginOptions: the transport's share of a call
 	statusLoaded, add, del                 []time.Duration
 	cpuAllocate, cpuStatus, cpuAdd         time.Duration // daemon CPU time per pod admitted, per idle status, per ADD; 0 in process
 	rssMiB, hwmMiB                         float64       // 0 in process
@@ -171,11 +172,13 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 		b.Fatal(err)
 	}
 	// The state and allocation directories are under /run on a node: a
-	// tmpfs, where fsync costs nothing.
-	run := filepath.Join(dir, "run")
-	if err := os.Mkdir(run, 0o755); err != nil {
+	// tmpfs, where fsync costs nothing, and a short path (status answers
+	// with every allocation's socket path).
+	run, err := os.MkdirTemp("/run", "xdpq-bench-")
+	if err != nil {
 		b.Fatal(err)
 	}
+	defer os.Remove(run)
 	if err := unix.Mount("tmpfs", run, "tmpfs", 0, "size=64m,mode=0755"); err != nil {
 		b.Fatal(err)
 	}
@@ -324,6 +327,13 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 	}
 	if cpu := d.cpu(); cpu > 0 {
 		r.cpuAllocate = (cpu - cpu0) / scaleAllocs
+	}
+	for range scaleAllocs {
+		t0 := time.Now()
+		if _, err := c.GetDevicePluginOptions(ctx, &pluginapi.Empty{}); err != nil {
+			b.Fatal(err)
+		}
+		r.emptyRPC = append(r.emptyRPC, time.Since(t0))
 	}
 
 	client := api.NewClient(sock)
@@ -716,6 +726,7 @@ func printScaleTable(loadBefore string, layouts []scaleLayout, results [][]scale
 		lat("GetPreferredAllocation (all free offered)", 99, 0, preferred),
 		lat(fmt.Sprintf("Allocate (%d pods, %d alive at once)", scaleAllocs, scaleLive), 50, time.Millisecond, allocate),
 		lat(fmt.Sprintf("Allocate (%d pods, %d alive at once)", scaleAllocs, scaleLive), 99, 5*time.Millisecond, allocate),
+		lat("  an empty call (GetDevicePluginOptions)", 50, 0, func(r scaleRound) []time.Duration { return r.emptyRPC }),
 		{name: "  of them re-allocations", unit: fmt.Sprintf("of %d", scaleAllocs), val: func(r scaleRound) float64 { return float64(r.reallocated) }},
 		{name: "  daemon CPU per pod (Preferred + Allocate)", unit: "ms", processOnly: true, val: func(r scaleRound) float64 { return ms(r.cpuAllocate) }},
 		lat(fmt.Sprintf("status, idle, %d allocations,", scaleLive), 50, 0, idle),

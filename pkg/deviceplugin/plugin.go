@@ -45,7 +45,8 @@ type Config struct {
 	// (/var/lib/kubelet/plugins_registry): the plugin then serves there,
 	// answering kubelet's GetInfo, instead of registering on kubelet.sock.
 	RegistryDir string
-	// Devices returns the pool's devices now.
+	// Devices returns the pool's devices now. What it returns changes
+	// only when Changed is called (kubelet sees a new list then).
 	Devices func() []Device
 	// Allocate says what the container that gets these devices receives;
 	// it refuses ids that are not devices of the pool (the daemon's
@@ -61,8 +62,13 @@ type Plugin struct {
 	log    *slog.Logger
 	socket string
 
-	mu      sync.Mutex // guards watches
+	mu      sync.Mutex // guards watches, index and gen
 	watches map[chan struct{}]bool
+	// index is Devices by ID for GetPreferredAllocation, built when first
+	// needed after a change; gen counts the changes, so that an index
+	// built from an older list is not kept.
+	index map[string]Device
+	gen   uint64
 }
 
 var _ pluginapi.DevicePluginServer = (*Plugin)(nil)
@@ -87,6 +93,8 @@ func (p *Plugin) Socket() string { return p.socket }
 func (p *Plugin) Changed() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.gen++
+	p.index = nil
 	for ch := range p.watches {
 		select {
 		case ch <- struct{}{}:
@@ -360,13 +368,11 @@ func toAPI(ds []Device) []*pluginapi.Device {
 // GetPreferredAllocation prefers queues of one netdev, contiguous, on the
 // NUMA node of what must be included.
 func (p *Plugin) GetPreferredAllocation(_ context.Context, r *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
-	byID := map[string]Device{}
-	for _, d := range p.cfg.Devices() {
-		byID[d.ID] = d
-	}
+	byID := p.byID()
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for _, cr := range r.ContainerRequests {
-		var avail, must []Device
+		avail := make([]Device, 0, len(cr.AvailableDeviceIDs))
+		var must []Device
 		for _, id := range cr.AvailableDeviceIDs {
 			if d, ok := byID[id]; ok {
 				avail = append(avail, d)
@@ -381,6 +387,29 @@ func (p *Plugin) GetPreferredAllocation(_ context.Context, r *pluginapi.Preferre
 			&pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: Prefer(avail, must, int(cr.AllocationSize))})
 	}
 	return resp, nil
+}
+
+// byID is the devices by ID as kubelet was last told them. Kubelet asks
+// for a preferred allocation before every pod it admits, offering every
+// free device, so the index is kept until the devices change.
+func (p *Plugin) byID() map[string]Device {
+	p.mu.Lock()
+	index, gen := p.index, p.gen
+	p.mu.Unlock()
+	if index != nil {
+		return index
+	}
+	devs := p.cfg.Devices()
+	index = make(map[string]Device, len(devs))
+	for _, d := range devs {
+		index[d.ID] = d
+	}
+	p.mu.Lock()
+	if p.gen == gen {
+		p.index = index
+	}
+	p.mu.Unlock()
+	return index
 }
 
 // Allocate checks that every device is the pool's and asks the daemon

@@ -1,6 +1,7 @@
 package deviceplugin
 
 import (
+	"cmp"
 	"slices"
 	"sort"
 )
@@ -29,10 +30,23 @@ func Prefer(avail, must []Device, size int) []string {
 			numa = d.NUMA
 		}
 	}
-	group := map[string][]Device{}
+	// Kubelet offers every free device: thousands on a big node. Each
+	// netdev's slice is made its size at once.
+	eligible := func(d Device) bool { return !chosen[d.ID] && d.Healthy }
+	count := map[string]int{}
 	for _, d := range avail {
-		if !chosen[d.ID] && d.Healthy {
-			group[d.Netdev] = append(group[d.Netdev], d)
+		if eligible(d) {
+			count[d.Netdev]++
+		}
+	}
+	group := make(map[string][]Device, len(count))
+	for _, d := range avail {
+		if eligible(d) {
+			g := group[d.Netdev]
+			if g == nil {
+				g = make([]Device, 0, count[d.Netdev])
+			}
+			group[d.Netdev] = append(g, d)
 		}
 	}
 	names := make([]string, 0, len(group))
@@ -63,8 +77,8 @@ func Prefer(avail, must []Device, size int) []string {
 		if need <= 0 {
 			break
 		}
-		ds := slices.Clone(group[n])
-		sort.Slice(ds, func(i, j int) bool { return ds[i].Queue < ds[j].Queue })
+		ds := group[n]
+		slices.SortFunc(ds, func(a, b Device) int { return cmp.Compare(a.Queue, b.Queue) })
 		if need >= len(ds) {
 			for _, d := range ds {
 				take(d)
