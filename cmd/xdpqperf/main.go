@@ -20,6 +20,11 @@ import (
 )
 
 func main() {
+	// First: a SIGTERM that comes while the flags are read or the sockets
+	// are taken still ends the run (as a container's first process, an
+	// unhandled SIGTERM would be ignored).
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	cfg := perf.Config{Out: os.Stdout}
 	flag.StringVar(&cfg.Socket, "socket", "", "the allocation's socket (default $XDPQ_SOCKET)")
 	flag.StringVar(&cfg.Mode, "mode", perf.RXDrop, "rxdrop, txpush or l2fwd")
@@ -38,6 +43,14 @@ func main() {
 	fail := func(format string, args ...any) {
 		fmt.Fprintf(os.Stderr, "xdpqperf: "+format+"\n", args...)
 		os.Exit(2)
+	}
+	if flag.NArg() > 0 {
+		switch a := flag.Arg(0); a {
+		case perf.RXDrop, perf.TXPush, perf.L2Fwd:
+			fail("unexpected argument %q: the mode is a flag, -mode %s", a, a)
+		default:
+			fail("unexpected argument %q: xdpqperf takes flags only; see -h", a)
+		}
 	}
 	if *queues != "" {
 		for _, q := range strings.Split(*queues, ",") {
@@ -67,8 +80,6 @@ func main() {
 	}
 	cfg.SrcPort, cfg.DstPort = uint16(*sport), uint16(*dport)
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	t, err := perf.Run(ctx, cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "xdpqperf:", err)

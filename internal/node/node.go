@@ -35,6 +35,8 @@ type Config struct {
 	Logger  *slog.Logger
 	// OnLease, if set, hears of the allocation's leases (broker.Config).
 	OnLease func(alloc string, socks []broker.LeaseSocket)
+	// BusyPoll, if set, is the allocation's busy polling.
+	BusyPoll *wire.BusyPoll
 }
 
 // Node is the running node.
@@ -105,7 +107,7 @@ func Start(cfg Config) (n *Node, err error) {
 		return nil, err
 	}
 	n.Alloc = broker.Allocation{ID: "alloc-1", Netdev: xsk.Netdev{Name: "xa", Ifindex: n.Pair.A.Index, NetNS: n.Pair.NSPath()},
-		Queues: cfg.Alloc, Owner: cfg.Owner, Limits: cfg.Limits, Dir: dir}
+		Queues: cfg.Alloc, Owner: cfg.Owner, Limits: cfg.Limits, Dir: dir, BusyPoll: cfg.BusyPoll}
 	if err = n.Broker.Add(n.Alloc); err != nil {
 		return nil, err
 	}

@@ -66,17 +66,19 @@ func Run(ctx context.Context, cfg Config) (Totals, error) {
 	if cfg.Interval == 0 {
 		cfg.Interval = time.Second
 	}
-	l, err := client.Connect(cfg.Socket, client.Options{Name: "xdpqperf/" + cfg.Mode, Queues: cfg.Queues,
-		Ring: cfg.Ring, TX: cfg.Mode != RXDrop})
-	if err != nil {
-		return Totals{}, err
-	}
-	defer l.Close()
+	// The duration counts from the start, the handshake included: a run
+	// that waited for a busy allocation still ends on time.
 	if cfg.Duration > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
 		defer cancel()
 	}
+	l, err := client.ConnectContext(ctx, cfg.Socket, client.Options{Name: "xdpqperf/" + cfg.Mode, Queues: cfg.Queues,
+		Ring: cfg.Ring, TX: cfg.Mode != RXDrop})
+	if err != nil {
+		return Totals{}, err
+	}
+	defer l.Close()
 	var txFrame []byte
 	if cfg.Mode == TXPush {
 		if txFrame, err = (frame.Spec{SrcMAC: cfg.SrcMAC, DstMAC: cfg.DstMAC, Src: cfg.Src, Dst: cfg.Dst, Protocol: 17,
@@ -99,11 +101,11 @@ func Run(ctx context.Context, cfg Config) (Totals, error) {
 			defer wg.Done()
 			switch cfg.Mode {
 			case RXDrop:
-				errs[i] = rxdrop(ctx, s, l.SpareFrames(i), &cs[i])
+				errs[i] = rxdrop(ctx, l.Receiver(i), &cs[i])
 			case TXPush:
 				errs[i] = txpush(ctx, s, l.TXFrames(i), txFrame, &cs[i])
 			case L2Fwd:
-				errs[i] = l2fwd(ctx, s, append(l.TXFrames(i), l.SpareFrames(i)...), &cs[i])
+				errs[i] = l2fwd(ctx, s, l.Receiver(i), l.TXFrames(i), &cs[i])
 			}
 		}()
 	}
@@ -154,13 +156,12 @@ func report(ctx context.Context, cfg Config, l *client.Lease, cs []counters) {
 	}
 }
 
-func rxdrop(ctx context.Context, s *xsk.Socket, spare []uint64, c *counters) error {
-	r, err := traffic.NewReceiver(s, spare) // the fill ring is full already
-	if err != nil {
-		return err
-	}
+// rxdrop is the receive loop pkg/client's Receiver makes: the frames
+// counted and given straight back. It waits up to wait in a round, so
+// that it sees ctx end within that.
+func rxdrop(ctx context.Context, r *client.Receiver, c *counters) error {
 	for ctx.Err() == nil {
-		n, err := r.Receive(-1, time.Now().Add(50*time.Millisecond), func([]byte) error { return nil })
+		n, err := r.Receive(wait, func([]byte) {})
 		c.rx.Add(uint64(n))
 		if err != nil {
 			return err
@@ -168,6 +169,10 @@ func rxdrop(ctx context.Context, s *xsk.Socket, spare []uint64, c *counters) err
 	}
 	return nil
 }
+
+// wait is the longest a loop waits for a frame before it looks whether
+// it should stop.
+const wait = 50 * time.Millisecond
 
 func txpush(ctx context.Context, s *xsk.Socket, addrs []uint64, f []byte, c *counters) error {
 	for _, a := range addrs {
@@ -186,46 +191,48 @@ func txpush(ctx context.Context, s *xsk.Socket, addrs []uint64, f []byte, c *cou
 
 // l2fwd sends each received frame back out of the same queue with its
 // MAC addresses swapped, without copying it: the RX descriptor goes to the
-// TX ring, and the completed frame back to the fill ring.
-func l2fwd(ctx context.Context, s *xsk.Socket, spare []uint64, c *counters) error {
-	descs := make([]xsk.Desc, 64)
-	comp := make([]uint64, 64)
-	refill := append([]uint64(nil), spare...)
-	mask := ^uint64(s.UMEM().Config().FrameSize - 1)
+// TX ring, and the completed frame back to the fill ring (through the
+// Receiver). Frames the TX ring has no room for are dropped (recycled).
+func l2fwd(ctx context.Context, s *xsk.Socket, r *client.Receiver, txFrames []uint64, c *counters) error {
+	comp := make([]uint64, client.RXBatch)
+	r.Recycle(txFrames...) // a forwarder transmits what it receives: its TX frames receive too
 	var tmp [6]byte
-	for i := 0; ; i++ {
-		if i&1023 == 0 && ctx.Err() != nil {
-			return nil
-		}
+	for ctx.Err() == nil {
 		if n := s.Complete(comp); n > 0 {
-			refill = append(refill, comp[:n]...)
+			r.Recycle(comp[:n]...)
 		}
-		if len(refill) > 0 {
-			n := s.Fill(refill)
-			refill = refill[:copy(refill, refill[n:])]
+		w := wait
+		if s.TXPending() > 0 {
+			w = 0 // frames to complete: come back for them
 		}
-		n := s.Receive(descs)
-		if n == 0 {
+		descs, err := r.Peek(w)
+		if err != nil {
+			return err
+		}
+		if len(descs) == 0 {
 			if s.TXPending() > 0 {
-				s.Kick()
+				if err := s.Kick(); err != nil {
+					return err
+				}
 			}
 			continue
 		}
-		c.rx.Add(uint64(n))
-		for _, d := range descs[:n] {
+		c.rx.Add(uint64(len(descs)))
+		for _, d := range descs {
 			if b := s.UMEM().Bytes(d.Addr, d.Len); len(b) >= 12 {
 				copy(tmp[:], b[0:6])
 				copy(b[0:6], b[6:12])
 				copy(b[6:12], tmp[:])
 			}
 		}
-		sent, err := s.Transmit(descs[:n])
+		sent, err := s.Transmit(descs)
 		if err != nil {
 			return err
 		}
 		c.tx.Add(uint64(sent))
-		for _, d := range descs[sent:n] { // the TX ring was full: drop them
-			refill = append(refill, d.Addr&mask)
+		for _, d := range descs[sent:] { // the TX ring was full: drop them
+			r.Recycle(d.Addr)
 		}
 	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -98,6 +99,9 @@ type Lease struct {
 	rx, spare [][]uint64
 	tx        [][]uint64
 
+	rmu       sync.Mutex  // guards receivers
+	receivers []*Receiver // made by Receiver, by socket
+
 	mu      sync.Mutex    // guards conn, closed and inEvent
 	conn    *net.UnixConn // to the daemon; nil while redialing
 	closed  bool          // Close was called
@@ -157,6 +161,13 @@ func (l *Lease) Close() error {
 // container's predecessor), or the daemon's socket has a full backlog, it
 // retries until the timeout.
 func Connect(path string, o Options) (*Lease, error) {
+	return ConnectContext(context.Background(), path, o)
+}
+
+// ConnectContext is Connect that gives up when ctx ends: it stops
+// retrying a busy allocation, and a handshake under way ends by ctx's
+// deadline if that comes before the timeout.
+func ConnectContext(ctx context.Context, path string, o Options) (*Lease, error) {
 	if path == "" {
 		path = os.Getenv(EnvSocket)
 		if path == "" {
@@ -177,7 +188,14 @@ func Connect(path string, o Options) (*Lease, error) {
 	}
 	deadline := time.Now().Add(o.Timeout)
 	for {
-		l, err := connect(path, o, time.Now().Add(o.Timeout))
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("xdpq: connect %s: %w", path, err)
+		}
+		attempt := time.Now().Add(o.Timeout)
+		if d, ok := ctx.Deadline(); ok && d.Before(attempt) {
+			attempt = d
+		}
+		l, err := connect(path, o, attempt)
 		if err == nil {
 			l.path, l.opts = path, o
 			l.stop, l.done = make(chan struct{}), make(chan struct{})
@@ -189,7 +207,11 @@ func Connect(path string, o Options) (*Lease, error) {
 		if !retry || time.Now().After(deadline) {
 			return nil, err
 		}
-		time.Sleep(20 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (then: %w)", err, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
 

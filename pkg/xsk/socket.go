@@ -138,6 +138,18 @@ func (s *Socket) Receive(descs []Desc) int {
 	return n
 }
 
+// WakeRX makes the non-blocking recvfrom that wakes the kernel's receive
+// side. Receive makes one when the kernel asks for it (need_wakeup); a
+// socket with preferred busy polling (SO_PREFER_BUSY_POLL) makes one each
+// round of its loop instead, since that call is what runs the queue's
+// NAPI while its interrupts are deferred.
+func (s *Socket) WakeRX() error {
+	if s.rx == nil {
+		return ErrNoRXRing
+	}
+	return kickRX(s.fd)
+}
+
 // Transmit queues up to len(descs) frames for transmission and returns how
 // many it queued, waking the kernel when it asks for it.
 func (s *Socket) Transmit(descs []Desc) (int, error) {
@@ -185,13 +197,15 @@ func (s *Socket) Poll(timeout time.Duration) (bool, error) {
 	if s.rx == nil {
 		return false, ErrNoRXRing
 	}
-	ms := -1
-	if timeout >= 0 {
-		ms = int(timeout.Milliseconds())
-	}
+	deadline := time.Now().Add(timeout)
 	fds := []unix.PollFd{{Fd: int32(s.fd), Events: unix.POLLIN}}
 	for {
-		n, err := unix.Poll(fds, ms)
+		var ts *unix.Timespec // to the nanosecond: a receive loop waits less than a millisecond
+		if timeout >= 0 {
+			t := unix.NsecToTimespec(max(time.Until(deadline), 0).Nanoseconds())
+			ts = &t
+		}
+		n, err := unix.Ppoll(fds, ts, nil)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}

@@ -1,0 +1,203 @@
+package client_test
+
+import (
+	"bytes"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/xdpq/xdpq/internal/frame"
+	"github.com/xdpq/xdpq/internal/node"
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/client"
+	"github.com/xdpq/xdpq/pkg/wire"
+	"github.com/xdpq/xdpq/pkg/xsk"
+)
+
+func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
+
+// start runs a node whose allocation is xa's queue 0, for root, and a
+// peer that sends to it from xb.
+func start(t *testing.T, busy *wire.BusyPoll) (*node.Node, *node.Peer) {
+	t.Helper()
+	testnet.RequireRoot(t)
+	root := uint32(0)
+	n, err := node.Start(node.Config{Queues: 1, Alloc: []uint32{0}, Owner: broker.Owner{UID: &root}, BusyPoll: busy,
+		Limits: wire.Limits{MaxUMEM: 64 << 20, MaxRing: 4096, MaxQueue: 4},
+		Policy: agent.Policy{Steering: agent.SteerHardware}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	p, err := n.Peer([]uint32{0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n, p
+}
+
+// burst is 1024 frames, each of its own content.
+func burst(n *node.Node, round int) [][]byte {
+	src, dst := n.Pair.B, n.Pair.A
+	var fs [][]byte
+	for i := range 1024 {
+		f, _ := frame.Spec{SrcMAC: src.MAC, DstMAC: dst.MAC, Src: src.Addr, Dst: dst.Addr, Protocol: 17,
+			SrcPort: 1, DstPort: 5000, Payload: frame.Payload(uint32(round), uint64(i), 60)}.Build()
+		fs = append(fs, f)
+	}
+	return fs
+}
+
+// receiveBurst sends a burst while the receive loop is away, then runs
+// the loop until it has every frame or a second passes with none, and
+// returns what it received.
+func receiveBurst(t *testing.T, p *node.Peer, r *client.Receiver, want [][]byte) [][]byte {
+	t.Helper()
+	if err := p.Send[0].Send(want, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	var got [][]byte
+	for len(got) < len(want) {
+		n, err := r.Receive(time.Second, func(b []byte) { got = append(got, bytes.Clone(b)) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	return got
+}
+
+// TestReceiverBurst: with pkg/client's defaults, a loop that keeps up on
+// average loses nothing to bursts of 1024 frames that come while it is
+// busy elsewhere: every frame arrives byte for byte and in order, and the
+// kernel counts no drop, burst after burst, whether the loop waits in
+// poll or busy-polls. A ring of 512, given the same bursts, loses frames:
+// the defaults are what keeps them.
+func TestReceiverBurst(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		busy *wire.BusyPoll
+		ring uint32
+		lose bool
+	}{
+		{name: "defaults, poll"},
+		{name: "defaults, busy poll", busy: &wire.BusyPoll{TimeoutMicros: 20, Budget: 64}},
+		{name: "ring 512", ring: 512, lose: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n, p := start(t, tc.busy)
+			l, err := client.Connect(n.Alloc.SocketPath(), client.Options{Name: "burst", Ring: tc.ring})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			if (l.BusyPoll != nil) != (tc.busy != nil) {
+				t.Fatalf("lease busy poll %v, want %v", l.BusyPoll, tc.busy)
+			}
+			if err := n.WaitSockets(1, 5*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			r := l.Receiver(0)
+			if l.Receiver(0) != r {
+				t.Fatal("a second Receiver(0) is another receiver")
+			}
+			lost := false
+			for round := range 10 {
+				want := burst(n, round)
+				got := receiveBurst(t, p, r, want)
+				if len(got) < len(want) {
+					lost = true
+					if !tc.lose {
+						t.Fatalf("burst %d: %d of %d frames received", round, len(got), len(want))
+					}
+					break
+				}
+				for i := range want {
+					if !bytes.Equal(got[i], want[i]) {
+						t.Fatalf("burst %d: frame %d differs:\n got % x\nwant % x", round, i, got[i], want[i])
+					}
+				}
+			}
+			st, err := l.Sockets[0].Statistics()
+			if err != nil {
+				t.Fatal(err)
+			}
+			drops := st.RXDropped + st.RXRingFull + st.RXFillRingEmptyDescs
+			switch {
+			case tc.lose && (!lost || drops == 0):
+				t.Errorf("a ring of 512 lost nothing (lost %v, kernel drops %+v): the bursts do not test the ring", lost, st)
+			case !tc.lose && drops != 0:
+				t.Errorf("the kernel counts drops: %+v", st)
+			}
+		})
+	}
+}
+
+// TestReceiverWait: an idle Receive returns after its wait with nothing,
+// and Peek's frames are the application's until Recycle: while it holds
+// them, the Receiver's spare frames keep the fill ring full, so a second
+// burst is received whole.
+func TestReceiverWait(t *testing.T) {
+	n, p := start(t, nil)
+	l, err := client.Connect(n.Alloc.SocketPath(), client.Options{Name: "wait"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := n.WaitSockets(1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	r := l.Receiver(0)
+	if got, err := r.Receive(20*time.Millisecond, func([]byte) { t.Error("a frame on an idle queue") }); got != 0 || err != nil {
+		t.Fatalf("idle Receive: %d, %v", got, err)
+	}
+	// Hold a whole RX ring's worth of frames (2048) without recycling.
+	var held []xsk.Desc
+	first := append(burst(n, 0), burst(n, 1)...)
+	if err := p.Send[0].Send(first, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	for len(held) < len(first) {
+		ds, err := r.Peek(time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ds) == 0 {
+			t.Fatalf("%d of %d frames peeked", len(held), len(first))
+		}
+		for _, d := range ds {
+			if b := l.UMEM.Bytes(d.Addr, d.Len); !bytes.Equal(b, first[len(held)]) {
+				t.Fatalf("frame %d differs", len(held))
+			}
+			held = append(held, d)
+		}
+	}
+	want := burst(n, 2)
+	if err := p.Send[0].Send(want, time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range held {
+		r.Recycle(d.Addr)
+	}
+	var got [][]byte
+	for len(got) < len(want) {
+		n, err := r.Receive(time.Second, func(b []byte) { got = append(got, bytes.Clone(b)) })
+		if err != nil || n == 0 {
+			t.Fatalf("%d of %d frames of the burst received while 2048 were held (%v)", len(got), len(want), err)
+		}
+	}
+	for i := range want {
+		if !bytes.Equal(got[i], want[i]) {
+			t.Fatalf("frame %d differs", i)
+		}
+	}
+	if st, _ := l.Sockets[0].Statistics(); st.RXRingFull+st.RXFillRingEmptyDescs+st.RXDropped != 0 {
+		t.Errorf("the kernel counts drops: %+v", st)
+	}
+}
