@@ -59,7 +59,9 @@ e2e:
 	cd test/e2e && $(GO) run ./cmd/kubebin >/dev/null
 	cd test/e2e && $(GO) test -p 1 -count=1 -timeout 40m ./...
 
-# Receive rates side by side on one veth pair (a table), the time the
+# Receive rates side by side on one veth pair (a table: XDP_DROP, pkg/xsk,
+# DPDK, and pods through the daemon's broker, xdpqperf and the C client's
+# xdpq-rxdrop, both built from this tree), the time the
 # agent takes to re-attach after a foreign program goes (100 trials), the
 # daemon (its own process) on 64 netdevs of 64 queues: a table of first
 # ListAndWatch, Allocate, status idle and under parallel CNI ADDs, ADD/DEL,

@@ -1,6 +1,13 @@
 // Command xdpqbench prints receive rates on one veth pair side by side:
 // XDP_DROP (the ceiling), xdpq's direct and filter programs into a pkg/xsk
-// rxdrop loop, and DPDK's af_xdp PMD (testpmd rxonly). Run it as root.
+// rxdrop loop, DPDK's af_xdp PMD (testpmd rxonly), and what a pod gets:
+// the xdpq daemon in standalone mode and an unprivileged process taking
+// its sockets from the broker, xdpqperf rxdrop with the pool's default
+// settings and with its busy polling, and the C client's xdpq-rxdrop, on
+// 1, 2 and 4 queues. Each row gives the rates, the sender core's and the
+// receiver's own CPU ns per packet, and the sockets' drop counters; see
+// package internal/bench. It builds xdpqperf (and with a C compiler
+// xdpq-rxdrop) from the tree it runs in. Run it as root.
 package main
 
 import (
@@ -22,7 +29,13 @@ func main() {
 	flag.IntVar(&cfg.SenderCPU, "sender-cpu", 1, "core the sender runs on")
 	flag.IntVar(&cfg.RxCPU, "rx-cpu", 0, "core the receivers run on")
 	testpmd := flag.String("testpmd", "dpdk-testpmd", "DPDK testpmd binary for (d); empty to skip it")
+	pods := flag.Bool("pods", true, "the pod rows (e) to (g): builds xdpqperf from this tree")
+	cc := flag.String("cc", "clang,clang-14", "C compiler for (g)'s xdpq-rxdrop, the first found of a comma-separated list; empty to skip (g)")
 	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "xdpqbench: unexpected argument %q\n", flag.Arg(0))
+		os.Exit(2)
+	}
 	if cfg.FrameSize < 60 || cfg.FrameSize > 1500 {
 		fmt.Fprintln(os.Stderr, "xdpqbench: -size must be 60..1500")
 		os.Exit(2)
@@ -35,8 +48,30 @@ func main() {
 		}
 		cfg.Testpmd = path
 	}
-	if _, err := bench.Run(cfg); err != nil {
+	if err := run(cfg, *pods, *cc); err != nil {
 		fmt.Fprintln(os.Stderr, "xdpqbench:", err)
 		os.Exit(1)
 	}
+}
+
+func run(cfg bench.Config, pods bool, cc string) error {
+	if pods {
+		compiler := ""
+		if cc != "" {
+			var err error
+			if compiler, err = bench.FindCC(cc); err != nil {
+				return fmt.Errorf("%w (install Debian's clang-14, or pass -cc= to skip (g))", err)
+			}
+		}
+		dir, err := os.MkdirTemp("", "xdpqbench-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		if cfg.Pods, err = bench.BuildPods(dir, compiler); err != nil {
+			return err
+		}
+	}
+	_, err := bench.Run(cfg)
+	return err
 }

@@ -1,11 +1,28 @@
 // Package bench measures receive rates on one veth pair, side by side in
-// one run: an AF_XDP sender on B's queue 0, pinned to one core, and on A's
-// queue 0 in turn (a) an XDP_DROP program, the ceiling; (b) xdpq's direct
-// program into a pkg/xsk rxdrop loop; (c) xdpq's filter program into the
-// same loop; (d) DPDK's af_xdp PMD in testpmd's rxonly mode, the C
-// reference. On veth the receive-side XDP work runs in the sender's
-// softirq, so the sender's core bounds every receiver: the table also
-// gives that core's busy nanoseconds per packet sent, from /proc/stat.
+// one run: an AF_XDP sender on B, pinned to one core, and on A in turn
+// (a) an XDP_DROP program, the ceiling; (b) xdpq's direct program into a
+// pkg/xsk rxdrop loop that spins; (c) xdpq's filter program into the same
+// loop; (d) DPDK's af_xdp PMD in testpmd's rxonly mode, the C reference
+// (it spins too). Then what a pod gets: the xdpq daemon (pkg/daemon,
+// standalone, in this process) with a pool of A's queues (steering
+// hardware: the direct program, as auto gives on a NIC with ntuple
+// filters), an allocation for uid 65534, and a separate process as uid
+// 65534 with no capabilities, pinned to the receive core, that takes its
+// sockets from the broker with pkg/client's defaults: (e) `xdpqperf -mode
+// rxdrop`, the pool's default settings; (f) the same with the pool's
+// preferred busy polling (busyPoll); (g) the C client's example
+// xdpq-rxdrop (clients/c). Rows (a) to (d) use queue 0; (e) to (g) run
+// with 1, 2 and 4 queues, the one sender core sending round-robin on B's
+// queues 0..N-1 (in native mode veth delivers B's tx queue k to A's rx
+// queue k).
+//
+// On veth the receive-side XDP work runs in the sender's softirq, so the
+// sender's core bounds every receiver: the table gives that core's busy
+// nanoseconds per packet sent, from /proc/stat. It gives the receiver's own
+// CPU time per packet received (its threads' schedstat over the sender's
+// run: the bench's loop thread for (b) and (c), the whole process for (d)
+// to (g)), and the kernel's drop counters (XDP_STATISTICS) of the
+// receiver's sockets: for the pods, as the daemon's metrics report them.
 package bench
 
 import (
@@ -34,7 +51,6 @@ import (
 
 	"github.com/xdpq/xdpq/internal/frame"
 	"github.com/xdpq/xdpq/internal/testnet"
-	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/xdp"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
@@ -48,16 +64,41 @@ type Config struct {
 	SenderCPU int
 	RxCPU     int
 	Testpmd   string // path of dpdk-testpmd; empty to skip (d)
+	// Pods are the pod programs of (e) to (g); an empty path skips its rows.
+	Pods Pods
+	// PodQueues are the queue counts of each pod row; nil means 1, 2 and 4.
+	PodQueues []int
 	Out       io.Writer
 }
 
 // Result is one receiver's measurements.
 type Result struct {
 	Name     string
+	Queues   int
 	Rates    []float64 // received packets per second, one per round
 	SentPPS  []float64
 	SenderNS []float64 // sender core busy ns per packet sent
-	Note     string
+	// RxCPUNS is the receiver's own CPU ns per packet received, one per
+	// round; nil where it has no CPU time of its own (XDP_DROP).
+	RxCPUNS []float64
+	Spins   bool // the receiver spins: its CPU time is all of the run's
+	// Drops are its sockets' drop counters, one per round; nil where it
+	// has none that the bench reads (XDP_DROP, DPDK).
+	Drops []Drops
+}
+
+// Drops are the kernel's counters (XDP_STATISTICS) of a receiver's
+// sockets, summed over its queues.
+type Drops struct {
+	RXDropped uint64 // frames dropped for another reason than a full RX ring
+	RingFull  uint64 // frames dropped because the RX ring was full
+	FillEmpty uint64 // times a frame came and the fill ring was empty
+}
+
+func (d *Drops) add(st xsk.Statistics) {
+	d.RXDropped += st.RXDropped
+	d.RingFull += st.RXRingFull
+	d.FillEmpty += st.RXFillRingEmptyDescs
 }
 
 // Median returns the median of v.
@@ -70,12 +111,27 @@ func Median(v []float64) float64 {
 	return s[len(s)/2]
 }
 
-// A receiver is started before the sender runs and finished after; no
-// traffic flows outside the sender's run, so finish reports the frames
-// received in it.
+// A receiver is started before the sender runs on its queues (B's
+// 0..queues-1) and finished after; no traffic flows outside the sender's
+// run, so finish reports the frames received in it.
 type receiver struct {
-	name  string
-	start func(p *testnet.Pair) (finish func() (uint64, error), err error)
+	name   string
+	queues int
+	spins  bool
+	start  func(p *testnet.Pair) (*running, error)
+}
+
+// running is a started receiver.
+type running struct {
+	// cpu returns the receiver's own CPU time so far; nil where it has
+	// none (XDP_DROP runs in the sender's softirq).
+	cpu    func() (time.Duration, error)
+	finish func() (outcome, error)
+}
+
+type outcome struct {
+	received uint64
+	drops    *Drops // nil: not read
 }
 
 // Run measures every receiver and prints the table to cfg.Out.
@@ -86,43 +142,70 @@ func Run(cfg Config) ([]*Result, error) {
 	if runtime.NumCPU() < 2 {
 		return nil, errors.New("the benchmark needs two cores: one sends, one receives")
 	}
-	p, err := testnet.Create(1)
+	if cfg.PodQueues == nil {
+		cfg.PodQueues = []int{1, 2, 4}
+	}
+	queues := 1
+	if cfg.Pods.Perf != "" || cfg.Pods.CRxdrop != "" {
+		queues = slices.Max(cfg.PodQueues)
+	}
+	p, err := testnet.Create(queues)
 	if err != nil {
 		return nil, err
 	}
 	defer p.Close()
 
 	receivers := []receiver{
-		{"(a) XDP_DROP (ceiling)", startDrop},
-		{"(b) direct + pkg/xsk rxdrop", startXSK(xdp.Direct, cfg.RxCPU)},
-		{"(c) filter + pkg/xsk rxdrop", startXSK(xdp.Filter, cfg.RxCPU)},
+		{name: "(a) XDP_DROP (ceiling)", queues: 1, start: startDrop},
+		{name: "(b) direct + pkg/xsk rxdrop", queues: 1, spins: true, start: startXSK(xdp.Direct, cfg.RxCPU)},
+		{name: "(c) filter + pkg/xsk rxdrop", queues: 1, spins: true, start: startXSK(xdp.Filter, cfg.RxCPU)},
 	}
 	if cfg.Testpmd != "" {
-		receivers = append(receivers, receiver{"(d) DPDK af_xdp PMD rxonly", startTestpmd(cfg)})
+		receivers = append(receivers, receiver{name: "(d) DPDK af_xdp PMD rxonly", queues: 1, spins: true, start: startTestpmd(cfg)})
+	}
+	var d *podDaemon
+	if cfg.Pods.Perf != "" || cfg.Pods.CRxdrop != "" {
+		if d, err = startDaemon(p, queues); err != nil {
+			return nil, err
+		}
+		defer d.close()
+		receivers = append(receivers, d.receivers(cfg)...)
 	}
 	results := make([]*Result, len(receivers))
 	for i, r := range receivers {
-		results[i] = &Result{Name: r.name}
+		results[i] = &Result{Name: r.name, Queues: r.queues, Spins: r.spins}
 	}
-	snd, err := newSender(p, cfg)
+	snd, err := newSender(p, queues, cfg)
 	if err != nil {
 		return nil, err
 	}
 	defer snd.close()
-	fmt.Fprintf(cfg.Out, "veth pair, %d-byte frames, AF_XDP sender on cpu %d (TX batch %d%s), receivers on cpu %d, %v per run, %d rounds\n",
-		cfg.FrameSize, cfg.SenderCPU, cfg.TXBatch, snd.budgetNote, cfg.RxCPU, cfg.Duration, cfg.Rounds)
+	fmt.Fprintf(cfg.Out, "veth pair (%d queues), %d-byte frames; 1 sender core: AF_XDP sender on cpu %d (TX batch %d%s, round-robin over B's queues 0..N-1); receivers on cpu %d; %v per run, %d rounds\n",
+		queues, cfg.FrameSize, cfg.SenderCPU, cfg.TXBatch, snd.budgetNote, cfg.RxCPU, cfg.Duration, cfg.Rounds)
+	if d != nil {
+		fmt.Fprintf(cfg.Out, "pods (e)-(g): the xdpq daemon in this process (standalone, pool of %s#0-%d, steering hardware); each pod a process as uid %d, no capabilities, pinned to cpu %d, pkg/client's or the C client's defaults\n",
+			p.A.Name, queues-1, podUID, cfg.RxCPU)
+	}
 	for round := range cfg.Rounds {
 		for i, r := range receivers {
-			rate, sent, ns, err := measure(p, r, snd, cfg)
+			m, err := measure(p, r, snd, cfg)
 			if err != nil {
-				return nil, fmt.Errorf("%s, round %d: %w", r.name, round+1, err)
+				return nil, fmt.Errorf("%s, %d queues, round %d: %w", r.name, r.queues, round+1, err)
 			}
 			res := results[i]
-			res.Rates = append(res.Rates, rate)
-			res.SentPPS = append(res.SentPPS, sent)
-			res.SenderNS = append(res.SenderNS, ns)
-			fmt.Fprintf(cfg.Out, "  round %d  %-30s %8.3f Mpps received, %8.3f Mpps sent, sender core %6.0f ns/pkt\n",
-				round+1, r.name, rate/1e6, sent/1e6, ns)
+			res.Rates = append(res.Rates, m.rate)
+			res.SentPPS = append(res.SentPPS, m.sent)
+			res.SenderNS = append(res.SenderNS, m.senderNS)
+			cpu := "-"
+			if m.rxCPU != nil {
+				res.RxCPUNS = append(res.RxCPUNS, *m.rxCPU)
+				cpu = fmt.Sprintf("%.0f", *m.rxCPU)
+			}
+			if m.drops != nil {
+				res.Drops = append(res.Drops, *m.drops)
+			}
+			fmt.Fprintf(cfg.Out, "  round %d  %-34s q%d %8.3f Mpps received, %8.3f Mpps sent, sender core %6.0f ns/pkt, receiver %s ns/pkt\n",
+				round+1, r.name, r.queues, m.rate/1e6, m.sent/1e6, m.senderNS, cpu)
 		}
 	}
 	printTable(cfg.Out, results)
@@ -130,36 +213,116 @@ func Run(cfg Config) ([]*Result, error) {
 }
 
 func printTable(w io.Writer, rs []*Result) {
-	fmt.Fprintf(w, "\n%-30s %12s %12s %18s %10s\n", "receiver (median)", "rx Mpps", "sent Mpps", "sender ns/pkt", "vs (a)")
+	fmt.Fprintf(w, "\n1 sender core (cpu of the sender: see above); medians of the rounds; drops are the kernel's XDP_STATISTICS of the receiver's sockets over a run\n")
+	fmt.Fprintf(w, "%-34s %2s %9s %9s %10s %16s %10s %10s %10s %7s\n",
+		"receiver (median)", "q", "rx Mpps", "sent Mpps", "sender", "receiver CPU", "rx", "rx ring", "fill ring", "vs (a)")
+	fmt.Fprintf(w, "%-34s %2s %9s %9s %10s %16s %10s %10s %10s %7s\n",
+		"", "", "", "", "ns/pkt", "ns/pkt", "dropped", "full", "empty", "")
 	ceiling := Median(rs[0].Rates)
 	for _, r := range rs {
-		fmt.Fprintf(w, "%-30s %12.3f %12.3f %18.0f %10.2f\n", r.Name, Median(r.Rates)/1e6, Median(r.SentPPS)/1e6, Median(r.SenderNS), Median(r.Rates)/ceiling)
+		cpu := "-"
+		if r.RxCPUNS != nil {
+			cpu = fmt.Sprintf("%.0f", Median(r.RxCPUNS))
+			if r.Spins {
+				cpu += " (spins)"
+			}
+		}
+		dropped, full, empty := "-", "-", "-"
+		if r.Drops != nil {
+			dropped, full, empty = medianDrop(r.Drops, func(d Drops) uint64 { return d.RXDropped }),
+				medianDrop(r.Drops, func(d Drops) uint64 { return d.RingFull }),
+				medianDrop(r.Drops, func(d Drops) uint64 { return d.FillEmpty })
+		}
+		fmt.Fprintf(w, "%-34s %2d %9.3f %9.3f %10.0f %16s %10s %10s %10s %7.2f\n", r.Name, r.Queues,
+			Median(r.Rates)/1e6, Median(r.SentPPS)/1e6, Median(r.SenderNS), cpu, dropped, full, empty, Median(r.Rates)/ceiling)
 	}
-	b, c := Median(rs[1].Rates), Median(rs[2].Rates)
-	fmt.Fprintf(w, "\nb/a = %.2f   c/a = %.2f", b/ceiling, c/ceiling)
-	if len(rs) > 3 {
-		fmt.Fprintf(w, "   b/d = %.2f", b/Median(rs[3].Rates))
-	}
-	fmt.Fprintln(w)
+	printRatios(w, rs)
 }
 
-func measure(p *testnet.Pair, r receiver, snd *sender, cfg Config) (rate, sentPPS, senderNS float64, err error) {
-	finish, err := r.start(p)
+func medianDrop(ds []Drops, f func(Drops) uint64) string {
+	v := make([]float64, len(ds))
+	for i, d := range ds {
+		v[i] = float64(f(d))
+	}
+	return strconv.FormatFloat(Median(v), 'f', 0, 64)
+}
+
+// printRatios prints the ratios issue 15's goals are stated in.
+func printRatios(w io.Writer, rs []*Result) {
+	find := func(prefix string, queues int) *Result {
+		for _, r := range rs {
+			if strings.HasPrefix(r.Name, prefix) && r.Queues == queues {
+				return r
+			}
+		}
+		return nil
+	}
+	rate := func(r *Result) float64 { return Median(r.Rates) }
+	cpu := func(r *Result) float64 { return Median(r.RxCPUNS) }
+	a, b, c, d := find("(a)", 1), find("(b)", 1), find("(c)", 1), find("(d)", 1)
+	fmt.Fprintf(w, "\nb/a = %.2f   c/a = %.2f", rate(b)/rate(a), rate(c)/rate(a))
+	if d != nil {
+		fmt.Fprintf(w, "   b/d = %.2f", rate(b)/rate(d))
+	}
+	fmt.Fprintln(w)
+	for _, k := range []string{"(e)", "(f)", "(g)"} {
+		one := find(k, 1)
+		if one == nil {
+			continue
+		}
+		fmt.Fprintf(w, "%s 1 queue: rate/(a) = %.2f   receiver CPU/(b)'s = %.2f", k, rate(one)/rate(a), cpu(one)/cpu(b))
+		if d != nil {
+			fmt.Fprintf(w, "   receiver CPU/(d)'s = %.2f (d spins)", cpu(one)/cpu(d))
+		}
+		for _, r := range rs {
+			if strings.HasPrefix(r.Name, k) && r.Queues > 1 {
+				fmt.Fprintf(w, "   %d queues/1 queue = %.2f", r.Queues, rate(r)/rate(one))
+			}
+		}
+		fmt.Fprintln(w)
+	}
+	if find("(e)", 1) != nil {
+		fmt.Fprintln(w, "(one sender core bounds every row: N queues can at best equal the 1-queue rate, a ratio of 1.00)")
+	}
+}
+
+type measurement struct {
+	rate, sent, senderNS float64
+	rxCPU                *float64 // receiver CPU ns per packet received; nil: none
+	drops                *Drops
+}
+
+func measure(p *testnet.Pair, r receiver, snd *sender, cfg Config) (measurement, error) {
+	run, err := r.start(p)
 	if err != nil {
-		return 0, 0, 0, err
+		return measurement{}, err
+	}
+	var cpu0, cpu1 time.Duration
+	var errCPU0, errCPU1 error
+	if run.cpu != nil {
+		cpu0, errCPU0 = run.cpu()
 	}
 	busy0, err0 := cpuBusy(cfg.SenderCPU)
 	start := time.Now()
-	sent, err1 := snd.run(cfg.Duration)
+	sent, err1 := snd.run(cfg.Duration, r.queues)
 	elapsed := time.Since(start)
 	busy1, err2 := cpuBusy(cfg.SenderCPU)
+	if run.cpu != nil {
+		cpu1, errCPU1 = run.cpu()
+	}
 	time.Sleep(100 * time.Millisecond) // let the receiver drain its ring
-	received, err3 := finish()
-	if err := errors.Join(err0, err1, err2, err3); err != nil {
-		return 0, 0, 0, err
+	out, err3 := run.finish()
+	if err := errors.Join(err0, err1, err2, err3, errCPU0, errCPU1); err != nil {
+		return measurement{}, err
 	}
 	secs := elapsed.Seconds()
-	return float64(received) / secs, float64(sent) / secs, float64(busy1-busy0) / float64(max(sent, 1)), nil
+	m := measurement{rate: float64(out.received) / secs, sent: float64(sent) / secs,
+		senderNS: float64(busy1-busy0) / float64(max(sent, 1)), drops: out.drops}
+	if run.cpu != nil {
+		ns := float64(cpu1-cpu0) / float64(max(out.received, 1))
+		m.rxCPU = &ns
+	}
+	return m, nil
 }
 
 // cpuBusy returns the nanoseconds cpu has spent not idle, from /proc/stat.
@@ -204,11 +367,12 @@ func pin(cpu int) error {
 	return nil
 }
 
-// sender transmits the same frame from every UMEM frame of a socket on B's
-// queue 0 as fast as the kernel takes them.
+// sender transmits the same frame from every UMEM frame of its sockets on
+// B's queues 0..n-1 as fast as the kernel takes them, from one core.
 type sender struct {
 	umem       *xsk.UMEM
-	sock       *xsk.Socket
+	socks      []*xsk.Socket // on B's queues 0, 1, ...
+	addrs      [][]uint64    // each socket's UMEM frames
 	cfg        Config
 	budgetNote string
 }
@@ -217,15 +381,26 @@ type sender struct {
 // one sendto may transmit in copy mode (32 before it).
 const xdpMaxTXSKBBudget = 9
 
-func newSender(p *testnet.Pair, cfg Config) (*sender, error) {
-	rings := xsk.Rings{Fill: 64, Completion: 4096, TX: 4096}
+// senderFrames is how many UMEM frames each of the sender's sockets has.
+const senderFrames = 4096
+
+func newSender(p *testnet.Pair, queues int, cfg Config) (*sender, error) {
+	rings := xsk.Rings{Fill: 64, Completion: senderFrames, TX: senderFrames}
 	dev := xsk.Netdev{Name: p.B.Name, Ifindex: p.B.Index, NetNS: p.NSPath()}
-	umem, socks, err := xsk.Open(dev, []uint32{0}, 4096, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: rings})
+	qs := make([]uint32, queues)
+	for i := range qs {
+		qs[i] = uint32(i)
+	}
+	umem, socks, err := xsk.Open(dev, qs, senderFrames*queues, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: rings})
 	if err != nil {
 		return nil, err
 	}
-	s := &sender{umem: umem, sock: socks[0], cfg: cfg, budgetNote: ", kernel TX budget 32"}
-	if err := unix.SetsockoptInt(s.sock.FD(), unix.SOL_XDP, xdpMaxTXSKBBudget, cfg.TXBatch); err == nil {
+	s := &sender{umem: umem, socks: socks, cfg: cfg, budgetNote: ", kernel TX budget 32"}
+	budget := true
+	for _, k := range socks {
+		budget = budget && unix.SetsockoptInt(k.FD(), unix.SOL_XDP, xdpMaxTXSKBBudget, cfg.TXBatch) == nil
+	}
+	if budget {
 		s.budgetNote = fmt.Sprintf(", kernel TX budget %d", cfg.TXBatch)
 	}
 	f, err := frame.Spec{SrcMAC: p.B.MAC, DstMAC: p.A.MAC, Src: p.B.Addr, Dst: p.A.Addr, Protocol: 17,
@@ -234,20 +409,27 @@ func newSender(p *testnet.Pair, cfg Config) (*sender, error) {
 		s.close()
 		return nil, err
 	}
-	for i := range umem.NumFrames() {
-		copy(umem.Bytes(umem.FrameAddr(i), uint32(len(f))), f)
+	for i := range socks {
+		addrs := make([]uint64, senderFrames)
+		for j := range addrs {
+			addrs[j] = umem.FrameAddr(i*senderFrames + j)
+			copy(umem.Bytes(addrs[j], uint32(len(f))), f)
+		}
+		s.addrs = append(s.addrs, addrs)
 	}
 	return s, nil
 }
 
 func (s *sender) close() {
-	s.sock.Close()
+	for _, k := range s.socks {
+		k.Close()
+	}
 	s.umem.Close()
 }
 
-// run sends for d on the sender's core and returns how many frames the
-// kernel completed.
-func (s *sender) run(d time.Duration) (uint64, error) {
+// run sends for d on the sender's core on queues 0..queues-1 and returns
+// how many frames the kernel completed.
+func (s *sender) run(d time.Duration, queues int) (uint64, error) {
 	var sent uint64
 	var err error
 	done := make(chan struct{})
@@ -257,19 +439,72 @@ func (s *sender) run(d time.Duration) (uint64, error) {
 			return
 		}
 		defer runtime.UnlockOSThread()
-		addrs := make([]uint64, s.umem.NumFrames())
-		for i := range addrs {
-			addrs[i] = s.umem.FrameAddr(i)
-		}
 		deadline := time.Now().Add(d)
-		sent, err = traffic.Flood(s.sock, addrs, uint32(s.cfg.FrameSize), s.cfg.TXBatch,
+		sent, err = flood(s.socks[:queues], s.addrs[:queues], uint32(s.cfg.FrameSize), s.cfg.TXBatch,
 			func() bool { return time.Now().After(deadline) })
 	}()
 	<-done
 	return sent, err
 }
 
-func startDrop(p *testnet.Pair) (func() (uint64, error), error) {
+// flood is traffic.Flood over several sockets in turn, from one thread:
+// each round takes every socket's completions and submits a batch on it.
+// With one socket it is traffic.Flood.
+func flood(socks []*xsk.Socket, addrs [][]uint64, size uint32, batch int, stop func() bool) (uint64, error) {
+	type txq struct {
+		s        *xsk.Socket
+		free     []uint64
+		comp     []uint64
+		inflight int
+	}
+	qs := make([]txq, len(socks))
+	for i, s := range socks {
+		qs[i] = txq{s: s, free: append(make([]uint64, 0, len(addrs[i])), addrs[i]...), comp: make([]uint64, s.Rings().Completion)}
+	}
+	descs := make([]xsk.Desc, batch)
+	var sent uint64
+	for i := 0; ; i++ {
+		if i&63 == 0 && stop() {
+			break
+		}
+		for j := range qs {
+			q := &qs[j]
+			n := q.s.Complete(q.comp)
+			q.free = append(q.free, q.comp[:n]...)
+			q.inflight -= n
+			sent += uint64(n)
+			k := min(len(q.free), len(descs))
+			for d := range k {
+				descs[d] = xsk.Desc{Addr: q.free[len(q.free)-1-d], Len: size}
+			}
+			m, err := q.s.Transmit(descs[:k])
+			if err != nil {
+				return sent, err
+			}
+			q.free = q.free[:len(q.free)-m]
+			q.inflight += m
+			if m == 0 {
+				if err := q.s.Kick(); err != nil {
+					return sent, err
+				}
+			}
+		}
+	}
+	// Frames still in flight are waited for, up to a second, so the
+	// sockets can be used again.
+	for j := range qs {
+		q := &qs[j]
+		for end := time.Now().Add(time.Second); q.inflight > 0 && time.Now().Before(end); {
+			q.s.Kick()
+			n := q.s.Complete(q.comp)
+			q.inflight -= n
+			sent += uint64(n)
+		}
+	}
+	return sent, nil
+}
+
+func startDrop(p *testnet.Pair) (*running, error) {
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "bench_drop", Type: ebpf.XDP, License: "MIT",
 		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()}})
 	if err != nil {
@@ -286,19 +521,19 @@ func startDrop(p *testnet.Pair) (func() (uint64, error), error) {
 		prog.Close()
 		return nil, err
 	}
-	return func() (uint64, error) {
+	return &running{finish: func() (outcome, error) {
 		defer prog.Close()
 		defer stats.Close()
 		st, err := prog.Stats()
 		if err != nil {
-			return 0, err
+			return outcome{}, err
 		}
-		return st.RunCount, xdp.Detach(p.NSPath(), p.A.Index, xdp.ModeNative, prog)
-	}, nil
+		return outcome{received: st.RunCount}, xdp.Detach(p.NSPath(), p.A.Index, xdp.ModeNative, prog)
+	}}, nil
 }
 
-func startXSK(kind xdp.Kind, cpu int) func(p *testnet.Pair) (func() (uint64, error), error) {
-	return func(p *testnet.Pair) (func() (uint64, error), error) {
+func startXSK(kind xdp.Kind, cpu int) func(p *testnet.Pair) (*running, error) {
+	return func(p *testnet.Pair) (*running, error) {
 		prog, err := xdp.Load(kind, xdp.LoadOptions{Queues: 1})
 		if err != nil {
 			return nil, err
@@ -339,22 +574,63 @@ func startXSK(kind xdp.Kind, cpu int) func(p *testnet.Pair) (func() (uint64, err
 		var stopFlag atomic.Bool
 		var wg sync.WaitGroup
 		var loopErr error
+		tid := make(chan int, 1) // the loop's thread, for its CPU time
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer close(tid)
 			if loopErr = pin(cpu); loopErr != nil {
 				return
 			}
 			defer runtime.UnlockOSThread()
+			tid <- unix.Gettid()
 			loopErr = rxdrop(sock, &received, &stopFlag)
 		}()
-		return func() (uint64, error) {
+		stat := ""
+		if t, ok := <-tid; ok {
+			stat = fmt.Sprintf("/proc/self/task/%d/schedstat", t)
+		}
+		finish := func() (outcome, error) {
 			stopFlag.Store(true)
 			wg.Wait()
-			err := errors.Join(loopErr, xdp.Detach(p.NSPath(), p.A.Index, xdp.ModeNative, prog.Prog()), cleanup())
-			return received.Load(), err
-		}, nil
+			var drops Drops
+			st, errStats := sock.Statistics()
+			drops.add(st)
+			err := errors.Join(loopErr, errStats, xdp.Detach(p.NSPath(), p.A.Index, xdp.ModeNative, prog.Prog()), cleanup())
+			return outcome{received: received.Load(), drops: &drops}, err
+		}
+		if stat == "" { // the loop could not start
+			_, err := finish()
+			return nil, err
+		}
+		return &running{cpu: func() (time.Duration, error) { return schedstat(stat) }, finish: finish}, nil
 	}
+}
+
+// schedstat returns the CPU time of the threads whose schedstat files
+// match pattern (a glob), from their first field: nanoseconds on a CPU.
+func schedstat(pattern string) (time.Duration, error) {
+	files, err := filepath.Glob(pattern)
+	if err != nil {
+		return 0, err
+	}
+	if len(files) == 0 {
+		return 0, fmt.Errorf("no thread at %s (it exited)", pattern)
+	}
+	var sum time.Duration
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return 0, err
+		}
+		first, _, _ := strings.Cut(string(b), " ")
+		ns, err := strconv.ParseInt(first, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %q: %w", f, b, err)
+		}
+		sum += time.Duration(ns)
+	}
+	return sum, nil
 }
 
 // rxdrop is xdpsock's rxdrop: take received frames and give them straight
@@ -387,8 +663,8 @@ var rxPackets = regexp.MustCompile(`Accumulated forward statistics[^\n]*\n\s*RX-
 
 // startTestpmd runs dpdk-testpmd in rxonly mode on A's queue 0; it prints
 // its count when it exits.
-func startTestpmd(cfg Config) func(p *testnet.Pair) (func() (uint64, error), error) {
-	return func(p *testnet.Pair) (func() (uint64, error), error) {
+func startTestpmd(cfg Config) func(p *testnet.Pair) (*running, error) {
+	return func(p *testnet.Pair) (*running, error) {
 		// ip netns exec mounts the namespace's sysfs, where the PMD looks up the netdev.
 		// stdbuf: testpmd writes to a pipe, which libc would buffer.
 		cmd := exec.Command("ip", "netns", "exec", filepath.Base(p.NSPath()), "stdbuf", "-oL", cfg.Testpmd,
@@ -416,16 +692,19 @@ func startTestpmd(cfg Config) func(p *testnet.Pair) (func() (uint64, error), err
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		return func() (uint64, error) {
+		// ip netns exec and stdbuf exec testpmd: the pid is testpmd's.
+		threads := fmt.Sprintf("/proc/%d/task/*/schedstat", cmd.Process.Pid)
+		return &running{cpu: func() (time.Duration, error) { return schedstat(threads) }, finish: func() (outcome, error) {
 			stdin.Close()
 			if err := cmd.Wait(); err != nil {
-				return 0, fmt.Errorf("testpmd: %w\n%s", err, out.String())
+				return outcome{}, fmt.Errorf("testpmd: %w\n%s", err, out.String())
 			}
 			m := rxPackets.FindStringSubmatch(out.String())
 			if m == nil {
-				return 0, fmt.Errorf("testpmd printed no RX-packets total:\n%s", out.String())
+				return outcome{}, fmt.Errorf("testpmd printed no RX-packets total:\n%s", out.String())
 			}
-			return strconv.ParseUint(m[1], 10, 64)
-		}, nil
+			n, err := strconv.ParseUint(m[1], 10, 64)
+			return outcome{received: n}, err
+		}}, nil
 	}
 }

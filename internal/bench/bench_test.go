@@ -11,35 +11,61 @@ import (
 	"github.com/xdpq/xdpq/internal/testnet"
 )
 
-// TestBenchRuns keeps `make bench` working: every receiver, DPDK's
-// included, receives frames and the table is printed. It measures nothing.
+// TestBenchRuns keeps `make bench` working: every receiver, DPDK's and
+// the pods' (xdpqperf with and without busy polling, the C client's
+// xdpq-rxdrop, on 1, 2 and 4 queues) included, receives frames, and the
+// table and the ratios are printed. It measures nothing.
 func TestBenchRuns(t *testing.T) {
 	testnet.RequireRoot(t)
+	ci := os.Getenv("CI") == "true"
 	testpmd, err := exec.LookPath("dpdk-testpmd")
-	if err != nil && os.Getenv("CI") == "true" {
+	if err != nil && ci {
 		t.Fatal("CI installs dpdk-dev for this test: ", err)
+	}
+	cc, err := FindCC("clang,clang-14")
+	if err != nil {
+		if ci {
+			t.Fatal("CI installs clang-14 for this test: ", err)
+		}
+		t.Logf("%v: (g) left out (Debian: apt-get install clang-14)", err)
+	}
+	pods, err := BuildPods(t.TempDir(), cc)
+	if err != nil {
+		t.Fatal(err)
 	}
 	var out bytes.Buffer
 	rs, err := Run(Config{Duration: 300 * time.Millisecond, Rounds: 1, FrameSize: 64, TXBatch: 256,
-		SenderCPU: 1, RxCPU: 0, Testpmd: testpmd, Out: &out})
+		SenderCPU: 1, RxCPU: 0, Testpmd: testpmd, Pods: pods, Out: &out})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	want := 3
+	want := 3 + 2*3 // (a) to (c); (e) and (f) on 1, 2 and 4 queues
 	if testpmd != "" {
-		want = 4
+		want++
+	}
+	if cc != "" {
+		want += 3
 	}
 	if len(rs) != want {
-		t.Fatalf("%d receivers measured, want %d", len(rs), want)
+		t.Fatalf("%d receivers measured, want %d\n%s", len(rs), want, out.String())
 	}
 	for _, r := range rs {
 		if r.Rates[0] <= 0 || r.SenderNS[0] <= 0 {
-			t.Errorf("%s: rate %v, sender %v ns/pkt", r.Name, r.Rates, r.SenderNS)
+			t.Errorf("%s, %d queues: rate %v, sender %v ns/pkt", r.Name, r.Queues, r.Rates, r.SenderNS)
+		}
+		if !strings.HasPrefix(r.Name, "(a)") && (len(r.RxCPUNS) != 1 || r.RxCPUNS[0] <= 0) {
+			t.Errorf("%s, %d queues: receiver CPU %v ns/pkt", r.Name, r.Queues, r.RxCPUNS)
+		}
+		if withDrops := !strings.HasPrefix(r.Name, "(a)") && !strings.HasPrefix(r.Name, "(d)"); withDrops && len(r.Drops) != 1 {
+			t.Errorf("%s, %d queues: drops %v", r.Name, r.Queues, r.Drops)
 		}
 	}
-	if !strings.Contains(out.String(), "b/a = ") {
-		t.Errorf("no ratios printed:\n%s", out.String())
+	for _, s := range []string{"b/a = ", "(e) 1 queue: rate/(a) = ", "4 queues/1 queue = ", "1 sender core"} {
+		if !strings.Contains(out.String(), s) {
+			t.Errorf("no %q in the output:\n%s", s, out.String())
+		}
 	}
+	t.Log(out.String())
 }
 
 func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }

@@ -262,6 +262,15 @@ func (d *Daemon) started() bool {
 // are restored and the local API answers.
 func (d *Daemon) Ready() <-chan struct{} { return d.ready }
 
+// MetricsAddr is the address /metrics is served on (with Options'
+// MetricsAddr "127.0.0.1:0", the port the kernel chose); nil when none is.
+func (d *Daemon) MetricsAddr() net.Addr {
+	if d.metricsLn == nil {
+		return nil
+	}
+	return d.metricsLn.Addr()
+}
+
 // Reload reads the config file again and applies it, changed or not, and
 // reads again the allocation records that could not be read
 // (cmd/deviceplugin calls it on SIGHUP).

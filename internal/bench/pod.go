@@ -1,0 +1,450 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xdpq/xdpq/internal/handover"
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/daemon"
+	"github.com/xdpq/xdpq/pkg/xdp"
+)
+
+// podUID is who the pods run as: nobody, with no capabilities.
+const podUID = 65534
+
+// Pods are the pod programs of rows (e) to (g), built from this tree.
+type Pods struct {
+	Perf    string // xdpqperf, for (e) and (f)
+	CRxdrop string // clients/c's xdpq-rxdrop, for (g)
+}
+
+// FindCC returns the path of the first C compiler of names (separated by
+// commas) that is installed.
+func FindCC(names string) (string, error) {
+	for _, n := range strings.Split(names, ",") {
+		if path, err := exec.LookPath(strings.TrimSpace(n)); err == nil {
+			return path, nil
+		}
+	}
+	return "", fmt.Errorf("no C compiler: none of %s is installed", names)
+}
+
+// BuildPods builds xdpqperf into dir, and with cc (a C compiler) the C
+// client's xdpq-rxdrop (clients/c's Makefile); cc "" leaves (g) out. It
+// runs the go tool, so it works inside this module's tree.
+func BuildPods(dir, cc string) (Pods, error) {
+	var p Pods
+	root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+	if err != nil {
+		return p, fmt.Errorf("find the module's directory (go list -m): %w", err)
+	}
+	perf := filepath.Join(dir, "xdpqperf")
+	if out, err := exec.Command("go", "build", "-o", perf, "github.com/xdpq/xdpq/cmd/xdpqperf").CombinedOutput(); err != nil {
+		return p, fmt.Errorf("build xdpqperf: %w\n%s", err, out)
+	}
+	p.Perf = perf
+	if cc == "" {
+		return p, nil
+	}
+	cdir := filepath.Join(dir, "c")
+	mk := exec.Command("make", "-C", filepath.Join(strings.TrimSpace(string(root)), "clients/c"), "O="+cdir, "CC="+cc)
+	if out, err := mk.CombinedOutput(); err != nil {
+		return p, fmt.Errorf("build the C client (%s): %w\n%s", strings.Join(mk.Args, " "), err, out)
+	}
+	p.CRxdrop = filepath.Join(cdir, "xdpq-rxdrop")
+	return p, nil
+}
+
+// podDaemon is the xdpq daemon the pod rows share, standalone in this
+// process. Its pool on A exists only while a pod row runs: removing it
+// detaches the daemon's program, so that (a) to (d) find A's hook free.
+type podDaemon struct {
+	d       *daemon.Daemon
+	pair    *testnet.Pair
+	queues  int // the pool's queues: A's 0..queues-1
+	work    string
+	pins    string
+	config  string
+	metrics string // the daemon's /metrics URL
+	cancel  context.CancelFunc
+	stopped chan error
+}
+
+func startDaemon(p *testnet.Pair, queues int) (*podDaemon, error) {
+	work, err := os.MkdirTemp("", "xdpq-bench-")
+	if err != nil {
+		return nil, err
+	}
+	// uid 65534 reaches its allocation's socket in here.
+	if err := os.Chmod(work, 0o755); err != nil {
+		os.RemoveAll(work)
+		return nil, err
+	}
+	if err := xdp.MountBPFFS(xdp.DefaultBPFFS); err != nil {
+		os.RemoveAll(work)
+		return nil, err
+	}
+	pins, err := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-bench-")
+	if err != nil {
+		os.RemoveAll(work)
+		return nil, err
+	}
+	pd := &podDaemon{pair: p, queues: queues, work: work, pins: pins, config: filepath.Join(work, "config.yaml")}
+	if err := pd.writeConfig("pools: []\n"); err != nil {
+		pd.removeDirs()
+		return nil, err
+	}
+	d, err := daemon.New(daemon.Options{ConfigPath: pd.config, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
+		StateDir: filepath.Join(work, "state"), AllocDir: filepath.Join(work, "alloc"), Standalone: true,
+		APISocket: filepath.Join(work, "api.sock"), MetricsAddr: "127.0.0.1:0",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		pd.removeDirs()
+		return nil, fmt.Errorf("xdpq daemon: %w", err)
+	}
+	pd.d = d
+	pd.metrics = "http://" + d.MetricsAddr().String() + "/metrics"
+	ctx, cancel := context.WithCancel(context.Background())
+	pd.cancel, pd.stopped = cancel, make(chan error, 1)
+	go func() { pd.stopped <- d.Run(ctx) }()
+	select {
+	case <-d.Ready():
+		return pd, nil
+	case err := <-pd.stopped:
+		cancel()
+		pd.removeDirs()
+		return nil, fmt.Errorf("xdpq daemon stopped: %w", err)
+	}
+}
+
+func (pd *podDaemon) removeDirs() {
+	os.RemoveAll(pd.pins)
+	os.RemoveAll(pd.work)
+}
+
+func (pd *podDaemon) close() error {
+	pd.cancel()
+	err := <-pd.stopped
+	pd.removeDirs()
+	return err
+}
+
+// writeConfig replaces the config file at once (a rename), so that the
+// daemon's file watch never reads half of it.
+func (pd *podDaemon) writeConfig(yaml string) error {
+	tmp := pd.config + ".new"
+	if err := os.WriteFile(tmp, []byte(yaml), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, pd.config)
+}
+
+// setPool puts the pool in force (busy polling or not), or with pool
+// false none: the daemon has applied it when Reload returns.
+func (pd *podDaemon) setPool(pool, busyPoll bool) error {
+	yaml := "pools: []\n"
+	if pool {
+		yaml = fmt.Sprintf("pools:\n  - name: bench\n    steering: hardware\n    devices: {netdevs: ['%s#0-%d']}\n",
+			pd.pair.A.Name, pd.queues-1)
+		if busyPoll {
+			yaml += "    busyPoll: {timeoutMicros: 20, budget: 64}\n"
+		}
+	}
+	if err := pd.writeConfig(yaml); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := pd.d.Reload(ctx); err != nil {
+		return fmt.Errorf("xdpq daemon: reload %q: %w", yaml, err)
+	}
+	return nil
+}
+
+// podKind is one of the pod rows.
+type podKind struct {
+	name     string
+	busyPoll bool
+	// command is the pod's program and arguments; ready is what it prints
+	// once its sockets are bound and their fill rings filled; received
+	// reads how many frames it counted from all it printed.
+	command  func(Pods) (string, []string)
+	ready    string
+	received func(out string) (uint64, error)
+}
+
+func (pd *podDaemon) receivers(cfg Config) []receiver {
+	var kinds []podKind
+	if cfg.Pods.Perf != "" {
+		perf := func(p Pods) (string, []string) { return p.Perf, []string{"-mode", "rxdrop"} }
+		kinds = append(kinds,
+			podKind{name: "(e) pod: xdpqperf rxdrop", command: perf, ready: "xdpqperf rxdrop: allocation", received: perfReceived},
+			podKind{name: "(f) pod: xdpqperf rxdrop, busyPoll", busyPoll: true, command: perf, ready: "xdpqperf rxdrop: allocation", received: perfReceived})
+	}
+	if cfg.Pods.CRxdrop != "" {
+		kinds = append(kinds, podKind{name: "(g) pod: C xdpq-rxdrop", command: func(p Pods) (string, []string) { return p.CRxdrop, nil },
+			ready: ": active (", received: cReceived})
+	}
+	var rs []receiver
+	for _, k := range kinds {
+		for _, n := range cfg.PodQueues {
+			rs = append(rs, receiver{name: k.name, queues: n, start: pd.startPod(k, n, cfg)})
+		}
+	}
+	return rs
+}
+
+// perfReceived adds up xdpqperf's "total qN: rx M tx K" lines.
+func perfReceived(out string) (uint64, error) {
+	var sum uint64
+	found := false
+	for _, line := range strings.Split(out, "\n") {
+		var q, rx, tx uint64
+		if _, err := fmt.Sscanf(line, "total q%d: rx %d tx %d", &q, &rx, &tx); err == nil {
+			sum += rx
+			found = true
+		}
+	}
+	if !found {
+		return 0, errors.New("xdpqperf printed no total")
+	}
+	return sum, nil
+}
+
+// cReceived reads xdpq-rxdrop's "total: N frames, ..." line.
+func cReceived(out string) (uint64, error) {
+	for _, line := range strings.Split(out, "\n") {
+		var n uint64
+		if _, err := fmt.Sscanf(line, "total: %d frames", &n); err == nil {
+			return n, nil
+		}
+	}
+	return 0, errors.New("xdpq-rxdrop printed no total")
+}
+
+// startPod puts the pool in force, allocates queues 0..n-1 for uid 65534
+// and starts the pod on them, pinned to the receive core; it is running
+// once the pod says so. Finishing it reads its sockets' counters from the
+// daemon's metrics while it still holds them, stops it with SIGTERM,
+// reads what it counted, frees the allocation and removes the pool.
+func (pd *podDaemon) startPod(k podKind, n int, cfg Config) func(*testnet.Pair) (*running, error) {
+	return func(p *testnet.Pair) (r *running, err error) {
+		if err := pd.setPool(true, k.busyPoll); err != nil {
+			return nil, err
+		}
+		var alloc *api.Allocation
+		defer func() {
+			if err == nil {
+				return
+			}
+			if alloc != nil {
+				err = errors.Join(err, pd.d.Free(context.Background(), alloc.ID))
+			}
+			err = errors.Join(err, pd.setPool(false, false))
+		}()
+		alloc, err = pd.d.Alloc(context.Background(), api.AllocRequest{Pool: "bench", Count: n, UID: podUID})
+		if err != nil {
+			return nil, fmt.Errorf("allocate %d queues: %w", n, err)
+		}
+		for i, q := range alloc.Queues {
+			if q != uint32(i) { // the sender sends on B's queues 0..n-1
+				return nil, fmt.Errorf("allocation %s has queues %v, want 0..%d", alloc.ID, alloc.Queues, n-1)
+			}
+		}
+		path, args := k.command(cfg.Pods)
+		out := newPodOutput(k.ready)
+		pod, err := startPinned(cfg.RxCPU, path, args, []string{"XDPQ_SOCKET=" + alloc.Socket}, out)
+		if err != nil {
+			return nil, err
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- pod.Wait() }()
+		select {
+		case <-out.ready:
+		case err := <-exited:
+			return nil, fmt.Errorf("pod exited before it was ready (%v):\n%s", err, out.String())
+		case <-time.After(30 * time.Second):
+			pod.Cmd.Process.Kill()
+			<-exited
+			return nil, fmt.Errorf("pod not ready within 30 s:\n%s", out.String())
+		}
+		pid := pod.Cmd.Process.Pid
+		if err := checkPod(pid, cfg.RxCPU); err != nil {
+			pod.Cmd.Process.Kill()
+			<-exited
+			return nil, err
+		}
+		threads := fmt.Sprintf("/proc/%d/task/*/schedstat", pid)
+		return &running{
+			cpu: func() (time.Duration, error) { return schedstat(threads) },
+			finish: func() (outcome, error) {
+				drops, errDrops := pd.drops(n)
+				pod.Cmd.Process.Signal(syscall.SIGTERM)
+				var errExit error
+				select {
+				case errExit = <-exited:
+				case <-time.After(10 * time.Second):
+					pod.Cmd.Process.Kill()
+					<-exited
+					errExit = errors.New("did not exit within 10 s of SIGTERM")
+				}
+				if errExit != nil {
+					errExit = fmt.Errorf("pod: %w\n%s", errExit, out.String())
+				}
+				received, errCount := k.received(out.String())
+				if errCount != nil {
+					errCount = fmt.Errorf("%w:\n%s", errCount, out.String())
+				}
+				err := errors.Join(errDrops, errExit, errCount, pd.d.Free(context.Background(), alloc.ID), pd.setPool(false, false))
+				return outcome{received: received, drops: &drops}, err
+			},
+		}, nil
+	}
+}
+
+// startPinned starts the pod program as handover.StartProgram does (uid
+// 65534, no capabilities, a network namespace of its own) from a thread
+// pinned to cpu: the child inherits the thread's affinity, and so every
+// thread it makes.
+func startPinned(cpu int, path string, args, env []string, out io.Writer) (*handover.Pod, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var was unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &was); err != nil {
+		return nil, fmt.Errorf("affinity: %w", err)
+	}
+	var set unix.CPUSet
+	set.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		return nil, fmt.Errorf("pin to cpu %d: %w", cpu, err)
+	}
+	// The thread must live on after this (the child's Pdeathsig is the
+	// thread's): it is unpinned and unlocked, not left to exit.
+	pod, err := handover.StartProgram(path, args, env, out, out)
+	if errRestore := unix.SchedSetaffinity(0, &was); errRestore != nil {
+		if err == nil {
+			pod.Kill()
+		}
+		return nil, errors.Join(err, fmt.Errorf("restore affinity: %w", errRestore))
+	}
+	return pod, err
+}
+
+// checkPod checks that the pod runs as uid 65534 with no capability,
+// pinned to cpu.
+func checkPod(pid, cpu int) error {
+	var id handover.Msg
+	if err := handover.IdentityOf(strconv.Itoa(pid), &id); err != nil {
+		return fmt.Errorf("pod identity: %w", err)
+	}
+	if id.UID != strconv.Itoa(podUID) || strings.Trim(id.CapEff, "0") != "" {
+		return fmt.Errorf("pod runs as uid %s with capabilities %s, want uid %d and none", id.UID, id.CapEff, podUID)
+	}
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(pid, &set); err != nil {
+		return fmt.Errorf("pod affinity: %w", err)
+	}
+	if set.Count() != 1 || !set.IsSet(cpu) {
+		return fmt.Errorf("pod runs on %d cpus, want cpu %d only", set.Count(), cpu)
+	}
+	return nil
+}
+
+// drops reads the kernel's counters of the pod's sockets on A's queues
+// 0..n-1 from the daemon's metrics (it keeps a copy of each socket while
+// the lease lasts).
+func (pd *podDaemon) drops(n int) (Drops, error) {
+	var d Drops
+	resp, err := http.Get(pd.metrics)
+	if err != nil {
+		return d, fmt.Errorf("daemon metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return d, fmt.Errorf("daemon metrics: %s", resp.Status)
+	}
+	fields := map[string]*uint64{
+		"xdpq_socket_rx_dropped_frames_total":   &d.RXDropped,
+		"xdpq_socket_rx_ring_full_frames_total": &d.RingFull,
+		"xdpq_socket_fill_ring_empty_total":     &d.FillEmpty,
+	}
+	seen := map[string]int{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		// name{netdev="xa",queue="0"} 12
+		name, rest, ok := strings.Cut(sc.Text(), "{")
+		v := fields[name]
+		if !ok || v == nil {
+			continue
+		}
+		labels, value, ok := strings.Cut(rest, "} ")
+		if !ok || !strings.Contains(labels, `netdev="`+pd.pair.A.Name+`"`) {
+			continue
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			return d, fmt.Errorf("daemon metrics: %q: %w", sc.Text(), err)
+		}
+		*v += uint64(f)
+		seen[name]++
+	}
+	if err := sc.Err(); err != nil {
+		return d, fmt.Errorf("daemon metrics: %w", err)
+	}
+	for name := range fields {
+		if seen[name] != n {
+			return d, fmt.Errorf("daemon metrics: %d sockets in %s, want %d", seen[name], name, n)
+		}
+	}
+	return d, nil
+}
+
+// podOutput collects what a pod prints (stdout and stderr: exec writes
+// them from one goroutine) and closes ready when marker shows.
+type podOutput struct {
+	marker []byte
+	ready  chan struct{}
+	mu     sync.Mutex // guards buf and seen
+	buf    bytes.Buffer
+	seen   bool
+}
+
+func newPodOutput(marker string) *podOutput {
+	return &podOutput{marker: []byte(marker), ready: make(chan struct{})}
+}
+
+func (o *podOutput) Write(b []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.buf.Write(b)
+	if !o.seen && bytes.Contains(o.buf.Bytes(), o.marker) {
+		o.seen = true
+		close(o.ready)
+	}
+	return len(b), nil
+}
+
+func (o *podOutput) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.String()
+}
