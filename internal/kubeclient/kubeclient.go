@@ -1,6 +1,6 @@
 // Package kubeclient is the xdpq daemon's typed client of the Kubernetes
 // API server: pods, nodes and events.k8s.io/v1 Events, the resources it
-// uses, built like client-go's clientset (rest, gentype) but on a scheme
+// uses, built like client-go's clientset (on rest) but on a scheme
 // of those two groups only. client-go's clientset would do, but its
 // scheme registers every API group at init: linking it costs a node
 // daemon about 9 MB of resident memory for types it never uses.
@@ -9,6 +9,7 @@ package kubeclient
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -17,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/gentype"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/flowcontrol"
 )
@@ -76,27 +77,59 @@ func NewForConfig(cfg *rest.Config) (*Client, error) {
 }
 
 // Pods returns the pods of namespace; "" is every namespace.
-func (c *Client) Pods(namespace string) *gentype.ClientWithList[*corev1.Pod, *corev1.PodList] {
-	return gentype.NewClientWithList("pods", c.core, c.params, namespace,
-		func() *corev1.Pod { return &corev1.Pod{} }, func() *corev1.PodList { return &corev1.PodList{} },
-		gentype.PrefersProtobuf[*corev1.Pod]())
-}
+func (c *Client) Pods(namespace string) Pods { return Pods{c, namespace} }
 
 // Nodes returns the nodes.
-func (c *Client) Nodes() *gentype.Client[*corev1.Node] {
-	return gentype.NewClient("nodes", c.core, c.params, "", func() *corev1.Node { return &corev1.Node{} },
-		gentype.PrefersProtobuf[*corev1.Node]())
-}
+func (c *Client) Nodes() Nodes { return Nodes{c} }
 
-// Events returns the events.k8s.io/v1 Events of namespace.
-func (c *Client) Events(namespace string) *gentype.Client[*eventsv1.Event] {
-	return gentype.NewClient("events", c.events, c.params, namespace, func() *eventsv1.Event { return &eventsv1.Event{} },
-		gentype.PrefersProtobuf[*eventsv1.Event]())
-}
-
-// EventSink returns the Events as client-go's tools/events and
-// internal/kubeevents write them: each in its own namespace.
+// EventSink returns the events.k8s.io/v1 Events as client-go's
+// tools/events and internal/kubeevents write them: each in its own
+// namespace.
 func (c *Client) EventSink() EventSink { return EventSink{c} }
+
+// The requests below are those of client-go's typed clients
+// (k8s.io/client-go/gentype), which this package does not use: gentype
+// imports client-go's fakes, and with them OpenAPI and managed fields'
+// packages, about 3 MB of resident memory more.
+
+// Pods is the pods of one namespace, or of every namespace.
+type Pods struct {
+	c         *Client
+	namespace string
+}
+
+// List lists the pods.
+func (p Pods) List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error) {
+	var list corev1.PodList
+	err := p.c.core.Get().UseProtobufAsDefaultIfPreferred(true).NamespaceIfScoped(p.namespace, p.namespace != "").Resource("pods").
+		VersionedParams(&opts, p.c.params).Timeout(timeout(opts)).Do(ctx).Into(&list)
+	return &list, err
+}
+
+// Watch watches the pods.
+func (p Pods) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	opts.Watch = true
+	return p.c.core.Get().UseProtobufAsDefaultIfPreferred(true).NamespaceIfScoped(p.namespace, p.namespace != "").Resource("pods").
+		VersionedParams(&opts, p.c.params).Timeout(timeout(opts)).Watch(ctx)
+}
+
+func timeout(opts metav1.ListOptions) time.Duration {
+	if opts.TimeoutSeconds == nil {
+		return 0
+	}
+	return time.Duration(*opts.TimeoutSeconds) * time.Second
+}
+
+// Nodes is the nodes.
+type Nodes struct{ c *Client }
+
+// Get gets the node name.
+func (n Nodes) Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.Node, error) {
+	var node corev1.Node
+	err := n.c.core.Get().UseProtobufAsDefaultIfPreferred(true).Resource("nodes").Name(name).
+		VersionedParams(&opts, n.c.params).Do(ctx).Into(&node)
+	return &node, err
+}
 
 // EventSink writes events.k8s.io/v1 Events, each in its namespace, as
 // client-go's tools/events.EventSinkImpl does.
@@ -107,7 +140,10 @@ func (s EventSink) Create(ctx context.Context, event *eventsv1.Event) (*eventsv1
 	if event.Namespace == "" {
 		return nil, fmt.Errorf("can't create an event with empty namespace")
 	}
-	return s.c.Events(event.Namespace).Create(ctx, event, metav1.CreateOptions{})
+	var out eventsv1.Event
+	err := s.c.events.Post().UseProtobufAsDefaultIfPreferred(true).Namespace(event.Namespace).Resource("events").
+		VersionedParams(&metav1.CreateOptions{}, s.c.params).Body(event).Do(ctx).Into(&out)
+	return &out, err
 }
 
 // Update updates event.
@@ -115,7 +151,10 @@ func (s EventSink) Update(ctx context.Context, event *eventsv1.Event) (*eventsv1
 	if event.Namespace == "" {
 		return nil, fmt.Errorf("can't update an event with empty namespace")
 	}
-	return s.c.Events(event.Namespace).Update(ctx, event, metav1.UpdateOptions{})
+	var out eventsv1.Event
+	err := s.c.events.Put().UseProtobufAsDefaultIfPreferred(true).Namespace(event.Namespace).Resource("events").Name(event.Name).
+		VersionedParams(&metav1.UpdateOptions{}, s.c.params).Body(event).Do(ctx).Into(&out)
+	return &out, err
 }
 
 // Patch patches event with data, a strategic merge patch.
@@ -123,5 +162,8 @@ func (s EventSink) Patch(ctx context.Context, event *eventsv1.Event, data []byte
 	if event.Namespace == "" {
 		return nil, fmt.Errorf("can't patch an event with empty namespace")
 	}
-	return s.c.Events(event.Namespace).Patch(ctx, event.Name, types.StrategicMergePatchType, data, metav1.PatchOptions{})
+	var out eventsv1.Event
+	err := s.c.events.Patch(types.StrategicMergePatchType).UseProtobufAsDefaultIfPreferred(true).Namespace(event.Namespace).Resource("events").
+		Name(event.Name).VersionedParams(&metav1.PatchOptions{}, s.c.params).Body(data).Do(ctx).Into(&out)
+	return &out, err
 }
