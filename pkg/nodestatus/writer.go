@@ -151,6 +151,9 @@ func (w *Writer) Run(ctx context.Context) error {
 		rec.Run(evCtx)
 	}()
 	defer func() {
+		w.mu.Lock()
+		w.recorder = nil // what is recorded now is dropped, as it was by a stopped broadcaster
+		w.mu.Unlock()
 		stopEvents()
 		<-recorded
 	}()
