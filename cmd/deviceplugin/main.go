@@ -15,11 +15,11 @@ import (
 	"syscall"
 
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/xdpq/xdpq/internal/dsowner"
+	"github.com/xdpq/xdpq/internal/kubeclient"
 	"github.com/xdpq/xdpq/pkg/daemon"
 )
 
@@ -117,12 +117,16 @@ func kubeClients(o *daemon.Options, kubeconfig string) (*rest.Config, error) {
 		return nil, nil
 	}
 	cfg.UserAgent = "xdpq-daemon"
-	if o.Kube, err = kubernetes.NewForConfig(cfg); err != nil {
+	// kubeclient, not client-go's clientset: see its doc.
+	kc, err := kubeclient.NewForConfig(cfg)
+	if err != nil {
 		return nil, fmt.Errorf("API server client: %w", err)
 	}
-	if o.KubeDynamic, err = dynamic.NewForConfig(cfg); err != nil {
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
 		return nil, fmt.Errorf("API server client: %w", err)
 	}
+	o.Kube = &daemon.Kube{Pods: kc.Pods(""), Nodes: kc.Nodes(), Events: kc.EventSink(), Dynamic: dyn}
 	return cfg, nil
 }
 

@@ -14,8 +14,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 
+	"github.com/xdpq/xdpq/internal/kubeevents"
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/broker"
@@ -24,7 +24,19 @@ import (
 	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/mover"
 	"github.com/xdpq/xdpq/pkg/nic"
+	"github.com/xdpq/xdpq/pkg/nodestatus"
 )
+
+// Kube is the API server as the daemon uses it. cmd/deviceplugin makes
+// it from internal/kubeclient and a dynamic client; client-go's
+// clientset serves as well (CoreV1().Pods(""), CoreV1().Nodes(),
+// &events.EventSinkImpl{Interface: EventsV1()}), or its fakes in tests.
+type Kube struct {
+	Pods    kubepods.Pods     // of every namespace: the node's are watched
+	Nodes   nodestatus.Nodes  // the Node, the XdpqNode's owner
+	Events  kubeevents.Sink   // events.k8s.io/v1 Events
+	Dynamic dynamic.Interface // the XdpqNode, a custom resource
+}
 
 // Options configure the daemon; cmd/deviceplugin sets them from flags.
 type Options struct {
@@ -65,13 +77,10 @@ type Options struct {
 	// MetricsAddr is the TCP address of /metrics, /healthz and /readyz
 	// (host:port); "" serves none.
 	MetricsAddr string
-	// Kube is the API server's client: with it the daemon keeps its
+	// Kube is the API server's clients: with them the daemon keeps its
 	// node's XdpqNode (named NodeName, which it needs then) and records
 	// Events. Nil: no API server, and everything else works as well.
-	Kube kubernetes.Interface
-	// KubeDynamic is a dynamic client of the same API server, for the
-	// XdpqNode (a custom resource); required with Kube.
-	KubeDynamic dynamic.Interface
+	Kube *Kube
 	// Pods finds this node's pods by UID (Kubernetes mode): an allocation
 	// is then bound to the pod whose process connects first, if kubelet
 	// says that pod holds it. Nil with Kube: an informer on the API
@@ -174,12 +183,12 @@ func New(opts Options) (_ *Daemon, err error) {
 	d := &Daemon{opts: opts, log: opts.Logger, kubelet: kubelet{opts.PodResourcesSocket}, ready: make(chan struct{}), reqs: make(chan reconcileRequest),
 		found: map[string]nic.Netdev{}, managed: map[string]agent.Policy{}, pods: map[string]*podNetdev{}, plugins: map[string]*plugin{}, retry: map[string]bool{},
 		health: health{running: map[string]bool{}}, netdevsChanged: make(chan struct{}, 1)}
-	if opts.Kube != nil && (opts.NodeName == "" || opts.KubeDynamic == nil) {
-		return nil, errors.New("with an API server the daemon needs its node's name (--node-name, or NODE_NAME) and a dynamic client")
+	if opts.Kube != nil && (opts.NodeName == "" || opts.Kube.Pods == nil || opts.Kube.Nodes == nil || opts.Kube.Events == nil || opts.Kube.Dynamic == nil) {
+		return nil, errors.New("with an API server the daemon needs its node's name (--node-name, or NODE_NAME) and every client of Options.Kube")
 	}
 	d.node = d.newNodeReporter()
 	if opts.Pods == nil && opts.Kube != nil && !opts.Standalone {
-		if d.podDir, err = kubepods.New(opts.Kube, opts.NodeName); err != nil {
+		if d.podDir, err = kubepods.New(opts.Kube.Pods, opts.NodeName); err != nil {
 			return nil, err
 		}
 		d.opts.Pods = d.podDir

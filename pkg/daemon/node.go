@@ -45,7 +45,7 @@ func (d *Daemon) newNodeReporter() nodeReporter {
 	if d.opts.Kube == nil {
 		return noReporter{}
 	}
-	return nodestatus.New(nodestatus.Config{Node: d.opts.NodeName, Kube: d.opts.Kube, Dynamic: d.opts.KubeDynamic,
+	return nodestatus.New(nodestatus.Config{Node: d.opts.NodeName, Nodes: d.opts.Kube.Nodes, Events: d.opts.Kube.Events, Dynamic: d.opts.Kube.Dynamic,
 		Source: d.Status, Serving: d.started, Logger: d.log})
 }
 

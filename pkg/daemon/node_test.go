@@ -17,6 +17,7 @@ import (
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/events"
 
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/apis/xdpq/v1alpha1"
@@ -58,7 +59,7 @@ func TestNodeStatusFakeAPIServer(t *testing.T) {
 		evs <- a.(k8stesting.CreateAction).GetObject().(*eventsv1.Event)
 		return false, nil, nil
 	})
-	o.Kube, o.KubeDynamic = kube, dyn
+	o.Kube = &Kube{Pods: kube.CoreV1().Pods(""), Nodes: kube.CoreV1().Nodes(), Events: &events.EventSinkImpl{Interface: kube.EventsV1()}, Dynamic: dyn}
 	runDaemon(t, o)
 
 	waitWritten := func(what string, ok func(v1alpha1.XdpqNodeStatus) bool) v1alpha1.XdpqNodeStatus {

@@ -74,7 +74,7 @@ type scaleRound struct {
 	emptyRPC                               []time.Duration // GetDevicePluginOptions: the transport's share of a call
 	statusLoaded, add, del                 []time.Duration
 	cpuAllocate, cpuStatus, cpuAdd         time.Duration // daemon CPU time per pod admitted, per idle status, per ADD; 0 in process
-	rssMiB, hwmMiB                         float64       // 0 in process
+	rssMiB, hwmMiB, anonMiB, fileMiB       float64       // 0 in process
 	updates                                int64         // ListAndWatch lists after the first healthy one
 	reallocated                            int           // Allocates of a device an earlier pod held
 	addPhase                               time.Duration // wall time of the ADDs
@@ -390,7 +390,7 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 	}
 	r.cpuAdd = cpuAdd / time.Duration(len(r.add))
 	r.updates = updates.Load()
-	r.rssMiB, r.hwmMiB = d.memory()
+	r.rssMiB, r.hwmMiB, r.anonMiB, r.fileMiB = d.memory()
 	cancel()
 	<-drained
 	stop()
@@ -570,24 +570,32 @@ func (d scaleDaemon) cpu() time.Duration {
 	return time.Duration(ut+st) * 10 * time.Millisecond
 }
 
-// memory is the daemon process's VmRSS and VmHWM in MiB; 0 in process.
-func (d scaleDaemon) memory() (rss, hwm float64) {
+// memory is the daemon process's VmRSS, VmHWM, RssAnon and RssFile in
+// MiB; 0 in process.
+func (d scaleDaemon) memory() (rss, hwm, anon, file float64) {
 	if d.pid == 0 {
-		return 0, 0
+		return 0, 0, 0, 0
 	}
 	status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.pid))
 	for _, l := range strings.Split(string(status), "\n") {
 		k, v, _ := strings.Cut(l, ":")
-		if f := strings.Fields(v); len(f) > 0 && (k == "VmRSS" || k == "VmHWM") {
-			kb, _ := strconv.ParseFloat(f[0], 64)
-			if k == "VmRSS" {
-				rss = kb / 1024
-			} else {
-				hwm = kb / 1024
-			}
+		f := strings.Fields(v)
+		if len(f) == 0 {
+			continue
+		}
+		kb, _ := strconv.ParseFloat(f[0], 64)
+		switch k {
+		case "VmRSS":
+			rss = kb / 1024
+		case "VmHWM":
+			hwm = kb / 1024
+		case "RssAnon":
+			anon = kb / 1024
+		case "RssFile":
+			file = kb / 1024
 		}
 	}
-	return rss, hwm
+	return rss, hwm, anon, file
 }
 
 // startScaleDaemon starts the daemon: bin with opts's flags on l.daemon's
@@ -745,6 +753,8 @@ func printScaleTable(loadBefore string, layouts []scaleLayout, results [][]scale
 		{name: "daemon log: warnings", val: func(r scaleRound) float64 { return float64(r.warnings) }},
 		{name: "ListAndWatch lists sent during the load", val: func(r scaleRound) float64 { return float64(r.updates) }},
 		{name: "daemon RSS after the load (VmRSS)", unit: "MiB", goal: scaleRSSGoal, processOnly: true, val: func(r scaleRound) float64 { return r.rssMiB }},
+		{name: "  of it anonymous (RssAnon: heap, stacks)", unit: "MiB", processOnly: true, val: func(r scaleRound) float64 { return r.anonMiB }},
+		{name: "  of it the binary's pages (RssFile)", unit: "MiB", processOnly: true, val: func(r scaleRound) float64 { return r.fileMiB }},
 		{name: "daemon peak RSS (VmHWM)", unit: "MiB", processOnly: true, val: func(r scaleRound) float64 { return r.hwmMiB }},
 	}
 	var sb strings.Builder

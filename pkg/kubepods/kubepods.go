@@ -15,13 +15,21 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 )
 
 const byUID = "uid"
+
+// Pods lists and watches the pods of every namespace: client-go's
+// CoreV1().Pods("") and internal/kubeclient's Pods("") are ones.
+type Pods interface {
+	List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
+}
 
 // Pod is what the daemon needs of a pod.
 type Pod struct {
@@ -33,9 +41,8 @@ type Pod struct {
 
 // Directory is the pods of one node, by UID.
 type Directory struct {
-	client   kubernetes.Interface
+	pods     Pods
 	node     string
-	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
 	// changed holds the UIDs of pods added, changed or deleted since
 	// Next took them, each once (a client-go workqueue).
@@ -43,14 +50,30 @@ type Directory struct {
 }
 
 // New returns the directory of node's pods. It holds nothing until Run.
-func New(client kubernetes.Interface, node string) (*Directory, error) {
+func New(pods Pods, node string) (*Directory, error) {
 	if node == "" {
 		return nil, fmt.Errorf("kubepods: no node name")
 	}
-	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+	// The informer client-go's informer factory would make
+	// (informers/core/v1.NewTypedPodInformerWithOptions), without
+	// linking the factory and its clientset of every API group.
+	onNode := func(o metav1.ListOptions) metav1.ListOptions {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
-	}))
-	inf := f.Core().V1().Pods().Informer()
+		return o
+	}
+	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return pods.List(ctx, onNode(o))
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return pods.Watch(ctx, onNode(o))
+		},
+	}, pods)
+	var unnamed *cache.InformerName // the factory's without informers.WithInformerName
+	inf := cache.NewSharedIndexInformerWithOptions(lw, &corev1.Pod{}, cache.SharedIndexInformerOptions{
+		Indexers:   cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
+		Identifier: unnamed.WithResource(schema.GroupVersionResource{Version: "v1", Resource: "pods"}),
+	})
 	if err := inf.AddIndexers(cache.Indexers{byUID: func(obj any) ([]string, error) {
 		p, ok := obj.(*corev1.Pod)
 		if !ok {
@@ -60,7 +83,7 @@ func New(client kubernetes.Interface, node string) (*Directory, error) {
 	}}); err != nil {
 		return nil, fmt.Errorf("kubepods: %w", err)
 	}
-	d := &Directory{client: client, node: node, factory: f, informer: inf, changed: workqueue.NewTyped[string]()}
+	d := &Directory{pods: pods, node: node, informer: inf, changed: workqueue.NewTyped[string]()}
 	add := func(obj any) {
 		if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = tomb.Obj
@@ -96,9 +119,7 @@ func (d *Directory) Touch(uid string) { d.changed.Add(uid) }
 // Run keeps the directory until ctx ends. (The informer retries, with
 // backoff, while the API server is away.)
 func (d *Directory) Run(ctx context.Context) error {
-	d.factory.Start(ctx.Done())
-	<-ctx.Done()
-	d.factory.Shutdown()
+	d.informer.RunWithContext(ctx)
 	d.changed.ShutDown()
 	return nil
 }
@@ -116,7 +137,7 @@ func (d *Directory) PodByUID(ctx context.Context, uid string) (Pod, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	list, err := d.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{
+	list, err := d.pods.List(ctx, metav1.ListOptions{
 		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", d.node).String()})
 	if err != nil {
 		return Pod{}, fmt.Errorf("pods of node %s: %w", d.node, err)

@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/xdpq/xdpq/pkg/apis/xdpq/v1alpha1"
@@ -82,11 +81,11 @@ func (w *Writer) PodFlows(pod v1alpha1.PodRef, alloc string, flows []string, ref
 }
 
 // event records an event on the XdpqNode, related to related if not nil.
-func (w *Writer) event(related runtime.Object, typ, reason, action, format string, args ...any) {
+func (w *Writer) event(related *corev1.ObjectReference, typ, reason, action, format string, args ...any) {
 	w.record(w.regarding(), related, typ, reason, action, fmt.Sprintf(format, args...))
 }
 
-func (w *Writer) record(regarding, related runtime.Object, typ, reason, action, note string) {
+func (w *Writer) record(regarding, related *corev1.ObjectReference, typ, reason, action, note string) {
 	w.mu.Lock()
 	rec := w.recorder
 	w.mu.Unlock()
@@ -97,12 +96,12 @@ func (w *Writer) record(regarding, related runtime.Object, typ, reason, action, 
 	if len(note) > maxNote {
 		note = note[:maxNote-3] + "..."
 	}
-	rec.Eventf(regarding, related, typ, reason, action, "%s", note)
+	rec.Event(regarding, related, typ, reason, action, note)
 }
 
 // regarding is the XdpqNode as events name it: with its UID once it is
 // created.
-func (w *Writer) regarding() runtime.Object {
+func (w *Writer) regarding() *corev1.ObjectReference {
 	ref := &corev1.ObjectReference{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.Kind, Name: w.cfg.Node}
 	if o := w.object(); o != nil {
 		ref.UID = o.UID

@@ -14,10 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/clock"
 
+	"github.com/xdpq/xdpq/internal/kubeevents"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/apis/xdpq/v1alpha1"
 )
@@ -41,12 +40,22 @@ const (
 // server.
 type Source func(context.Context) (*api.Status, error)
 
+// Nodes gets Nodes: client-go's CoreV1().Nodes() and
+// internal/kubeclient's Nodes() are ones.
+type Nodes interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.Node, error)
+}
+
 // Config configures a Writer.
 type Config struct {
 	// Node is the node's name: of its Node, and of its XdpqNode.
 	Node string
-	// Kube reads the Node (the XdpqNode's owner) and records Events.
-	Kube kubernetes.Interface
+	// Nodes reads the Node, the XdpqNode's owner.
+	Nodes Nodes
+	// Events writes the Events the writer records (events.k8s.io/v1):
+	// &events.EventSinkImpl{Interface: clientset.EventsV1()} of client-go's
+	// tools/events, or internal/kubeclient's EventSink().
+	Events kubeevents.Sink
 	// Dynamic applies the XdpqNode and its status.
 	Dynamic dynamic.Interface
 	// Source is the daemon's status.
@@ -85,7 +94,7 @@ type Writer struct {
 
 	mu       sync.Mutex // guards the fields below; never held across a call out
 	obj      *v1alpha1.XdpqNode
-	recorder events.EventRecorder // nil until Run starts it
+	recorder *kubeevents.Recorder // nil until Run starts it
 	writes   uint64
 
 	// Run's own.
@@ -134,22 +143,22 @@ func (w *Writer) Writes() uint64 {
 // daemon stopped), trying for a few seconds. It returns nil: an API server
 // that is away is retried, never a failure of the daemon.
 func (w *Writer) Run(ctx context.Context) error {
-	scheme := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		return err
-	}
-	if err := corev1.AddToScheme(scheme); err != nil {
-		return err
-	}
-	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: w.cfg.Kube.EventsV1()})
-	stopEvents := make(chan struct{})
-	b.StartRecordingToSink(stopEvents)
+	rec := kubeevents.New(w.cfg.Events, ReportingController, w.log)
+	evCtx, stopEvents := context.WithCancel(context.WithoutCancel(ctx))
+	recorded := make(chan struct{})
+	go func() {
+		defer close(recorded)
+		rec.Run(evCtx)
+	}()
 	defer func() {
-		close(stopEvents)
-		b.Shutdown()
+		w.mu.Lock()
+		w.recorder = nil // what is recorded now is dropped, as it was by a stopped broadcaster
+		w.mu.Unlock()
+		stopEvents()
+		<-recorded
 	}()
 	w.mu.Lock()
-	w.recorder = b.NewRecorder(scheme, ReportingController)
+	w.recorder = rec
 	w.mu.Unlock()
 
 	timer := w.clock.NewTimer(0) // the first look at once
@@ -226,7 +235,7 @@ func (w *Writer) failed(what string, err error) time.Duration {
 func (w *Writer) ensure(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	node, err := w.cfg.Kube.CoreV1().Nodes().Get(ctx, w.cfg.Node, metav1.GetOptions{})
+	node, err := w.cfg.Nodes.Get(ctx, w.cfg.Node, metav1.GetOptions{})
 	if err != nil {
 		return fmt.Errorf("node %s (the XdpqNode's owner): %w", w.cfg.Node, err)
 	}

@@ -21,6 +21,7 @@ import (
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/events"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/xdpq/xdpq/pkg/api"
@@ -89,7 +90,7 @@ func newHarness(t *testing.T) *harness {
 		u.SetUID("xdpqnode-uid")
 		return true, &u, nil
 	})
-	h.w = nodestatus.New(nodestatus.Config{Node: nodeName, Kube: h.kube, Dynamic: h.dyn, Clock: h.clk,
+	h.w = nodestatus.New(nodestatus.Config{Node: nodeName, Nodes: h.kube.CoreV1().Nodes(), Events: &events.EventSinkImpl{Interface: h.kube.EventsV1()}, Dynamic: h.dyn, Clock: h.clk,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Source: func(context.Context) (*api.Status, error) {
 			h.mu.Lock()

@@ -27,6 +27,7 @@ import (
 	watchtools "k8s.io/client-go/tools/watch"
 	"sigs.k8s.io/yaml"
 
+	"github.com/xdpq/xdpq/internal/kubeclient"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/apis/xdpq/v1alpha1"
 	"github.com/xdpq/xdpq/pkg/nodestatus"
@@ -354,7 +355,11 @@ func buildPlugin(ctx context.Context, t *testing.T) string {
 // with status as the daemon's, until stop is called or the test ends.
 // stop returns when the writer has, having written Ready False.
 func startWriter(t *testing.T, cp *cluster.ControlPlane, dyn dynamic.Interface, node string, status *api.Status, serving bool) (w *nodestatus.Writer, stop func()) {
-	w = nodestatus.New(nodestatus.Config{Node: node, Kube: cp.Client, Dynamic: dyn,
+	kc, err := kubeclient.NewForConfig(cp.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w = nodestatus.New(nodestatus.Config{Node: node, Nodes: kc.Nodes(), Events: kc.EventSink(), Dynamic: dyn,
 		Source:  func(context.Context) (*api.Status, error) { return status, nil },
 		Serving: func() bool { return serving }})
 	ctx, cancel := context.WithCancel(context.Background())

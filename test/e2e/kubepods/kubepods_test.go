@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/xdpq/xdpq/internal/kubeclient"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/kubepods"
 	"github.com/xdpq/xdpq/test/e2e/cluster"
@@ -43,7 +44,13 @@ func TestDirectory(t *testing.T) {
 	}
 	a, b := create("a", "n1"), create("b", "n2")
 
-	d, err := kubepods.New(cp.Client, "n1")
+	// The daemon's own client (internal/kubeclient), as cmd/deviceplugin
+	// makes it.
+	kc, err := kubeclient.NewForConfig(cp.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := kubepods.New(kc.Pods(""), "n1")
 	if err != nil {
 		t.Fatal(err)
 	}
