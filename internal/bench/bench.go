@@ -633,6 +633,30 @@ func schedstat(pattern string) (time.Duration, error) {
 	return sum, nil
 }
 
+// processCPU returns the CPU time process pid has used, its ended threads'
+// included (utime and stime of /proc/<pid>/stat, in USER_HZ ticks).
+func processCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// pid (comm) state ppid ...: comm may hold anything but the last ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if i < 0 || len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, b)
+	}
+	var ticks int64
+	for _, v := range f[11:13] { // utime, stime: fields 14 and 15
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/%d/stat: %q: %w", pid, b, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / 100, nil // USER_HZ is 100 on Linux
+}
+
 // rxdrop is xdpsock's rxdrop: take received frames and give them straight
 // back to the fill ring, spinning. Frames the fill ring does not take yet
 // (the kernel publishes its consumer index lazily) wait in refill.

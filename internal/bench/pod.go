@@ -293,9 +293,10 @@ func (pd *podDaemon) startPod(k podKind, n int, cfg Config) func(*testnet.Pair) 
 			<-exited
 			return nil, err
 		}
-		threads := fmt.Sprintf("/proc/%d/task/*/schedstat", pid)
 		return &running{
-			cpu: func() (time.Duration, error) { return schedstat(threads) },
+			// The process's, not its threads' now: a Go pod makes and
+			// ends threads as its loops block in poll.
+			cpu: func() (time.Duration, error) { return processCPU(pid) },
 			finish: func() (outcome, error) {
 				drops, errDrops := pd.drops(n)
 				pod.Cmd.Process.Signal(syscall.SIGTERM)

@@ -23,13 +23,22 @@
 // Options.OnEvent hears of all three. Close stops the redialing at any
 // point and leaves no goroutine behind.
 //
+// # The receive loop
+//
+// Lease.Receiver(i) is socket i's receive fast path: it takes frames off
+// the RX ring in batches, keeps the fill ring topped up from the frames
+// the lease gave the socket, and waits the way the pool says (see
+// Receiver). Run one goroutine per socket (ExampleLease_Receiver); Peek
+// and Recycle are for loops that keep frames, such as forwarders.
+//
 // # Busy polling
 //
 // When the pool has busy polling, Lease.BusyPoll says so: the daemon has
 // set SO_PREFER_BUSY_POLL, SO_BUSY_POLL and SO_BUSY_POLL_BUDGET on the
 // sockets. The NIC's interrupts may then be deferred, and the application
 // drives its queues itself: each round of its loop makes a non-blocking
-// recvfrom on a socket it receives on (xsk.Socket.Receive does one only
-// when the fill ring asks for a wakeup) and a sendto on one it transmits
-// on (xsk.Socket.Kick), instead of sleeping in poll.
+// recvfrom on a socket it receives on (a Receiver does; with xsk.Socket
+// alone, WakeRX, since Receive makes one only when the fill ring asks for
+// a wakeup) and a sendto on one it transmits on (xsk.Socket.Kick),
+// instead of sleeping in poll.
 package client
