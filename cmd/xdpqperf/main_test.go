@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,10 +18,7 @@ import (
 	"github.com/xdpq/xdpq/internal/node"
 	"github.com/xdpq/xdpq/internal/syncbuf"
 	"github.com/xdpq/xdpq/internal/testnet"
-	"github.com/xdpq/xdpq/pkg/agent"
-	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/client"
-	"github.com/xdpq/xdpq/pkg/wire"
 )
 
 func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
@@ -66,20 +61,8 @@ var totalLine = regexp.MustCompile(`(?m)^total q0: rx (\d+) tx 0$`)
 // run that does not end within 20 s is a hang (the test says so and
 // kills it).
 func TestEnds(t *testing.T) {
-	testnet.RequireRoot(t)
 	bin := build(t)
-	root := uint32(0)
-	n, err := node.Start(node.Config{Queues: 1, Alloc: []uint32{0}, Owner: broker.Owner{UID: &root},
-		Limits: wire.Limits{MaxUMEM: 64 << 20, MaxRing: 4096, MaxQueue: 4},
-		Policy: agent.Policy{Steering: agent.SteerHardware}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
-	p, err := n.Peer([]uint32{0})
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, p := node.StartTB(t, node.Config{})
 	// Frames flow all along.
 	f, err := frame.Spec{SrcMAC: n.Pair.B.MAC, DstMAC: n.Pair.A.MAC, Src: n.Pair.B.Addr, Dst: n.Pair.A.Addr, Protocol: 17,
 		SrcPort: 1, DstPort: 5000, Payload: frame.Payload(0, 0, 60)}.Build()

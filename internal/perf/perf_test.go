@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"log/slog"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -14,29 +13,13 @@ import (
 	"github.com/xdpq/xdpq/internal/frame"
 	"github.com/xdpq/xdpq/internal/node"
 	"github.com/xdpq/xdpq/internal/testnet"
-	"github.com/xdpq/xdpq/pkg/agent"
-	"github.com/xdpq/xdpq/pkg/broker"
-	"github.com/xdpq/xdpq/pkg/wire"
 )
 
 func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
 
 func start(t *testing.T) (*node.Node, *node.Peer) {
 	t.Helper()
-	testnet.RequireRoot(t)
-	root := uint32(0)
-	n, err := node.Start(node.Config{Queues: 2, Alloc: []uint32{0}, Owner: broker.Owner{UID: &root},
-		Limits: wire.Limits{MaxUMEM: 64 << 20, MaxRing: 4096, AllowTX: true, MaxQueue: 4},
-		Policy: agent.Policy{Steering: agent.SteerHardware}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Close() })
-	p, err := n.Peer([]uint32{0})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n, p
+	return node.StartTB(t, node.Config{Queues: 2})
 }
 
 func udp(n *node.Node, from, to int, i int) []byte {

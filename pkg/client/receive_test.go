@@ -2,8 +2,6 @@ package client_test
 
 import (
 	"bytes"
-	"io"
-	"log/slog"
 	"os"
 	"testing"
 	"time"
@@ -11,8 +9,6 @@ import (
 	"github.com/xdpq/xdpq/internal/frame"
 	"github.com/xdpq/xdpq/internal/node"
 	"github.com/xdpq/xdpq/internal/testnet"
-	"github.com/xdpq/xdpq/pkg/agent"
-	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/client"
 	"github.com/xdpq/xdpq/pkg/wire"
 	"github.com/xdpq/xdpq/pkg/xsk"
@@ -24,20 +20,7 @@ func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
 // peer that sends to it from xb.
 func start(t *testing.T, busy *wire.BusyPoll) (*node.Node, *node.Peer) {
 	t.Helper()
-	testnet.RequireRoot(t)
-	root := uint32(0)
-	n, err := node.Start(node.Config{Queues: 1, Alloc: []uint32{0}, Owner: broker.Owner{UID: &root}, BusyPoll: busy,
-		Limits: wire.Limits{MaxUMEM: 64 << 20, MaxRing: 4096, MaxQueue: 4},
-		Policy: agent.Policy{Steering: agent.SteerHardware}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Close() })
-	p, err := n.Peer([]uint32{0})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n, p
+	return node.StartTB(t, node.Config{BusyPoll: busy})
 }
 
 // burst is 1024 frames, each of its own content.
