@@ -41,12 +41,25 @@ static void on_signal(int sig)
 	stop = 1;
 }
 
-static int64_t now_ms(void)
+static int64_t now_us(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
+
+static int64_t now_ms(void)
+{
+	return now_us() / 1000;
+}
+
+/* While frames came less than IDLE_AFTER_US ago, a loop that finds none
+ * naps NAP_US between looks instead of sleeping in poll: a loop asleep in
+ * poll must be woken for the next frame, from the core that received it,
+ * a wakeup every few frames while traffic flows. pkg/client's Receiver
+ * does the same. */
+#define NAP_US 20
+#define IDLE_AFTER_US 1000
 
 /* number parses a whole non-negative decimal of at most max. */
 static int number(const char *s, unsigned long long max, unsigned long long *v)
@@ -218,6 +231,7 @@ int main(int argc, char **argv)
 	int64_t next_resume = 0, backoff = 0;
 	int status = 0;
 
+	int64_t last_frame = 0;
 	while (!stop && now_ms() < end && (!max_frames || total < max_frames)) {
 		uint32_t got = 0;
 		for (size_t i = 0; i < l->nsockets; i++) {
@@ -228,8 +242,20 @@ int main(int argc, char **argv)
 			total += n;
 			got += n;
 		}
-		if (got)
+		if (got) {
+			last_frame = now_us();
 			continue;
+		}
+		if (now_us() - last_frame < IDLE_AFTER_US) {
+			/* A nap, in ppoll with no descriptor: SIGINT and SIGTERM
+			 * end it as they end the wait below. */
+			for (size_t i = 0; i < l->nsockets; i++)
+				if (xdpq_needs_wakeup(&l->sockets[i].fill))
+					xdpq_kick_rx(&l->sockets[i]);
+			struct timespec nap = {.tv_nsec = NAP_US * 1000};
+			ppoll(NULL, 0, &nap, &wait_mask);
+			continue;
+		}
 
 		/* Nothing came: the frames written so far go out, the kernel
 		 * is woken where the fill ring asks for it, and the loop

@@ -187,8 +187,12 @@ func ConnectContext(ctx context.Context, path string, o Options) (*Lease, error)
 		o.Name = "xdpq-client"
 	}
 	deadline := time.Now().Add(o.Timeout)
+	var busy error // the last refusal to retry: what kept the lease from ctx's end
 	for {
 		if err := ctx.Err(); err != nil {
+			if busy != nil {
+				return nil, fmt.Errorf("%w; gave up: %w", busy, err)
+			}
 			return nil, fmt.Errorf("xdpq: connect %s: %w", path, err)
 		}
 		attempt := time.Now().Add(o.Timeout)
@@ -204,12 +208,21 @@ func ConnectContext(ctx context.Context, path string, o Options) (*Lease, error)
 		}
 		var pe *wire.ProtocolError
 		retry := (errors.As(err, &pe) && pe.Code == wire.CodeBusy) || errors.Is(err, unix.EAGAIN)
+		if retry {
+			busy = err
+		}
+		if ctx.Err() != nil { // the attempt may have been cut short by ctx: say what kept it waiting
+			why := err
+			if busy != nil {
+				why = busy
+			}
+			return nil, fmt.Errorf("%w; gave up: %w", why, ctx.Err())
+		}
 		if !retry || time.Now().After(deadline) {
 			return nil, err
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%w (then: %w)", err, ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
