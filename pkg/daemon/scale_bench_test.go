@@ -52,7 +52,7 @@ const (
 	scaleWorkers   = 8
 	scaleAddPasses = 3
 	scaleStatus    = 200 // status calls of an idle daemon
-	scaleRounds    = 2   // per layout
+	scaleRounds    = 3   // per layout
 )
 
 // scaleRSSGoal is the goal for the daemon's resident memory, in MiB.
