@@ -58,7 +58,7 @@ static int64_t now_ms(void)
  * poll must be woken for the next frame, from the core that received it,
  * a wakeup every few frames while traffic flows. pkg/client's Receiver
  * does the same. */
-#define NAP_US 20
+#define NAP_US 50
 #define IDLE_AFTER_US 1000
 
 /* number parses a whole non-negative decimal of at most max. */

@@ -158,9 +158,11 @@ func TestEnds(t *testing.T) {
 	select {
 	case err := <-done:
 		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(out.String(), "busy") ||
-			!strings.Contains(out.String(), "deadline exceeded") {
-			t.Errorf("a run whose allocation is held: %v\n%s\nwant exit 1 naming the busy allocation and the deadline", err, out.String())
+		// It names the deadline, and the busy allocation when the
+		// broker's refusal came before the deadline (on a loaded machine
+		// the attempt under way may be what the deadline cuts).
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(out.String(), "gave up: context deadline exceeded") {
+			t.Errorf("a run whose allocation is held: %v\n%s\nwant exit 1 saying it gave up at the deadline", err, out.String())
 		}
 	case <-time.After(20 * time.Second):
 		cmd.Process.Signal(syscall.SIGQUIT)

@@ -144,6 +144,14 @@ func (l *Lease) Close() error {
 		if wait && l.done != nil {
 			<-l.done
 		}
+		l.rmu.Lock()
+		receivers := l.receivers
+		l.rmu.Unlock()
+		for _, r := range receivers {
+			if r != nil {
+				errs = append(errs, r.close())
+			}
+		}
 		for _, s := range l.Sockets {
 			errs = append(errs, s.Close())
 		}

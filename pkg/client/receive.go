@@ -1,8 +1,13 @@
 package client
 
 import (
+	"errors"
+	"fmt"
+	"os"
 	"runtime"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -35,7 +40,8 @@ const RXBatch = 64
 // When nothing has arrived, a round waits the way the socket's pool says.
 // By default, while frames keep coming it naps for tens of microseconds
 // between looks at the ring, and once none has come for a millisecond it
-// sleeps in poll(2) until the kernel wakes it; it wakes the kernel itself
+// sleeps until the kernel says frames came (in the Go runtime's poller,
+// as a net.Conn waits); it wakes the kernel itself
 // only when the kernel asks (need_wakeup). Sleeping in poll while traffic
 // flows would cost a wakeup every few frames on the core that received
 // them, and spinning would cost this core all of its time: on veth at
@@ -61,6 +67,11 @@ type Receiver struct {
 	mask   uint64    // a frame's address from any address inside it
 	busy   bool      // the pool busy-polls
 	last   time.Time // when frames last came
+	// file is a duplicate of the socket for the runtime's poller, made at
+	// the first sleep; conn its raw side.
+	file    *os.File
+	conn    syscall.RawConn
+	fileErr error
 }
 
 // Receiver returns socket i's Receiver; each call returns the same one.
@@ -162,35 +173,100 @@ func (r *Receiver) wait(d time.Duration) (int, error) {
 	// core that received the frame (on veth, the sender's), a wakeup for
 	// every few frames; a nap asks nothing of that core, and the frames
 	// of a nap's length (tens at a million a second) come in one batch.
-	// Once no frame has come for idleAfter, the loop sleeps in poll.
+	// Once no frame has come for idleAfter, the loop sleeps (r.sleep).
 	if d != 0 {
 		var deadline time.Time
 		if d > 0 {
 			deadline = time.Now().Add(d)
 		}
 		for time.Since(r.last) < idleAfter && (d < 0 || time.Until(deadline) > nap) {
-			ts := unix.NsecToTimespec(nap.Nanoseconds())
-			unix.Nanosleep(&ts, nil)
+			napNow()
 			if n := r.s.Receive(r.descs); n > 0 {
 				return n, nil
 			}
+			runtime.Gosched() // the other queues' loops, between naps
 		}
 		if d > 0 {
 			d = max(time.Until(deadline), 0)
 		}
 	}
-	if _, err := r.s.Poll(d); err != nil {
+	return r.sleep(d)
+}
+
+// sleep waits up to d (d < 0: for ever) for frames in the Go runtime's
+// network poller, as a net.Conn's Read waits: the goroutine parks and its
+// thread runs the others (a lease's other queues' loops), where poll(2)
+// would hold the thread and its P until the runtime noticed.
+func (r *Receiver) sleep(d time.Duration) (int, error) {
+	if r.file == nil {
+		if r.fileErr != nil {
+			return 0, r.fileErr
+		}
+		if r.file, r.fileErr = pollable(r.s.FD()); r.fileErr != nil {
+			return 0, r.fileErr
+		}
+		if r.conn, r.fileErr = r.file.SyscallConn(); r.fileErr != nil {
+			return 0, r.fileErr
+		}
+	}
+	var deadline time.Time
+	if d >= 0 {
+		deadline = time.Now().Add(d)
+	}
+	if err := r.file.SetReadDeadline(deadline); err != nil {
 		return 0, err
 	}
-	return r.s.Receive(r.descs), nil
+	n := 0
+	err := r.conn.Read(func(uintptr) bool {
+		n = r.s.Receive(r.descs) // wakes the kernel if it asks
+		return n > 0 || d == 0
+	})
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		err = nil
+	}
+	return n, err
+}
+
+// pollable returns a File of a duplicate of socket fd that the runtime's
+// poller waits on. The duplicate shares the socket's open file, whose
+// O_NONBLOCK it sets: nothing waits on an AF_XDP socket in a system call
+// (its wakeups are MSG_DONTWAIT calls).
+func pollable(fd int) (*os.File, error) {
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("xdpq: receiver: dup socket: %w", err)
+	}
+	if err := unix.SetNonblock(dup, true); err != nil {
+		unix.Close(dup)
+		return nil, fmt.Errorf("xdpq: receiver: socket non-blocking: %w", err)
+	}
+	return os.NewFile(uintptr(dup), "xsk"), nil
+}
+
+// close releases the Receiver's duplicate of its socket.
+func (r *Receiver) close() error {
+	if r.file == nil {
+		return nil
+	}
+	return r.file.Close()
+}
+
+// napNow naps for nap. It is a raw system call: the Go runtime does not
+// see it, so it does not hand this goroutine's P to another thread for
+// the nap's length and take it back after, which cost more than the nap
+// (the other goroutines wait the nap out: a lease's other queues' loops
+// run between batches).
+func napNow() {
+	ts := unix.NsecToTimespec(nap.Nanoseconds())
+	unix.RawSyscall(unix.SYS_NANOSLEEP, uintptr(unsafe.Pointer(&ts)), 0, 0)
 }
 
 // While frames came less than idleAfter ago, a Receiver with nothing to
 // take naps for nap (and the kernel's timer slack, 50 µs for most
-// threads) between looks at its RX ring; after that, it sleeps in poll
-// until the kernel wakes it. A nap adds its length to the latency of the
+// threads) between looks at its RX ring; after that, it sleeps until the
+// kernel wakes it. A nap adds its length to the latency of the
 // frames that come during it; a pool whose users want none busy-polls.
 const (
-	nap       = 20 * time.Microsecond
+	nap       = 50 * time.Microsecond
 	idleAfter = time.Millisecond
 )
