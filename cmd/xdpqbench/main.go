@@ -11,6 +11,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -55,6 +56,9 @@ func main() {
 }
 
 func run(cfg bench.Config, pods bool, cc string) error {
+	if os.Geteuid() != 0 { // before minutes of building for nothing
+		return errors.New("the benchmark needs root (network namespaces, XDP, AF_XDP): run it with sudo")
+	}
 	if pods {
 		compiler := ""
 		if cc != "" {

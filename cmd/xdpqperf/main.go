@@ -85,7 +85,5 @@ func main() {
 		fmt.Fprintln(os.Stderr, "xdpqperf:", err)
 		os.Exit(1)
 	}
-	for i, q := range t.Queues {
-		fmt.Printf("total q%d: rx %d tx %d\n", q, t.RX[i], t.TX[i])
-	}
+	perf.WriteTotals(os.Stdout, t)
 }

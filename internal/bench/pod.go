@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpq/xdpq/internal/handover"
+	"github.com/xdpq/xdpq/internal/perf"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/daemon"
@@ -55,7 +56,7 @@ func BuildPods(dir, cc string) (Pods, error) {
 	var p Pods
 	root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
 	if err != nil {
-		return p, fmt.Errorf("find the module's directory (go list -m): %w", err)
+		return p, fmt.Errorf("find the module's directory (go list -m): %w; run it in xdpq's source tree with go in root's PATH (make bench does), or pass -pods=false to leave out the pod rows", err)
 	}
 	perf := filepath.Join(dir, "xdpqperf")
 	if out, err := exec.Command("go", "build", "-o", perf, "github.com/xdpq/xdpq/cmd/xdpqperf").CombinedOutput(); err != nil {
@@ -207,7 +208,9 @@ func (pd *podDaemon) receivers(cfg Config) []receiver {
 	var rs []receiver
 	for _, k := range kinds {
 		for _, n := range cfg.PodQueues {
-			rs = append(rs, receiver{name: k.name, queues: n, start: pd.startPod(k, n, cfg)})
+			// A busy-polling pod spins, and runs the queue's NAPI (the
+			// receive side's XDP work) on its own core.
+			rs = append(rs, receiver{name: k.name, queues: n, spins: k.busyPoll, start: pd.startPod(k, n, cfg)})
 		}
 	}
 	return rs
@@ -215,19 +218,11 @@ func (pd *podDaemon) receivers(cfg Config) []receiver {
 
 // perfReceived adds up xdpqperf's "total qN: rx M tx K" lines.
 func perfReceived(out string) (uint64, error) {
-	var sum uint64
-	found := false
-	for _, line := range strings.Split(out, "\n") {
-		var q, rx, tx uint64
-		if _, err := fmt.Sscanf(line, "total q%d: rx %d tx %d", &q, &rx, &tx); err == nil {
-			sum += rx
-			found = true
-		}
-	}
-	if !found {
+	t, ok := perf.ParseTotals(out)
+	if !ok {
 		return 0, errors.New("xdpqperf printed no total")
 	}
-	return sum, nil
+	return t.Received(), nil
 }
 
 // cReceived reads xdpq-rxdrop's "total: N frames, ..." line.

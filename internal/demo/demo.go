@@ -40,6 +40,7 @@ import (
 
 	"github.com/xdpq/xdpq/internal/frame"
 	"github.com/xdpq/xdpq/internal/handover"
+	"github.com/xdpq/xdpq/internal/perf"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/agent"
@@ -163,9 +164,8 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 		defer close(copied)
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
-			var q, rx, tx uint64
-			if _, err := fmt.Sscanf(sc.Text(), "total q%d: rx %d tx %d", &q, &rx, &tx); err == nil {
-				received += rx
+			if t, ok := perf.ParseTotals(sc.Text()); ok {
+				received += t.Received()
 			}
 			say("   pod | %s", sc.Text())
 		}

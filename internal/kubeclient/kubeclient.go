@@ -146,17 +146,6 @@ func (s EventSink) Create(ctx context.Context, event *eventsv1.Event) (*eventsv1
 	return &out, err
 }
 
-// Update updates event.
-func (s EventSink) Update(ctx context.Context, event *eventsv1.Event) (*eventsv1.Event, error) {
-	if event.Namespace == "" {
-		return nil, fmt.Errorf("can't update an event with empty namespace")
-	}
-	var out eventsv1.Event
-	err := s.c.events.Put().UseProtobufAsDefaultIfPreferred(true).Namespace(event.Namespace).Resource("events").Name(event.Name).
-		VersionedParams(&metav1.UpdateOptions{}, s.c.params).Body(event).Do(ctx).Into(&out)
-	return &out, err
-}
-
 // Patch patches event with data, a strategic merge patch.
 func (s EventSink) Patch(ctx context.Context, event *eventsv1.Event, data []byte) (*eventsv1.Event, error) {
 	if event.Namespace == "" {

@@ -236,3 +236,33 @@ func l2fwd(ctx context.Context, s *xsk.Socket, r *client.Receiver, txFrames []ui
 	}
 	return nil
 }
+
+// WriteTotals prints t as xdpqperf ends: a line per queue, "total qN: rx
+// M tx K"; ParseTotals reads them back.
+func WriteTotals(w io.Writer, t Totals) {
+	for i, q := range t.Queues {
+		fmt.Fprintf(w, "total q%d: rx %d tx %d\n", q, t.RX[i], t.TX[i])
+	}
+}
+
+// ParseTotals reads the totals lines of xdpqperf's output (other lines
+// are skipped); ok is false when there is none.
+func ParseTotals(out string) (t Totals, ok bool) {
+	for line := range strings.Lines(out) {
+		var q uint32
+		var rx, tx uint64
+		if _, err := fmt.Sscanf(line, "total q%d: rx %d tx %d", &q, &rx, &tx); err == nil {
+			t.Queues, t.RX, t.TX = append(t.Queues, q), append(t.RX, rx), append(t.TX, tx)
+		}
+	}
+	return t, len(t.Queues) > 0
+}
+
+// Received is the frames received on every queue.
+func (t Totals) Received() uint64 {
+	var n uint64
+	for _, rx := range t.RX {
+		n += rx
+	}
+	return n
+}

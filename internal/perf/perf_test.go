@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -142,5 +143,21 @@ func TestL2Fwd(t *testing.T) {
 	cancel()
 	if tot := <-done; tot.RX[0] != 300 || tot.TX[0] != 300 {
 		t.Errorf("forwarded rx %d tx %d, want 300", tot.RX[0], tot.TX[0])
+	}
+}
+
+// TestTotalsLines: what WriteTotals prints, ParseTotals reads back from
+// among xdpqperf's other lines; output without totals says so.
+func TestTotalsLines(t *testing.T) {
+	want := Totals{Queues: []uint32{2, 5}, RX: []uint64{10, 20}, TX: []uint64{0, 3}}
+	var b bytes.Buffer
+	b.WriteString("xdpqperf rxdrop: allocation a, xa queues [2 5], copy\n    1s  q2 rx 10 pps\n")
+	WriteTotals(&b, want)
+	got, ok := ParseTotals(b.String())
+	if !ok || !reflect.DeepEqual(got, want) || got.Received() != 30 {
+		t.Errorf("ParseTotals(%q) = %+v, %v; want %+v", b.String(), got, ok, want)
+	}
+	if _, ok := ParseTotals("xdpqperf: connect: refused\n"); ok {
+		t.Error("totals read from output without any")
 	}
 }

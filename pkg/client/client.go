@@ -101,6 +101,7 @@ type Lease struct {
 
 	rmu       sync.Mutex  // guards receivers
 	receivers []*Receiver // made by Receiver, by socket
+	made      []sync.Once // of each socket's Receiver
 
 	mu      sync.Mutex    // guards conn, closed and inEvent
 	conn    *net.UnixConn // to the daemon; nil while redialing
@@ -145,7 +146,7 @@ func (l *Lease) Close() error {
 			<-l.done
 		}
 		l.rmu.Lock()
-		receivers := l.receivers
+		receivers := slices.Clone(l.receivers)
 		l.rmu.Unlock()
 		for _, r := range receivers {
 			if r != nil {
@@ -211,6 +212,7 @@ func ConnectContext(ctx context.Context, path string, o Options) (*Lease, error)
 		if err == nil {
 			l.path, l.opts = path, o
 			l.stop, l.done = make(chan struct{}), make(chan struct{})
+			l.receivers, l.made = make([]*Receiver, len(l.Sockets)), make([]sync.Once, len(l.Sockets))
 			go l.watch()
 			return l, nil
 		}

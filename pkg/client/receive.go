@@ -58,7 +58,9 @@ const RXBatch = 64
 // for their RX rings to overflow.
 //
 // A Receiver is not safe for concurrent use: run one goroutine per
-// socket.
+// socket. End its loop before Lease.Close, which unmaps the socket's
+// rings (a loop asleep in a wait returns ErrLeaseClosed; one taking
+// frames at that moment would touch unmapped memory).
 type Receiver struct {
 	s      *xsk.Socket
 	umem   *xsk.UMEM
@@ -67,8 +69,10 @@ type Receiver struct {
 	mask   uint64    // a frame's address from any address inside it
 	busy   bool      // the pool busy-polls
 	last   time.Time // when frames last came
-	// file is a duplicate of the socket for the runtime's poller, made at
-	// the first sleep; conn its raw side.
+	// file is a duplicate of the socket for the runtime's poller, conn
+	// its raw side; fileErr says why there is none. Made with the
+	// Receiver (not at its first sleep): Lease.Close closes file from
+	// another goroutine.
 	file    *os.File
 	conn    syscall.RawConn
 	fileErr error
@@ -76,21 +80,22 @@ type Receiver struct {
 
 // Receiver returns socket i's Receiver; each call returns the same one.
 func (l *Lease) Receiver(i int) *Receiver {
+	l.made[i].Do(func() {
+		s := l.Sockets[i]
+		r := &Receiver{s: s, umem: s.UMEM(), descs: make([]xsk.Desc, RXBatch),
+			mask: ^uint64(s.UMEM().Config().FrameSize - 1), busy: l.BusyPoll != nil}
+		r.refill = make([]uint64, 0, len(l.rx[i])+len(l.spare[i]))
+		r.Recycle(l.spare[i]...)
+		if r.file, r.fileErr = pollable(s.FD()); r.fileErr == nil {
+			r.conn, r.fileErr = r.file.SyscallConn()
+		}
+		l.rmu.Lock()
+		l.receivers[i] = r
+		l.rmu.Unlock()
+	})
 	l.rmu.Lock()
 	defer l.rmu.Unlock()
-	if l.receivers == nil {
-		l.receivers = make([]*Receiver, len(l.Sockets))
-	}
-	if r := l.receivers[i]; r != nil {
-		return r
-	}
-	s := l.Sockets[i]
-	r := &Receiver{s: s, umem: s.UMEM(), descs: make([]xsk.Desc, RXBatch),
-		mask: ^uint64(s.UMEM().Config().FrameSize - 1), busy: l.BusyPoll != nil}
-	r.refill = make([]uint64, 0, len(l.rx[i])+len(l.spare[i]))
-	r.Recycle(l.spare[i]...)
-	l.receivers[i] = r
-	return r
+	return l.receivers[i]
 }
 
 // Receive calls fn with each frame received, at most RXBatch of them, in
@@ -198,23 +203,15 @@ func (r *Receiver) wait(d time.Duration) (int, error) {
 // thread runs the others (a lease's other queues' loops), where poll(2)
 // would hold the thread and its P until the runtime noticed.
 func (r *Receiver) sleep(d time.Duration) (int, error) {
-	if r.file == nil {
-		if r.fileErr != nil {
-			return 0, r.fileErr
-		}
-		if r.file, r.fileErr = pollable(r.s.FD()); r.fileErr != nil {
-			return 0, r.fileErr
-		}
-		if r.conn, r.fileErr = r.file.SyscallConn(); r.fileErr != nil {
-			return 0, r.fileErr
-		}
+	if r.fileErr != nil {
+		return 0, r.fileErr
 	}
 	var deadline time.Time
 	if d >= 0 {
 		deadline = time.Now().Add(d)
 	}
 	if err := r.file.SetReadDeadline(deadline); err != nil {
-		return 0, err
+		return 0, closed(err)
 	}
 	n := 0
 	err := r.conn.Read(func(uintptr) bool {
@@ -224,7 +221,18 @@ func (r *Receiver) sleep(d time.Duration) (int, error) {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		err = nil
 	}
-	return n, err
+	return n, closed(err)
+}
+
+// ErrLeaseClosed is what a Receiver's wait returns once its lease is
+// closed.
+var ErrLeaseClosed = errors.New("xdpq: the lease is closed: its sockets are given back; end the receive loops before Lease.Close")
+
+func closed(err error) error {
+	if errors.Is(err, os.ErrClosed) {
+		return ErrLeaseClosed
+	}
+	return err
 }
 
 // pollable returns a File of a duplicate of socket fd that the runtime's
@@ -248,7 +256,10 @@ func (r *Receiver) close() error {
 	if r.file == nil {
 		return nil
 	}
-	return r.file.Close()
+	if err := r.file.Close(); !errors.Is(err, os.ErrClosed) {
+		return err
+	}
+	return nil
 }
 
 // napNow naps for nap. It is a raw system call: the Go runtime does not

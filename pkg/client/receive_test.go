@@ -2,7 +2,9 @@ package client_test
 
 import (
 	"bytes"
+	"errors"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,6 +23,21 @@ func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
 func start(t *testing.T, busy *wire.BusyPoll) (*node.Node, *node.Peer) {
 	t.Helper()
 	return node.StartTB(t, node.Config{BusyPoll: busy})
+}
+
+// lease connects to the node's allocation and waits for its socket in
+// the XSKMAP; the lease closes with the test.
+func lease(tb testing.TB, n *node.Node, o client.Options) *client.Lease {
+	tb.Helper()
+	l, err := client.Connect(n.Alloc.SocketPath(), o)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { l.Close() })
+	if err := n.WaitSockets(1, 5*time.Second); err != nil {
+		tb.Fatal(err)
+	}
+	return l
 }
 
 // burst is 1024 frames, each of its own content.
@@ -75,16 +92,9 @@ func TestReceiverBurst(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n, p := start(t, tc.busy)
-			l, err := client.Connect(n.Alloc.SocketPath(), client.Options{Name: "burst", Ring: tc.ring})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
+			l := lease(t, n, client.Options{Name: "burst", Ring: tc.ring})
 			if (l.BusyPoll != nil) != (tc.busy != nil) {
 				t.Fatalf("lease busy poll %v, want %v", l.BusyPoll, tc.busy)
-			}
-			if err := n.WaitSockets(1, 5*time.Second); err != nil {
-				t.Fatal(err)
 			}
 			r := l.Receiver(0)
 			if l.Receiver(0) != r {
@@ -128,14 +138,7 @@ func TestReceiverBurst(t *testing.T) {
 // burst is received whole.
 func TestReceiverWait(t *testing.T) {
 	n, p := start(t, nil)
-	l, err := client.Connect(n.Alloc.SocketPath(), client.Options{Name: "wait"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	if err := n.WaitSockets(1, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	l := lease(t, n, client.Options{Name: "wait"})
 	r := l.Receiver(0)
 	if got, err := r.Receive(20*time.Millisecond, func([]byte) { t.Error("a frame on an idle queue") }); got != 0 || err != nil {
 		t.Fatalf("idle Receive: %d, %v", got, err)
@@ -191,14 +194,7 @@ func TestReceiverWait(t *testing.T) {
 // profiles of the loop: go test -run '^$' -bench Receiver -cpuprofile.
 func BenchmarkReceiver(b *testing.B) {
 	n, p := node.StartTB(b, node.Config{})
-	l, err := client.Connect(n.Alloc.SocketPath(), client.Options{Name: "bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
-	if err := n.WaitSockets(1, 5*time.Second); err != nil {
-		b.Fatal(err)
-	}
+	l := lease(b, n, client.Options{Name: "bench"})
 	frames := burst(n, 0)[:64]
 	stop := make(chan struct{})
 	sent := make(chan error, 1)
@@ -229,5 +225,33 @@ func BenchmarkReceiver(b *testing.B) {
 	close(stop)
 	if err := <-sent; err != nil {
 		b.Fatal(err)
+	}
+}
+
+// TestReceiverClosed: a loop asleep on an idle queue when its lease
+// closes returns ErrLeaseClosed, which says what happened and what to do,
+// rather than the runtime's "use of closed file".
+func TestReceiverClosed(t *testing.T) {
+	n, _ := start(t, nil)
+	r := lease(t, n, client.Options{Name: "closed"}).Receiver(0)
+	done := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := r.Receive(-1, func([]byte) {}); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	if err := client.CloseReceiver(r); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, client.ErrLeaseClosed) || !strings.Contains(err.Error(), "end the receive loops before Lease.Close") {
+			t.Errorf("a closed receiver's wait: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a loop waiting for ever did not end when its receiver closed")
 	}
 }
