@@ -358,19 +358,28 @@ func cpuBusy(cpu int) (int64, error) {
 	return 0, fmt.Errorf("/proc/stat has no %s", strings.TrimSpace(prefix))
 }
 
-// pin locks the goroutine to its thread and the thread to cpu. The
-// goroutine must exit without unlocking: its thread then ends with it,
-// instead of going back to the runtime still pinned (and running the
-// daemon's or the pods' goroutines on the sender's or the receivers'
-// core). No child process is started from such a thread.
-func pin(cpu int) error {
+// pin locks the goroutine to its thread and the thread to cpu; unpin
+// gives the thread its CPUs back and unlocks it. (Ending the goroutine
+// locked would end the thread instead: a pod forked from that thread
+// earlier, when it ran another goroutine, would die of its Pdeathsig.)
+func pin(cpu int) (unpin func(), err error) {
 	runtime.LockOSThread()
+	var was unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &was); err != nil {
+		runtime.UnlockOSThread()
+		return nil, fmt.Errorf("affinity: %w", err)
+	}
 	var set unix.CPUSet
 	set.Set(cpu)
 	if err := unix.SchedSetaffinity(0, &set); err != nil {
-		return fmt.Errorf("pin to cpu %d: %w", cpu, err)
+		runtime.UnlockOSThread()
+		return nil, fmt.Errorf("pin to cpu %d: %w", cpu, err)
 	}
-	return nil
+	return func() {
+		if unix.SchedSetaffinity(0, &was) == nil {
+			runtime.UnlockOSThread()
+		} // else the thread ends with its goroutine, still locked
+	}, nil
 }
 
 // sender transmits the same frame from every UMEM frame of its sockets on
@@ -441,9 +450,11 @@ func (s *sender) run(d time.Duration, queues int) (uint64, error) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err = pin(s.cfg.SenderCPU); err != nil {
+		unpin, perr := pin(s.cfg.SenderCPU)
+		if err = perr; err != nil {
 			return
 		}
+		defer unpin()
 		deadline := time.Now().Add(d)
 		sent, err = flood(s.socks[:queues], s.addrs[:queues], uint32(s.cfg.FrameSize), s.cfg.TXBatch,
 			func() bool { return time.Now().After(deadline) })
@@ -584,9 +595,11 @@ func startXSK(kind xdp.Kind, cpu int) func(p *testnet.Pair) (*running, error) {
 		go func() {
 			defer wg.Done()
 			defer close(tid)
-			if loopErr = pin(cpu); loopErr != nil {
+			unpin, err := pin(cpu)
+			if loopErr = err; loopErr != nil {
 				return
 			}
+			defer unpin()
 			tid <- unix.Gettid()
 			loopErr = rxdrop(sock, &received, &stopFlag)
 		}()
