@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -76,6 +77,7 @@ type Receiver struct {
 	file    *os.File
 	conn    syscall.RawConn
 	fileErr error
+	closed  atomic.Bool // by Lease.Close: the waits end with ErrLeaseClosed
 }
 
 // Receiver returns socket i's Receiver; each call returns the same one.
@@ -211,7 +213,7 @@ func (r *Receiver) sleep(d time.Duration) (int, error) {
 		deadline = time.Now().Add(d)
 	}
 	if err := r.file.SetReadDeadline(deadline); err != nil {
-		return 0, closed(err)
+		return 0, r.closedErr(err)
 	}
 	n := 0
 	err := r.conn.Read(func(uintptr) bool {
@@ -221,15 +223,18 @@ func (r *Receiver) sleep(d time.Duration) (int, error) {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		err = nil
 	}
-	return n, closed(err)
+	return n, r.closedErr(err)
 }
 
 // ErrLeaseClosed is what a Receiver's wait returns once its lease is
 // closed.
 var ErrLeaseClosed = errors.New("xdpq: the lease is closed: its sockets are given back; end the receive loops before Lease.Close")
 
-func closed(err error) error {
-	if errors.Is(err, os.ErrClosed) {
+// closedErr is err, or ErrLeaseClosed when the lease closed the
+// Receiver's file (the raw side's error for that is the runtime's "use
+// of closed file", which os.ErrClosed does not match).
+func (r *Receiver) closedErr(err error) error {
+	if err != nil && r.closed.Load() {
 		return ErrLeaseClosed
 	}
 	return err
@@ -253,6 +258,7 @@ func pollable(fd int) (*os.File, error) {
 
 // close releases the Receiver's duplicate of its socket.
 func (r *Receiver) close() error {
+	r.closed.Store(true)
 	if r.file == nil {
 		return nil
 	}
