@@ -64,7 +64,8 @@ e2e:
 # xdpq-rxdrop, both built from this tree), the time the
 # agent takes to re-attach after a foreign program goes (100 trials), the
 # daemon (its own process) on 64 netdevs of 64 queues: a table of first
-# ListAndWatch, Allocate, status idle and under parallel CNI ADDs, ADD/DEL,
+# ListAndWatch, Allocate, status and the allocations' list idle and under
+# parallel CNI ADDs, ADD/DEL,
 # its CPU time and RSS against the goals, 3 rounds in two CPU layouts (for
 # profiles: -bench Scale64x64InProcess -cpuprofile cpu.out), and
 # probing 16 queues for sockets one by one and at once, and CNI ADD/DEL

@@ -25,9 +25,10 @@ import (
 // TestStatusOfARealDaemon runs a standalone daemon on a veth pair; the
 // test allocates a queue with xdpqctl, takes its socket with pkg/client
 // (a lease) and attaches it with a CNI ADD into a network namespace of
-// its own. xdpqctl status, as a table and as JSON, shows who holds the
-// allocation (uid, pod), the leased queue and the attachment (container,
-// interface, netns, flows); xdpqctl free then ends both.
+// its own. xdpqctl status (a table) and xdpqctl allocations (a table and
+// JSON) show who holds the allocation (uid, pod), the leased queue and the
+// attachment (container, interface, netns, flows); status -o json counts
+// them; xdpqctl free then ends both.
 func TestStatusOfARealDaemon(t *testing.T) {
 	p := testnet.NewPair(t, 2)
 	if err := xdp.MountBPFFS(xdp.DefaultBPFFS); err != nil {
@@ -98,7 +99,7 @@ func TestStatusOfARealDaemon(t *testing.T) {
 	table := ctl("status")
 	q := fmt.Sprint(a.Queues[0])
 	for _, want := range []string{
-		"POOL  RESOURCE     QUEUES  FREE  REASON\nupf   xdpq.io/upf  2       1     -\n",
+		"POOL  RESOURCE     QUEUES  FREE  ALLOCATIONS  REASON\nupf   xdpq.io/upf  2       1     1            -\n",
 		fmt.Sprintf("%s  upf   xa      %s       %d    ran/upf-0  %s      ", a.ID, q, os.Getuid(), q),
 		fmt.Sprintf("0123456789ab  net1       %s  %s  ran/upf-0  active  udp 10.1.0.2/32:2152\n", pod.Path(), a.ID),
 		"\nxa      Filter  native  software  1      " + q + "        up    -\n",
@@ -108,24 +109,50 @@ func TestStatusOfARealDaemon(t *testing.T) {
 		}
 	}
 
-	var s api.Status
-	if err := json.Unmarshal([]byte(ctl("status -o json")), &s); err != nil {
+	list := ctl("allocations")
+	for _, want := range []string{
+		fmt.Sprintf("%s  upf   xa      %s       %d    ran/upf-0  %s      ", a.ID, q, os.Getuid(), q),
+		fmt.Sprintf("0123456789ab  net1       %s  %s  ran/upf-0  active  udp 10.1.0.2/32:2152\n", pod.Path(), a.ID),
+	} {
+		if !strings.Contains(list, want) {
+			t.Errorf("xdpqctl allocations has no %q:\n%s", want, list)
+		}
+	}
+	if !strings.Contains(table, list) {
+		t.Errorf("xdpqctl status does not show what xdpqctl allocations does:\n%s\n%s", table, list)
+	}
+	if out := ctl("allocations -pool upf"); out != list {
+		t.Errorf("xdpqctl allocations -pool upf:\n%s\nwant\n%s", out, list)
+	}
+
+	var st api.Status
+	if err := json.Unmarshal([]byte(ctl("status -o json")), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Allocations != 1 || st.Attachments != 1 || len(st.Pools) != 1 || st.Pools[0].Allocations != 1 || len(st.Netdevs) != 1 {
+		t.Errorf("status %+v: want 1 allocation, 1 attachment, pool upf of 1 allocation, netdev xa", st)
+	}
+	var s api.AllocationList
+	if err := json.Unmarshal([]byte(ctl("allocations -o json")), &s); err != nil {
 		t.Fatal(err)
 	}
 	if len(s.Allocations) != 1 || s.Allocations[0].Pod != "ran/upf-0" || !slices.Equal(s.Allocations[0].Lease, a.Queues) ||
 		s.Allocations[0].UID == nil || *s.Allocations[0].UID != uint32(os.Getuid()) ||
 		s.Allocations[0].Holder == nil || s.Allocations[0].Holder.PID != int32(os.Getpid()) || s.Allocations[0].Holder.UID != uint32(os.Getuid()) {
-		t.Errorf("status's allocations %+v: want %s held by uid %d, pod ran/upf-0, queues %v leased by this process", s.Allocations, a.ID, os.Getuid(), a.Queues)
+		t.Errorf("allocations %+v: want %s held by uid %d, pod ran/upf-0, queues %v leased by this process", s.Allocations, a.ID, os.Getuid(), a.Queues)
 	}
 	if len(s.Attachments) != 1 || s.Attachments[0].ContainerID != container || s.Attachments[0].IfName != "net1" ||
 		s.Attachments[0].Netns != pod.Path() || s.Attachments[0].State != "active" || !slices.Equal(s.Attachments[0].Flows, []api.CNIFlow{flow}) {
-		t.Errorf("status's attachments %+v", s.Attachments)
+		t.Errorf("attachments %+v", s.Attachments)
 	}
 
 	if out := ctl("free " + a.ID); out != "freed "+a.ID+"\n" {
 		t.Errorf("xdpqctl free: %q", out)
 	}
-	if out := ctl("status"); !strings.Contains(out, "\nno allocations\n\nno CNI attachments\n") {
+	if out := ctl("status"); !strings.Contains(out, "upf   xdpq.io/upf  2       2     0            -\n\nno allocations\n\nno CNI attachments\n") {
 		t.Errorf("status after free:\n%s", out)
+	}
+	if out := ctl("allocations -o json"); out != "{\n  \"allocations\": [],\n  \"attachments\": []\n}\n" {
+		t.Errorf("allocations after free: %s", out)
 	}
 }

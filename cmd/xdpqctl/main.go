@@ -1,10 +1,12 @@
 // Command xdpqctl talks to an xdpq daemon: it allocates queues of a pool
 // to a local user (a standalone daemon), frees them, and shows the
-// daemon's state, as tables or (-o json) as the API's JSON.
+// daemon's state and its allocations, as tables or (-o json) as the API's
+// JSON.
 //
 //	xdpqctl alloc -pool upf -n 2 -uid 1000   # prints the allocation, with its socket
 //	xdpqctl free <allocation id>
-//	xdpqctl status -o json
+//	xdpqctl status -o json                   # GET /v1/status: pools, counts, netdevs
+//	xdpqctl allocations -pool upf -o json    # GET /v1/allocations?pool=upf
 package main
 
 import (
@@ -29,6 +31,8 @@ commands:
   alloc -pool POOL [-n N] [-uid UID]   allocate N queues of POOL to user UID; prints the allocation and its socket
   free ID                              end the allocation ID
   status                               print the daemon's pools, allocations and who holds them, CNI attachments and netdevs
+                                       (-o json: the status answer alone, pools with their allocation counts and netdevs)
+  allocations [-pool POOL]             print the allocations (of POOL) and who holds them, and their CNI attachments
 
 flags (before or after the command):
   -api-socket PATH   the daemon's local API (default ` + api.DefaultSocket + `)
@@ -50,19 +54,20 @@ func (g *globals) register(fs *flag.FlagSet) {
 }
 
 // command is a subcommand: its usage line, its flags, and what it does
-// with its arguments.
+// with its arguments. Its answer is printed as a table, or as JSON where
+// asJSON (which it may ask the daemon less for).
 type command struct {
 	synopsis, doc string
-	flags         func(fs *flag.FlagSet) func(c *api.Client, args []string) (any, error)
+	flags         func(fs *flag.FlagSet) func(c *api.Client, asJSON bool, args []string) (any, error)
 }
 
 func commands() map[string]command {
 	return map[string]command{
-		"alloc": {"alloc -pool POOL [-n N] [-uid UID]", "Allocate N queues of POOL to user UID and print the allocation, with the\nsocket its holder connects to.", func(fs *flag.FlagSet) func(*api.Client, []string) (any, error) {
+		"alloc": {"alloc -pool POOL [-n N] [-uid UID]", "Allocate N queues of POOL to user UID and print the allocation, with the\nsocket its holder connects to.", func(fs *flag.FlagSet) func(*api.Client, bool, []string) (any, error) {
 			pool := fs.String("pool", "", "the pool to allocate from (required)")
 			n := fs.Int("n", 1, "how many queues (default 1)")
 			uid := fs.Uint("uid", uint(os.Getuid()), "the user the allocation is for, whose processes alone may take its sockets (default yours)")
-			return func(c *api.Client, args []string) (any, error) {
+			return func(c *api.Client, _ bool, args []string) (any, error) {
 				switch {
 				case len(args) > 0:
 					return nil, newUsageError("takes no arguments, got %q", args)
@@ -76,8 +81,8 @@ func commands() map[string]command {
 				return c.Alloc(*pool, *n, uint32(*uid))
 			}
 		}},
-		"free": {"free ID", "End the allocation ID, and its CNI attachments with it.", func(*flag.FlagSet) func(*api.Client, []string) (any, error) {
-			return func(c *api.Client, args []string) (any, error) {
+		"free": {"free ID", "End the allocation ID, and its CNI attachments with it.", func(*flag.FlagSet) func(*api.Client, bool, []string) (any, error) {
+			return func(c *api.Client, _ bool, args []string) (any, error) {
 				switch {
 				case len(args) == 0:
 					return nil, newUsageError("the allocation id is missing")
@@ -92,12 +97,39 @@ func commands() map[string]command {
 				return api.FreeAnswer{Freed: args[0]}, nil
 			}
 		}},
-		"status": {"status", "Print the daemon's pools; its allocations, each with who holds it (the uid of a\nstandalone allocation, the pod of a Kubernetes one) and the queues a client holds\nsockets of (LEASE); the CNI attachments (container, interface, netns, flows);\nthe netdevs; and what is wrong with the config or the records.", func(*flag.FlagSet) func(*api.Client, []string) (any, error) {
-			return func(c *api.Client, args []string) (any, error) {
+		"status": {"status", "Print the daemon's pools, with how many allocations each has; its allocations,\n" +
+			"each with who holds it (the uid of a standalone allocation, the pod of a Kubernetes\n" +
+			"one) and the queues a client holds sockets of (LEASE); the CNI attachments\n" +
+			"(container, interface, netns, flows); the netdevs; and what is wrong with the\n" +
+			"config or the records.\n\n" +
+			"With -o json it prints the daemon's status answer (GET /v1/status) alone: pools,\n" +
+			"allocation and attachment counts, netdevs, problems; \"xdpqctl allocations -o json\"\n" +
+			"lists the allocations.", func(*flag.FlagSet) func(*api.Client, bool, []string) (any, error) {
+			return func(c *api.Client, asJSON bool, args []string) (any, error) {
 				if len(args) > 0 {
 					return nil, newUsageError("takes no arguments, got %q", args)
 				}
-				return c.Status()
+				s, err := c.Status()
+				if err != nil || asJSON {
+					return s, err
+				}
+				l, err := c.Allocations("")
+				if err != nil {
+					return nil, err
+				}
+				return statusView{Status: s, list: l}, nil
+			}
+		}},
+		"allocations": {"allocations [-pool POOL]", "Print the allocations, of every pool or of POOL, each with who holds it (the uid\n" +
+			"of a standalone allocation, the pod of a Kubernetes one) and the queues a client\n" +
+			"holds sockets of (LEASE), and their CNI attachments (container, interface, netns,\n" +
+			"flows). With -o json it prints the daemon's answer (GET /v1/allocations).", func(fs *flag.FlagSet) func(*api.Client, bool, []string) (any, error) {
+			pool := fs.String("pool", "", "only the allocations of this pool (default every pool)")
+			return func(c *api.Client, _ bool, args []string) (any, error) {
+				if len(args) > 0 {
+					return nil, newUsageError("takes no arguments, got %q", args)
+				}
+				return c.Allocations(*pool)
 			}
 		}},
 	}
@@ -149,7 +181,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if g.output != "table" && g.output != "json" {
 		return bad(stdout, stderr, name, cmdUsage, fmt.Errorf("-o %s: want table or json", g.output))
 	}
-	out, err := do(api.NewClient(g.socket), rest)
+	out, err := do(api.NewClient(g.socket), g.output == "json", rest)
 	var ue usageError
 	if errors.As(err, &ue) {
 		return bad(stdout, stderr, name, cmdUsage, err)

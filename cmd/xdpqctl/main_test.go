@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -28,7 +29,15 @@ func (b *backend) ask(format string, a ...any) {
 
 func (b *backend) Status(context.Context) (*api.Status, error) {
 	b.ask("status")
-	return &api.Status{Pools: []api.PoolStatus{{Name: "upf", Queues: 4, Free: 4}}}, nil
+	return &api.Status{Pools: []api.PoolStatus{{Name: "upf", Queues: 4, Free: 3, Allocations: 1}}, Allocations: 1}, nil
+}
+
+func (b *backend) Allocations(_ context.Context, pool string) (*api.AllocationList, error) {
+	b.ask("allocations %s", pool)
+	if pool != "" && pool != "upf" {
+		return nil, api.Errorf(api.ErrNotFound, "no pool %q (pools: upf)", pool)
+	}
+	return &api.AllocationList{Allocations: []api.Allocation{{ID: "upf-1", Pool: "upf", Netdev: "eth1", Queues: []uint32{0}}}}, nil
 }
 
 func (b *backend) Alloc(_ context.Context, req api.AllocRequest) (*api.Allocation, error) {
@@ -85,7 +94,7 @@ func TestCommandLine(t *testing.T) {
 		code   int
 		stdout string // a part of it
 		stderr string // a part of it
-		asked  string // what the daemon was asked, "" for nothing
+		asked  string // what the daemon was asked, "; " between calls, "" for nothing
 	}{
 		{"", 2, "", "usage: xdpqctl [-api-socket PATH] [-o table|json] COMMAND", ""},
 		{"-h", 0, "usage: xdpqctl [-api-socket PATH] [-o table|json] COMMAND", "", ""},
@@ -121,14 +130,22 @@ func TestCommandLine(t *testing.T) {
 		{"alloc -pool upf -n 2 -uid 1000", 0, "ID     POOL  NETDEV  QUEUES  UID  SOCKET\nupf-1  upf   eth1    0-1     -    \n", "", "alloc upf 2 1000"},
 		{"alloc -pool upf -n 2 -uid 1000 -o json", 0, `"id": "upf-1"`, "", "alloc upf 2 1000"},
 		{"-o json alloc -n 2 -pool upf -uid 1000", 0, `"queues": [`, "", "alloc upf 2 1000"},
-		{"alloc -pool nope", 1, "", "xdpqctl alloc: no pool \"nope\" (pools: upf)\n", "alloc nope 1"},
+		{"alloc -pool nope", 1, "", "xdpqctl alloc: no pool \"nope\" (pools: upf)\n", fmt.Sprintf("alloc nope 1 %d", os.Getuid())},
 		{"status -h", 0, "usage: xdpqctl [-api-socket PATH] [-o table|json] status\n", "", ""},
 		{"status now", 2, "", `xdpqctl status: takes no arguments, got ["now"]`, ""},
 		{"status -o json now", 2, "", `xdpqctl status: takes no arguments, got ["now"]`, ""},
-		{"status", 0, "POOL  RESOURCE  QUEUES  FREE  REASON\nupf             4       4     -\n\nno allocations\n", "", "status"},
-		{"status -o json", 0, `"name": "upf"`, "", "status"},
-		{"-o json status", 0, `"name": "upf"`, "", "status"},
-		{"status -o table", 0, "no CNI attachments", "", "status"},
+		{"status", 0, "POOL  RESOURCE  QUEUES  FREE  ALLOCATIONS  REASON\nupf             4       3     1            -\n\nALLOCATION  POOL  NETDEV  QUEUES  UID  POD  LEASE  HOLDER  AGE\nupf-1       upf   eth1    0       -    -    -      -       -\n\nno CNI attachments\n\nno netdevs\n", "", "status; allocations "},
+		{"status -o json", 0, "{\n  \"pools\": [\n    {\n      \"name\": \"upf\",\n      \"resource\": \"\",\n      \"queues\": 4,\n      \"free\": 3,\n      \"allocations\": 1\n    }\n  ],\n  \"allocations\": 1,\n  \"attachments\": 0,\n  \"netdevs\": null\n}\n", "", "status"},
+		{"-o json status", 0, `"allocations": 1,`, "", "status"},
+		{"status -o table", 0, "no CNI attachments", "", "status; allocations "},
+		{"allocations -h", 0, "usage: xdpqctl [-api-socket PATH] [-o table|json] allocations [-pool POOL]\n", "", ""},
+		{"allocations upf", 2, "", `xdpqctl allocations: takes no arguments, got ["upf"]`, ""},
+		{"allocations -pool", 2, "", "xdpqctl allocations: flag needs an argument: -pool", ""},
+		{"allocations", 0, "ALLOCATION  POOL  NETDEV  QUEUES  UID  POD  LEASE  HOLDER  AGE\nupf-1       upf   eth1    0       -    -    -      -       -\n\nno CNI attachments\n", "", "allocations "},
+		{"allocations -pool upf", 0, "upf-1       upf   eth1", "", "allocations upf"},
+		{"allocations -pool upf -o json", 0, "{\n  \"allocations\": [\n    {\n      \"id\": \"upf-1\",", "", "allocations upf"},
+		{"-o json allocations", 0, "\"attachments\": []\n}\n", "", "allocations "},
+		{"allocations -pool nope", 1, "", "xdpqctl allocations: no pool \"nope\" (pools: upf)\n", "allocations nope"},
 	} {
 		t.Run(tt.args, func(t *testing.T) {
 			b.mu.Lock()
@@ -149,7 +166,7 @@ func TestCommandLine(t *testing.T) {
 			b.mu.Lock()
 			asked := strings.Join(b.asked, "; ")
 			b.mu.Unlock()
-			if !strings.HasPrefix(asked, tt.asked) || (tt.asked == "") != (asked == "") {
+			if asked != tt.asked {
 				t.Errorf("daemon asked %q, want %q", asked, tt.asked)
 			}
 		})

@@ -21,56 +21,47 @@ func printTable(w io.Writer, out any, now time.Time) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", v.ID, v.Pool, v.Netdev, queueList(v.Queues), uid(v.UID), v.Socket)
 	case api.FreeAnswer:
 		fmt.Fprintf(tw, "freed %s\n", v.Freed)
-	case *api.Status:
+	case statusView:
 		printStatus(tw, v, now)
+	case *api.AllocationList:
+		printAllocations(tw, v, now)
 	default:
 		return fmt.Errorf("no table for %T", out)
 	}
 	return tw.Flush()
 }
 
-func printStatus(tw *tabwriter.Writer, s *api.Status, now time.Time) {
-	section := func(n int, none, header string, row func(i int)) {
-		if n == 0 {
-			fmt.Fprintln(tw, none)
-			return
-		}
-		fmt.Fprintln(tw, header)
-		for i := range n {
-			row(i)
-		}
+// statusView is what the status command shows as a table: the status,
+// and the allocations it counts.
+type statusView struct {
+	*api.Status
+	list *api.AllocationList
+}
+
+// section writes a table of n rows, or none when n is 0. (tabwriter
+// aligns the columns of a block of lines that have tabs; a line without
+// one ends the block, so each table aligns on its own.)
+func section(tw *tabwriter.Writer, n int, none, header string, row func(i int)) {
+	if n == 0 {
+		fmt.Fprintln(tw, none)
+		return
 	}
-	// tabwriter aligns the columns of a block of lines that have tabs; a
-	// line without one ends the block, so each table aligns on its own.
-	section(len(s.Pools), "no pools", "POOL\tRESOURCE\tQUEUES\tFREE\tREASON", func(i int) {
+	fmt.Fprintln(tw, header)
+	for i := range n {
+		row(i)
+	}
+}
+
+func printStatus(tw *tabwriter.Writer, v statusView, now time.Time) {
+	s := v.Status
+	section(tw, len(s.Pools), "no pools", "POOL\tRESOURCE\tQUEUES\tFREE\tALLOCATIONS\tREASON", func(i int) {
 		p := s.Pools[i]
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", p.Name, p.Resource, p.Queues, p.Free, dash(p.Reason))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", p.Name, p.Resource, p.Queues, p.Free, p.Allocations, dash(p.Reason))
 	})
 	fmt.Fprintln(tw)
-	section(len(s.Allocations), "no allocations", "ALLOCATION\tPOOL\tNETDEV\tQUEUES\tUID\tPOD\tLEASE\tHOLDER\tAGE", func(i int) {
-		a := s.Allocations[i]
-		pod := a.Pod
-		if pod == "" {
-			pod = a.PodUID
-		}
-		holder := "-"
-		if h := a.Holder; h != nil {
-			holder = fmt.Sprintf("pid %d uid %d", h.PID, h.UID)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.Pool, a.Netdev, queueList(a.Queues), uid(a.UID), dash(pod),
-			dash(queueList(a.Lease)), holder, age(now, a.Created))
-	})
+	printAllocations(tw, v.list, now)
 	fmt.Fprintln(tw)
-	section(len(s.Attachments), "no CNI attachments", "CONTAINER\tINTERFACE\tNETNS\tALLOCATION\tPOD\tSTATE\tFLOWS", func(i int) {
-		a := s.Attachments[i]
-		pod := ""
-		if a.PodName != "" {
-			pod = a.PodNamespace + "/" + a.PodName
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", shortID(a.ContainerID), a.IfName, dash(a.Netns), a.AllocationID, dash(pod), a.State, dash(flowList(a.Flows)))
-	})
-	fmt.Fprintln(tw)
-	section(len(s.Netdevs), "no netdevs", "NETDEV\tSTATE\tMODE\tSTEERING\tFLOWS\tSOCKETS\tLINK\tREASON", func(i int) {
+	section(tw, len(s.Netdevs), "no netdevs", "NETDEV\tSTATE\tMODE\tSTEERING\tFLOWS\tSOCKETS\tLINK\tREASON", func(i int) {
 		n := s.Netdevs[i]
 		link := "down"
 		if n.LinkUp {
@@ -93,6 +84,33 @@ func printStatus(tw *tabwriter.Writer, s *api.Status, now time.Time) {
 	for _, e := range s.StateErrors {
 		fmt.Fprintf(tw, "\nrecord: %s\n", e)
 	}
+}
+
+// printAllocations writes the allocations, each with who holds it, and
+// their CNI attachments.
+func printAllocations(tw *tabwriter.Writer, l *api.AllocationList, now time.Time) {
+	section(tw, len(l.Allocations), "no allocations", "ALLOCATION\tPOOL\tNETDEV\tQUEUES\tUID\tPOD\tLEASE\tHOLDER\tAGE", func(i int) {
+		a := l.Allocations[i]
+		pod := a.Pod
+		if pod == "" {
+			pod = a.PodUID
+		}
+		holder := "-"
+		if h := a.Holder; h != nil {
+			holder = fmt.Sprintf("pid %d uid %d", h.PID, h.UID)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.Pool, a.Netdev, queueList(a.Queues), uid(a.UID), dash(pod),
+			dash(queueList(a.Lease)), holder, age(now, a.Created))
+	})
+	fmt.Fprintln(tw)
+	section(tw, len(l.Attachments), "no CNI attachments", "CONTAINER\tINTERFACE\tNETNS\tALLOCATION\tPOD\tSTATE\tFLOWS", func(i int) {
+		a := l.Attachments[i]
+		pod := ""
+		if a.PodName != "" {
+			pod = a.PodNamespace + "/" + a.PodName
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", shortID(a.ContainerID), a.IfName, dash(a.Netns), a.AllocationID, dash(pod), a.State, dash(flowList(a.Flows)))
+	})
 }
 
 // queueList is queues as ranges: "0-3,6".

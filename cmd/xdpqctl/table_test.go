@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,9 +18,19 @@ func TestStatusTable(t *testing.T) {
 	uid := uint32(1000)
 	s := &api.Status{
 		Pools: []api.PoolStatus{
-			{Name: "upf", Resource: "xdpq.io/upf", Queues: 8, Free: 2},
+			{Name: "upf", Resource: "xdpq.io/upf", Queues: 8, Free: 2, Allocations: 3},
 			{Name: "cp", Resource: "xdpq.io/cp", Queues: 0, Free: 0, Reason: "netdev eth9 not found"},
 		},
+		Allocations: 3,
+		Attachments: 1,
+		Netdevs: []api.NetdevStatus{
+			{Netdev: "eth1", State: "Direct", Mode: "native", Steering: "ntuple", Flows: 2, UnknownFlows: 1, Sockets: []uint32{0, 1, 2, 3, 5, 6}, LinkUp: true},
+			{Netdev: "eth2", State: "Overridden", Mode: "generic", Steering: "software", Reason: "a foreign program (prog 7 \"fw\")", PolicyError: "busy poll: EPERM"},
+		},
+		ConfigError: "pool cp: netdev eth9 not found",
+		StateErrors: []string{"allocation upf-z: unexpected end of JSON input"},
+	}
+	l := &api.AllocationList{
 		Allocations: []api.Allocation{
 			{ID: "upf-a", Pool: "upf", Netdev: "eth1", Queues: []uint32{0, 1, 2, 3, 6}, UID: &uid, Lease: []uint32{0, 1, 2, 3, 6}, Holder: &api.Holder{PID: 4242, UID: 1000}, Created: now.Add(-90 * time.Second)},
 			{ID: "upf-b", Pool: "upf", Netdev: "eth1", Queues: []uint32{4}, PodUID: "8d1c-uid", Created: now.Add(-3 * time.Hour)},
@@ -32,20 +43,14 @@ func TestStatusTable(t *testing.T) {
 					{Protocol: "tcp", Dst: netip.MustParsePrefix("10.0.0.0/24"), Src: netip.MustParsePrefix("10.9.0.0/16"), SrcPort: 80, VLAN: 5},
 				}},
 			AllocationID: "upf-c"}, State: "ending"}},
-		Netdevs: []api.NetdevStatus{
-			{Netdev: "eth1", State: "Direct", Mode: "native", Steering: "ntuple", Flows: 2, UnknownFlows: 1, Sockets: []uint32{0, 1, 2, 3, 5, 6}, LinkUp: true},
-			{Netdev: "eth2", State: "Overridden", Mode: "generic", Steering: "software", Reason: "a foreign program (prog 7 \"fw\")", PolicyError: "busy poll: EPERM"},
-		},
-		ConfigError: "pool cp: netdev eth9 not found",
-		StateErrors: []string{"allocation upf-z: unexpected end of JSON input"},
 	}
 	var b bytes.Buffer
-	if err := printTable(&b, s, now); err != nil {
+	if err := printTable(&b, statusView{s, l}, now); err != nil {
 		t.Fatal(err)
 	}
-	want := `POOL  RESOURCE     QUEUES  FREE  REASON
-upf   xdpq.io/upf  8       2     -
-cp    xdpq.io/cp   0       0     netdev eth9 not found
+	want := `POOL  RESOURCE     QUEUES  FREE  ALLOCATIONS  REASON
+upf   xdpq.io/upf  8       2     3            -
+cp    xdpq.io/cp   0       0     0            netdev eth9 not found
 
 ALLOCATION  POOL  NETDEV  QUEUES  UID   POD       LEASE  HOLDER             AGE
 upf-a       upf   eth1    0-3,6   1000  -         0-3,6  pid 4242 uid 1000  90s
@@ -67,12 +72,28 @@ record: allocation upf-z: unexpected end of JSON input
 		t.Errorf("table (-want +got):\n%s", d)
 	}
 
+	// The allocations command: the middle of status's.
 	b.Reset()
-	if err := printTable(&b, &api.Status{}, now); err != nil {
+	if err := printTable(&b, l, now); err != nil {
+		t.Fatal(err)
+	}
+	if want := want[strings.Index(want, "ALLOCATION "):strings.Index(want, "\nNETDEV ")]; b.String() != want {
+		t.Errorf("allocations (-want +got):\n%s", cmp.Diff(want, b.String()))
+	}
+
+	b.Reset()
+	if err := printTable(&b, statusView{&api.Status{}, &api.AllocationList{}}, now); err != nil {
 		t.Fatal(err)
 	}
 	if want := "no pools\n\nno allocations\n\nno CNI attachments\n\nno netdevs\n"; b.String() != want {
 		t.Errorf("empty status: %q, want %q", b.String(), want)
+	}
+	b.Reset()
+	if err := printTable(&b, &api.AllocationList{}, now); err != nil {
+		t.Fatal(err)
+	}
+	if want := "no allocations\n\nno CNI attachments\n"; b.String() != want {
+		t.Errorf("no allocations: %q, want %q", b.String(), want)
 	}
 }
 

@@ -46,7 +46,7 @@ var (
 //   - worker-3: created, no status written yet.
 func fixture(t *testing.T) []v1alpha1.XdpqNode {
 	t.Helper()
-	node := func(name string, s *api.Status, serving bool) v1alpha1.XdpqNode {
+	node := func(name string, s *api.Status, l *api.AllocationList, serving bool) v1alpha1.XdpqNode {
 		n := v1alpha1.XdpqNode{
 			TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.Kind},
 			ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("uid-" + name), CreationTimestamp: metav1.NewTime(t0.Add(-24 * time.Hour)),
@@ -54,7 +54,7 @@ func fixture(t *testing.T) []v1alpha1.XdpqNode {
 				OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: name, UID: "node-uid"}}},
 		}
 		if s != nil {
-			n.Status = nodestatus.Convert(s, serving, nil, t0)
+			n.Status = nodestatus.Convert(s, l, serving, nil, t0)
 		}
 		return n
 	}
@@ -74,6 +74,11 @@ func fixture(t *testing.T) []v1alpha1.XdpqNode {
 				Reason: "a foreign XDP program has precedence", RXQueues: 64, Reserved: []uint32{8, 9, 10, 11, 12, 13, 14, 15}, ZeroCopy: true,
 				Driver: "ice", PCI: "0000:3b:00.1", NUMANode: 0},
 		},
+		Allocations: 3,
+		Attachments: 2,
+		Config:      api.ConfigStatus{Hash: "3f2a9c1d8e7b6a5f4e3d2c1b0a998877", Loaded: t0.Add(-10 * time.Minute)},
+	}
+	w1l := &api.AllocationList{
 		Allocations: []api.Allocation{
 			{ID: "a7f3", Pool: "upf", Netdev: "ens1f0", Queues: []uint32{8, 9}, PodUID: "6f1c", Pod: "telco/upf-0", Lease: []uint32{8, 9}},
 			{ID: "b210", Pool: "dns", Netdev: "ens1f1", Queues: []uint32{4}, PodUID: "9d2e", Pod: "dns/resolver-5d8f"},
@@ -83,7 +88,6 @@ func fixture(t *testing.T) []v1alpha1.XdpqNode {
 			attach("a7f3", udp("10.20.0.5/32", 2152), api.CNIFlow{Protocol: "udp", Dst: netip.MustParsePrefix("10.20.0.5/32"), DstPort: 8805, Src: netip.MustParsePrefix("10.9.0.0/16"), VLAN: 100}),
 			attach("b210", udp("10.20.0.9/32", 53)),
 		},
-		Config: api.ConfigStatus{Hash: "3f2a9c1d8e7b6a5f4e3d2c1b0a998877", Loaded: t0.Add(-10 * time.Minute)},
 	}
 	w2 := &api.Status{
 		Pools: []api.PoolStatus{{Name: "upf", Resource: "xdpq.io/upf", Queues: 4, Free: 3, Reason: "netdev eth9 is missing"}},
@@ -91,11 +95,12 @@ func fixture(t *testing.T) []v1alpha1.XdpqNode {
 			{Netdev: "eth9", State: "Missing", Mode: "none", LinkUp: false, NUMANode: -1, Reason: "not found"},
 			{Netdev: "veth0", State: "Filter", Mode: "generic", Steering: "software", Flows: 1, LinkUp: true, Program: 12, RXQueues: 4, NUMANode: -1},
 		},
-		Allocations: []api.Allocation{{ID: "d4e5", Pool: "upf", Netdev: "veth0", Queues: []uint32{0}, PodUID: "77aa", Lease: []uint32{0}}},
+		Allocations: 1,
 		ConfigError: "config /etc/xdpq/config.yaml: pools[0].queues: \"9-2\": empty range",
 		Config:      api.ConfigStatus{Hash: "0badc0ffee0012345678", Loaded: t0.Add(-2 * time.Hour)},
 	}
-	return []v1alpha1.XdpqNode{node("worker-2", w2, false), node("worker-3", nil, false), node("worker-1", w1, true)}
+	w2l := &api.AllocationList{Allocations: []api.Allocation{{ID: "d4e5", Pool: "upf", Netdev: "veth0", Queues: []uint32{0}, PodUID: "77aa", Lease: []uint32{0}}}}
+	return []v1alpha1.XdpqNode{node("worker-2", w2, w2l, false), node("worker-3", nil, nil, false), node("worker-1", w1, w1l, true)}
 }
 
 // golden compares got with testdata/name, or writes it there with

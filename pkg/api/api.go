@@ -11,7 +11,13 @@ const DefaultSocket = "/run/xdpq/xdpq-api.sock"
 // Version is the version of the API this package speaks, answered by
 // GET /v1/version. It changes when a request or answer changes in a way an
 // older peer cannot read; added fields do not change it.
-const Version = 1
+//
+// Version 2 bounded GET /v1/status by the pools and netdevs: it gives the
+// number of allocations and attachments (in all, and per pool) where
+// version 1 listed them, and GET /v1/allocations lists them. A version 1
+// client fails to read the new status (a number where it wants a list)
+// rather than read that there are no allocations.
+const Version = 2
 
 // Allocation is a set of queues handed out, as the API reports it.
 type Allocation struct {
@@ -49,14 +55,17 @@ type Holder struct {
 	PodUID string `json:"podUID,omitempty"`
 }
 
-// Status reports pools, allocations and netdevs.
+// Status reports pools, netdevs and how many allocations there are: what
+// monitoring polls, of a size bounded by the pools and netdevs whatever
+// the number of pods. [AllocationList] lists the allocations.
 type Status struct {
-	Pools       []PoolStatus   `json:"pools"`
-	Allocations []Allocation   `json:"allocations"`
+	Pools []PoolStatus `json:"pools"`
+	// Allocations is how many allocations there are, of every pool.
+	// (Version 1 listed them under the same key.)
+	Allocations int `json:"allocations"`
+	// Attachments is how many CNI attachments they have.
+	Attachments int            `json:"attachments"`
 	Netdevs     []NetdevStatus `json:"netdevs"`
-	// Attachments are the CNI attachments of the allocations, by
-	// container and interface.
-	Attachments []AttachmentStatus `json:"attachments"`
 	// ConfigError says why the config in force is not the file on disk,
 	// or what of it could not be put in force on this node.
 	ConfigError string `json:"configError,omitempty"`
@@ -68,6 +77,17 @@ type Status struct {
 	Collected time.Time `json:"collected,omitzero"`
 	// Config is the config in force.
 	Config ConfigStatus `json:"config,omitzero"`
+}
+
+// AllocationList answers GET /v1/allocations: the allocations, of every
+// pool or of the one asked for, and their CNI attachments. Neither list
+// is ever null.
+type AllocationList struct {
+	// Allocations are by id.
+	Allocations []Allocation `json:"allocations"`
+	// Attachments are the CNI attachments of the allocations, by
+	// container and interface.
+	Attachments []AttachmentStatus `json:"attachments"`
 }
 
 // ConfigStatus is the config in force.
@@ -84,6 +104,8 @@ type PoolStatus struct {
 	Resource string `json:"resource"`
 	Queues   int    `json:"queues"`
 	Free     int    `json:"free"`
+	// Allocations is how many allocations of the pool there are.
+	Allocations int `json:"allocations"`
 	// Reason says why the pool has fewer queues than its config names, or
 	// takes no allocation now.
 	Reason string `json:"reason,omitempty"`

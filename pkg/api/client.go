@@ -153,13 +153,29 @@ func (c *Client) Version() (int, error) {
 	return v.API, nil
 }
 
-// Status reports the daemon's state.
+// Status reports the daemon's pools and netdevs and how many allocations
+// and attachments it holds; [Client.Allocations] lists them.
 func (c *Client) Status() (*Status, error) {
 	var s Status
 	if err := c.call(http.MethodGet, "/v1/status", nil, &s); err != nil {
 		return nil, err
 	}
 	return &s, nil
+}
+
+// Allocations lists the allocations of pool ("" for every pool) and their
+// CNI attachments. A pool the daemon does not know is an [ErrNotFound]
+// whose message names the pools it does.
+func (c *Client) Allocations(pool string) (*AllocationList, error) {
+	path := "/v1/allocations"
+	if pool != "" {
+		path += "?" + url.Values{"pool": {pool}}.Encode()
+	}
+	var l AllocationList
+	if err := c.call(http.MethodGet, path, nil, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
 }
 
 // Alloc asks for count queues of pool for uid.

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +22,8 @@ func clientCalls() []struct {
 		call func(c *Client) error
 	}{
 		{"GET /v1/status", func(c *Client) error { _, err := c.Status(); return err }},
+		{"GET /v1/allocations", func(c *Client) error { _, err := c.Allocations(""); return err }},
+		{"GET /v1/allocations?pool=upf", func(c *Client) error { _, err := c.Allocations("upf"); return err }},
 		{"POST /v1/alloc", func(c *Client) error { _, err := c.Alloc("p", 1, 1000); return err }},
 		{"POST /v1/free", func(c *Client) error { return c.Free("p-1") }},
 		{"POST /v1/cni/add", func(c *Client) error { _, err := c.CNIAdd(CNIAddRequest{ContainerID: "c", IfName: "i"}); return err }},
@@ -63,8 +66,19 @@ func TestClientRoundTrip(t *testing.T) {
 	if v, err := c.Version(); err != nil || v != Version {
 		t.Fatalf("Version: %d, %v", v, err)
 	}
-	if s, err := c.Status(); err != nil || s.Pools[0].Free != 2 {
+	if s, err := c.Status(); err != nil || s.Pools[0].Free != 2 || s.Pools[0].Allocations != 1 || s.Allocations != 1 {
 		t.Fatalf("Status: %+v, %v", s, err)
+	}
+	if l, err := c.Allocations(""); err != nil || len(l.Allocations) != 1 || l.Allocations[0].ID != "p-1" || l.Attachments == nil {
+		t.Fatalf("Allocations: %+v, %v", l, err)
+	}
+	if l, err := c.Allocations("p"); err != nil || len(l.Allocations) != 1 {
+		t.Fatalf("Allocations of p: %+v, %v", l, err)
+	}
+	_, err := c.Allocations("a b&pool=c")
+	if se := (*StatusError)(nil); !errors.As(err, &se) || !errors.Is(err, ErrNotFound) ||
+		err.Error() != `no pool "a b&pool=c" (pools: p)` || se.Path != "/v1/allocations?pool=a+b%26pool%3Dc" {
+		t.Fatalf("Allocations of an unknown pool: %v", err)
 	}
 	if a, err := c.Alloc("p", 2, 1000); err != nil || a.ID != "p-1" {
 		t.Fatalf("Alloc: %+v, %v", a, err)
@@ -84,15 +98,21 @@ func TestClientRoundTrip(t *testing.T) {
 	if r, err := c.CNIGC([]string{"c2/i"}); err != nil || len(r) != 1 || r[0] != "c1/net1" {
 		t.Fatalf("CNIGC: %v, %v", r, err)
 	}
-	want := []string{"Status", "Alloc", "Free", "CNIAdd", "CNIDel", "CNICheck", "CNIGC"}
+	want := []string{"Status", "Allocations", "Allocations", "Allocations", "Alloc", "Free", "CNIAdd", "CNIDel", "CNICheck", "CNIGC"}
 	calls := b.called()
+	if len(calls) != len(want) {
+		t.Fatalf("backend calls %+v, want %v", calls, want)
+	}
 	for i, c := range calls {
-		if i >= len(want) || c.op != want[i] {
+		if c.op != want[i] {
 			t.Fatalf("backend calls %+v, want %v", calls, want)
 		}
 	}
-	if fmt.Sprint(calls[3].req) != fmt.Sprint(CNIAddRequest{ContainerID: "c", IfName: "i", MTU: 1400}) {
-		t.Errorf("CNIAdd asked %+v", calls[3].req)
+	if calls[1].req != "" || calls[2].req != "p" || calls[3].req != "a b&pool=c" {
+		t.Errorf("Allocations asked %v, %v, %v", calls[1].req, calls[2].req, calls[3].req)
+	}
+	if fmt.Sprint(calls[6].req) != fmt.Sprint(CNIAddRequest{ContainerID: "c", IfName: "i", MTU: 1400}) {
+		t.Errorf("CNIAdd asked %+v", calls[6].req)
 	}
 }
 
@@ -177,25 +197,43 @@ func oldDaemon() http.Handler {
 	return mux
 }
 
+// v1Daemon is the local API of a version 1 daemon: its status lists the
+// allocations and attachments, and it has no /v1/allocations.
+func v1Daemon() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/v1/version":
+			io.WriteString(w, `{"api":1}`)
+		case "/v1/status":
+			io.WriteString(w, `{"pools":[{"name":"upf","resource":"xdpq.io/upf","queues":4,"free":3}],"allocations":[{"id":"upf-1","pool":"upf"}],"netdevs":[],"attachments":[]}`)
+		default:
+			w.WriteHeader(404)
+			io.WriteString(w, `{"error":"no API path `+r.URL.Path+`; this daemon speaks API version 1: GET /v1/status, GET /v1/version","code":"unknown-path"}`)
+		}
+	})
+}
+
 // TestClientVersionSkew: answers that are not this API's name the skew,
 // the socket, the request and what the daemon said; never an empty error.
 func TestClientVersionSkew(t *testing.T) {
 	old := NewClient(startHandler(t, oldDaemon()))
+	v1 := NewClient(startHandler(t, v1Daemon()))
 	// A daemon of a later version: its own JSON for unknown paths.
 	newer := NewClient(startHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		if r.URL.Path == "/v1/version" {
-			io.WriteString(w, `{"api":2}`)
+			io.WriteString(w, `{"api":3}`)
 			return
 		}
 		w.WriteHeader(404)
-		io.WriteString(w, `{"error":"no API path `+r.URL.Path+`; this daemon speaks API version 2: GET /v2/status","code":"unknown-path"}`)
+		io.WriteString(w, `{"error":"no API path `+r.URL.Path+`; this daemon speaks API version 3: GET /v3/status","code":"unknown-path"}`)
 	})))
 	// Some other HTTP server, which knows /v1/version.
 	other := NewClient(startHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v1/version" {
 			w.Header().Set("Content-Type", "application/json")
-			io.WriteString(w, `{"api":2}`)
+			io.WriteString(w, `{"api":3}`)
 			return
 		}
 		w.WriteHeader(502)
@@ -208,17 +246,23 @@ func TestClientVersionSkew(t *testing.T) {
 		says   string
 	}{
 		{"path unknown to an old daemon", old, func(c *Client) error { _, err := c.CNIGC(nil); return err }, 404,
-			`POST /v1/cni/gc answered 404 Not Found: "404 page not found"; the daemon does not answer GET /v1/version either, so it predates API versions; this client speaks version 1 (version skew: upgrade or downgrade one of them)`},
+			`POST /v1/cni/gc answered 404 Not Found: "404 page not found"; the daemon does not answer GET /v1/version either, so it predates API versions; this client speaks version 2 (version skew: upgrade or downgrade one of them)`},
 		{"method unknown to an old daemon", old, func(c *Client) error { return c.CNIDel("c", "i") }, 405,
 			`POST /v1/cni/del answered 405 Method Not Allowed: "Method Not Allowed"; the daemon does not answer GET /v1/version either`},
 		{"version of an old daemon", old, func(c *Client) error { _, err := c.Version(); return err }, 404,
 			`GET /v1/version answered 404 Not Found: "404 page not found" (version skew`},
 		{"not JSON", old, func(c *Client) error { _, err := c.CNICheck("c", "i"); return err }, 200,
 			`POST /v1/cni/check answered 200 OK: its body is not the API's JSON (invalid character 'O' looking for beginning of value); the daemon does not answer GET /v1/version either`},
+		{"status of an old daemon", old, func(c *Client) error { _, err := c.Status(); return err }, 200,
+			`GET /v1/status answered 200 OK: its body is not the API's JSON (json: cannot unmarshal array into Go struct field Status.allocations of type int); the daemon does not answer GET /v1/version either`},
+		{"status of a version 1 daemon", v1, func(c *Client) error { _, err := c.Status(); return err }, 200,
+			`GET /v1/status answered 200 OK: its body is not the API's JSON (json: cannot unmarshal array into Go struct field Status.allocations of type int); the daemon speaks API version 1, this client 2 (version skew`},
+		{"allocations of a version 1 daemon", v1, func(c *Client) error { _, err := c.Allocations("upf"); return err }, 404,
+			`GET /v1/allocations?pool=upf answered 404 Not Found: no API path /v1/allocations; this daemon speaks API version 1: GET /v1/status, GET /v1/version (version skew`},
 		{"path unknown to a newer daemon", newer, func(c *Client) error { _, err := c.Status(); return err }, 404,
-			`GET /v1/status answered 404 Not Found: no API path /v1/status; this daemon speaks API version 2: GET /v2/status (version skew`},
+			`GET /v1/status answered 404 Not Found: no API path /v1/status; this daemon speaks API version 3: GET /v3/status (version skew`},
 		{"empty 502", other, func(c *Client) error { return c.Free("x") }, 502,
-			`POST /v1/free answered 502 Bad Gateway: its body is not the API's JSON; the daemon speaks API version 2, this client 1 (version skew`},
+			`POST /v1/free answered 502 Bad Gateway: its body is not the API's JSON; the daemon speaks API version 3, this client 2 (version skew`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.call(tt.c)
@@ -242,8 +286,33 @@ func TestClientVersionSkew(t *testing.T) {
 	if !errors.Is(err, ErrInvalid) || err.Error() != `no pool "p" (pools: upf)` {
 		t.Errorf("old daemon's refusal: %v", err)
 	}
-	if _, err := old.Status(); err != nil {
-		t.Errorf("old daemon's status: %v", err)
+}
+
+// TestStatusV1ClientFails: a version 1 client reading a version 2 status
+// fails, rather than read that there are no allocations; so does one
+// reading an allocation list as a status.
+func TestStatusV1ClientFails(t *testing.T) {
+	// The fields of version 1's Status that version 2 changed.
+	type statusV1 struct {
+		Allocations []Allocation       `json:"allocations"`
+		Attachments []AttachmentStatus `json:"attachments"`
+	}
+	for _, s := range []Status{{Allocations: 0}, {Allocations: 3, Attachments: 2}} {
+		data, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var old statusV1
+		if err := json.Unmarshal(data, &old); err == nil {
+			t.Errorf("a version 1 client reads %s as %+v", data, old)
+		}
+	}
+	data, err := json.Marshal(AllocationList{Allocations: []Allocation{{ID: "p-1"}}, Attachments: []AttachmentStatus{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, new(Status)); err == nil {
+		t.Errorf("a list %s reads as a status", data)
 	}
 }
 

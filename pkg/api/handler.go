@@ -2,13 +2,16 @@ package api
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
+	"net/url"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -25,8 +28,13 @@ import (
 // Its message goes to the client as it is: it should say what failed and
 // what to do. A nil answer with a nil error is a bug, answered 500.
 type Backend interface {
-	// Status reports pools, allocations and netdevs.
+	// Status reports pools, netdevs and how many allocations and
+	// attachments there are.
 	Status(ctx context.Context) (*Status, error)
+	// Allocations lists the allocations of pool ("" for every pool) and
+	// their attachments; a pool it does not know is an ErrNotFound that
+	// names the pools it does.
+	Allocations(ctx context.Context, pool string) (*AllocationList, error)
 	// Alloc allocates queues of a pool (a standalone daemon).
 	Alloc(ctx context.Context, req AllocRequest) (*Allocation, error)
 	// Free ends an allocation and its attachments.
@@ -53,7 +61,10 @@ const RequestTimeout = 30 * time.Second
 // route is one path of the API.
 type route struct {
 	method string
-	call   func(ctx context.Context, body []byte) (any, error)
+	// query are the query parameters it takes, each at most once; any
+	// other is refused before call.
+	query []string
+	call  func(ctx context.Context, query url.Values, body []byte) (any, error)
 }
 
 // handler serves a Backend.
@@ -62,52 +73,69 @@ type handler struct {
 	routes map[string]route
 	paths  string // "GET /v1/status, POST /v1/alloc, ...", for a 404's message
 	// bufs are the buffers answers are encoded in (*bytes.Buffer): the
-	// status of a node with hundreds of allocations is tens of KiB, asked
-	// for often, and each buffer grown anew was garbage the collector ran
-	// for.
+	// status of a node of 64 netdevs is ~10 KiB, asked for often, the
+	// allocations' list of hundreds of pods tens of KiB, and each buffer
+	// grown anew was garbage the collector ran for.
 	bufs sync.Pool
 }
 
 // NewHandler returns the local API's HTTP handler serving b: GET
-// /v1/status and /v1/version, POST /v1/alloc, /v1/free and
-// /v1/cni/{add,del,check,gc}. It decodes a request body strictly (one
-// JSON object of at most [MaxBodyBytes], no unknown field, nothing after
-// it), and answers every refusal with an [Error] body and the status of
-// its kind: 400, 404, 405 (with Allow), 409, 413, 500, 501, 503. It logs
-// refusals to log (nil for none).
+// /v1/status, /v1/allocations[?pool=NAME] and /v1/version, POST
+// /v1/alloc, /v1/free and /v1/cni/{add,del,check,gc}. It decodes a
+// request body strictly (one JSON object of at most [MaxBodyBytes], no
+// unknown field, nothing after it), refuses a query parameter its path
+// does not take or one given twice, and answers every refusal with an
+// [Error] body and the status of its kind: 400, 404, 405 (with Allow),
+// 409, 413, 500, 501, 503. It logs refusals to log (nil for none).
 func NewHandler(b Backend, log *slog.Logger) http.Handler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	h := &handler{log: log, routes: map[string]route{
-		"/v1/version": {http.MethodGet, func(context.Context, []byte) (any, error) {
+		"/v1/version": {method: http.MethodGet, call: func(context.Context, url.Values, []byte) (any, error) {
 			return VersionInfo{API: Version}, nil
 		}},
-		"/v1/status": {http.MethodGet, func(ctx context.Context, _ []byte) (any, error) {
+		"/v1/status": {method: http.MethodGet, call: func(ctx context.Context, _ url.Values, _ []byte) (any, error) {
 			return answer(b.Status(ctx))
 		}},
-		"/v1/alloc": {http.MethodPost, decoded(func(ctx context.Context, req AllocRequest) (any, error) {
+		"/v1/allocations": {method: http.MethodGet, query: []string{"pool"}, call: func(ctx context.Context, q url.Values, _ []byte) (any, error) {
+			pool, asked := q["pool"]
+			if asked && pool[0] == "" {
+				return nil, &requestError{http.StatusBadRequest, CodeInvalid, "query pool=: empty; name a pool, or leave pool out for every pool"}
+			}
+			l, err := b.Allocations(ctx, q.Get("pool"))
+			if l != nil {
+				if l.Allocations == nil {
+					l.Allocations = []Allocation{}
+				}
+				if l.Attachments == nil {
+					l.Attachments = []AttachmentStatus{}
+				}
+			}
+			return answer(l, err)
+		}},
+		"/v1/alloc": {method: http.MethodPost, call: decoded(func(ctx context.Context, req AllocRequest) (any, error) {
 			return answer(b.Alloc(ctx, req))
 		})},
-		"/v1/free": {http.MethodPost, decoded(func(ctx context.Context, req FreeRequest) (any, error) {
+		"/v1/free": {method: http.MethodPost, call: decoded(func(ctx context.Context, req FreeRequest) (any, error) {
 			if err := b.Free(ctx, req.ID); err != nil {
 				return nil, err
 			}
 			return FreeAnswer{Freed: req.ID}, nil
 		})},
-		"/v1/cni/add": {http.MethodPost, decoded(func(ctx context.Context, req CNIAddRequest) (any, error) {
+		"/v1/cni/add": {method: http.MethodPost, call: decoded(func(ctx context.Context, req CNIAddRequest) (any, error) {
 			return answer(b.CNIAdd(ctx, req))
 		})},
-		"/v1/cni/del": {http.MethodPost, decoded(func(ctx context.Context, req AttachmentRef) (any, error) {
+		"/v1/cni/del": {method: http.MethodPost, call: decoded(func(ctx context.Context, req AttachmentRef) (any, error) {
 			if err := b.CNIDel(ctx, req); err != nil {
 				return nil, err
 			}
 			return struct{}{}, nil
 		})},
-		"/v1/cni/check": {http.MethodPost, decoded(func(ctx context.Context, req AttachmentRef) (any, error) {
+		"/v1/cni/check": {method: http.MethodPost, call: decoded(func(ctx context.Context, req AttachmentRef) (any, error) {
 			return answer(b.CNICheck(ctx, req))
 		})},
-		"/v1/cni/gc": {http.MethodPost, decoded(func(ctx context.Context, req GCRequest) (any, error) {
+		"/v1/cni/gc": {method: http.MethodPost, call: decoded(func(ctx context.Context, req GCRequest) (any, error) {
 			removed, err := b.CNIGC(ctx, req)
 			if err != nil {
 				return nil, err
@@ -140,8 +168,8 @@ func answer[T any](v *T, err error) (any, error) {
 }
 
 // decoded makes a route's call of f, decoding its request from the body.
-func decoded[T any](f func(context.Context, T) (any, error)) func(context.Context, []byte) (any, error) {
-	return func(ctx context.Context, body []byte) (any, error) {
+func decoded[T any](f func(context.Context, T) (any, error)) func(context.Context, url.Values, []byte) (any, error) {
+	return func(ctx context.Context, _ url.Values, body []byte) (any, error) {
 		var req T
 		if err := decodeRequest(body, &req); err != nil {
 			return nil, err
@@ -198,6 +226,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("%s %s: method not allowed; %s takes %s", r.Method, r.URL.Path, r.URL.Path, rt.method))
 		return
 	}
+	query, err := parseQuery(r.URL, rt.query)
+	if err != nil {
+		h.refuse(w, r, http.StatusBadRequest, CodeInvalid, err.Error())
+		return
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	if err != nil {
 		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
@@ -210,7 +243,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), RequestTimeout)
 	defer cancel()
-	v, err := h.call(ctx, rt, body)
+	v, err := h.call(ctx, rt, query, body)
 	if err != nil {
 		var re *requestError
 		if errors.As(err, &re) {
@@ -254,7 +287,7 @@ const maxPooledAnswer = 1 << 20
 
 // call calls the route, turning a panic of the backend into an error: the
 // client gets a 500 instead of a closed connection, the log the stack.
-func (h *handler) call(ctx context.Context, rt route, body []byte) (v any, err error) {
+func (h *handler) call(ctx context.Context, rt route, query url.Values, body []byte) (v any, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			if p == http.ErrAbortHandler {
@@ -264,7 +297,25 @@ func (h *handler) call(ctx context.Context, rt route, body []byte) (v any, err e
 			v, err = nil, fmt.Errorf("the xdpq daemon failed: panic: %v", p)
 		}
 	}()
-	return rt.call(ctx, body)
+	return rt.call(ctx, query, body)
+}
+
+// parseQuery parses u's query strictly: well formed, and each parameter
+// one of takes, given once.
+func parseQuery(u *url.URL, takes []string) (url.Values, error) {
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("bad query %q: %v", u.RawQuery, err)
+	}
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		if !slices.Contains(takes, k) {
+			return nil, fmt.Errorf("query parameter %q: %s takes %s", k, u.Path, cmp.Or(strings.Join(takes, ", "), "none"))
+		}
+		if len(q[k]) > 1 {
+			return nil, fmt.Errorf("query parameter %q given %d times; give it once", k, len(q[k]))
+		}
+	}
+	return q, nil
 }
 
 // refuse answers with an Error body and logs the refusal: a daemon's

@@ -9,8 +9,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"net/url"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -59,6 +61,12 @@ func (f *fakeBackend) Status(ctx context.Context) (*Status, error) {
 	return s, err
 }
 
+func (f *fakeBackend) Allocations(ctx context.Context, pool string) (*AllocationList, error) {
+	v, err := f.do(ctx, "Allocations", pool)
+	l, _ := v.(*AllocationList)
+	return l, err
+}
+
 func (f *fakeBackend) Alloc(ctx context.Context, req AllocRequest) (*Allocation, error) {
 	v, err := f.do(ctx, "Alloc", req)
 	a, _ := v.(*Allocation)
@@ -95,10 +103,15 @@ func (f *fakeBackend) CNIGC(ctx context.Context, req GCRequest) ([]string, error
 
 // answers is a backend answering every method with a fixed value.
 func answers() func(context.Context, string, any) (any, error) {
-	return func(_ context.Context, op string, _ any) (any, error) {
+	return func(_ context.Context, op string, req any) (any, error) {
 		switch op {
 		case "Status":
-			return &Status{Pools: []PoolStatus{{Name: "p", Resource: "xdpq.io/p", Queues: 4, Free: 2}}}, nil
+			return &Status{Pools: []PoolStatus{{Name: "p", Resource: "xdpq.io/p", Queues: 4, Free: 2, Allocations: 1}}, Allocations: 1}, nil
+		case "Allocations":
+			if pool := req.(string); pool != "" && pool != "p" {
+				return nil, Errorf(ErrNotFound, "no pool %q (pools: p)", pool)
+			}
+			return &AllocationList{Allocations: []Allocation{{ID: "p-1", Pool: "p", Netdev: "eth1", Queues: []uint32{2, 3}}}}, nil
 		case "Alloc":
 			return &Allocation{ID: "p-1", Pool: "p", Netdev: "eth1", Queues: []uint32{2, 3}}, nil
 		case "CNIAdd", "CNICheck":
@@ -154,8 +167,16 @@ func TestHandlerRoutes(t *testing.T) {
 		req                any    // what it is asked
 		answer             string // the answer's body, as JSON
 	}{
-		{"GET", "/v1/version", "", "", nil, `{"api":1}`},
-		{"GET", "/v1/status", "", "Status", nil, `{"pools":[{"name":"p","resource":"xdpq.io/p","queues":4,"free":2}],"allocations":null,"netdevs":null,"attachments":null}`},
+		{"GET", "/v1/version", "", "", nil, `{"api":2}`},
+		{"GET", "/v1/status", "", "Status", nil, `{"pools":[{"name":"p","resource":"xdpq.io/p","queues":4,"free":2,"allocations":1}],"allocations":1,"attachments":0,"netdevs":null}`},
+		{"GET", "/v1/allocations", "", "Allocations", "",
+			`{"allocations":[{"id":"p-1","pool":"p","netdev":"eth1","queues":[2,3],"socket":"","created":"0001-01-01T00:00:00Z","devices":null}],"attachments":[]}`},
+		{"GET", "/v1/allocations?pool=p", "", "Allocations", "p",
+			`{"allocations":[{"id":"p-1","pool":"p","netdev":"eth1","queues":[2,3],"socket":"","created":"0001-01-01T00:00:00Z","devices":null}],"attachments":[]}`},
+		// A GET's body is read (a body over the limit is a 413) and
+		// ignored, as ever: it is not the query.
+		{"GET", "/v1/allocations", `{"pool":"q"}`, "Allocations", "",
+			`{"allocations":[{"id":"p-1","pool":"p","netdev":"eth1","queues":[2,3],"socket":"","created":"0001-01-01T00:00:00Z","devices":null}],"attachments":[]}`},
 		{"POST", "/v1/alloc", `{"pool":"p","count":2,"uid":1000}`, "Alloc", AllocRequest{Pool: "p", Count: 2, UID: 1000},
 			`{"id":"p-1","pool":"p","netdev":"eth1","queues":[2,3],"socket":"","created":"0001-01-01T00:00:00Z","devices":null}`},
 		{"POST", "/v1/free", `{"id":"p-1"}`, "Free", "p-1", `{"freed":"p-1"}`},
@@ -169,7 +190,7 @@ func TestHandlerRoutes(t *testing.T) {
 		{"POST", "/v1/cni/gc", `{"valid":["c2/net1"]}`, "CNIGC", GCRequest{Valid: []string{"c2/net1"}}, `{"removed":["c1/net1"]}`},
 	}
 	for _, tt := range tests {
-		t.Run(tt.method+tt.path, func(t *testing.T) {
+		t.Run(tt.method+tt.path+tt.body, func(t *testing.T) {
 			b := &fakeBackend{fn: answers()}
 			start := time.Now()
 			w := serve(t, b, tt.method, tt.path, tt.body)
@@ -207,6 +228,29 @@ func TestHandlerGCNoneRemoved(t *testing.T) {
 	}
 }
 
+// TestHandlerAllocations: a pool the backend does not know is its 404,
+// naming the pools it knows; no allocation is an empty list, not null.
+func TestHandlerAllocations(t *testing.T) {
+	b := &fakeBackend{fn: answers()}
+	w := serve(t, b, "GET", "/v1/allocations?pool=nope", "")
+	if e := refusal(t, w); w.Code != 404 || e.Code != CodeNotFound || e.Error != `no pool "nope" (pools: p)` {
+		t.Errorf("unknown pool: %d %+v", w.Code, e)
+	}
+	if calls := b.called(); len(calls) != 1 || calls[0].op != "Allocations" || calls[0].req != "nope" {
+		t.Errorf("backend calls %+v", calls)
+	}
+	w = serve(t, &fakeBackend{fn: func(context.Context, string, any) (any, error) { return &AllocationList{}, nil }}, "GET", "/v1/allocations?pool=p", "")
+	if got := strings.TrimSpace(w.Body.String()); w.Code != 200 || got != `{"allocations":[],"attachments":[]}` {
+		t.Errorf("no allocations: %d %s", w.Code, got)
+	}
+	// A name that needs escaping reaches the backend as it was named.
+	b = &fakeBackend{fn: answers()}
+	serve(t, b, "GET", "/v1/allocations?"+url.Values{"pool": {"a b&c=d/é"}}.Encode(), "")
+	if calls := b.called(); len(calls) != 1 || calls[0].req != "a b&c=d/é" {
+		t.Errorf("backend calls %+v", calls)
+	}
+}
+
 // TestHandlerBackendErrors: each sentinel, wrapped, gives its status and
 // code; the backend's message reaches the client as it is.
 func TestHandlerBackendErrors(t *testing.T) {
@@ -230,6 +274,8 @@ func TestHandlerBackendErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			for _, r := range []struct{ method, path, body string }{
 				{"GET", "/v1/status", ""},
+				{"GET", "/v1/allocations", ""},
+				{"GET", "/v1/allocations?pool=p", ""},
 				{"POST", "/v1/alloc", `{"pool":"p","count":1}`},
 				{"POST", "/v1/free", `{"id":"x"}`},
 				{"POST", "/v1/cni/add", `{"containerID":"c","ifName":"i"}`},
@@ -286,7 +332,8 @@ func TestHandlerRequestErrors(t *testing.T) {
 		{"negative uid", "POST", "/v1/alloc", `{"uid":-1}`, 400, CodeInvalid, "uint32"},
 		{"bad prefix", "POST", "/v1/cni/add", `{"flows":[{"dst":"10.0.0.300/32"}]}`, 400, CodeInvalid, "10.0.0.300"},
 		{"over 1 MiB", "POST", "/v1/alloc", big, 413, CodeTooLarge, "over the limit of 1048576 bytes (1 MiB)"},
-		{"unknown path", "POST", "/v1/cni/status", `{}`, 404, CodeUnknownPath, "no API path /v1/cni/status; this daemon speaks API version 1: GET /v1/status, GET /v1/version, POST /v1/alloc"},
+		{"unknown path", "POST", "/v1/cni/status", `{}`, 404, CodeUnknownPath,
+			"no API path /v1/cni/status; this daemon speaks API version 2: GET /v1/allocations, GET /v1/status, GET /v1/version, POST /v1/alloc"},
 		{"root", "GET", "/", "", 404, CodeUnknownPath, "no API path /"},
 		{"other version", "GET", "/v2/status", "", 404, CodeUnknownPath, "no API path /v2/status"},
 		{"trailing slash", "GET", "/v1/status/", "", 404, CodeUnknownPath, "no API path /v1/status/"},
@@ -294,6 +341,19 @@ func TestHandlerRequestErrors(t *testing.T) {
 		{"POST a GET", "POST", "/v1/status", `{}`, 405, CodeMethodNotAllowed, "/v1/status takes GET"},
 		{"DELETE", "DELETE", "/v1/free", "", 405, CodeMethodNotAllowed, "/v1/free takes POST"},
 		{"HEAD", "HEAD", "/v1/version", "", 405, CodeMethodNotAllowed, "takes GET"},
+		{"POST allocations", "POST", "/v1/allocations", `{"pool":"p"}`, 405, CodeMethodNotAllowed, "POST /v1/allocations: method not allowed; /v1/allocations takes GET"},
+		{"DELETE allocations of a pool", "DELETE", "/v1/allocations?pool=p", "", 405, CodeMethodNotAllowed, "/v1/allocations takes GET"},
+		{"allocations/", "GET", "/v1/allocations/p", "", 404, CodeUnknownPath, "no API path /v1/allocations/p"},
+		{"unknown query parameter", "GET", "/v1/allocations?pol=p", "", 400, CodeInvalid, `query parameter "pol": /v1/allocations takes pool`},
+		{"a query parameter too many", "GET", "/v1/allocations?pool=p&netdev=eth1", "", 400, CodeInvalid, `query parameter "netdev": /v1/allocations takes pool`},
+		{"pool twice", "GET", "/v1/allocations?pool=p&pool=q", "", 400, CodeInvalid, `query parameter "pool" given 2 times; give it once`},
+		{"empty pool", "GET", "/v1/allocations?pool=", "", 400, CodeInvalid, "query pool=: empty; name a pool, or leave pool out for every pool"},
+		{"pool without a value", "GET", "/v1/allocations?pool", "", 400, CodeInvalid, "query pool=: empty"},
+		{"bad escape", "GET", "/v1/allocations?pool=%zz", "", 400, CodeInvalid, `bad query "pool=%zz": invalid URL escape "%zz"`},
+		{"semicolon", "GET", "/v1/allocations?pool=p;x=1", "", 400, CodeInvalid, "bad query"},
+		{"query of status", "GET", "/v1/status?pool=p", "", 400, CodeInvalid, `query parameter "pool": /v1/status takes none`},
+		{"query of version", "GET", "/v1/version?v=1", "", 400, CodeInvalid, `query parameter "v": /v1/version takes none`},
+		{"query of a POST", "POST", "/v1/free?id=p-1", `{"id":"p-1"}`, 400, CodeInvalid, `query parameter "id": /v1/free takes none`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -314,7 +374,7 @@ func TestHandlerRequestErrors(t *testing.T) {
 			}
 			if tt.status == 405 {
 				want := "POST"
-				if strings.HasSuffix(tt.path, "status") || strings.HasSuffix(tt.path, "version") {
+				if p, _, _ := strings.Cut(tt.path, "?"); slices.Contains([]string{"/v1/status", "/v1/version", "/v1/allocations"}, p) {
 					want = "GET"
 				}
 				if got := w.Header().Get("Allow"); got != want {
@@ -393,6 +453,56 @@ func FuzzDecodeRequest(f *testing.F) {
 		var want CNIAddRequest
 		if err := json.Unmarshal(body, &want); err != nil || !reflect.DeepEqual(calls[0].req, want) {
 			t.Fatalf("accepted %q as %+v; encoding/json reads %+v (%v)", body, calls[0].req, want, err)
+		}
+	})
+}
+
+// FuzzAllocationsQuery feeds queries to GET /v1/allocations. A query is
+// accepted exactly when it parses and names nothing but pool, once, not
+// empty (or nothing at all): the backend is then asked for that pool;
+// anything else is a 400 with an Error body and never reaches the
+// backend.
+func FuzzAllocationsQuery(f *testing.F) {
+	for _, s := range []string{
+		"", "pool=upf", "pool=a%20b", "pool=a+b", "pool=", "pool", "pool=a&pool=b", "pool=a&x=1", "x=1", "&", "pool=a&",
+		"pool=%zz", "pool=a;b", "%70ool=upf", "POOL=upf", "pool=%00", "pool=%E2%82", "=", "==", "pool==",
+	} {
+		f.Add(s)
+	}
+	b := &fakeBackend{fn: answers()}
+	h := NewHandler(b, nil)
+	f.Fuzz(func(t *testing.T, raw string) {
+		b.calls = nil // inputs run one at a time
+		r := httptest.NewRequest("GET", "/v1/allocations", nil)
+		r.URL.RawQuery = raw
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		calls := b.called()
+		q, err := url.ParseQuery(raw)
+		valid := err == nil && (len(q) == 0 || len(q) == 1 && len(q["pool"]) == 1 && q["pool"][0] != "")
+		switch {
+		case w.Code == http.StatusOK || w.Code == http.StatusNotFound && len(calls) == 1:
+			// Accepted: answered, or the backend's 404 of a pool it does
+			// not know.
+			if !valid {
+				t.Fatalf("accepted %q (%v, %v)", raw, q, err)
+			}
+			if len(calls) != 1 || calls[0].req != q.Get("pool") {
+				t.Fatalf("accepted %q with backend calls %+v, want one for pool %q", raw, calls, q.Get("pool"))
+			}
+		case w.Code == http.StatusBadRequest:
+			if valid {
+				t.Fatalf("refused %q: %s", raw, w.Body)
+			}
+			var e Error
+			if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || e.Error == "" || e.Code != CodeInvalid {
+				t.Fatalf("refusal %q: %v", w.Body, err)
+			}
+			if len(calls) != 0 {
+				t.Fatalf("refused %q but called the backend", raw)
+			}
+		default:
+			t.Fatalf("status %d for %q: %s", w.Code, raw, w.Body)
 		}
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -415,5 +416,46 @@ func TestAttachmentsSurviveRestart(t *testing.T) {
 	}
 	if got := n.flows(t); got != 0 {
 		t.Errorf("%d flows after DEL", got)
+	}
+}
+
+// TestStatusVersionSkew: STATUS of a daemon that speaks another API
+// version (version 1's status lists allocations, version 2's counts
+// them) says the plugin is not available and which versions disagree;
+// a daemon of the plugin's version passes.
+func TestStatusVersionSkew(t *testing.T) {
+	for _, tt := range []struct {
+		version int
+		says    string
+	}{
+		{api.Version - 1, fmt.Sprintf("the daemon speaks API version %d, this plugin %d", api.Version-1, api.Version)},
+		{api.Version + 1, fmt.Sprintf("the daemon speaks API version %d, this plugin %d", api.Version+1, api.Version)},
+		{api.Version, ""},
+	} {
+		sock := filepath.Join(t.TempDir(), "api.sock")
+		ln, err := api.Listen(sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			done <- api.Serve(ctx, ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprintf(w, `{"api":%d}`, tt.version)
+			}), nil)
+		}()
+		err = CmdStatus(&skel.CmdArgs{StdinData: []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"upf","type":"xdpq","daemonSocket":%q}`, sock))})
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		var ce *types.Error
+		switch {
+		case tt.says == "" && err != nil:
+			t.Errorf("version %d: %v", tt.version, err)
+		case tt.says != "" && (!errors.As(err, &ce) || ce.Code != types.ErrPluginNotAvailable || !strings.Contains(ce.Details, tt.says)):
+			t.Errorf("version %d: %v, want code 50 saying %q", tt.version, err, tt.says)
+		}
 	}
 }

@@ -379,9 +379,9 @@ func TestCollectGonePods(t *testing.T) {
 	}
 	v.checkHome(t)
 	for _, n := range []*node{q, v} {
-		s, _ := api.NewClient(n.socket).Status()
-		if len(s.Allocations) != 1 {
-			t.Errorf("allocations after the collection: %+v", s.Allocations)
+		l, err := api.NewClient(n.socket).Allocations("")
+		if err != nil || len(l.Allocations) != 1 {
+			t.Errorf("allocations after the collection: %+v %v", l, err)
 		}
 	}
 }

@@ -307,8 +307,7 @@ func sameFlows(a, b []api.CNIFlow) bool {
 
 // Status says whether the plugin can take ADDs: the daemon answers, in
 // the API version the plugin speaks. It asks for the version alone: the
-// runtime calls STATUS often, and the whole status is the daemon's
-// largest answer.
+// runtime calls STATUS often, and needs nothing of the daemon's status.
 func (p Plugin) Status(args *skel.CmdArgs) error {
 	c, _, err := ParseNetConf(args.StdinData)
 	if err != nil {

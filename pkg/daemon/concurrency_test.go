@@ -128,7 +128,10 @@ func TestConcurrentAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(s.Allocations) != 0 || s.Netdevs[0].Flows != 0 {
-		t.Errorf("left behind: %d allocations, %d flows", len(s.Allocations), s.Netdevs[0].Flows)
+	if s.Allocations != 0 || s.Attachments != 0 || s.Netdevs[0].Flows != 0 {
+		t.Errorf("left behind: %d allocations, %d attachments, %d flows", s.Allocations, s.Attachments, s.Netdevs[0].Flows)
+	}
+	if l, err := c.Allocations(""); err != nil || len(l.Allocations) != 0 || len(l.Attachments) != 0 {
+		t.Errorf("left behind: %+v %v", l, err)
 	}
 }

@@ -67,9 +67,13 @@ func TestStandalone(t *testing.T) {
 	if err != nil {
 		t.Fatalf("alloc: %v\n%s", err, out)
 	}
-	a, err := api.NewClient(apiSock).Status()
-	if err != nil || len(a.Allocations) != 1 || a.Pools[0].Free != 0 {
-		t.Fatalf("status after alloc: %+v %v", a, err)
+	st, err := api.NewClient(apiSock).Status()
+	if err != nil || st.Allocations != 1 || st.Pools[0].Allocations != 1 || st.Pools[0].Free != 0 {
+		t.Fatalf("status after alloc: %+v %v", st, err)
+	}
+	a, err := api.NewClient(apiSock).Allocations("")
+	if err != nil || len(a.Allocations) != 1 {
+		t.Fatalf("allocations after alloc: %+v %v", a, err)
 	}
 	alloc := a.Allocations[0]
 	if alloc.Netdev != "xa" || len(alloc.Queues) != 2 {
@@ -116,8 +120,11 @@ func TestStandalone(t *testing.T) {
 	stop()
 	start() // stopped when the test ends
 	waitStatus(t, apiSock, func(s *api.Status) bool {
-		return len(s.Allocations) == 1 && s.Allocations[0].ID == alloc.ID && s.Pools[0].Free == 0
+		return s.Allocations == 1 && s.Pools[0].Allocations == 1 && s.Pools[0].Free == 0
 	})
+	if l, err := api.NewClient(apiSock).Allocations(""); err != nil || len(l.Allocations) != 1 || l.Allocations[0].ID != alloc.ID {
+		t.Fatalf("allocations after the restart: %+v %v, want %s", l, err, alloc.ID)
+	}
 	_, err = client.Connect(alloc.Socket, client.Options{Timeout: 2 * time.Second})
 	if err == nil || !strings.Contains(err.Error(), "belongs to uid 65534") {
 		t.Errorf("the restored allocation's socket: %v", err)

@@ -77,6 +77,21 @@ func (r *fieldRig) status() *api.Status {
 	return s
 }
 
+// allocations lists every allocation, and checks that status counts
+// what it lists (nothing runs meanwhile).
+func (r *fieldRig) allocations() *api.AllocationList {
+	r.t.Helper()
+	l, err := r.d.Allocations(context.Background(), "")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if s := r.status(); s.Allocations != len(l.Allocations) || s.Attachments != len(l.Attachments) {
+		r.t.Errorf("status counts %d allocations and %d attachments; the list has %d and %d",
+			s.Allocations, s.Attachments, len(l.Allocations), len(l.Attachments))
+	}
+	return l
+}
+
 // netdev is xa's status.
 func (r *fieldRig) netdev() api.NetdevStatus {
 	r.t.Helper()
@@ -729,8 +744,8 @@ func TestFieldQueues(t *testing.T) {
 		r.reload(demoPool("2-3"))
 		const beyond = "1 devices held by allocations are no longer in the pool"
 		expect(t, r, "shrunk to 2-3", want{2, 2, beyond})
-		if s := r.status(); len(s.Allocations) != 1 || s.Allocations[0].ID != a.ID {
-			t.Errorf("shrunk to 2-3: allocations %+v, want %s kept", s.Allocations, a.ID)
+		if l := r.allocations(); len(l.Allocations) != 1 || l.Allocations[0].ID != a.ID {
+			t.Errorf("shrunk to 2-3: allocations %+v, want %s kept", l.Allocations, a.ID)
 		}
 		if lease, err := connect(a, client.Options{}); err != nil {
 			t.Errorf("shrunk to 2-3: a lease of the allocation's queue out of the pool: %v", err)
@@ -770,8 +785,8 @@ func TestFieldQueues(t *testing.T) {
 		a := r.alloc("demo", 1)
 		r.reload(demoPool("0-7"))
 		expect(t, r, "0-7 by reload", want{0, 0, why})
-		if s := r.status(); !strings.Contains(s.ConfigError, why) || len(s.Allocations) != 1 || s.Allocations[0].ID != a.ID {
-			t.Errorf("0-7 by reload: config error %q, allocations %+v", s.ConfigError, s.Allocations)
+		if s, l := r.status(), r.allocations(); !strings.Contains(s.ConfigError, why) || len(l.Allocations) != 1 || l.Allocations[0].ID != a.ID {
+			t.Errorf("0-7 by reload: config error %q, allocations %+v", s.ConfigError, l.Allocations)
 		}
 	})
 }
@@ -958,8 +973,8 @@ func TestFieldPoolsKubernetes(t *testing.T) {
 	if !ok || ps.Queues != 0 || ps.Free != 0 || !strings.Contains(ps.Reason, "removed from the config") {
 		t.Errorf("pool a removed with a live allocation: %+v (listed %v)", ps, ok)
 	}
-	if s := r.status(); len(s.Allocations) != 1 || s.Allocations[0].ID != id {
-		t.Errorf("pool a removed: allocations %+v, want %s kept", s.Allocations, id)
+	if l := r.allocations(); len(l.Allocations) != 1 || l.Allocations[0].ID != id {
+		t.Errorf("pool a removed: allocations %+v, want %s kept", l.Allocations, id)
 	}
 	if _, err := os.Stat(filepath.Join(o.AllocDir, id, broker.SocketName)); err != nil {
 		t.Errorf("pool a removed: the allocation is not served: %v", err)

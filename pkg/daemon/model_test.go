@@ -301,14 +301,29 @@ func modelSequence(t *testing.T, p *testnet.Pair, bin, pins string, seed uint64,
 		if err != nil {
 			fail("status: %v", err)
 		}
+		l, err := d.api.Allocations("")
+		if err != nil {
+			fail("allocations: %v", err)
+		}
 		got := map[string]modelAlloc{}
-		for _, a := range s.Allocations {
+		byPool := map[string]int{}
+		for _, a := range l.Allocations {
 			got[a.ID] = modelAlloc{a.Pool, a.Queues}
+		}
+		for _, a := range m.allocs {
+			byPool[a.pool]++
 		}
 		if fmt.Sprint(got) != fmt.Sprint(m.allocs) {
 			fail("allocations %v, model %v", got, m.allocs)
 		}
+		if s.Allocations != len(m.allocs) || s.Attachments != len(m.atts) || len(l.Attachments) != len(m.atts) {
+			fail("status counts %d allocations and %d attachments, the list has %d attachments; model %d and %d",
+				s.Allocations, s.Attachments, len(l.Attachments), len(m.allocs), len(m.atts))
+		}
 		for _, ps := range s.Pools {
+			if ps.Allocations != byPool[ps.Name] {
+				fail("pool %s: %d allocations; model %d", ps.Name, ps.Allocations, byPool[ps.Name])
+			}
 			qs, inConfig := m.pools[ps.Name]
 			if !inConfig {
 				if ps.Queues != 0 || ps.Free != 0 {
@@ -505,11 +520,11 @@ func killInFlight(rng *rand.Rand, d *daemonProc, m *model, flowN *int) modelOp {
 		what = fmt.Sprintf("alloc %s %d", pool, n)
 		call = func() { d.api.Alloc(pool, n, 0) }
 		learn = func() error {
-			s, err := d.api.Status()
+			l, err := d.api.Allocations("")
 			if err != nil {
 				return err
 			}
-			for _, a := range s.Allocations {
+			for _, a := range l.Allocations {
 				if _, known := m.allocs[a.ID]; known {
 					continue
 				}
@@ -525,11 +540,11 @@ func killInFlight(rng *rand.Rand, d *daemonProc, m *model, flowN *int) modelOp {
 		what = "free " + id
 		call = func() { d.api.Free(id) }
 		learn = func() error {
-			s, err := d.api.Status()
+			l, err := d.api.Allocations("")
 			if err != nil {
 				return err
 			}
-			if !slices.ContainsFunc(s.Allocations, func(a api.Allocation) bool { return a.ID == id }) {
+			if !slices.ContainsFunc(l.Allocations, func(a api.Allocation) bool { return a.ID == id }) {
 				m.drop(id)
 			}
 			return nil

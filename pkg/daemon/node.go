@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/apis/xdpq/v1alpha1"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/nodestatus"
@@ -46,7 +47,21 @@ func (d *Daemon) newNodeReporter() nodeReporter {
 		return noReporter{}
 	}
 	return nodestatus.New(nodestatus.Config{Node: d.opts.NodeName, Nodes: d.opts.Kube.Nodes, Events: d.opts.Kube.Events, Dynamic: d.opts.Kube.Dynamic,
-		Source: d.Status, Serving: d.started, Logger: d.log})
+		Source: d.nodeStatus, Serving: d.started, Logger: d.log})
+}
+
+// nodeStatus is what the XdpqNode's status is made of: the daemon's
+// status and every allocation.
+func (d *Daemon) nodeStatus(ctx context.Context) (*api.Status, *api.AllocationList, error) {
+	s, err := d.Status(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := d.Allocations(ctx, "")
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, l, nil
 }
 
 // hookState is what the events of a netdev's XDP hook compare.

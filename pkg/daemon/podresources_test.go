@@ -391,9 +391,9 @@ func TestPodFlowsAnnotation(t *testing.T) {
 			t.Fatalf("queue %d: %v", got.lease.Queues[i], err)
 		}
 	}
-	s, _ := api.NewClient(apiSock).Status()
-	if len(s.Attachments) != 1 || s.Attachments[0].ContainerID != "pod-"+podA || s.Attachments[0].PodName != "dns-0" {
-		t.Errorf("attachments %+v", s.Attachments)
+	l, err := api.NewClient(apiSock).Allocations("")
+	if err != nil || len(l.Attachments) != 1 || l.Attachments[0].ContainerID != "pod-"+podA || l.Attachments[0].PodName != "dns-0" {
+		t.Errorf("attachments %+v %v", l, err)
 	}
 
 	// Another pod's address: refused, and the flow goes.

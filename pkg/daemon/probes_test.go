@@ -202,8 +202,9 @@ func TestBrokenRecord(t *testing.T) {
 				t.Fatal(err)
 			}
 			s, _ = d.Status(ctx)
-			if len(s.StateErrors) != 0 || len(s.Allocations) != 2 || s.Netdevs[0].Flows != 1 || s.Netdevs[0].UnknownFlows != 0 {
-				t.Errorf("after the repair: state errors %q, %d allocations, xa %+v", s.StateErrors, len(s.Allocations), s.Netdevs[0])
+			l, err := d.Allocations(ctx, "")
+			if err != nil || len(s.StateErrors) != 0 || s.Allocations != 2 || len(l.Allocations) != 2 || s.Netdevs[0].Flows != 1 || s.Netdevs[0].UnknownFlows != 0 {
+				t.Errorf("after the repair: state errors %q, %d allocations (%d listed, %v), xa %+v", s.StateErrors, s.Allocations, len(l.Allocations), err, s.Netdevs[0])
 			}
 			if _, err := d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 				t.Errorf("check after the repair: %v", err)

@@ -43,7 +43,9 @@ import (
 // ended first and kubelet may give its device again, which the daemon
 // sees as a re-allocation. Then, scaleAddPasses times, the CNI plugin ADDs
 // every live pod from scaleWorkers goroutines at once (one flow each)
-// while a status client asks back to back, and DELs them one at a time.
+// while a status client asks back to back, and DELs them one at a time;
+// then as many passes again with a client listing the allocations back
+// to back instead.
 const (
 	scaleNetdevs   = 64
 	scaleQueues    = 64
@@ -51,7 +53,7 @@ const (
 	scaleLive      = 200
 	scaleWorkers   = 8
 	scaleAddPasses = 3
-	scaleStatus    = 200 // status calls of an idle daemon
+	scaleStatus    = 200 // status calls, and list calls, of an idle daemon
 	scaleRounds    = 3   // per layout
 )
 
@@ -71,13 +73,16 @@ type scaleLayout struct {
 type scaleRound struct {
 	firstList, healthy                     time.Duration
 	preferred, allocate, statusIdle        []time.Duration
+	listIdle                               []time.Duration // GET /v1/allocations of an idle daemon
 	emptyRPC                               []time.Duration // GetDevicePluginOptions: the transport's share of a call
-	statusLoaded, add, del                 []time.Duration
-	cpuAllocate, cpuStatus, cpuAdd         time.Duration // daemon CPU time per pod admitted, per idle status, per ADD; 0 in process
-	rssMiB, hwmMiB, anonMiB, fileMiB       float64       // 0 in process
-	updates                                int64         // ListAndWatch lists after the first healthy one
-	reallocated                            int           // Allocates of a device an earlier pod held
-	addPhase                               time.Duration // wall time of the ADDs
+	statusLoaded, add, del                 []time.Duration // add, del: of the passes with the status client
+	listLoaded                             []time.Duration // GET /v1/allocations while ADDs run
+	cpuAllocate, cpuStatus, cpuList        time.Duration   // daemon CPU time per pod admitted, per idle status, per idle list; 0 in process
+	cpuAdd                                 time.Duration   // daemon CPU time per ADD of the passes with the status client; 0 in process
+	rssMiB, hwmMiB, anonMiB, fileMiB       float64         // 0 in process
+	updates                                int64           // ListAndWatch lists after the first healthy one
+	reallocated                            int             // Allocates of a device an earlier pod held
+	addPhase                               time.Duration   // wall time of those ADDs
 	devicesAtFirstList, healthyAtFirstList int
 	statusAllocations                      int
 	errors                                 map[string]int // the daemon's log records of level ERROR, by message
@@ -89,8 +94,9 @@ type scaleRound struct {
 // queues each, one pool of all 4096 queues, with a fake kubelet, its
 // state on a tmpfs as under /run on a node, and prints a table: the time
 // from start to the first ListAndWatch list and to every device healthy,
-// GetPreferredAllocation and Allocate latency, status latency idle and
-// while CNI ADDs run in parallel through the API socket, CNI ADD and DEL
+// GetPreferredAllocation and Allocate latency, the latency of status
+// (GET /v1/status) and of the allocations' list (GET /v1/allocations)
+// idle and while CNI ADDs run in parallel through the API socket, CNI ADD and DEL
 // latency, the daemon's CPU time per pod and per ADD, the errors it
 // logged, and its RSS; each with its goal and ratio to it where the issue
 // sets one. Nothing fails on a number; it fails when a call fails.
@@ -138,6 +144,7 @@ func BenchmarkScale64x64(b *testing.B) {
 	b.ReportMetric(median(first, func(r scaleRound) float64 { return us(pct(r.allocate, 50)) }), "alloc-p50-µs")
 	b.ReportMetric(median(first, func(r scaleRound) float64 { return us(pct(r.allocate, 99)) }), "alloc-p99-µs")
 	b.ReportMetric(median(first, func(r scaleRound) float64 { return us(pct(r.statusLoaded, 99)) }), "status-loaded-p99-µs")
+	b.ReportMetric(median(first, func(r scaleRound) float64 { return us(pct(r.listLoaded, 99)) }), "list-loaded-p99-µs")
 	b.ReportMetric(median(first, func(r scaleRound) float64 { return r.rssMiB }), "rss-MiB")
 }
 
@@ -345,30 +352,56 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 		if err != nil {
 			b.Fatal(err)
 		}
-		r.statusAllocations = len(s.Allocations)
+		if s.Allocations != scaleLive {
+			b.Fatalf("status counts %d allocations, want %d", s.Allocations, scaleLive)
+		}
 	}
 	if cpu := d.cpu(); cpu > 0 {
 		r.cpuStatus = (cpu - cpu0) / scaleStatus
 	}
+	cpu0 = d.cpu()
+	for range scaleStatus {
+		t0 := time.Now()
+		l, err := client.Allocations("")
+		r.listIdle = append(r.listIdle, time.Since(t0))
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.statusAllocations = len(l.Allocations)
+	}
+	if cpu := d.cpu(); cpu > 0 {
+		r.cpuList = (cpu - cpu0) / scaleStatus
+	}
 	if r.statusAllocations != scaleLive {
-		b.Fatalf("status shows %d allocations, want %d", r.statusAllocations, scaleLive)
+		b.Fatalf("the list shows %d allocations, want %d", r.statusAllocations, scaleLive)
 	}
 
 	// scaleAddPasses passes of CNI ADDs of every live pod, with status
-	// asked meanwhile; each pass's pods are DELeted one at a time after it.
+	// asked meanwhile, then as many with the allocations listed
+	// meanwhile; each pass's pods are DELeted one at a time after it. The
+	// ADD rows are of the first passes: their load is the status goal's.
 	cpuAdd := time.Duration(0)
-	for pass := range scaleAddPasses {
+	for pass := range 2 * scaleAddPasses {
+		listing := pass >= scaleAddPasses
+		poll := func(c *api.Client) error { _, err := c.Status(); return err }
+		if listing {
+			poll = func(c *api.Client) error { _, err := c.Allocations(""); return err }
+		}
 		cpu0 := d.cpu()
-		ps, err := scaleAddPass(sock, pass, live, reg.ResourceName, podNS.Path())
-		if cpu := d.cpu(); cpu > 0 {
+		ps, err := scaleAddPass(sock, pass, live, reg.ResourceName, podNS.Path(), poll)
+		if cpu := d.cpu(); cpu > 0 && !listing {
 			cpuAdd += cpu - cpu0
 		}
 		if err != nil {
 			b.Fatal(err)
 		}
-		r.add = append(r.add, ps.add...)
-		r.statusLoaded = append(r.statusLoaded, ps.status...)
-		r.addPhase += ps.wall
+		if listing {
+			r.listLoaded = append(r.listLoaded, ps.polls...)
+		} else {
+			r.add = append(r.add, ps.add...)
+			r.statusLoaded = append(r.statusLoaded, ps.polls...)
+			r.addPhase += ps.wall
+		}
 		s, err := client.Status()
 		if err != nil {
 			b.Fatal(err)
@@ -385,7 +418,9 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 			if err := client.CNIDel(scaleContainerID(pass, i), "net1"); err != nil {
 				b.Fatal(err)
 			}
-			r.del = append(r.del, time.Since(t0))
+			if !listing {
+				r.del = append(r.del, time.Since(t0))
+			}
 		}
 	}
 	r.cpuAdd = cpuAdd / time.Duration(len(r.add))
@@ -460,14 +495,15 @@ func scaleNetdevsNS(b *testing.B) ns.NetNS {
 
 // scalePass is what a pass of CNI ADDs measured.
 type scalePass struct {
-	add, status []time.Duration
-	wall        time.Duration
+	add, polls []time.Duration
+	wall       time.Duration
 }
 
 // scaleAddPass ADDs pod i (of pass) with device live[i] for every i,
 // from scaleWorkers goroutines, as the CNI plugin does (a client, a
-// connection, per call), while a status client asks back to back.
-func scaleAddPass(sock string, pass int, live []string, resource, netns string) (scalePass, error) {
+// connection, per call), while a client polls back to back (status, or
+// the allocations' list).
+func scaleAddPass(sock string, pass int, live []string, resource, netns string, poll func(*api.Client) error) (scalePass, error) {
 	var (
 		mu    sync.Mutex
 		ps    scalePass
@@ -495,10 +531,10 @@ func scaleAddPass(sock string, pass int, live []string, resource, netns string) 
 			default:
 			}
 			t0 := time.Now()
-			_, err := client.Status()
-			ps.status = append(ps.status, time.Since(t0))
+			err := poll(client)
+			ps.polls = append(ps.polls, time.Since(t0))
 			if err != nil {
-				fail(fmt.Errorf("status: %w", err))
+				fail(fmt.Errorf("poll: %w", err))
 				return
 			}
 		}
@@ -723,6 +759,8 @@ func printScaleTable(loadBefore string, layouts []scaleLayout, results [][]scale
 	allocate := func(r scaleRound) []time.Duration { return r.allocate }
 	idle := func(r scaleRound) []time.Duration { return r.statusIdle }
 	loaded := func(r scaleRound) []time.Duration { return r.statusLoaded }
+	listIdle := func(r scaleRound) []time.Duration { return r.listIdle }
+	listLoaded := func(r scaleRound) []time.Duration { return r.listLoaded }
 	add := func(r scaleRound) []time.Duration { return r.add }
 	del := func(r scaleRound) []time.Duration { return r.del }
 	rows := []row{
@@ -737,12 +775,17 @@ func printScaleTable(loadBefore string, layouts []scaleLayout, results [][]scale
 		lat("  an empty call (GetDevicePluginOptions)", 50, 0, func(r scaleRound) []time.Duration { return r.emptyRPC }),
 		{name: "  of them re-allocations", unit: fmt.Sprintf("of %d", scaleAllocs), val: func(r scaleRound) float64 { return float64(r.reallocated) }},
 		{name: "  daemon CPU per pod (Preferred + Allocate)", unit: "ms", processOnly: true, val: func(r scaleRound) float64 { return ms(r.cpuAllocate) }},
-		lat(fmt.Sprintf("status, idle, %d allocations,", scaleLive), 50, 0, idle),
-		lat(fmt.Sprintf("status, idle, %d allocations,", scaleLive), 99, 0, idle),
+		lat(fmt.Sprintf("status, idle, %d allocations counted,", scaleLive), 50, 0, idle),
+		lat(fmt.Sprintf("status, idle, %d allocations counted,", scaleLive), 99, 0, idle),
 		{name: "  daemon CPU per status", unit: "ms", processOnly: true, val: func(r scaleRound) float64 { return ms(r.cpuStatus) }},
 		lat("status while the ADDs run", 50, 0, loaded),
 		lat("status while the ADDs run", 99, 5*time.Millisecond, loaded),
 		{name: "  status calls while the ADDs run", val: func(r scaleRound) float64 { return float64(len(r.statusLoaded)) }},
+		lat(fmt.Sprintf("allocations list, idle, %d listed,", scaleLive), 50, 0, listIdle),
+		lat(fmt.Sprintf("allocations list, idle, %d listed,", scaleLive), 99, 0, listIdle),
+		{name: "  daemon CPU per list", unit: "ms", processOnly: true, val: func(r scaleRound) float64 { return ms(r.cpuList) }},
+		lat("allocations list while the ADDs run", 99, 0, listLoaded),
+		{name: "  list calls while the ADDs run", val: func(r scaleRound) float64 { return float64(len(r.listLoaded)) }},
 		lat(fmt.Sprintf("CNI ADD (%d at once, a flow each)", scaleWorkers), 50, 0, add),
 		lat(fmt.Sprintf("CNI ADD (%d at once, a flow each)", scaleWorkers), 99, 0, add),
 		{name: "  ADDs a second", unit: "/s", val: func(r scaleRound) float64 { return float64(len(r.add)) / r.addPhase.Seconds() }},

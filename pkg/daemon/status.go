@@ -8,16 +8,20 @@ import (
 	"strings"
 
 	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/ledger"
 )
 
-// Status reports pools, allocations, netdevs and what is wrong with the
-// config or the records. It waits for no kernel call but the agents'
-// status.
+// Status reports pools, netdevs, how many allocations and attachments
+// there are, and what is wrong with the config or the records: bounded by
+// the pools and netdevs, whatever the number of pods (Allocations lists
+// them). It waits for no kernel call but the agents' status.
 func (d *Daemon) Status(ctx context.Context) (*api.Status, error) {
 	s := &api.Status{}
+	counts := d.ledger.Count()
+	s.Allocations, s.Attachments = counts.Allocations, counts.Attachments
 	for _, p := range d.ledger.Metas() {
 		u := d.ledger.Usage(p.Name)
-		ps := api.PoolStatus{Name: p.Name, Resource: p.Resource, Queues: u.Devices, Free: u.Free}
+		ps := api.PoolStatus{Name: p.Name, Resource: p.Resource, Queues: u.Devices, Free: u.Free, Allocations: counts.ByPool[p.Name]}
 		reasons := append([]string(nil), p.Problems...)
 		if u.Beyond > 0 {
 			reasons = append(reasons, fmt.Sprintf("%d devices held by allocations are no longer in the pool; they leave when freed", u.Beyond))
@@ -28,27 +32,6 @@ func (d *Daemon) Status(ctx context.Context) (*api.Status, error) {
 		ps.Reason = strings.Join(reasons, "; ")
 		s.Pools = append(s.Pools, ps)
 	}
-	for _, a := range d.ledger.Allocations() {
-		al := d.apiAllocation(a)
-		al.PodUID = a.Owner.PodUID
-		for _, ls := range a.Lease {
-			al.Lease = append(al.Lease, ls.Queue)
-		}
-		if p, ok := d.broker.Holder(a.ID); ok {
-			al.Holder = &api.Holder{PID: p.PID, UID: p.UID, PodUID: p.Pod.PodUID}
-		}
-		for _, att := range a.Attachments {
-			if al.Pod == "" && att.PodName != "" {
-				al.Pod = att.PodNamespace + "/" + att.PodName
-			}
-			s.Attachments = append(s.Attachments, api.AttachmentStatus{Attachment: att.Attachment, State: string(att.State)})
-		}
-		s.Allocations = append(s.Allocations, *al)
-	}
-	sort.Slice(s.Attachments, func(i, j int) bool {
-		a, b := s.Attachments[i], s.Attachments[j]
-		return a.ContainerID < b.ContainerID || a.ContainerID == b.ContainerID && a.IfName < b.IfName
-	})
 	d.mu.Lock()
 	found := maps.Clone(d.found)
 	d.mu.Unlock()
@@ -78,4 +61,43 @@ func (d *Daemon) Status(ctx context.Context) (*api.Status, error) {
 	}
 	sort.Strings(s.StateErrors)
 	return s, nil
+}
+
+// Allocations lists the allocations of pool ("" for every pool), by id,
+// each with who holds it, and their CNI attachments, by container and
+// interface. A pool the daemon does not have is an ErrNotFound naming
+// those it has.
+func (d *Daemon) Allocations(ctx context.Context, pool string) (*api.AllocationList, error) {
+	var allocs []ledger.Allocation
+	if pool == "" {
+		allocs = d.ledger.Allocations()
+	} else {
+		var err error
+		if allocs, err = d.ledger.AllocationsOf(pool); err != nil {
+			return nil, err
+		}
+	}
+	l := &api.AllocationList{Allocations: make([]api.Allocation, 0, len(allocs)), Attachments: []api.AttachmentStatus{}}
+	for _, a := range allocs {
+		al := d.apiAllocation(a)
+		al.PodUID = a.Owner.PodUID
+		for _, ls := range a.Lease {
+			al.Lease = append(al.Lease, ls.Queue)
+		}
+		if p, ok := d.broker.Holder(a.ID); ok {
+			al.Holder = &api.Holder{PID: p.PID, UID: p.UID, PodUID: p.Pod.PodUID}
+		}
+		for _, att := range a.Attachments {
+			if al.Pod == "" && att.PodName != "" {
+				al.Pod = att.PodNamespace + "/" + att.PodName
+			}
+			l.Attachments = append(l.Attachments, api.AttachmentStatus{Attachment: att.Attachment, State: string(att.State)})
+		}
+		l.Allocations = append(l.Allocations, *al)
+	}
+	sort.Slice(l.Attachments, func(i, j int) bool {
+		a, b := l.Attachments[i], l.Attachments[j]
+		return a.ContainerID < b.ContainerID || a.ContainerID == b.ContainerID && a.IfName < b.IfName
+	})
+	return l, nil
 }

@@ -89,8 +89,11 @@ func TestUninstall(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(s.Allocations) != 0 {
-			t.Errorf("allocations after a new install: %+v", s.Allocations)
+		if s.Allocations != 0 {
+			t.Errorf("%d allocations after a new install", s.Allocations)
+		}
+		if l, err := d.Allocations(context.Background(), ""); err != nil || len(l.Allocations) != 0 {
+			t.Errorf("allocations after a new install: %+v %v", l, err)
 		}
 		if _, err := d.Alloc(context.Background(), api.AllocRequest{Pool: "upf", Count: 2}); err != nil {
 			t.Errorf("the queues after a new install: %v", err)

@@ -558,6 +558,48 @@ func (l *Ledger) Allocations() []Allocation {
 	return out
 }
 
+// AllocationsOf returns the allocations of a pool but those being made,
+// by id; a pool it does not have is an ErrNotFound naming those it has.
+func (l *Ledger) AllocationsOf(pool string) ([]Allocation, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pools[pool] == nil {
+		return nil, api.Errorf(api.ErrNotFound, "no pool %q (pools: %s)", pool, strings.Join(slices.Sorted(maps.Keys(l.pools)), ", "))
+	}
+	var out []Allocation
+	for _, id := range slices.Sorted(maps.Keys(l.allocs)) {
+		if a := l.allocs[id]; a.Pool == pool && a.State != Pending {
+			out = append(out, cloneAlloc(a))
+		}
+	}
+	return out, nil
+}
+
+// Counts is how many allocations (but those being made) and attachments
+// of theirs there are: what Allocations would return, counted.
+type Counts struct {
+	Allocations int
+	Attachments int
+	// ByPool counts the allocations of each pool that has any.
+	ByPool map[string]int
+}
+
+// Count counts the allocations and their attachments, copying none.
+func (l *Ledger) Count() Counts {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := Counts{ByPool: map[string]int{}}
+	for _, a := range l.allocs {
+		if a.State == Pending {
+			continue
+		}
+		c.Allocations++
+		c.Attachments += len(a.Attachments)
+		c.ByPool[a.Pool]++
+	}
+	return c
+}
+
 func cloneAlloc(a *Allocation) Allocation {
 	c := *a
 	c.Queues = slices.Clone(a.Queues)

@@ -645,3 +645,52 @@ func TestEndAttachOwner(t *testing.T) {
 		t.Errorf("the owner read back after an attachment of pod-a: %+v", got.Owner)
 	}
 }
+
+// TestCountAndAllocationsOf: Count counts what Allocations returns (no
+// pending allocation), per pool too, and the attachments of those;
+// AllocationsOf is Allocations of one pool, and names the pools when
+// asked for one it does not have.
+func TestCountAndAllocationsOf(t *testing.T) {
+	l := open(t, t.TempDir())
+	l.SetPools([]Pool{queuePool("upf", []string{"eth1"}, 0, 1, 2), queuePool("cp", []string{"eth2"}, 0, 1)})
+	check := func(want Counts) {
+		t.Helper()
+		all := l.Allocations()
+		c := l.Count()
+		atts := 0
+		for _, a := range all {
+			atts += len(a.Attachments)
+		}
+		if c.Allocations != want.Allocations || c.Attachments != want.Attachments || fmt.Sprint(c.ByPool) != fmt.Sprint(want.ByPool) ||
+			c.Allocations != len(all) || c.Attachments != atts {
+			t.Errorf("count %+v, want %+v (Allocations has %d with %d attachments)", c, want, len(all), atts)
+		}
+		for _, p := range []string{"upf", "cp"} {
+			of, err := l.AllocationsOf(p)
+			if err != nil || len(of) != want.ByPool[p] || !slices.IsSortedFunc(of, func(a, b Allocation) int { return strings.Compare(a.ID, b.ID) }) {
+				t.Errorf("AllocationsOf(%s): %d (%v), want %d by id", p, len(of), err, want.ByPool[p])
+			}
+			for _, a := range of {
+				if a.Pool != p || a.State == Pending {
+					t.Errorf("AllocationsOf(%s) has %+v", p, a)
+				}
+			}
+		}
+	}
+	check(Counts{ByPool: map[string]int{}})
+	a := alloc(t, l, "upf", "eth1-q0")
+	b := alloc(t, l, "upf", "eth1-q1")
+	alloc(t, l, "cp", "eth2-q0")
+	attach(t, l, a.ID, "c1", "net1")
+	attach(t, l, a.ID, "c1", "net2")
+	attach(t, l, b.ID, "c2", "net1")
+	if _, err := l.Reserve(Reservation{Pool: "upf", Devices: []string{"eth1-q2"}}); err != nil {
+		t.Fatal(err) // pending: neither counted nor listed
+	}
+	check(Counts{Allocations: 3, Attachments: 3, ByPool: map[string]int{"upf": 2, "cp": 1}})
+	free(t, l, a.ID)
+	check(Counts{Allocations: 2, Attachments: 1, ByPool: map[string]int{"upf": 1, "cp": 1}})
+	if _, err := l.AllocationsOf("nope"); !errors.Is(err, ErrNotFound) || err.Error() != `no pool "nope" (pools: cp, upf)` {
+		t.Errorf("AllocationsOf(nope): %v", err)
+	}
+}

@@ -32,12 +32,16 @@ const (
 	maxConditionMessage = 32768 // metav1.Condition's limit
 )
 
-// Convert turns the daemon's status into the XdpqNode's. serving says
+// Convert turns the daemon's status and its allocations (l, nil for
+// none) into the XdpqNode's. serving says
 // whether the daemon serves yet or still takes over from a previous one
 // (the Ready condition); prev are the conditions
 // last written, whose transition times stay where a condition's status
 // did not change; now is the time of a transition.
-func Convert(s *api.Status, serving bool, prev []metav1.Condition, now time.Time) v1alpha1.XdpqNodeStatus {
+func Convert(s *api.Status, l *api.AllocationList, serving bool, prev []metav1.Condition, now time.Time) v1alpha1.XdpqNodeStatus {
+	if l == nil {
+		l = &api.AllocationList{}
+	}
 	var out v1alpha1.XdpqNodeStatus
 	var degraded []string
 	var degradedReason string
@@ -98,12 +102,12 @@ func Convert(s *api.Status, serving bool, prev []metav1.Condition, now time.Time
 	out.Summary.Queues = fmt.Sprintf("%d/%d", out.Summary.QueuesAllocated, out.Summary.QueuesTotal)
 
 	flows := map[string][]string{}
-	for _, att := range s.Attachments {
+	for _, att := range l.Attachments {
 		for _, f := range att.Flows {
 			flows[att.AllocationID] = append(flows[att.AllocationID], FormatFlow(f))
 		}
 	}
-	for _, a := range s.Allocations {
+	for _, a := range l.Allocations {
 		al := v1alpha1.Allocation{ID: a.ID, Pool: a.Pool, Netdev: a.Netdev, Queues: []int32{}, LeaseConnected: len(a.Lease) > 0}
 		for _, q := range a.Queues {
 			al.Queues = append(al.Queues, int32(q))

@@ -21,14 +21,18 @@ func TestConvert(t *testing.T) {
 			{Netdev: "eth2", State: "Overridden", Mode: "native", Program: 77, Foreign: "fw", LinkUp: true, RXQueues: 4, Driver: "ice", PCI: "0000:3b:00.0", NUMANode: 1, ZeroCopy: true},
 			{Netdev: "eth1", State: "Filter", Mode: "generic", Program: 12, Steering: "software", Flows: 2, LinkUp: true, RXQueues: 8, Reserved: []uint32{6, 7}, NUMANode: -1},
 		},
+		Allocations: 1,
+		Attachments: 1,
+		Config:      api.ConfigStatus{Hash: "deadbeefcafe0123456789", Loaded: t0.Add(1500 * time.Millisecond)},
+	}
+	l := &api.AllocationList{
 		Allocations: []api.Allocation{{ID: "a1", Pool: "rx", Netdev: "eth1", Queues: []uint32{6, 7}, PodUID: "u1", Pod: "ns/p", Lease: []uint32{6, 7}}},
 		Attachments: []api.AttachmentStatus{{Attachment: api.Attachment{AllocationID: "a1", CNIAddRequest: api.CNIAddRequest{Flows: []api.CNIFlow{
 			{Protocol: "udp", Dst: netip.MustParsePrefix("10.0.0.2/32"), DstPort: 4789},
 			{Protocol: "tcp", Dst: netip.MustParsePrefix("10.0.0.0/24"), Src: netip.MustParsePrefix("10.1.0.1/32"), SrcPort: 80, VLAN: 7},
 		}}}}},
-		Config: api.ConfigStatus{Hash: "deadbeefcafe0123456789", Loaded: t0.Add(1500 * time.Millisecond)},
 	}
-	st := nodestatus.Convert(s, true, nil, t0)
+	st := nodestatus.Convert(s, l, true, nil, t0)
 	if got, want := st.Summary, (v1alpha1.Summary{Netdevs: 2, Overridden: 1, QueuesAllocated: 2, QueuesTotal: 10, Queues: "2/10", Allocations: 1, Config: "deadbeefcafe"}); got != want {
 		t.Errorf("summary %+v, want %+v", got, want)
 	}
@@ -72,7 +76,7 @@ func TestConvert(t *testing.T) {
 	// A condition keeps its transition time while its status stays.
 	s.Netdevs[0].State, s.ConfigError = "None", "config.yaml: pools[0]: bad" // eth2
 	t1 := t0.Add(time.Minute)
-	st2 := nodestatus.Convert(s, true, st.Conditions, t1)
+	st2 := nodestatus.Convert(s, l, true, st.Conditions, t1)
 	if c := cond(st2, v1alpha1.ConditionReady); !c.LastTransitionTime.Time.Equal(t0) {
 		t.Errorf("Ready moved to %v", c.LastTransitionTime)
 	}
@@ -96,25 +100,26 @@ func TestUrgent(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name   string
-		change func(*api.Status)
+		change func(*api.Status, *api.AllocationList)
 		urgent bool
 	}{
-		{"nothing", func(*api.Status) {}, false},
-		{"allocation", func(s *api.Status) {
-			s.Allocations = []api.Allocation{{ID: "a", Queues: []uint32{1}}}
+		{"nothing", func(*api.Status, *api.AllocationList) {}, false},
+		{"allocation", func(s *api.Status, l *api.AllocationList) {
+			l.Allocations = []api.Allocation{{ID: "a", Queues: []uint32{1}}}
+			s.Allocations, s.Pools[0].Allocations = 1, 1
 			s.Pools[0].Free--
 		}, false},
-		{"flows", func(s *api.Status) { s.Netdevs[0].Flows = 3 }, false},
-		{"state", func(s *api.Status) { s.Netdevs[0].State = "Overridden" }, true},
-		{"link", func(s *api.Status) { s.Netdevs[0].LinkUp = false }, true},
-		{"netdev gone", func(s *api.Status) { s.Netdevs = nil }, true},
-		{"config", func(s *api.Status) { s.ConfigError = "refused" }, true},
-		{"pool capacity", func(s *api.Status) { s.Pools[0].Queues, s.Pools[0].Free = 4, 4 }, true},
+		{"flows", func(s *api.Status, _ *api.AllocationList) { s.Netdevs[0].Flows = 3 }, false},
+		{"state", func(s *api.Status, _ *api.AllocationList) { s.Netdevs[0].State = "Overridden" }, true},
+		{"link", func(s *api.Status, _ *api.AllocationList) { s.Netdevs[0].LinkUp = false }, true},
+		{"netdev gone", func(s *api.Status, _ *api.AllocationList) { s.Netdevs = nil }, true},
+		{"config", func(s *api.Status, _ *api.AllocationList) { s.ConfigError = "refused" }, true},
+		{"pool capacity", func(s *api.Status, _ *api.AllocationList) { s.Pools[0].Queues, s.Pools[0].Free = 4, 4 }, true},
 	} {
-		prev := nodestatus.Convert(base(), true, nil, t0)
-		s := base()
-		tc.change(s)
-		next := nodestatus.Convert(s, true, prev.Conditions, t0.Add(time.Second))
+		prev := nodestatus.Convert(base(), &api.AllocationList{}, true, nil, t0)
+		s, l := base(), &api.AllocationList{}
+		tc.change(s, l)
+		next := nodestatus.Convert(s, l, true, prev.Conditions, t0.Add(time.Second))
 		if got := nodestatus.Urgent(&prev, &next); got != tc.urgent {
 			t.Errorf("%s: urgent %v, want %v", tc.name, got, tc.urgent)
 		}

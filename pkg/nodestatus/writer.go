@@ -36,9 +36,9 @@ const (
 	callTimeout        = 15 * time.Second
 )
 
-// Source returns the daemon's status now. It must not wait for the API
-// server.
-type Source func(context.Context) (*api.Status, error)
+// Source returns the daemon's status and its allocations now. It must not
+// wait for the API server.
+type Source func(context.Context) (*api.Status, *api.AllocationList, error)
 
 // Nodes gets Nodes: client-go's CoreV1().Nodes() and
 // internal/kubeclient's Nodes() are ones.
@@ -58,7 +58,7 @@ type Config struct {
 	Events kubeevents.Sink
 	// Dynamic applies the XdpqNode and its status.
 	Dynamic dynamic.Interface
-	// Source is the daemon's status.
+	// Source is the daemon's status and allocations.
 	Source Source
 	// Serving says whether the daemon serves yet (the Ready condition);
 	// nil means it does.
@@ -195,7 +195,7 @@ func (w *Writer) look(ctx context.Context) time.Duration {
 			return w.failed("create the XdpqNode", err)
 		}
 	}
-	s, err := w.cfg.Source(ctx)
+	s, l, err := w.cfg.Source(ctx)
 	if err != nil {
 		return w.failed("daemon status", err)
 	}
@@ -204,7 +204,7 @@ func (w *Writer) look(ctx context.Context) time.Duration {
 		prev = w.written.Conditions
 	}
 	serving := w.cfg.Serving == nil || w.cfg.Serving()
-	next := Convert(s, serving, prev, now)
+	next := Convert(s, l, serving, prev, now)
 	if w.written != nil {
 		if equalStatus(w.written, &next) {
 			return w.cfg.Resync

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -49,6 +50,7 @@ type harness struct {
 
 	mu      sync.Mutex
 	status  *api.Status
+	list    *api.AllocationList
 	applied []*v1alpha1.XdpqNode // status applies, in order
 	fail    error                // the next applies fail with it
 	created int                  // object applies
@@ -57,7 +59,7 @@ type harness struct {
 func newHarness(t *testing.T) *harness {
 	t.Helper()
 	h := &harness{t: t, clk: clocktesting.NewFakeClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)), waits: make(chan time.Time, 1),
-		done: make(chan struct{}), status: baseStatus()}
+		done: make(chan struct{}), status: baseStatus(), list: &api.AllocationList{}}
 	h.kube = kubefake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "node-uid"}})
 	scheme := runtime.NewScheme()
 	h.dyn = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{v1alpha1.Resource: "XdpqNodeList"})
@@ -92,10 +94,10 @@ func newHarness(t *testing.T) *harness {
 	})
 	h.w = nodestatus.New(nodestatus.Config{Node: nodeName, Nodes: h.kube.CoreV1().Nodes(), Events: &events.EventSinkImpl{Interface: h.kube.EventsV1()}, Dynamic: h.dyn, Clock: h.clk,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Source: func(context.Context) (*api.Status, error) {
+		Source: func(context.Context) (*api.Status, *api.AllocationList, error) {
 			h.mu.Lock()
 			defer h.mu.Unlock()
-			return cloneStatus(h.status), nil
+			return cloneStatus(h.status), &api.AllocationList{Allocations: slices.Clone(h.list.Allocations), Attachments: slices.Clone(h.list.Attachments)}, nil
 		}})
 	nodestatus.SetWaiting(h.w, func(due time.Time) { h.waits <- due })
 	ctx, cancel := context.WithCancel(context.Background())
@@ -150,9 +152,9 @@ func (h *harness) last() *v1alpha1.XdpqNode {
 	return h.applied[len(h.applied)-1]
 }
 
-func (h *harness) update(f func(*api.Status)) {
+func (h *harness) update(f func(*api.Status, *api.AllocationList)) {
 	h.mu.Lock()
-	f(h.status)
+	f(h.status, h.list)
 	h.mu.Unlock()
 	h.w.Changed()
 }
@@ -180,7 +182,6 @@ func cloneStatus(s *api.Status) *api.Status {
 	c := *s
 	c.Pools = append([]api.PoolStatus(nil), s.Pools...)
 	c.Netdevs = append([]api.NetdevStatus(nil), s.Netdevs...)
-	c.Allocations = append([]api.Allocation(nil), s.Allocations...)
 	return &c
 }
 
@@ -206,7 +207,7 @@ func TestWriterNetdevChangeWithin2s(t *testing.T) {
 	h.start()
 	for i, state := range []string{"Overridden", "Filter", "Missing", "None"} {
 		changedAt := h.clk.Now()
-		h.update(func(s *api.Status) { s.Netdevs[0].State = state })
+		h.update(func(s *api.Status, _ *api.AllocationList) { s.Netdevs[0].State = state })
 		due := h.wait()
 		if d := due.Sub(changedAt); d > 2*time.Second {
 			t.Fatalf("state %s looked at after %v", state, d)
@@ -234,12 +235,16 @@ func TestWriterChurnCoalesced(t *testing.T) {
 	begin, before := h.clk.Now(), h.writes()
 	var due time.Time
 	for i := range seconds {
-		h.update(func(s *api.Status) {
+		h.update(func(s *api.Status, l *api.AllocationList) {
 			if i%2 == 0 {
-				s.Allocations = append(s.Allocations, api.Allocation{ID: fmt.Sprint("a", i), Pool: "rx", Netdev: "eth1", Queues: []uint32{uint32(i % 8)}})
+				l.Allocations = append(l.Allocations, api.Allocation{ID: fmt.Sprint("a", i), Pool: "rx", Netdev: "eth1", Queues: []uint32{uint32(i % 8)}})
+				s.Allocations++
+				s.Pools[0].Allocations++
 				s.Pools[0].Free--
 			} else {
-				s.Allocations = s.Allocations[1:]
+				l.Allocations = l.Allocations[1:]
+				s.Allocations--
+				s.Pools[0].Allocations--
 				s.Pools[0].Free++
 			}
 		})
@@ -293,7 +298,10 @@ func TestWriterRetriesWithBackoff(t *testing.T) {
 	h.mu.Lock()
 	h.fail = apierrors.NewServiceUnavailable("etcd is away")
 	h.mu.Unlock()
-	h.update(func(s *api.Status) { s.Netdevs[0].State = "Overridden"; s.Netdevs[0].Foreign = "fw" })
+	h.update(func(s *api.Status, _ *api.AllocationList) {
+		s.Netdevs[0].State = "Overridden"
+		s.Netdevs[0].Foreign = "fw"
+	})
 	due := h.advanceTo(h.wait())
 	var gaps []time.Duration
 	for range 8 {
@@ -328,7 +336,7 @@ func TestWriterRecreates(t *testing.T) {
 	h.mu.Lock()
 	h.fail = apierrors.NewNotFound(v1alpha1.Resource.GroupResource(), nodeName)
 	h.mu.Unlock()
-	h.update(func(s *api.Status) { s.Netdevs[0].LinkUp = false })
+	h.update(func(s *api.Status, _ *api.AllocationList) { s.Netdevs[0].LinkUp = false })
 	due := h.advanceTo(h.wait())
 	h.mu.Lock()
 	h.fail = nil

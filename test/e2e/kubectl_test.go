@@ -81,8 +81,10 @@ func TestKubectlXdpq(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	w1, stop1 := startWriter(t, cp, dyn, "worker-1", worker1(), true)
-	startWriter(t, cp, dyn, "worker-2", worker2(), false) // still starting: Ready False
+	s1, l1 := worker1()
+	s2, l2 := worker2()
+	w1, stop1 := startWriter(t, cp, dyn, "worker-1", s1, l1, true)
+	startWriter(t, cp, dyn, "worker-2", s2, l2, false) // still starting: Ready False
 	waitStatus(ctx, t, dyn, "worker-1", 2)
 	waitStatus(ctx, t, dyn, "worker-2", 1)
 	w1.NetdevOverridden("ens1f1", "xdp_firewall", 97)
@@ -352,15 +354,16 @@ func buildPlugin(ctx context.Context, t *testing.T) string {
 }
 
 // startWriter runs xdpq's status writer of node, as its daemon does,
-// with status as the daemon's, until stop is called or the test ends.
+// with status and list as the daemon's, until stop is called or the test
+// ends.
 // stop returns when the writer has, having written Ready False.
-func startWriter(t *testing.T, cp *cluster.ControlPlane, dyn dynamic.Interface, node string, status *api.Status, serving bool) (w *nodestatus.Writer, stop func()) {
+func startWriter(t *testing.T, cp *cluster.ControlPlane, dyn dynamic.Interface, node string, status *api.Status, list *api.AllocationList, serving bool) (w *nodestatus.Writer, stop func()) {
 	kc, err := kubeclient.NewForConfig(cp.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
 	w = nodestatus.New(nodestatus.Config{Node: node, Nodes: kc.Nodes(), Events: kc.EventSink(), Dynamic: dyn,
-		Source:  func(context.Context) (*api.Status, error) { return status, nil },
+		Source:  func(context.Context) (*api.Status, *api.AllocationList, error) { return status, list, nil },
 		Serving: func() bool { return serving }})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -432,49 +435,56 @@ func waitEvent(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, node
 	}
 }
 
-// worker1 is a daemon's status on a node with two E810 ports: one
-// Direct with two flows of a connected pod, one Overridden by an
-// operator's firewall, where a pod holds a queue it has not connected to.
-func worker1() *api.Status {
+// worker1 is a daemon's status and allocations on a node with two E810
+// ports: one Direct with two flows of a connected pod, one Overridden by
+// an operator's firewall, where a pod holds a queue it has not connected
+// to.
+func worker1() (*api.Status, *api.AllocationList) {
 	return &api.Status{
-		Pools: []api.PoolStatus{{Name: "upf", Resource: "xdpq.io/upf", Queues: 16, Free: 14}, {Name: "dns", Resource: "xdpq.io/dns", Queues: 8, Free: 7}},
-		Netdevs: []api.NetdevStatus{
-			{Netdev: "ens1f0", State: "Direct", Mode: "native", Steering: "hardware", Flows: 2, Sockets: []uint32{8, 9}, LinkUp: true,
-				Program: 41, RXQueues: 64, Reserved: []uint32{8, 9, 10, 11, 12, 13, 14, 15}, ZeroCopy: true, Driver: "ice", PCI: "0000:3b:00.0"},
-			{Netdev: "ens1f1", State: "Overridden", Mode: "native", Steering: "hardware", LinkUp: true, Program: 97, Foreign: "xdp_firewall",
-				RXQueues: 64, Reserved: []uint32{4}, ZeroCopy: true, Driver: "ice", PCI: "0000:3b:00.1"},
-		},
-		Allocations: []api.Allocation{
-			{ID: "a7f3", Pool: "upf", Netdev: "ens1f0", Queues: []uint32{8, 9}, PodUID: "6f1c", Pod: "telco/upf-0", Lease: []uint32{8, 9}},
-			{ID: "b210", Pool: "dns", Netdev: "ens1f1", Queues: []uint32{4}, PodUID: "9d2e", Pod: "dns/resolver-5d8f"},
-		},
-		Attachments: []api.AttachmentStatus{
-			{Attachment: api.Attachment{AllocationID: "a7f3", CNIAddRequest: api.CNIAddRequest{Flows: []api.CNIFlow{
-				{Protocol: "udp", Dst: netip.MustParsePrefix("10.20.0.5/32"), DstPort: 2152},
-				{Protocol: "udp", Dst: netip.MustParsePrefix("10.20.0.5/32"), DstPort: 8805, Src: netip.MustParsePrefix("10.9.0.0/16"), VLAN: 100},
-			}}}, State: "active"},
-			{Attachment: api.Attachment{AllocationID: "b210", CNIAddRequest: api.CNIAddRequest{Flows: []api.CNIFlow{
-				{Protocol: "udp", Dst: netip.MustParsePrefix("10.20.0.9/32"), DstPort: 53},
-			}}}, State: "active"},
-		},
-		Config: api.ConfigStatus{Hash: "3f2a9c1d8e7b6a5f4e3d2c1b0a998877", Loaded: time.Now().Add(-10 * time.Minute)},
-	}
+			Pools: []api.PoolStatus{{Name: "upf", Resource: "xdpq.io/upf", Queues: 16, Free: 14}, {Name: "dns", Resource: "xdpq.io/dns", Queues: 8, Free: 7}},
+			Netdevs: []api.NetdevStatus{
+				{Netdev: "ens1f0", State: "Direct", Mode: "native", Steering: "hardware", Flows: 2, Sockets: []uint32{8, 9}, LinkUp: true,
+					Program: 41, RXQueues: 64, Reserved: []uint32{8, 9, 10, 11, 12, 13, 14, 15}, ZeroCopy: true, Driver: "ice", PCI: "0000:3b:00.0"},
+				{Netdev: "ens1f1", State: "Overridden", Mode: "native", Steering: "hardware", LinkUp: true, Program: 97, Foreign: "xdp_firewall",
+					RXQueues: 64, Reserved: []uint32{4}, ZeroCopy: true, Driver: "ice", PCI: "0000:3b:00.1"},
+			},
+			Allocations: 2,
+			Attachments: 2,
+			Config:      api.ConfigStatus{Hash: "3f2a9c1d8e7b6a5f4e3d2c1b0a998877", Loaded: time.Now().Add(-10 * time.Minute)},
+		}, &api.AllocationList{
+			Allocations: []api.Allocation{
+				{ID: "a7f3", Pool: "upf", Netdev: "ens1f0", Queues: []uint32{8, 9}, PodUID: "6f1c", Pod: "telco/upf-0", Lease: []uint32{8, 9}},
+				{ID: "b210", Pool: "dns", Netdev: "ens1f1", Queues: []uint32{4}, PodUID: "9d2e", Pod: "dns/resolver-5d8f"},
+			},
+			Attachments: []api.AttachmentStatus{
+				{Attachment: api.Attachment{AllocationID: "a7f3", CNIAddRequest: api.CNIAddRequest{Flows: []api.CNIFlow{
+					{Protocol: "udp", Dst: netip.MustParsePrefix("10.20.0.5/32"), DstPort: 2152},
+					{Protocol: "udp", Dst: netip.MustParsePrefix("10.20.0.5/32"), DstPort: 8805, Src: netip.MustParsePrefix("10.9.0.0/16"), VLAN: 100},
+				}}}, State: "active"},
+				{Attachment: api.Attachment{AllocationID: "b210", CNIAddRequest: api.CNIAddRequest{Flows: []api.CNIFlow{
+					{Protocol: "udp", Dst: netip.MustParsePrefix("10.20.0.9/32"), DstPort: 53},
+				}}}, State: "active"},
+			},
+		}
 }
 
-// worker2 is a daemon's status on a node with a veth in Filter mode, a
-// pod bound by its UID alone, a missing netdev's pool and a refused
-// newer config.
-func worker2() *api.Status {
+// worker2 is a daemon's status and allocations on a node with a veth in
+// Filter mode, a pod bound by its UID alone, a missing netdev's pool and
+// a refused newer config.
+func worker2() (*api.Status, *api.AllocationList) {
 	return &api.Status{
-		Pools: []api.PoolStatus{{Name: "upf", Resource: "xdpq.io/upf", Queues: 4, Free: 3, Reason: "netdev eth9 is missing"}},
-		Netdevs: []api.NetdevStatus{
-			{Netdev: "veth0", State: "Filter", Mode: "generic", Steering: "software", Flows: 1, LinkUp: true, Program: 12, RXQueues: 4, NUMANode: -1},
-		},
-		Allocations: []api.Allocation{{ID: "d4e5", Pool: "upf", Netdev: "veth0", Queues: []uint32{0}, PodUID: "77aa", Lease: []uint32{0}}},
-		Attachments: []api.AttachmentStatus{{Attachment: api.Attachment{AllocationID: "d4e5", CNIAddRequest: api.CNIAddRequest{Flows: []api.CNIFlow{
-			{Protocol: "udp", Dst: netip.MustParsePrefix("10.30.0.2/32"), DstPort: 9000},
-		}}}, State: "active"}},
-		ConfigError: "config /etc/xdpq/config.yaml: pools[0].queues: \"9-2\": empty range",
-		Config:      api.ConfigStatus{Hash: "0badc0ffee0012345678", Loaded: time.Now().Add(-2 * time.Hour)},
-	}
+			Pools: []api.PoolStatus{{Name: "upf", Resource: "xdpq.io/upf", Queues: 4, Free: 3, Reason: "netdev eth9 is missing"}},
+			Netdevs: []api.NetdevStatus{
+				{Netdev: "veth0", State: "Filter", Mode: "generic", Steering: "software", Flows: 1, LinkUp: true, Program: 12, RXQueues: 4, NUMANode: -1},
+			},
+			Allocations: 1,
+			Attachments: 1,
+			ConfigError: "config /etc/xdpq/config.yaml: pools[0].queues: \"9-2\": empty range",
+			Config:      api.ConfigStatus{Hash: "0badc0ffee0012345678", Loaded: time.Now().Add(-2 * time.Hour)},
+		}, &api.AllocationList{
+			Allocations: []api.Allocation{{ID: "d4e5", Pool: "upf", Netdev: "veth0", Queues: []uint32{0}, PodUID: "77aa", Lease: []uint32{0}}},
+			Attachments: []api.AttachmentStatus{{Attachment: api.Attachment{AllocationID: "d4e5", CNIAddRequest: api.CNIAddRequest{Flows: []api.CNIFlow{
+				{Protocol: "udp", Dst: netip.MustParsePrefix("10.30.0.2/32"), DstPort: 9000},
+			}}}, State: "active"}},
+		}
 }
