@@ -34,7 +34,9 @@ func NewSender(s *xsk.Socket, addrs []uint64, batch int) *Sender {
 }
 
 // Send transmits each frame in order and returns once the kernel has
-// completed all of them, or an error at the deadline.
+// completed all of them, or an error at the deadline. A frame larger than
+// a UMEM frame goes in several descriptors (see xsk.UMEM.Scatter): the
+// socket must be bound with multi-buffer.
 func (t *Sender) Send(frames [][]byte, deadline time.Time) error {
 	i, inflight := 0, 0
 	for i < len(frames) || inflight > 0 {
@@ -42,40 +44,46 @@ func (t *Sender) Send(frames [][]byte, deadline time.Time) error {
 		t.free = append(t.free, t.comp[:n]...)
 		inflight -= n
 
+		// Only what the TX ring has room for: the descriptors of a frame
+		// go on it together or not at all.
+		room := t.s.TXFree()
 		t.descs = t.descs[:0]
-		for i < len(frames) && len(t.free) > 0 && len(t.descs) < t.batch {
-			addr := t.free[len(t.free)-1]
-			buf := t.s.UMEM().Bytes(addr, uint32(len(frames[i])))
-			if buf == nil {
-				return fmt.Errorf("send: frame %d of %d bytes does not fit the umem at %#x", i, len(frames[i]), addr)
+		for i < len(frames) && len(t.descs) < t.batch {
+			need := max((len(frames[i])+int(t.s.UMEM().Config().FrameSize)-1)/int(t.s.UMEM().Config().FrameSize), 1)
+			if len(t.descs)+need > room || need > len(t.free) {
+				if need > cap(t.free) {
+					return fmt.Errorf("send: frame %d of %d bytes needs %d frames, the sender has %d", i, len(frames[i]), need, cap(t.free))
+				}
+				break // wait for room, or for completions
 			}
-			copy(buf, frames[i])
-			t.free = t.free[:len(t.free)-1]
-			t.descs = append(t.descs, xsk.Desc{Addr: addr, Len: uint32(len(frames[i]))})
+			descs, used, err := t.s.UMEM().Scatter(frames[i], t.free[len(t.free)-need:], t.descs)
+			if err != nil {
+				return fmt.Errorf("send: frame %d: %w", i, err)
+			}
+			t.descs, t.free = descs, t.free[:len(t.free)-used]
 			i++
 		}
 		sent, err := t.s.Transmit(t.descs)
 		if err != nil {
 			return fmt.Errorf("send: %w", err)
 		}
-		// Frames that did not fit the TX ring go back to the free list.
-		for _, d := range t.descs[sent:] {
-			t.free = append(t.free, d.Addr)
-			i--
+		if sent != len(t.descs) {
+			return fmt.Errorf("send: the TX ring took %d of %d descriptors it had room for", sent, len(t.descs))
 		}
 		inflight += sent
 		if err := t.s.Kick(); err != nil {
 			return fmt.Errorf("send: %w", err)
 		}
 		if n == 0 && sent == 0 && time.Now().After(deadline) {
-			return fmt.Errorf("send: %d of %d frames sent, %d not completed at the deadline", i, len(frames), inflight)
+			return fmt.Errorf("send: %d of %d frames sent, %d descriptors not completed at the deadline", i, len(frames), inflight)
 		}
 	}
 	return nil
 }
 
 // Receiver receives frames on a socket and returns each frame to the fill
-// ring after the callback saw it.
+// ring after the callback saw it. A frame received in several descriptors
+// (a socket bound with multi-buffer) is gathered into one buffer first.
 type Receiver struct {
 	s     *xsk.Socket
 	descs []xsk.Desc
@@ -84,6 +92,11 @@ type Receiver struct {
 	// has taken frames; the rest wait here for the next round.
 	refill []uint64
 	mask   uint64
+	packet []byte // a frame in several descriptors, gathered so far
+	more   bool   // packet goes on in the next descriptor
+	// Descriptors counts the descriptors received, Frames the frames:
+	// more descriptors than frames means frames came in pieces.
+	Descriptors, Frames int
 }
 
 // NewReceiver gives the UMEM frames at addrs to the socket's fill ring;
@@ -114,8 +127,8 @@ func (r *Receiver) Receive(n int, deadline time.Time, fn func(frame []byte) erro
 	seen := 0
 	for n < 0 || seen < n {
 		want := len(r.descs)
-		if n >= 0 {
-			want = min(want, n-seen)
+		if n >= 0 && !r.more {
+			want = min(want, n-seen) // at least a descriptor a frame
 		}
 		r.fill()
 		got := r.s.Receive(r.descs[:want])
@@ -128,16 +141,28 @@ func (r *Receiver) Receive(n int, deadline time.Time, fn func(frame []byte) erro
 			}
 			continue
 		}
+		r.Descriptors += got
 		var stop error
 		for _, d := range r.descs[:got] {
+			b := r.s.UMEM().Bytes(d.Addr, d.Len)
+			if d.Continues() || r.more {
+				r.packet = append(r.packet, b...)
+				b = r.packet
+			}
+			r.more = d.Continues()
+			r.refill = append(r.refill, d.Addr&r.mask)
+			if r.more {
+				continue
+			}
+			r.packet = r.packet[:0]
+			seen++
+			r.Frames++
 			if stop == nil {
-				if err := fn(r.s.UMEM().Bytes(d.Addr, d.Len)); err != nil {
+				if err := fn(b); err != nil {
 					stop = err
 				}
 			}
-			r.refill = append(r.refill, d.Addr&r.mask)
 		}
-		seen += got
 		r.fill()
 		if stop != nil {
 			if errors.Is(stop, ErrStop) {
@@ -199,7 +224,7 @@ func (r *Receiver) Expect(want [][]byte, deadline time.Time) error {
 	i := 0
 	n, err := r.Receive(len(want), deadline, func(b []byte) error {
 		if !bytes.Equal(b, want[i]) {
-			return fmt.Errorf("frame %d of %d differs:\n got % x\nwant % x", i, len(want), b, want[i])
+			return fmt.Errorf("frame %d of %d differs: %s", i, len(want), diff(b, want[i]))
 		}
 		i++
 		return nil
@@ -211,4 +236,19 @@ func (r *Receiver) Expect(want [][]byte, deadline time.Time) error {
 		return fmt.Errorf("received %d of %d frames", n, len(want))
 	}
 	return nil
+}
+
+// diff says how got differs from want: the whole frames when short, else
+// their lengths and the bytes around the first difference.
+func diff(got, want []byte) string {
+	if len(got) <= 128 && len(want) <= 128 {
+		return fmt.Sprintf("\n got % x\nwant % x", got, want)
+	}
+	at := 0
+	for at < len(got) && at < len(want) && got[at] == want[at] {
+		at++
+	}
+	from := max(at-16, 0)
+	return fmt.Sprintf("got %d bytes, want %d; first difference at byte %d:\n got[%d:] % x\nwant[%d:] % x",
+		len(got), len(want), at, from, got[from:min(at+32, len(got))], from, want[from:min(at+32, len(want))])
 }
