@@ -30,6 +30,13 @@ type Options struct {
 	Ring      uint32 // entries of every ring; default 2048
 	TX        bool   // ask for a TX ring too (the pool must allow it)
 	HugeTLB   bool   // back the UMEM with huge pages
+	// MultiBuffer asks for sockets that take packets larger than a UMEM
+	// frame (jumbo frames, up to a 9000-byte MTU and beyond): such a
+	// packet comes in several descriptors, which a Receiver's Receive
+	// gathers into one buffer (see Receiver), and is sent in several
+	// (xsk.UMEM.Scatter). Without it the kernel drops a packet larger
+	// than a frame (Statistics.RXDropped).
+	MultiBuffer bool
 	// Timeout bounds each handshake (of Connect and of a resume), and how
 	// long Connect retries a busy allocation; default 30s.
 	Timeout time.Duration
@@ -89,7 +96,10 @@ type Lease struct {
 	Sockets    []*xsk.Socket // in the order of Queues
 	UMEM       *xsk.UMEM
 	ZeroCopy   bool
-	Limits     wire.Limits
+	// MultiBuffer is whether the sockets take packets in several
+	// descriptors (Options.MultiBuffer).
+	MultiBuffer bool
+	Limits      wire.Limits
 	// BusyPoll is the busy polling the daemon set the sockets up for, or
 	// nil (see the package documentation).
 	BusyPoll *wire.BusyPoll
@@ -304,7 +314,7 @@ func connect(path string, o Options, deadline time.Time) (*Lease, error) {
 		return nil, fmt.Errorf("xdpq: %w", err)
 	}
 	err = send(c, wire.Message{Type: wire.TypeRequest, FrameSize: o.FrameSize, Headroom: o.Headroom,
-		Rings: &rings, Queues: l.Queues}, int(mf.Fd()))
+		Rings: &rings, Queues: l.Queues, MultiBuffer: o.MultiBuffer}, int(mf.Fd()))
 	if err != nil {
 		return nil, err
 	}
@@ -316,8 +326,12 @@ func connect(path string, o Options, deadline time.Time) (*Lease, error) {
 		closeFDs(fds)
 		return nil, fmt.Errorf("xdpq: the daemon sent %d sockets for %d queues", len(fds), len(l.Queues))
 	}
+	if m.MultiBuffer != o.MultiBuffer {
+		closeFDs(fds)
+		return nil, fmt.Errorf("xdpq: asked for multi-buffer %v, the daemon bound the sockets with %v", o.MultiBuffer, m.MultiBuffer)
+	}
 	got := xsk.Rings{Fill: m.Rings.Fill, Completion: m.Rings.Completion, RX: m.Rings.RX, TX: m.Rings.TX}
-	l.ZeroCopy = m.ZeroCopy
+	l.ZeroCopy, l.MultiBuffer = m.ZeroCopy, m.MultiBuffer
 	for i, fd := range fds {
 		s, err := xsk.Adopt(fd, l.UMEM, got)
 		if err != nil {
