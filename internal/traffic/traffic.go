@@ -174,48 +174,139 @@ func (r *Receiver) Receive(n int, deadline time.Time, fn func(frame []byte) erro
 	return seen, nil
 }
 
-// Flood transmits the frame at each of addrs (already written to the UMEM,
-// len bytes) over and over, batch descriptors per submission, until stop
-// returns true (checked every 64 rounds), and returns how many frames the
-// kernel completed. Frames still in flight at the end are waited for, up
-// to a second, so the socket can be used again.
+// Flood is FloodAll on one socket.
 func Flood(s *xsk.Socket, addrs []uint64, size uint32, batch int, stop func() bool) (uint64, error) {
-	free := append(make([]uint64, 0, len(addrs)), addrs...)
-	descs := make([]xsk.Desc, batch)
-	comp := make([]uint64, s.Rings().Completion)
-	var sent uint64
-	inflight := 0
+	return FloodAll([]*xsk.Socket{s}, [][]uint64{addrs}, size, batch, stop)
+}
+
+// Prepare writes packet into addrs for FloodAll: into each frame when it
+// fits one, else into each run of the frames it needs (xsk.UMEM.Scatter).
+func Prepare(u *xsk.UMEM, addrs []uint64, packet []byte) error {
+	per := framesPer(u, uint32(len(packet)))
+	for g := 0; g+per <= len(addrs); g += per {
+		if _, _, err := u.Scatter(packet, addrs[g:g+per], nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func framesPer(u *xsk.UMEM, size uint32) int {
+	fs := u.Config().FrameSize
+	return max(int((size+fs-1)/fs), 1)
+}
+
+// FloodAll transmits the packet of size bytes written at addrs[i] (see
+// Prepare) on socks[i], over and over, each socket in turn from this one
+// thread, up to batch descriptors a submission, until stop returns true
+// (checked every 64 rounds), and returns how many packets the kernel
+// completed. A packet larger than a UMEM frame takes a run of frames of
+// addrs[i] and goes in several descriptors (the sockets must be bound
+// with multi-buffer). Packets still in flight at the end are waited for,
+// up to a second, so the sockets can be used again.
+func FloodAll(socks []*xsk.Socket, addrs [][]uint64, size uint32, batch int, stop func() bool) (uint64, error) {
+	type txq struct {
+		s        *xsk.Socket
+		free     []uint64 // one frame a packet: the frames on no ring
+		comp     []uint64
+		inflight int // descriptors
+		// Packets in several frames: each run of frames is a packet, its
+		// descriptors made once; a run is free again once all its frames
+		// completed.
+		runs  [][]xsk.Desc
+		run   map[uint64]int // frame → its run
+		done  []int          // frames of each run completed
+		ready []int          // runs on no ring
+	}
+	per := 1
+	if len(socks) > 0 {
+		per = framesPer(socks[0].UMEM(), size)
+	}
+	qs := make([]txq, len(socks))
+	for i, s := range socks {
+		q := txq{s: s, comp: make([]uint64, s.Rings().Completion)}
+		if per == 1 {
+			q.free = append(make([]uint64, 0, len(addrs[i])), addrs[i]...)
+		} else {
+			fs := s.UMEM().Config().FrameSize
+			q.run = map[uint64]int{}
+			for g := 0; g+per <= len(addrs[i]); g += per {
+				var ds []xsk.Desc
+				for k, a := range addrs[i][g : g+per] {
+					d := xsk.Desc{Addr: a, Len: min(fs, size-uint32(k)*fs)}
+					if k < per-1 {
+						d.Options = xsk.Continues
+					}
+					ds = append(ds, d)
+					q.run[a] = len(q.runs)
+				}
+				q.ready = append(q.ready, len(q.runs))
+				q.runs = append(q.runs, ds)
+			}
+			q.done = make([]int, len(q.runs))
+		}
+		qs[i] = q
+	}
+	descs := make([]xsk.Desc, 0, max(batch, per))
+	var sent uint64 // descriptors completed
 	for i := 0; ; i++ {
-		n := s.Complete(comp)
-		free = append(free, comp[:n]...)
-		inflight -= n
-		sent += uint64(n)
 		if i&63 == 0 && stop() {
 			break
 		}
-		k := min(len(free), len(descs))
-		for j := range k {
-			descs[j] = xsk.Desc{Addr: free[len(free)-1-j], Len: size}
-		}
-		m, err := s.Transmit(descs[:k])
-		if err != nil {
-			return sent, err
-		}
-		free = free[:len(free)-m]
-		inflight += m
-		if m == 0 {
-			if err := s.Kick(); err != nil {
-				return sent, err
+		for j := range qs {
+			q := &qs[j]
+			n := q.s.Complete(q.comp)
+			q.inflight -= n
+			sent += uint64(n)
+			descs = descs[:0]
+			if per == 1 {
+				q.free = append(q.free, q.comp[:n]...)
+				k := min(len(q.free), batch)
+				for d := range k {
+					descs = append(descs, xsk.Desc{Addr: q.free[len(q.free)-1-d], Len: size})
+				}
+			} else {
+				for _, a := range q.comp[:n] {
+					g := q.run[a]
+					if q.done[g]++; q.done[g] == per {
+						q.done[g] = 0
+						q.ready = append(q.ready, g)
+					}
+				}
+				// Whole packets, and only what the ring has room for.
+				room := min(q.s.TXFree(), max(batch, per))
+				for len(q.ready) > 0 && len(descs)+per <= room {
+					descs = append(descs, q.runs[q.ready[len(q.ready)-1]]...)
+					q.ready = q.ready[:len(q.ready)-1]
+				}
+			}
+			m, err := q.s.Transmit(descs)
+			if err != nil {
+				return sent / uint64(per), err
+			}
+			if per == 1 {
+				q.free = q.free[:len(q.free)-m]
+			} else if m != len(descs) {
+				return sent / uint64(per), fmt.Errorf("flood: the TX ring took %d of %d descriptors it had room for", m, len(descs))
+			}
+			q.inflight += m
+			if m == 0 {
+				if err := q.s.Kick(); err != nil {
+					return sent / uint64(per), err
+				}
 			}
 		}
 	}
-	for end := time.Now().Add(time.Second); inflight > 0 && time.Now().Before(end); {
-		s.Kick()
-		n := s.Complete(comp)
-		inflight -= n
-		sent += uint64(n)
+	for j := range qs {
+		q := &qs[j]
+		for end := time.Now().Add(time.Second); q.inflight > 0 && time.Now().Before(end); {
+			q.s.Kick()
+			n := q.s.Complete(q.comp)
+			q.inflight -= n
+			sent += uint64(n)
+		}
 	}
-	return sent, nil
+	return sent / uint64(per), nil
 }
 
 // Expect receives exactly the frames of want, in order, byte for byte,

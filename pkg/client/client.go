@@ -25,9 +25,9 @@ const EnvSocket = "XDPQ_SOCKET"
 type Options struct {
 	Name      string   // shown in the daemon's log
 	Queues    []uint32 // nil: every queue of the allocation
-	FrameSize uint32   // 2048 (default) or 4096
+	FrameSize uint32   // 2048 (default) or 4096 (default with MultiBuffer)
 	Headroom  uint32
-	Ring      uint32 // entries of every ring; default 2048
+	Ring      uint32 // entries of every ring; default 2048 (4096 with MultiBuffer)
 	TX        bool   // ask for a TX ring too (the pool must allow it)
 	HugeTLB   bool   // back the UMEM with huge pages
 	// MultiBuffer asks for sockets that take packets larger than a UMEM
@@ -35,7 +35,11 @@ type Options struct {
 	// packet comes in several descriptors, which a Receiver's Receive
 	// gathers into one buffer (see Receiver), and is sent in several
 	// (xsk.UMEM.Scatter). Without it the kernel drops a packet larger
-	// than a frame (Statistics.RXDropped).
+	// than a frame (Statistics.RXDropped). Rings count descriptors, not
+	// packets: a 9014-byte frame takes 3 of 4 KiB frames (5 of 2 KiB), so
+	// MultiBuffer's defaults are 4 KiB frames and rings of 4096, which
+	// take a burst of 1024 such frames (TestReceiverJumbo); the UMEM is
+	// 32 MiB a queue (64 MiB with TX).
 	MultiBuffer bool
 	// Timeout bounds each handshake (of Connect and of a resume), and how
 	// long Connect retries a busy allocation; default 30s.
@@ -195,9 +199,15 @@ func ConnectContext(ctx context.Context, path string, o Options) (*Lease, error)
 	}
 	if o.FrameSize == 0 {
 		o.FrameSize = xsk.FrameSize2K
+		if o.MultiBuffer {
+			o.FrameSize = xsk.FrameSize4K
+		}
 	}
 	if o.Ring == 0 {
 		o.Ring = 2048
+		if o.MultiBuffer {
+			o.Ring = 4096
+		}
 	}
 	if o.Timeout == 0 {
 		o.Timeout = 30 * time.Second

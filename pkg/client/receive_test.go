@@ -335,6 +335,51 @@ func TestReceiverJumbo(t *testing.T) {
 		})
 	}
 
+	// MultiBuffer's defaults take a burst of 1024 jumbo frames that comes
+	// while the loop is away, burst after burst; a ring of 2048 (the
+	// default without MultiBuffer) does not.
+	for _, tc := range []struct {
+		name string
+		ring uint32
+		lose bool
+	}{{name: "defaults, bursts"}, {name: "ring 2048, bursts", ring: 2048, lose: true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			n, p := node.StartTB(t, node.Config{MTU: 9000, Limits: wire.Limits{MaxUMEM: 256 << 20, MaxRing: 8192, MaxQueue: 4}})
+			l := lease(t, n, client.Options{Name: "jumbo-burst", MultiBuffer: true, Ring: tc.ring})
+			r := l.Receiver(0)
+			lost := false
+			for round := range 5 {
+				var want [][]byte
+				for i := range 1024 {
+					want = append(want, jumbo(n, round*1024+i, 8972))
+				}
+				got := receiveBurst(t, p, r, want)
+				if len(got) < len(want) {
+					if lost = true; !tc.lose {
+						t.Fatalf("burst %d: %d of %d frames received", round, len(got), len(want))
+					}
+					break
+				}
+				for i := range want {
+					if !bytes.Equal(got[i], want[i]) {
+						t.Fatalf("burst %d: frame %d differs", round, i)
+					}
+				}
+			}
+			st, err := l.Sockets[0].Statistics()
+			if err != nil {
+				t.Fatal(err)
+			}
+			drops := st.RXDropped + st.RXRingFull + st.RXFillRingEmptyDescs
+			switch {
+			case tc.lose && (!lost || drops == 0):
+				t.Errorf("a ring of 2048 lost nothing (kernel drops %+v): the bursts do not test the ring", st)
+			case !tc.lose && drops != 0:
+				t.Errorf("the kernel counts drops: %+v", st)
+			}
+		})
+	}
+
 	t.Run("without MultiBuffer", func(t *testing.T) {
 		n, p := node.StartTB(t, node.Config{MTU: 9000})
 		l := lease(t, n, client.Options{Name: "small"})
