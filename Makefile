@@ -72,6 +72,8 @@ e2e:
 # latency through cnitool (100 attachments, p50/p99).
 bench:
 	$(GO) run ./cmd/xdpqbench
+	$(GO) run ./cmd/xdpqbench -size 1514 -pod-queues 1 -cc=
+	$(GO) run ./cmd/xdpqbench -size 9014 -pod-queues 1
 	$(GO) test -run '^$$' -bench Reattach -benchtime 100x ./pkg/agent
 	$(GO) test -run '^$$' -bench 'Scale64x64$$' -benchtime 1x ./pkg/daemon
 	$(GO) test -run '^$$' -bench BusyQueues -benchtime 10x ./pkg/xsk

@@ -11,6 +11,13 @@
  *
  * The flags argument of bpf_redirect_map (XDP_PASS) is the action taken when
  * the map has no socket at that index.
+ *
+ * Its section is xdp.frags (the program is loaded with BPF_F_XDP_HAS_FRAGS):
+ * a frame larger than the driver's buffer (a 9000-byte jumbo frame) comes in
+ * fragments, which the redirect hands whole to the socket (one descriptor per
+ * fragment to a socket bound with XDP_USE_SG). Drivers refuse a program
+ * without the flag on a netdev whose MTU does not fit one buffer, and the
+ * flag changes nothing for smaller frames.
  */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
@@ -23,7 +30,7 @@ struct {
 	__type(value, __u32);
 } xsks SEC(".maps");
 
-SEC("xdp")
+SEC("xdp.frags")
 int xdpq_direct(struct xdp_md *ctx)
 {
 	return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS);

@@ -13,6 +13,11 @@
  * Not matched (so passed to the kernel): IPv6 frames whose first next header
  * is an extension header, and IPv4 fragments other than the first, unless a
  * wildcard-port flow covers their address.
+ *
+ * Its section is xdp.frags, as the direct program's (see there): a jumbo
+ * frame in fragments is matched on the headers in its first fragment and
+ * redirected whole; one whose headers are not all in the first fragment is
+ * passed to the kernel.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -130,7 +135,7 @@ static __always_inline int parse(struct xdp_md *ctx, struct xdpq_flow *key)
 	return 0;
 }
 
-SEC("xdp")
+SEC("xdp.frags")
 int xdpq_filter(struct xdp_md *ctx)
 {
 	__u32 q = ctx->rx_queue_index;

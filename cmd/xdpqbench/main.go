@@ -16,6 +16,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/xdpq/xdpq/internal/bench"
@@ -25,7 +27,8 @@ func main() {
 	cfg := bench.Config{Out: os.Stdout}
 	flag.DurationVar(&cfg.Duration, "duration", 3*time.Second, "sending time per measurement")
 	flag.IntVar(&cfg.Rounds, "rounds", 3, "measurements per receiver, interleaved; the table shows medians")
-	flag.IntVar(&cfg.FrameSize, "size", 64, "frame size in bytes (without FCS), at least 60")
+	flag.IntVar(&cfg.FrameSize, "size", 64, "frame size in bytes (without FCS), 60..9014; above 1514 jumbo frames: the MTU raised, multi-buffer sockets, (d) and (g) left out")
+	podQueues := flag.String("pod-queues", "1,2,4", "queue counts of the pod rows, comma-separated")
 	flag.IntVar(&cfg.TXBatch, "batch", 1024, "TX descriptors per submission")
 	flag.IntVar(&cfg.SenderCPU, "sender-cpu", 1, "core the sender runs on")
 	flag.IntVar(&cfg.RxCPU, "rx-cpu", 0, "core the receivers run on")
@@ -37,9 +40,17 @@ func main() {
 		fmt.Fprintf(os.Stderr, "xdpqbench: unexpected argument %q\n", flag.Arg(0))
 		os.Exit(2)
 	}
-	if cfg.FrameSize < 60 || cfg.FrameSize > 1500 {
-		fmt.Fprintln(os.Stderr, "xdpqbench: -size must be 60..1500")
+	if cfg.FrameSize < 60 || cfg.FrameSize > 9014 {
+		fmt.Fprintln(os.Stderr, "xdpqbench: -size must be 60..9014")
 		os.Exit(2)
+	}
+	for _, q := range strings.Split(*podQueues, ",") {
+		n, err := strconv.Atoi(q)
+		if err != nil || n < 1 || n > 64 {
+			fmt.Fprintf(os.Stderr, "xdpqbench: -pod-queues: %q is not a queue count 1..64\n", q)
+			os.Exit(2)
+		}
+		cfg.PodQueues = append(cfg.PodQueues, n)
 	}
 	if *testpmd != "" {
 		path, err := exec.LookPath(*testpmd)

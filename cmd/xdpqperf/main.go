@@ -31,7 +31,8 @@ func main() {
 	flag.DurationVar(&cfg.Duration, "duration", 0, "how long to run (default: until interrupted)")
 	queues := flag.String("queues", "", "comma-separated queues to use (default: all of the allocation's)")
 	ring := flag.Uint("ring", 2048, "entries per ring")
-	flag.IntVar(&cfg.Size, "size", 64, "txpush: frame size in bytes")
+	flag.IntVar(&cfg.Size, "size", 64, "txpush: frame size in bytes (above 2048 with -multi-buffer)")
+	flag.BoolVar(&cfg.MultiBuffer, "multi-buffer", false, "ask for multi-buffer sockets: frames larger than a UMEM frame (jumbo frames, to 9014 bytes at a 9000-byte MTU) are received and sent whole")
 	srcMAC := flag.String("src-mac", "02:00:00:00:00:01", "txpush: source MAC")
 	dstMAC := flag.String("dst-mac", "ff:ff:ff:ff:ff:ff", "txpush: destination MAC")
 	src := flag.String("src", "10.0.0.1", "txpush: source address")
@@ -75,8 +76,12 @@ func main() {
 	if cfg.Dst, err = netip.ParseAddr(*dst); err != nil {
 		fail("-dst: %v", err)
 	}
-	if *sport > 65535 || *dport > 65535 || cfg.Size < 60 || cfg.Size > 2048 {
-		fail("ports must be 0..65535 and -size 60..2048")
+	maxSize := 2048
+	if cfg.MultiBuffer {
+		maxSize = 9014
+	}
+	if *sport > 65535 || *dport > 65535 || cfg.Size < 60 || cfg.Size > maxSize {
+		fail("ports must be 0..65535 and -size 60..%d (2048 without -multi-buffer)", maxSize)
 	}
 	cfg.SrcPort, cfg.DstPort = uint16(*sport), uint16(*dport)
 

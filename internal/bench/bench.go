@@ -45,6 +45,7 @@ import (
 	"time"
 
 	"github.com/xdpq/xdpq/internal/syncbuf"
+	"github.com/xdpq/xdpq/internal/traffic"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -60,7 +61,7 @@ import (
 type Config struct {
 	Duration  time.Duration // sending time per measurement
 	Rounds    int           // each receiver is measured this many times, interleaved
-	FrameSize int           // bytes per frame on the wire (without FCS)
+	FrameSize int           // bytes per frame on the wire (without FCS); above 1514, jumbo (see Jumbo)
 	TXBatch   int           // descriptors per TX ring submission
 	SenderCPU int
 	RxCPU     int
@@ -71,6 +72,13 @@ type Config struct {
 	PodQueues []int
 	Out       io.Writer
 }
+
+// Jumbo reports whether the frames are jumbo frames: the veth pair's MTU
+// is raised to fit them, every socket is bound with multi-buffer (a frame
+// comes in several descriptors when it does not fit a UMEM frame), and
+// the receivers that cannot take a frame in several buffers ((d) DPDK
+// 22.11's PMD, (g) the C client) are left out.
+func (c Config) Jumbo() bool { return c.FrameSize > 1514 }
 
 // Result is one receiver's measurements.
 type Result struct {
@@ -155,11 +163,17 @@ func Run(cfg Config) ([]*Result, error) {
 		return nil, err
 	}
 	defer p.Close()
+	if cfg.Jumbo() {
+		if err := p.SetMTU(cfg.FrameSize - 14); err != nil {
+			return nil, err
+		}
+		cfg.Testpmd, cfg.Pods.CRxdrop = "", ""
+	}
 
 	receivers := []receiver{
 		{name: "(a) XDP_DROP (ceiling)", queues: 1, start: startDrop},
-		{name: "(b) direct + pkg/xsk rxdrop", queues: 1, spins: true, start: startXSK(xdp.Direct, cfg.RxCPU)},
-		{name: "(c) filter + pkg/xsk rxdrop", queues: 1, spins: true, start: startXSK(xdp.Filter, cfg.RxCPU)},
+		{name: "(b) direct + pkg/xsk rxdrop", queues: 1, spins: true, start: startXSK(xdp.Direct, cfg)},
+		{name: "(c) filter + pkg/xsk rxdrop", queues: 1, spins: true, start: startXSK(xdp.Filter, cfg)},
 	}
 	if cfg.Testpmd != "" {
 		receivers = append(receivers, receiver{name: "(d) DPDK af_xdp PMD rxonly", queues: 1, spins: true, start: startTestpmd(cfg)})
@@ -183,6 +197,10 @@ func Run(cfg Config) ([]*Result, error) {
 	defer snd.close()
 	fmt.Fprintf(cfg.Out, "veth pair (%d queues), %d-byte frames; 1 sender core: AF_XDP sender on cpu %d (TX batch %d%s, round-robin over B's queues 0..N-1); receivers on cpu %d; %v per run, %d rounds\n",
 		queues, cfg.FrameSize, cfg.SenderCPU, cfg.TXBatch, snd.budgetNote, cfg.RxCPU, cfg.Duration, cfg.Rounds)
+	if cfg.Jumbo() {
+		fmt.Fprintf(cfg.Out, "jumbo frames: MTU %d, every socket multi-buffer (2 KiB UMEM frames: %d descriptors a frame), the pods with -multi-buffer; (d) and (g) cannot take a frame in several buffers and are left out\n",
+			cfg.FrameSize-14, (cfg.FrameSize+2047)/2048)
+	}
 	if d != nil {
 		fmt.Fprintf(cfg.Out, "pods (e)-(g): the xdpq daemon in this process (standalone, pool of %s#0-%d, steering hardware); each pod a process as uid %d, no capabilities, pinned to cpu %d, pkg/client's or the C client's defaults\n",
 			p.A.Name, queues-1, podUID, cfg.RxCPU)
@@ -209,16 +227,16 @@ func Run(cfg Config) ([]*Result, error) {
 				round+1, r.name, r.queues, m.rate/1e6, m.sent/1e6, m.senderNS, cpu)
 		}
 	}
-	printTable(cfg.Out, results)
+	printTable(cfg.Out, results, cfg.FrameSize)
 	return results, nil
 }
 
-func printTable(w io.Writer, rs []*Result) {
+func printTable(w io.Writer, rs []*Result, frameSize int) {
 	fmt.Fprintf(w, "\n1 sender core (cpu of the sender: see above); medians of the rounds; drops are the kernel's XDP_STATISTICS of the receiver's sockets over a run\n")
-	fmt.Fprintf(w, "%-34s %2s %9s %9s %10s %16s %10s %10s %10s %7s\n",
-		"receiver (median)", "q", "rx Mpps", "sent Mpps", "sender", "receiver CPU", "rx", "rx ring", "fill ring", "vs (a)")
-	fmt.Fprintf(w, "%-34s %2s %9s %9s %10s %16s %10s %10s %10s %7s\n",
-		"", "", "", "", "ns/pkt", "ns/pkt", "dropped", "full", "empty", "")
+	fmt.Fprintf(w, "%-34s %2s %9s %7s %9s %10s %16s %10s %10s %10s %7s\n",
+		"receiver (median)", "q", "rx Mpps", "rx", "sent Mpps", "sender", "receiver CPU", "rx", "rx ring", "fill ring", "vs (a)")
+	fmt.Fprintf(w, "%-34s %2s %9s %7s %9s %10s %16s %10s %10s %10s %7s\n",
+		"", "", "", "Gbit/s", "", "ns/pkt", "ns/pkt", "dropped", "full", "empty", "")
 	ceiling := Median(rs[0].Rates)
 	for _, r := range rs {
 		cpu := "-"
@@ -234,8 +252,8 @@ func printTable(w io.Writer, rs []*Result) {
 				medianDrop(r.Drops, func(d Drops) uint64 { return d.RingFull }),
 				medianDrop(r.Drops, func(d Drops) uint64 { return d.FillEmpty })
 		}
-		fmt.Fprintf(w, "%-34s %2d %9.3f %9.3f %10.0f %16s %10s %10s %10s %7.2f\n", r.Name, r.Queues,
-			Median(r.Rates)/1e6, Median(r.SentPPS)/1e6, Median(r.SenderNS), cpu, dropped, full, empty, Median(r.Rates)/ceiling)
+		fmt.Fprintf(w, "%-34s %2d %9.3f %7.2f %9.3f %10.0f %16s %10s %10s %10s %7.2f\n", r.Name, r.Queues,
+			Median(r.Rates)/1e6, Median(r.Rates)*float64(frameSize)*8/1e9, Median(r.SentPPS)/1e6, Median(r.SenderNS), cpu, dropped, full, empty, Median(r.Rates)/ceiling)
 	}
 	printRatios(w, rs)
 }
@@ -406,7 +424,7 @@ func newSender(p *testnet.Pair, queues int, cfg Config) (*sender, error) {
 	for i := range qs {
 		qs[i] = uint32(i)
 	}
-	umem, socks, err := xsk.Open(dev, qs, senderFrames*queues, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: rings})
+	umem, socks, err := xsk.Open(dev, qs, senderFrames*queues, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: rings, MultiBuffer: cfg.Jumbo()})
 	if err != nil {
 		return nil, err
 	}
@@ -428,7 +446,10 @@ func newSender(p *testnet.Pair, queues int, cfg Config) (*sender, error) {
 		addrs := make([]uint64, senderFrames)
 		for j := range addrs {
 			addrs[j] = umem.FrameAddr(i*senderFrames + j)
-			copy(umem.Bytes(addrs[j], uint32(len(f))), f)
+		}
+		if err := traffic.Prepare(umem, addrs, f); err != nil {
+			s.close()
+			return nil, err
 		}
 		s.addrs = append(s.addrs, addrs)
 	}
@@ -456,72 +477,17 @@ func (s *sender) run(d time.Duration, queues int) (uint64, error) {
 		}
 		defer unpin()
 		deadline := time.Now().Add(d)
-		sent, err = flood(s.socks[:queues], s.addrs[:queues], uint32(s.cfg.FrameSize), s.cfg.TXBatch,
+		sent, err = traffic.FloodAll(s.socks[:queues], s.addrs[:queues], uint32(s.cfg.FrameSize), s.cfg.TXBatch,
 			func() bool { return time.Now().After(deadline) })
 	}()
 	<-done
 	return sent, err
 }
 
-// flood is traffic.Flood over several sockets in turn, from one thread:
-// each round takes every socket's completions and submits a batch on it.
-// With one socket it is traffic.Flood.
-func flood(socks []*xsk.Socket, addrs [][]uint64, size uint32, batch int, stop func() bool) (uint64, error) {
-	type txq struct {
-		s        *xsk.Socket
-		free     []uint64
-		comp     []uint64
-		inflight int
-	}
-	qs := make([]txq, len(socks))
-	for i, s := range socks {
-		qs[i] = txq{s: s, free: append(make([]uint64, 0, len(addrs[i])), addrs[i]...), comp: make([]uint64, s.Rings().Completion)}
-	}
-	descs := make([]xsk.Desc, batch)
-	var sent uint64
-	for i := 0; ; i++ {
-		if i&63 == 0 && stop() {
-			break
-		}
-		for j := range qs {
-			q := &qs[j]
-			n := q.s.Complete(q.comp)
-			q.free = append(q.free, q.comp[:n]...)
-			q.inflight -= n
-			sent += uint64(n)
-			k := min(len(q.free), len(descs))
-			for d := range k {
-				descs[d] = xsk.Desc{Addr: q.free[len(q.free)-1-d], Len: size}
-			}
-			m, err := q.s.Transmit(descs[:k])
-			if err != nil {
-				return sent, err
-			}
-			q.free = q.free[:len(q.free)-m]
-			q.inflight += m
-			if m == 0 {
-				if err := q.s.Kick(); err != nil {
-					return sent, err
-				}
-			}
-		}
-	}
-	// Frames still in flight are waited for, up to a second, so the
-	// sockets can be used again.
-	for j := range qs {
-		q := &qs[j]
-		for end := time.Now().Add(time.Second); q.inflight > 0 && time.Now().Before(end); {
-			q.s.Kick()
-			n := q.s.Complete(q.comp)
-			q.inflight -= n
-			sent += uint64(n)
-		}
-	}
-	return sent, nil
-}
-
 func startDrop(p *testnet.Pair) (*running, error) {
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "bench_drop", Type: ebpf.XDP, License: "MIT",
+	// With frags (BPF_F_XDP_HAS_FRAGS), as xdpq's programs: veth takes no other
+	// natively at a jumbo MTU.
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "bench_drop", Type: ebpf.XDP, License: "MIT", Flags: unix.BPF_F_XDP_HAS_FRAGS,
 		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()}})
 	if err != nil {
 		return nil, err
@@ -548,7 +514,8 @@ func startDrop(p *testnet.Pair) (*running, error) {
 	}}, nil
 }
 
-func startXSK(kind xdp.Kind, cpu int) func(p *testnet.Pair) (*running, error) {
+func startXSK(kind xdp.Kind, cfg Config) func(p *testnet.Pair) (*running, error) {
+	cpu := cfg.RxCPU
 	return func(p *testnet.Pair) (*running, error) {
 		prog, err := xdp.Load(kind, xdp.LoadOptions{Queues: 1})
 		if err != nil {
@@ -562,7 +529,7 @@ func startXSK(kind xdp.Kind, cpu int) func(p *testnet.Pair) (*running, error) {
 		}
 		dev := xsk.Netdev{Name: p.A.Name, Ifindex: p.A.Index, NetNS: p.NSPath()}
 		rings := xsk.Rings{Fill: 4096, Completion: 64, RX: 4096}
-		umem, socks, err := xsk.Open(dev, []uint32{0}, 8192, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: rings})
+		umem, socks, err := xsk.Open(dev, []uint32{0}, 8192, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: rings, MultiBuffer: cfg.Jumbo()})
 		if err != nil {
 			prog.Close()
 			return nil, err
@@ -680,10 +647,14 @@ func rxdrop(s *xsk.Socket, received *atomic.Uint64, stop *atomic.Bool) error {
 			}
 			continue
 		}
+		packets := 0
 		for _, d := range descs[:n] {
 			refill = append(refill, d.Addr&mask)
+			if !d.Continues() {
+				packets++ // a packet's last descriptor
+			}
 		}
-		received.Add(uint64(n))
+		received.Add(uint64(packets))
 	}
 }
 

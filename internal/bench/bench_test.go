@@ -14,7 +14,8 @@ import (
 // TestBenchRuns keeps `make bench` working: every receiver, DPDK's and
 // the pods' (xdpqperf with and without busy polling, the C client's
 // xdpq-rxdrop, on 1, 2 and 4 queues) included, receives frames, and the
-// table and the ratios are printed. It measures nothing.
+// table and the ratios are printed; and so with 9014-byte frames in
+// several descriptors. It measures nothing.
 func TestBenchRuns(t *testing.T) {
 	testnet.RequireRoot(t)
 	ci := os.Getenv("CI") == "true"
@@ -64,6 +65,27 @@ func TestBenchRuns(t *testing.T) {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("no %q in the output:\n%s", s, out.String())
 		}
+	}
+	t.Log(out.String())
+
+	// Jumbo frames: the same receivers but (d) and (g), every frame in 5
+	// descriptors of 2 KiB frames.
+	out.Reset()
+	rs, err = Run(Config{Duration: 300 * time.Millisecond, Rounds: 1, FrameSize: 9014, TXBatch: 256,
+		SenderCPU: 1, RxCPU: 0, Testpmd: testpmd, Pods: pods, PodQueues: []int{1}, Out: &out})
+	if err != nil {
+		t.Fatalf("jumbo: %v\n%s", err, out.String())
+	}
+	if len(rs) != 5 {
+		t.Fatalf("jumbo: %d receivers measured, want (a), (b), (c), (e), (f)\n%s", len(rs), out.String())
+	}
+	for _, r := range rs {
+		if r.Rates[0] <= 0 {
+			t.Errorf("jumbo: %s: rate %v", r.Name, r.Rates)
+		}
+	}
+	if !strings.Contains(out.String(), "jumbo frames: MTU 9000") || !strings.Contains(out.String(), "Gbit/s") {
+		t.Errorf("jumbo: no MTU or Gbit/s in the output:\n%s", out.String())
 	}
 	t.Log(out.String())
 }

@@ -196,7 +196,11 @@ type podKind struct {
 func (pd *podDaemon) receivers(cfg Config) []receiver {
 	var kinds []podKind
 	if cfg.Pods.Perf != "" {
-		perf := func(p Pods) (string, []string) { return p.Perf, []string{"-mode", "rxdrop"} }
+		args := []string{"-mode", "rxdrop"}
+		if cfg.Jumbo() {
+			args = append(args, "-multi-buffer")
+		}
+		perf := func(p Pods) (string, []string) { return p.Perf, args }
 		kinds = append(kinds,
 			podKind{name: "(e) pod: xdpqperf rxdrop", command: perf, ready: "xdpqperf rxdrop: allocation", received: perfReceived},
 			podKind{name: "(f) pod: xdpqperf rxdrop, busyPoll", busyPoll: true, command: perf, ready: "xdpqperf rxdrop: allocation", received: perfReceived})

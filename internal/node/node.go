@@ -37,6 +37,8 @@ type Config struct {
 	OnLease func(alloc string, socks []broker.LeaseSocket)
 	// BusyPoll, if set, is the allocation's busy polling.
 	BusyPoll *wire.BusyPoll
+	// MTU, if set, is the veth pair's (9000 for jumbo frames).
+	MTU int
 }
 
 // Node is the running node.
@@ -70,6 +72,11 @@ func Start(cfg Config) (n *Node, err error) {
 	}()
 	if n.Pair, err = testnet.Create(cfg.Queues); err != nil {
 		return nil, err
+	}
+	if cfg.MTU != 0 {
+		if err = n.Pair.SetMTU(cfg.MTU); err != nil {
+			return nil, err
+		}
 	}
 	if err = xdp.MountBPFFS(xdp.DefaultBPFFS); err != nil {
 		return nil, err
@@ -170,7 +177,9 @@ func (n *Node) Close() error {
 }
 
 // Peer is the far side of the NIC: a socket per queue on xb, sending to
-// xa's queue of the same number and receiving what xa's queue transmits.
+// xa's queue of the same number and receiving what xa's queue transmits;
+// multi-buffer sockets, so that frames larger than its 2 KiB UMEM frames
+// go and come whole.
 type Peer struct {
 	Send []*traffic.Sender
 	Recv []*traffic.Receiver
@@ -190,7 +199,7 @@ func (n *Node) Peer(queues []uint32) (*Peer, error) {
 	dev := xsk.Netdev{Name: "xb", Ifindex: n.Pair.B.Index, NetNS: n.Pair.NSPath()}
 	const per = 1024
 	umem, socks, err := xsk.Open(dev, queues, 2*per*len(queues), xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048},
-		Rings: xsk.Rings{Fill: per, Completion: per, RX: per, TX: per}})
+		Rings: xsk.Rings{Fill: per, Completion: per, RX: per, TX: per}, MultiBuffer: true})
 	if err != nil {
 		prog.Close()
 		return nil, err

@@ -36,7 +36,10 @@ type Config struct {
 	Queues   []uint32      // nil: all of the allocation's
 	Ring     uint32
 	Interval time.Duration
-	Out      io.Writer
+	// MultiBuffer asks for multi-buffer sockets: frames larger than a
+	// UMEM frame (jumbo frames) are received and sent whole.
+	MultiBuffer bool
+	Out         io.Writer
 	// Reported, if set, is called after each report line with the totals
 	// so far.
 	Reported func(Totals)
@@ -74,7 +77,7 @@ func Run(ctx context.Context, cfg Config) (Totals, error) {
 		defer cancel()
 	}
 	l, err := client.ConnectContext(ctx, cfg.Socket, client.Options{Name: "xdpqperf/" + cfg.Mode, Queues: cfg.Queues,
-		Ring: cfg.Ring, TX: cfg.Mode != RXDrop})
+		Ring: cfg.Ring, TX: cfg.Mode != RXDrop, MultiBuffer: cfg.MultiBuffer})
 	if err != nil {
 		return Totals{}, err
 	}
@@ -175,8 +178,8 @@ func rxdrop(ctx context.Context, r *client.Receiver, c *counters) error {
 const wait = 50 * time.Millisecond
 
 func txpush(ctx context.Context, s *xsk.Socket, addrs []uint64, f []byte, c *counters) error {
-	for _, a := range addrs {
-		copy(s.UMEM().Bytes(a, uint32(len(f))), f)
+	if err := traffic.Prepare(s.UMEM(), addrs, f); err != nil {
+		return err
 	}
 	for ctx.Err() == nil {
 		end := time.Now().Add(50 * time.Millisecond)

@@ -85,9 +85,13 @@ func TestTXPush(t *testing.T) {
 	n, p := start(t)
 	want := udp(n, 0, 0, 0)
 	var got atomic.Int64
+	received := make(chan struct{})
+	// Ended and joined before the node's cleanup closes the UMEM the loop reads.
+	defer func() { <-received }()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
+		defer close(received)
 		p.Recv[0].Receive(-1, time.Now().Add(5*time.Second), func(b []byte) error {
 			if !bytes.Equal(b, want) {
 				t.Errorf("frame differs:\n got % x\nwant % x", b, want)

@@ -148,6 +148,22 @@ func Create(queues int) (*Pair, error) {
 	return p, nil
 }
 
+// SetMTU sets the MTU of both ends (9000 for jumbo frames).
+func (p *Pair) SetMTU(mtu int) error {
+	return p.NS.Do(func(ns.NetNS) error {
+		for _, name := range []string{p.A.Name, p.B.Name} {
+			link, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			if err := netlink.LinkSetMTU(link, mtu); err != nil {
+				return fmt.Errorf("mtu %d on %s: %w", mtu, name, err)
+			}
+		}
+		return nil
+	})
+}
+
 // Close removes the namespace and with it the veth pair.
 func (p *Pair) Close() {
 	p.NS.Close()

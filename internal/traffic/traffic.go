@@ -34,7 +34,9 @@ func NewSender(s *xsk.Socket, addrs []uint64, batch int) *Sender {
 }
 
 // Send transmits each frame in order and returns once the kernel has
-// completed all of them, or an error at the deadline.
+// completed all of them, or an error at the deadline. A frame larger than
+// a UMEM frame goes in several descriptors (see xsk.UMEM.Scatter): the
+// socket must be bound with multi-buffer.
 func (t *Sender) Send(frames [][]byte, deadline time.Time) error {
 	i, inflight := 0, 0
 	for i < len(frames) || inflight > 0 {
@@ -42,40 +44,46 @@ func (t *Sender) Send(frames [][]byte, deadline time.Time) error {
 		t.free = append(t.free, t.comp[:n]...)
 		inflight -= n
 
+		// Only what the TX ring has room for: the descriptors of a frame
+		// go on it together or not at all.
+		room := t.s.TXFree()
 		t.descs = t.descs[:0]
-		for i < len(frames) && len(t.free) > 0 && len(t.descs) < t.batch {
-			addr := t.free[len(t.free)-1]
-			buf := t.s.UMEM().Bytes(addr, uint32(len(frames[i])))
-			if buf == nil {
-				return fmt.Errorf("send: frame %d of %d bytes does not fit the umem at %#x", i, len(frames[i]), addr)
+		for i < len(frames) && len(t.descs) < t.batch {
+			need := max((len(frames[i])+int(t.s.UMEM().Config().FrameSize)-1)/int(t.s.UMEM().Config().FrameSize), 1)
+			if len(t.descs)+need > room || need > len(t.free) {
+				if need > cap(t.free) {
+					return fmt.Errorf("send: frame %d of %d bytes needs %d frames, the sender has %d", i, len(frames[i]), need, cap(t.free))
+				}
+				break // wait for room, or for completions
 			}
-			copy(buf, frames[i])
-			t.free = t.free[:len(t.free)-1]
-			t.descs = append(t.descs, xsk.Desc{Addr: addr, Len: uint32(len(frames[i]))})
+			descs, used, err := t.s.UMEM().Scatter(frames[i], t.free[len(t.free)-need:], t.descs)
+			if err != nil {
+				return fmt.Errorf("send: frame %d: %w", i, err)
+			}
+			t.descs, t.free = descs, t.free[:len(t.free)-used]
 			i++
 		}
 		sent, err := t.s.Transmit(t.descs)
 		if err != nil {
 			return fmt.Errorf("send: %w", err)
 		}
-		// Frames that did not fit the TX ring go back to the free list.
-		for _, d := range t.descs[sent:] {
-			t.free = append(t.free, d.Addr)
-			i--
+		if sent != len(t.descs) {
+			return fmt.Errorf("send: the TX ring took %d of %d descriptors it had room for", sent, len(t.descs))
 		}
 		inflight += sent
 		if err := t.s.Kick(); err != nil {
 			return fmt.Errorf("send: %w", err)
 		}
 		if n == 0 && sent == 0 && time.Now().After(deadline) {
-			return fmt.Errorf("send: %d of %d frames sent, %d not completed at the deadline", i, len(frames), inflight)
+			return fmt.Errorf("send: %d of %d frames sent, %d descriptors not completed at the deadline", i, len(frames), inflight)
 		}
 	}
 	return nil
 }
 
 // Receiver receives frames on a socket and returns each frame to the fill
-// ring after the callback saw it.
+// ring after the callback saw it. A frame received in several descriptors
+// (a socket bound with multi-buffer) is gathered into one buffer first.
 type Receiver struct {
 	s     *xsk.Socket
 	descs []xsk.Desc
@@ -84,6 +92,11 @@ type Receiver struct {
 	// has taken frames; the rest wait here for the next round.
 	refill []uint64
 	mask   uint64
+	packet []byte // a frame in several descriptors, gathered so far
+	more   bool   // packet goes on in the next descriptor
+	// Descriptors counts the descriptors received, Frames the frames:
+	// more descriptors than frames means frames came in pieces.
+	Descriptors, Frames int
 }
 
 // NewReceiver gives the UMEM frames at addrs to the socket's fill ring;
@@ -114,8 +127,8 @@ func (r *Receiver) Receive(n int, deadline time.Time, fn func(frame []byte) erro
 	seen := 0
 	for n < 0 || seen < n {
 		want := len(r.descs)
-		if n >= 0 {
-			want = min(want, n-seen)
+		if n >= 0 && !r.more {
+			want = min(want, n-seen) // at least a descriptor a frame
 		}
 		r.fill()
 		got := r.s.Receive(r.descs[:want])
@@ -128,16 +141,28 @@ func (r *Receiver) Receive(n int, deadline time.Time, fn func(frame []byte) erro
 			}
 			continue
 		}
+		r.Descriptors += got
 		var stop error
 		for _, d := range r.descs[:got] {
+			b := r.s.UMEM().Bytes(d.Addr, d.Len)
+			if d.Continues() || r.more {
+				r.packet = append(r.packet, b...)
+				b = r.packet
+			}
+			r.more = d.Continues()
+			r.refill = append(r.refill, d.Addr&r.mask)
+			if r.more {
+				continue
+			}
+			r.packet = r.packet[:0]
+			seen++
+			r.Frames++
 			if stop == nil {
-				if err := fn(r.s.UMEM().Bytes(d.Addr, d.Len)); err != nil {
+				if err := fn(b); err != nil {
 					stop = err
 				}
 			}
-			r.refill = append(r.refill, d.Addr&r.mask)
 		}
-		seen += got
 		r.fill()
 		if stop != nil {
 			if errors.Is(stop, ErrStop) {
@@ -149,48 +174,139 @@ func (r *Receiver) Receive(n int, deadline time.Time, fn func(frame []byte) erro
 	return seen, nil
 }
 
-// Flood transmits the frame at each of addrs (already written to the UMEM,
-// len bytes) over and over, batch descriptors per submission, until stop
-// returns true (checked every 64 rounds), and returns how many frames the
-// kernel completed. Frames still in flight at the end are waited for, up
-// to a second, so the socket can be used again.
+// Flood is FloodAll on one socket.
 func Flood(s *xsk.Socket, addrs []uint64, size uint32, batch int, stop func() bool) (uint64, error) {
-	free := append(make([]uint64, 0, len(addrs)), addrs...)
-	descs := make([]xsk.Desc, batch)
-	comp := make([]uint64, s.Rings().Completion)
-	var sent uint64
-	inflight := 0
+	return FloodAll([]*xsk.Socket{s}, [][]uint64{addrs}, size, batch, stop)
+}
+
+// Prepare writes packet into addrs for FloodAll: into each frame when it
+// fits one, else into each run of the frames it needs (xsk.UMEM.Scatter).
+func Prepare(u *xsk.UMEM, addrs []uint64, packet []byte) error {
+	per := framesPer(u, uint32(len(packet)))
+	for g := 0; g+per <= len(addrs); g += per {
+		if _, _, err := u.Scatter(packet, addrs[g:g+per], nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func framesPer(u *xsk.UMEM, size uint32) int {
+	fs := u.Config().FrameSize
+	return max(int((size+fs-1)/fs), 1)
+}
+
+// FloodAll transmits the packet of size bytes written at addrs[i] (see
+// Prepare) on socks[i], over and over, each socket in turn from this one
+// thread, up to batch descriptors a submission, until stop returns true
+// (checked every 64 rounds), and returns how many packets the kernel
+// completed. A packet larger than a UMEM frame takes a run of frames of
+// addrs[i] and goes in several descriptors (the sockets must be bound
+// with multi-buffer). Packets still in flight at the end are waited for,
+// up to a second, so the sockets can be used again.
+func FloodAll(socks []*xsk.Socket, addrs [][]uint64, size uint32, batch int, stop func() bool) (uint64, error) {
+	type txq struct {
+		s        *xsk.Socket
+		free     []uint64 // one frame a packet: the frames on no ring
+		comp     []uint64
+		inflight int // descriptors
+		// Packets in several frames: each run of frames is a packet, its
+		// descriptors made once; a run is free again once all its frames
+		// completed.
+		runs  [][]xsk.Desc
+		run   map[uint64]int // frame → its run
+		done  []int          // frames of each run completed
+		ready []int          // runs on no ring
+	}
+	per := 1
+	if len(socks) > 0 {
+		per = framesPer(socks[0].UMEM(), size)
+	}
+	qs := make([]txq, len(socks))
+	for i, s := range socks {
+		q := txq{s: s, comp: make([]uint64, s.Rings().Completion)}
+		if per == 1 {
+			q.free = append(make([]uint64, 0, len(addrs[i])), addrs[i]...)
+		} else {
+			fs := s.UMEM().Config().FrameSize
+			q.run = map[uint64]int{}
+			for g := 0; g+per <= len(addrs[i]); g += per {
+				var ds []xsk.Desc
+				for k, a := range addrs[i][g : g+per] {
+					d := xsk.Desc{Addr: a, Len: min(fs, size-uint32(k)*fs)}
+					if k < per-1 {
+						d.Options = xsk.Continues
+					}
+					ds = append(ds, d)
+					q.run[a] = len(q.runs)
+				}
+				q.ready = append(q.ready, len(q.runs))
+				q.runs = append(q.runs, ds)
+			}
+			q.done = make([]int, len(q.runs))
+		}
+		qs[i] = q
+	}
+	descs := make([]xsk.Desc, 0, max(batch, per))
+	var sent uint64 // descriptors completed
 	for i := 0; ; i++ {
-		n := s.Complete(comp)
-		free = append(free, comp[:n]...)
-		inflight -= n
-		sent += uint64(n)
 		if i&63 == 0 && stop() {
 			break
 		}
-		k := min(len(free), len(descs))
-		for j := range k {
-			descs[j] = xsk.Desc{Addr: free[len(free)-1-j], Len: size}
-		}
-		m, err := s.Transmit(descs[:k])
-		if err != nil {
-			return sent, err
-		}
-		free = free[:len(free)-m]
-		inflight += m
-		if m == 0 {
-			if err := s.Kick(); err != nil {
-				return sent, err
+		for j := range qs {
+			q := &qs[j]
+			n := q.s.Complete(q.comp)
+			q.inflight -= n
+			sent += uint64(n)
+			descs = descs[:0]
+			if per == 1 {
+				q.free = append(q.free, q.comp[:n]...)
+				k := min(len(q.free), batch)
+				for d := range k {
+					descs = append(descs, xsk.Desc{Addr: q.free[len(q.free)-1-d], Len: size})
+				}
+			} else {
+				for _, a := range q.comp[:n] {
+					g := q.run[a]
+					if q.done[g]++; q.done[g] == per {
+						q.done[g] = 0
+						q.ready = append(q.ready, g)
+					}
+				}
+				// Whole packets, and only what the ring has room for.
+				room := min(q.s.TXFree(), max(batch, per))
+				for len(q.ready) > 0 && len(descs)+per <= room {
+					descs = append(descs, q.runs[q.ready[len(q.ready)-1]]...)
+					q.ready = q.ready[:len(q.ready)-1]
+				}
+			}
+			m, err := q.s.Transmit(descs)
+			if err != nil {
+				return sent / uint64(per), err
+			}
+			if per == 1 {
+				q.free = q.free[:len(q.free)-m]
+			} else if m != len(descs) {
+				return sent / uint64(per), fmt.Errorf("flood: the TX ring took %d of %d descriptors it had room for", m, len(descs))
+			}
+			q.inflight += m
+			if m == 0 {
+				if err := q.s.Kick(); err != nil {
+					return sent / uint64(per), err
+				}
 			}
 		}
 	}
-	for end := time.Now().Add(time.Second); inflight > 0 && time.Now().Before(end); {
-		s.Kick()
-		n := s.Complete(comp)
-		inflight -= n
-		sent += uint64(n)
+	for j := range qs {
+		q := &qs[j]
+		for end := time.Now().Add(time.Second); q.inflight > 0 && time.Now().Before(end); {
+			q.s.Kick()
+			n := q.s.Complete(q.comp)
+			q.inflight -= n
+			sent += uint64(n)
+		}
 	}
-	return sent, nil
+	return sent / uint64(per), nil
 }
 
 // Expect receives exactly the frames of want, in order, byte for byte,
@@ -199,7 +315,7 @@ func (r *Receiver) Expect(want [][]byte, deadline time.Time) error {
 	i := 0
 	n, err := r.Receive(len(want), deadline, func(b []byte) error {
 		if !bytes.Equal(b, want[i]) {
-			return fmt.Errorf("frame %d of %d differs:\n got % x\nwant % x", i, len(want), b, want[i])
+			return fmt.Errorf("frame %d of %d differs: %s", i, len(want), diff(b, want[i]))
 		}
 		i++
 		return nil
@@ -211,4 +327,19 @@ func (r *Receiver) Expect(want [][]byte, deadline time.Time) error {
 		return fmt.Errorf("received %d of %d frames", n, len(want))
 	}
 	return nil
+}
+
+// diff says how got differs from want: the whole frames when short, else
+// their lengths and the bytes around the first difference.
+func diff(got, want []byte) string {
+	if len(got) <= 128 && len(want) <= 128 {
+		return fmt.Sprintf("\n got % x\nwant % x", got, want)
+	}
+	at := 0
+	for at < len(got) && at < len(want) && got[at] == want[at] {
+		at++
+	}
+	from := max(at-16, 0)
+	return fmt.Sprintf("got %d bytes, want %d; first difference at byte %d:\n got[%d:] % x\nwant[%d:] % x",
+		len(got), len(want), at, from, got[from:min(at+32, len(got))], from, want[from:min(at+32, len(want))])
 }

@@ -58,6 +58,7 @@ func FuzzRequestChecks(f *testing.F) {
 	f.Add([]byte(`{"type":"hello","version":1,"client":"xdpqperf"}`), wire.TypeHello)
 	f.Add([]byte(`{"type":"request","frame_size":2048,"headroom":0,"rings":{"fill":2048,"completion":64,"rx":2048,"tx":0},"queues":[0,1]}`), wire.TypeRequest)
 	f.Add([]byte(`{"type":"ready"}`), wire.TypeReady)
+	f.Add([]byte(`{"type":"request","frame_size":4096,"rings":{"fill":4096,"completion":4096,"rx":4096,"tx":0},"queues":[0],"multi_buffer":true}`), wire.TypeRequest)
 	f.Add([]byte(`{"type":"resume","queues":[0,1]}`), wire.TypeResume)
 	f.Add([]byte(`{"type":"welcome","version":1,"allocation":"a","netdev":"eth1","queues":[8,9],"busy_poll":{"timeout_us":50,"budget":64}}`), wire.TypeWelcome)
 	f.Fuzz(func(t *testing.T, b []byte, want string) {
@@ -144,4 +145,26 @@ func FuzzParseDPDKCommand(f *testing.F) {
 			busyPollArgs(cmd.args)
 		}
 	})
+}
+
+// TestMultiBufferChecks: a request's multi_buffer reaches the bind
+// config; a resume carrying it is refused (a resumed socket keeps how it
+// was bound).
+func TestMultiBufferChecks(t *testing.T) {
+	m, err := wire.ParseMessage([]byte(`{"type":"request","frame_size":4096,"rings":{"fill":4096,"completion":4096,"rx":4096,"tx":0},"queues":[0],"multi_buffer":true}`), wire.TypeRequest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := checkRequest(m, []uint32{0, 1}, wire.DefaultLimits)
+	if err != nil || !cfg.MultiBuffer {
+		t.Fatalf("request: %+v, %v; want multi-buffer", cfg, err)
+	}
+	m, err = wire.ParseMessage([]byte(`{"type":"resume","queues":[0],"multi_buffer":true}`), wire.TypeResume)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pe *wire.ProtocolError
+	if err := checkResume(m, 1, []LeaseSocket{{Queue: 0, Inode: 1}}); !errors.As(err, &pe) || pe.Code != wire.CodeBadRequest {
+		t.Fatalf("resume with multi_buffer: %v, want bad-request", err)
+	}
 }

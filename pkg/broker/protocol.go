@@ -27,7 +27,7 @@ func checkRequest(m *wire.Message, queues []uint32, lim wire.Limits) (xsk.Config
 		return xsk.Config{}, refuse(wire.CodeBadRequest, "no rings")
 	}
 	r := xskRings(*m.Rings)
-	cfg := xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: m.FrameSize, Headroom: m.Headroom}, Rings: r}
+	cfg := xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: m.FrameSize, Headroom: m.Headroom}, Rings: r, MultiBuffer: m.MultiBuffer}
 	if err := r.Validate(); err != nil {
 		return cfg, refuse(wire.CodeBadRequest, "%v", err)
 	}
@@ -75,7 +75,7 @@ func checkResume(m *wire.Message, nfds int, recorded []LeaseSocket) error {
 	if len(m.Queues) != len(recorded) {
 		return refuse(wire.CodeBadRequest, "the lease to resume has %d sockets; a resume carries all of them, got %d", len(recorded), len(m.Queues))
 	}
-	if m.Rings != nil || m.FrameSize != 0 || m.Headroom != 0 {
+	if m.Rings != nil || m.FrameSize != 0 || m.Headroom != 0 || m.MultiBuffer {
 		return refuse(wire.CodeBadRequest, "a resume carries only queues and their sockets")
 	}
 	seen := map[uint32]bool{}

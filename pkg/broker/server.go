@@ -1023,6 +1023,9 @@ func (s *Server) request(c *net.UnixConn, al *allocation, peer Peer, p policy, r
 		// tries again.
 		return nil, refuse(wire.CodeBusy, "%v: a socket of the queue's previous holder is still open; try again", err)
 	}
+	if cfg.MultiBuffer && errors.Is(err, unix.EOPNOTSUPP) {
+		return nil, refuse(wire.CodeBadRequest, "%v", err)
+	}
 	if err != nil {
 		return nil, refuse(wire.CodeInternal, "%v", err)
 	}
@@ -1051,7 +1054,7 @@ func (s *Server) request(c *net.UnixConn, al *allocation, peer Peer, p policy, r
 		socks[i] = LeaseSocket{Queue: b.Queue, Inode: ino}
 	}
 	if err := s.send(c, wire.Message{Type: wire.TypeSockets, Queues: req.Queues, Rings: req.Rings, FrameSize: req.FrameSize,
-		Headroom: req.Headroom, ZeroCopy: bound[0].ZeroCopy}, sockFDs...); err != nil {
+		Headroom: req.Headroom, ZeroCopy: bound[0].ZeroCopy, MultiBuffer: cfg.MultiBuffer}, sockFDs...); err != nil {
 		return nil, err
 	}
 	b, _, err := s.recv(c, 0, s.cfg.StepTimeout)

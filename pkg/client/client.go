@@ -25,11 +25,22 @@ const EnvSocket = "XDPQ_SOCKET"
 type Options struct {
 	Name      string   // shown in the daemon's log
 	Queues    []uint32 // nil: every queue of the allocation
-	FrameSize uint32   // 2048 (default) or 4096
+	FrameSize uint32   // 2048 (default) or 4096 (default with MultiBuffer)
 	Headroom  uint32
-	Ring      uint32 // entries of every ring; default 2048
+	Ring      uint32 // entries of every ring; default 2048 (4096 with MultiBuffer)
 	TX        bool   // ask for a TX ring too (the pool must allow it)
 	HugeTLB   bool   // back the UMEM with huge pages
+	// MultiBuffer asks for sockets that take packets larger than a UMEM
+	// frame (jumbo frames, up to a 9000-byte MTU and beyond): such a
+	// packet comes in several descriptors, which a Receiver's Receive
+	// gathers into one buffer (see Receiver), and is sent in several
+	// (xsk.UMEM.Scatter). Without it the kernel drops a packet larger
+	// than a frame (Statistics.RXDropped). Rings count descriptors, not
+	// packets: a 9014-byte frame takes 3 of 4 KiB frames (5 of 2 KiB), so
+	// MultiBuffer's defaults are 4 KiB frames and rings of 4096, which
+	// take a burst of 1024 such frames (TestReceiverJumbo); the UMEM is
+	// 32 MiB a queue (64 MiB with TX).
+	MultiBuffer bool
 	// Timeout bounds each handshake (of Connect and of a resume), and how
 	// long Connect retries a busy allocation; default 30s.
 	Timeout time.Duration
@@ -89,7 +100,10 @@ type Lease struct {
 	Sockets    []*xsk.Socket // in the order of Queues
 	UMEM       *xsk.UMEM
 	ZeroCopy   bool
-	Limits     wire.Limits
+	// MultiBuffer is whether the sockets take packets in several
+	// descriptors (Options.MultiBuffer).
+	MultiBuffer bool
+	Limits      wire.Limits
 	// BusyPoll is the busy polling the daemon set the sockets up for, or
 	// nil (see the package documentation).
 	BusyPoll *wire.BusyPoll
@@ -185,9 +199,15 @@ func ConnectContext(ctx context.Context, path string, o Options) (*Lease, error)
 	}
 	if o.FrameSize == 0 {
 		o.FrameSize = xsk.FrameSize2K
+		if o.MultiBuffer {
+			o.FrameSize = xsk.FrameSize4K
+		}
 	}
 	if o.Ring == 0 {
 		o.Ring = 2048
+		if o.MultiBuffer {
+			o.Ring = 4096
+		}
 	}
 	if o.Timeout == 0 {
 		o.Timeout = 30 * time.Second
@@ -304,7 +324,7 @@ func connect(path string, o Options, deadline time.Time) (*Lease, error) {
 		return nil, fmt.Errorf("xdpq: %w", err)
 	}
 	err = send(c, wire.Message{Type: wire.TypeRequest, FrameSize: o.FrameSize, Headroom: o.Headroom,
-		Rings: &rings, Queues: l.Queues}, int(mf.Fd()))
+		Rings: &rings, Queues: l.Queues, MultiBuffer: o.MultiBuffer}, int(mf.Fd()))
 	if err != nil {
 		return nil, err
 	}
@@ -316,8 +336,12 @@ func connect(path string, o Options, deadline time.Time) (*Lease, error) {
 		closeFDs(fds)
 		return nil, fmt.Errorf("xdpq: the daemon sent %d sockets for %d queues", len(fds), len(l.Queues))
 	}
+	if m.MultiBuffer != o.MultiBuffer {
+		closeFDs(fds)
+		return nil, fmt.Errorf("xdpq: asked for multi-buffer %v, the daemon bound the sockets with %v", o.MultiBuffer, m.MultiBuffer)
+	}
 	got := xsk.Rings{Fill: m.Rings.Fill, Completion: m.Rings.Completion, RX: m.Rings.RX, TX: m.Rings.TX}
-	l.ZeroCopy = m.ZeroCopy
+	l.ZeroCopy, l.MultiBuffer = m.ZeroCopy, m.MultiBuffer
 	for i, fd := range fds {
 		s, err := xsk.Adopt(fd, l.UMEM, got)
 		if err != nil {

@@ -31,6 +31,18 @@
 // Receiver). Run one goroutine per socket (ExampleLease_Receiver); Peek
 // and Recycle are for loops that keep frames, such as forwarders.
 //
+// # Jumbo frames
+//
+// With Options.MultiBuffer the sockets are bound with XDP_USE_SG: a frame
+// larger than a UMEM frame (up to 9014 bytes at a 9000-byte MTU) comes in
+// several descriptors, which Receive gathers into one buffer for the
+// application (one copy of such a frame's bytes; a frame that fits one
+// UMEM frame is handed over in place, as always). Rings count
+// descriptors, so MultiBuffer's defaults are 4 KiB frames (3 descriptors
+// a 9014-byte frame) and rings of 4096: a burst of 1024 jumbo frames fits
+// (TestReceiverJumbo shows it, and that rings of 2048 lose frames). To
+// send one, xsk.UMEM.Scatter writes it over as many TX frames as it needs.
+//
 // # Busy polling
 //
 // When the pool has busy polling, Lease.BusyPoll says so: the daemon has

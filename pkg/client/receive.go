@@ -58,6 +58,14 @@ const RXBatch = 64
 // would otherwise wait for the scheduler's 10 ms time slice, long enough
 // for their RX rings to overflow.
 //
+// On a lease with MultiBuffer, a packet larger than a UMEM frame comes
+// in several descriptors (xsk.Desc.Continues on all but the last):
+// Receive gathers them into a buffer of the Receiver's and hands fn the
+// whole packet, one copy of its bytes; a packet in one frame is handed
+// over in place, as without MultiBuffer. Peek hands the descriptors over
+// as they came, for a forwarder that transmits them as they are (a
+// multi-buffer TX ring takes the same marks).
+//
 // A Receiver is not safe for concurrent use: run one goroutine per
 // socket. End its loop before Lease.Close, which unmaps the socket's
 // rings (a loop asleep in a wait returns ErrLeaseClosed; one taking
@@ -70,6 +78,8 @@ type Receiver struct {
 	mask   uint64    // a frame's address from any address inside it
 	busy   bool      // the pool busy-polls
 	last   time.Time // when frames last came
+	packet []byte    // a packet in several descriptors, gathered so far
+	more   bool      // the packet goes on in the next descriptor
 	// file is a duplicate of the socket for the runtime's poller, conn
 	// its raw side; fileErr says why there is none. Made with the
 	// Receiver (not at its first sleep): Lease.Close closes file from
@@ -100,20 +110,31 @@ func (l *Lease) Receiver(i int) *Receiver {
 	return l.receivers[i]
 }
 
-// Receive calls fn with each frame received, at most RXBatch of them, in
-// order, and then gives the frames back to the kernel: fn must not keep
-// the slice. When none is waiting, it waits up to wait for some (a
-// negative wait waits until one arrives; 0 does not wait). It returns how
-// many frames it handed to fn; 0 with a nil error when the wait ended
-// with none.
+// Receive calls fn with each frame received, in order, taking at most
+// RXBatch descriptors, and then gives the frames back to the kernel: fn
+// must not keep the slice. A packet in several descriptors is handed over
+// whole (gathered: see Receiver), once its last descriptor came. When
+// none is waiting, it waits up to wait for some (a negative wait waits
+// until one arrives; 0 does not wait). It returns how many frames it
+// handed to fn; 0 with a nil error when the wait ended with none.
 func (r *Receiver) Receive(wait time.Duration, fn func(frame []byte)) (int, error) {
 	descs, err := r.Peek(wait)
+	n := 0
 	for _, d := range descs {
-		fn(r.umem.Bytes(d.Addr, d.Len))
+		b := r.umem.Bytes(d.Addr, d.Len)
 		r.refill = append(r.refill, d.Addr&r.mask)
+		if d.Options&xsk.Continues != 0 || r.more {
+			r.packet = append(r.packet, b...)
+			if r.more = d.Options&xsk.Continues != 0; r.more {
+				continue
+			}
+			b, r.packet = r.packet, r.packet[:0]
+		}
+		fn(b)
+		n++
 	}
 	r.fill()
-	return len(descs), err
+	return n, err
 }
 
 // Peek waits as Receive does and returns the descriptors received, at

@@ -255,3 +255,152 @@ func TestReceiverClosed(t *testing.T) {
 		t.Fatal("a loop waiting for ever did not end when its receiver closed")
 	}
 }
+
+// TestReceiverJumbo: a pod that asks for MultiBuffer gets frames of every
+// size up to a 9000-byte MTU's whole, byte for byte and in order, from
+// its Receiver at both frame sizes (a 9014-byte frame is 5 descriptors of
+// 2 KiB frames), including bursts that end a batch in the middle of a
+// packet; forwarded by Peek and Transmit as they came, they go back out
+// whole; and a lease without MultiBuffer gets what fits a frame while the
+// kernel counts the rest as dropped.
+func TestReceiverJumbo(t *testing.T) {
+	for _, fs := range []uint32{xsk.FrameSize2K, xsk.FrameSize4K} {
+		t.Run(map[uint32]string{2048: "2K", 4096: "4K"}[fs], func(t *testing.T) {
+			n, p := node.StartTB(t, node.Config{MTU: 9000})
+			l := lease(t, n, client.Options{Name: "jumbo", FrameSize: fs, MultiBuffer: true, TX: true})
+			if !l.MultiBuffer {
+				t.Fatal("the lease is not multi-buffer")
+			}
+			r := l.Receiver(0)
+			var want [][]byte
+			for i := range 300 {
+				size := []int{18, 1400, 2006, 2007, 4054, 4055, 6000, 8972}[i%8]
+				want = append(want, jumbo(n, i, size))
+			}
+			got := receiveBurst(t, p, r, want)
+			if len(got) != len(want) {
+				t.Fatalf("%d of %d frames received", len(got), len(want))
+			}
+			for i := range want {
+				if !bytes.Equal(got[i], want[i]) {
+					t.Fatalf("frame %d (%d bytes) differs: got %d bytes", i, len(want[i]), len(got[i]))
+				}
+			}
+			if st, err := l.Sockets[0].Statistics(); err != nil || st.RXDropped+st.RXRingFull+st.RXFillRingEmptyDescs != 0 {
+				t.Fatalf("statistics %+v, %v", st, err)
+			}
+
+			// Forwarded as they came: Peek's descriptors, marks and all,
+			// on the TX ring.
+			s := l.Sockets[0]
+			fwd := want[:40]
+			if err := p.Send[0].Send(fwd, time.Now().Add(5*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			comp := make([]uint64, 64)
+			descs := 0
+			var back [][]byte
+			for deadline := time.Now().Add(5 * time.Second); descs < 1 || s.TXPending() > 0 || p.Recv[0].Frames < len(fwd); {
+				if time.Now().After(deadline) {
+					t.Fatalf("forwarded %d descriptors, the peer has %d of %d frames", descs, p.Recv[0].Frames, len(fwd))
+				}
+				ds, err := r.Peek(0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(ds) > 0 {
+					if sent, err := s.Transmit(ds); err != nil || sent != len(ds) {
+						t.Fatalf("transmit %d of %d: %v", sent, len(ds), err)
+					}
+					descs += len(ds)
+				}
+				s.Kick()
+				if k := s.Complete(comp); k > 0 {
+					r.Recycle(comp[:k]...)
+				}
+				if p.Recv[0].Frames < len(fwd) {
+					if _, err := p.Recv[0].Receive(-1, time.Now(), func(b []byte) error { back = append(back, bytes.Clone(b)); return nil }); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if descs <= len(fwd) {
+				t.Errorf("%d frames in %d descriptors: none in pieces", len(fwd), descs)
+			}
+			for i := range fwd {
+				if i >= len(back) || !bytes.Equal(back[i], fwd[i]) {
+					t.Fatalf("forwarded frame %d (%d bytes) came back otherwise (%d frames back)", i, len(fwd[i]), len(back))
+				}
+			}
+		})
+	}
+
+	// MultiBuffer's defaults take a burst of 1024 jumbo frames that comes
+	// while the loop is away, burst after burst; a ring of 2048 (the
+	// default without MultiBuffer) does not.
+	for _, tc := range []struct {
+		name string
+		ring uint32
+		lose bool
+	}{{name: "defaults, bursts"}, {name: "ring 2048, bursts", ring: 2048, lose: true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			n, p := node.StartTB(t, node.Config{MTU: 9000, Limits: wire.Limits{MaxUMEM: 256 << 20, MaxRing: 8192, MaxQueue: 4}})
+			l := lease(t, n, client.Options{Name: "jumbo-burst", MultiBuffer: true, Ring: tc.ring})
+			r := l.Receiver(0)
+			lost := false
+			for round := range 5 {
+				var want [][]byte
+				for i := range 1024 {
+					want = append(want, jumbo(n, round*1024+i, 8972))
+				}
+				got := receiveBurst(t, p, r, want)
+				if len(got) < len(want) {
+					if lost = true; !tc.lose {
+						t.Fatalf("burst %d: %d of %d frames received", round, len(got), len(want))
+					}
+					break
+				}
+				for i := range want {
+					if !bytes.Equal(got[i], want[i]) {
+						t.Fatalf("burst %d: frame %d differs", round, i)
+					}
+				}
+			}
+			st, err := l.Sockets[0].Statistics()
+			if err != nil {
+				t.Fatal(err)
+			}
+			drops := st.RXDropped + st.RXRingFull + st.RXFillRingEmptyDescs
+			switch {
+			case tc.lose && (!lost || drops == 0):
+				t.Errorf("a ring of 2048 lost nothing (kernel drops %+v): the bursts do not test the ring", st)
+			case !tc.lose && drops != 0:
+				t.Errorf("the kernel counts drops: %+v", st)
+			}
+		})
+	}
+
+	t.Run("without MultiBuffer", func(t *testing.T) {
+		n, p := node.StartTB(t, node.Config{MTU: 9000})
+		l := lease(t, n, client.Options{Name: "small"})
+		small, big := jumbo(n, 1, 1000), jumbo(n, 2, 8972)
+		got := receiveBurst(t, p, l.Receiver(0), [][]byte{big, small, big, small})
+		if len(got) != 2 || !bytes.Equal(got[0], small) || !bytes.Equal(got[1], small) {
+			t.Fatalf("received %d frames, want the 2 small ones", len(got))
+		}
+		if st, err := l.Sockets[0].Statistics(); err != nil || st.RXDropped != 2 {
+			t.Fatalf("statistics %+v, %v: want 2 dropped", st, err)
+		}
+	})
+}
+
+// jumbo is a UDP frame to the node with a payload of size bytes.
+func jumbo(n *node.Node, seq, size int) []byte {
+	src, dst := n.Pair.B, n.Pair.A
+	f, err := frame.Spec{SrcMAC: src.MAC, DstMAC: dst.MAC, Src: src.Addr, Dst: dst.Addr, Protocol: 17,
+		SrcPort: 1, DstPort: 5000, Payload: frame.Payload(7, uint64(seq), size)}.Build()
+	if err != nil {
+		panic(err)
+	}
+	return f
+}

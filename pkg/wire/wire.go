@@ -47,6 +47,11 @@ type Message struct {
 	Rings     *Rings   `json:"rings,omitempty"`
 	Queues    []uint32 `json:"queues,omitempty"`
 	ZeroCopy  bool     `json:"zero_copy,omitempty"`
+	// MultiBuffer (request, sockets): the sockets are bound with
+	// XDP_USE_SG, so a packet larger than a UMEM frame comes (and may be
+	// sent) in several descriptors, each but the last with XDP_PKT_CONTD.
+	// The client asks; the server says it did.
+	MultiBuffer bool `json:"multi_buffer,omitempty"`
 	// error
 	Code   string `json:"code,omitempty"`
 	Reason string `json:"reason,omitempty"`

@@ -3,6 +3,11 @@
 // attached and whether it is xdpq's, and manages the XSKMAP, the flow map
 // and the counters of a loaded program.
 //
+// Both programs are in xdp.frags sections (loaded with
+// BPF_F_XDP_HAS_FRAGS): drivers attach them at any MTU, and a jumbo frame
+// that comes in fragments is redirected whole to a socket bound with
+// multi-buffer (xsk.Config.MultiBuffer).
+//
 // Programs are attached through netlink (IFLA_XDP), not a bpf_link, so an
 // attached program outlives the process that attached it: the datapath
 // does not depend on the daemon being alive. Attach never replaces a

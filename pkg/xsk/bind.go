@@ -73,6 +73,12 @@ type Config struct {
 	// queue stays busy for tens of milliseconds after its previous socket
 	// closed. Zero means 100ms; negative, no retry.
 	BusyRetry time.Duration
+	// MultiBuffer binds with XDP_USE_SG: a frame larger than a UMEM frame
+	// (a jumbo frame) is received in several descriptors, every one but
+	// the last marked Continues, and may be sent so. Without it the kernel
+	// drops such a frame (Statistics.RXDropped). The sockets sharing the
+	// UMEM inherit it from the first, as they inherit the mode.
+	MultiBuffer bool
 }
 
 // Bound is a socket bound to a queue. Its fd belongs to the caller.
@@ -143,12 +149,19 @@ func Bind(dev Netdev, memfd int, queues []uint32, cfg Config) ([]Bound, error) {
 		sa := &unix.SockaddrXDP{Ifindex: uint32(dev.Ifindex), QueueID: q}
 		if i == 0 {
 			sa.Flags = modeFlags | unix.XDP_USE_NEED_WAKEUP
+			if cfg.MultiBuffer {
+				sa.Flags |= unix.XDP_USE_SG
+			}
 		} else {
-			// The other sockets inherit mode and need_wakeup from the first.
+			// The other sockets inherit mode, need_wakeup and multi-buffer
+			// from the first (the kernel refuses those flags here).
 			sa.Flags = unix.XDP_SHARED_UMEM
 			sa.SharedUmemFD = uint32(fds[0])
 		}
 		if err := bindRetry(fds[i], sa, retry); err != nil {
+			if cfg.MultiBuffer && errors.Is(err, unix.EOPNOTSUPP) {
+				return nil, fmt.Errorf("bind xsk %s/q%d (%s): multi-buffer (XDP_USE_SG) not supported by this kernel or driver in this mode: %w", dev, q, cfg.Mode, err)
+			}
 			return nil, fmt.Errorf("bind xsk %s/q%d (%s): %w", dev, q, cfg.Mode, err)
 		}
 		zc, err := zeroCopy(fds[i])

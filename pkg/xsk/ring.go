@@ -16,6 +16,16 @@ type Desc struct {
 	Options uint32
 }
 
+// Continues is the Options bit (XDP_PKT_CONTD) of a descriptor that a
+// packet's next descriptor continues: on a socket bound with
+// Config.MultiBuffer, a packet larger than a UMEM frame is received in
+// several descriptors in a row, every one but the last with Continues,
+// and is sent the same way.
+const Continues = unix.XDP_PKT_CONTD
+
+// Continues reports whether the packet goes on in the next descriptor.
+func (d Desc) Continues() bool { return d.Options&Continues != 0 }
+
 // ring is one of the four single-producer single-consumer rings shared with
 // the kernel. The application produces on the fill and TX rings and
 // consumes on the RX and completion rings. The cached indexes spare an

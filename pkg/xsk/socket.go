@@ -177,6 +177,16 @@ func (s *Socket) Kick() error {
 	return kickTX(s.fd)
 }
 
+// TXFree returns how many descriptors the TX ring can take now; 0 for a
+// socket without one. A packet in several descriptors goes on the ring
+// whole: check that it fits before Transmit.
+func (s *Socket) TXFree() int {
+	if s.tx == nil {
+		return 0
+	}
+	return int(s.tx.free(s.tx.size))
+}
+
 // TXPending returns how many queued frames the kernel has not taken yet.
 func (s *Socket) TXPending() int {
 	if s.tx == nil {

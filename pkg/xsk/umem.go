@@ -141,6 +141,36 @@ func (u *UMEM) Bytes(addr uint64, n uint32) []byte {
 	return u.mem[addr:end:end]
 }
 
+// Scatter writes packet into the frames at addrs, as many as it needs
+// from the first (a frame takes up to FrameSize bytes from its start),
+// appends their TX descriptors to descs, every one but the last marked
+// Continues, and returns descs and how many frames it used. A packet that
+// needs more than one frame is sent whole only by a socket bound with
+// Config.MultiBuffer. It writes nothing and returns an error when addrs
+// are too few, or one is not a frame's start inside the UMEM.
+func (u *UMEM) Scatter(packet []byte, addrs []uint64, descs []Desc) ([]Desc, int, error) {
+	fs := int(u.cfg.FrameSize)
+	need := max((len(packet)+fs-1)/fs, 1)
+	if need > len(addrs) {
+		return descs, 0, fmt.Errorf("umem: a %d-byte packet needs %d frames of %d bytes, %d given", len(packet), need, fs, len(addrs))
+	}
+	for _, a := range addrs[:need] {
+		if a%uint64(fs) != 0 || u.Bytes(a, uint32(fs)) == nil {
+			return descs, 0, fmt.Errorf("umem: address %#x is not the start of a frame of the umem", a)
+		}
+	}
+	for i, a := range addrs[:need] {
+		chunk := packet[i*fs : min((i+1)*fs, len(packet))]
+		copy(u.Bytes(a, uint32(len(chunk))), chunk)
+		d := Desc{Addr: a, Len: uint32(len(chunk))}
+		if i < need-1 {
+			d.Options = Continues
+		}
+		descs = append(descs, d)
+	}
+	return descs, need, nil
+}
+
 // Close unmaps the UMEM. Sockets using it must be closed first.
 func (u *UMEM) Close() error {
 	if u.mem == nil {

@@ -254,3 +254,57 @@ func TestNoTXRing(t *testing.T) {
 		t.Errorf("add a TX ring after bind: %v, want EBUSY", err)
 	}
 }
+
+// TestScatter writes packets across UMEM frames: as many frames as the
+// packet needs, every descriptor but the last marked Continues, the bytes
+// in order; too few frames, or an address that is not a frame's start,
+// write nothing.
+func TestScatter(t *testing.T) {
+	f, err := xsk.NewMemfd("scatter", 16*4096, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	u, err := xsk.MapUMEM(int(f.Fd()), xsk.UMEMConfig{FrameSize: 2048})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	addrs := []uint64{u.FrameAddr(5), u.FrameAddr(2), u.FrameAddr(9), u.FrameAddr(0), u.FrameAddr(7)}
+	for _, n := range []int{0, 1, 2047, 2048, 2049, 4096, 9014, 5 * 2048} {
+		pkt := make([]byte, n)
+		for i := range pkt {
+			pkt[i] = byte(i*7 + n)
+		}
+		descs, used, err := u.Scatter(pkt, addrs, []xsk.Desc{{Addr: 1}})
+		if err != nil {
+			t.Fatalf("%d bytes: %v", n, err)
+		}
+		if want := max((n+2047)/2048, 1); used != want || len(descs) != want+1 {
+			t.Fatalf("%d bytes: %d frames, %d descriptors; want %d", n, used, len(descs)-1, want)
+		}
+		var got []byte
+		for i, d := range descs[1:] {
+			if d.Addr != addrs[i] || d.Continues() != (i < used-1) {
+				t.Errorf("%d bytes: descriptor %d %+v", n, i, d)
+			}
+			got = append(got, u.Bytes(d.Addr, d.Len)...)
+		}
+		if string(got) != string(pkt) {
+			t.Errorf("%d bytes: the frames hold other bytes", n)
+		}
+	}
+	before := string(u.Bytes(0, uint32(u.Size())))
+	if _, _, err := u.Scatter(make([]byte, 5*2048+1), addrs, nil); err == nil {
+		t.Error("a packet larger than the frames given was written")
+	}
+	if _, _, err := u.Scatter(make([]byte, 3000), []uint64{0, 100}, nil); err == nil {
+		t.Error("an address inside a frame was taken as a frame")
+	}
+	if _, _, err := u.Scatter(make([]byte, 10), []uint64{uint64(u.Size())}, nil); err == nil {
+		t.Error("an address outside the umem was taken")
+	}
+	if string(u.Bytes(0, uint32(u.Size()))) != before {
+		t.Error("a refused Scatter wrote to the umem")
+	}
+}
