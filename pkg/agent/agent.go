@@ -379,6 +379,13 @@ func (a *Agent) Program(name string) (*xdp.Program, error) {
 
 // Status reports every managed netdev, by name.
 func (a *Agent) Status() []Status {
+	out := a.status()
+	slices.SortFunc(out, func(x, y Status) int { return strings.Compare(x.Netdev, y.Netdev) })
+	return out
+}
+
+// status is Status unsorted: sorting is done without the lock.
+func (a *Agent) status() []Status {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	out := make([]Status, 0, len(a.netdevs))
@@ -395,7 +402,6 @@ func (a *Agent) Status() []Status {
 		s.PolicyError = strings.TrimSuffix(s.PolicyError, "; ")
 		out = append(out, s)
 	}
-	slices.SortFunc(out, func(x, y Status) int { return strings.Compare(x.Netdev, y.Netdev) })
 	return out
 }
 

@@ -52,7 +52,7 @@ const (
 	scaleAllocs    = 300
 	scaleLive      = 200
 	scaleWorkers   = 8
-	scaleAddPasses = 3
+	scaleAddPasses = 10  // a pass gives ~25 status calls: with 3, a round's p99 was its slowest call
 	scaleStatus    = 200 // status calls, and list calls, of an idle daemon
 	scaleRounds    = 3   // per layout
 )
