@@ -71,9 +71,13 @@ func TestJumboFrames(t *testing.T) {
 				}
 
 				// Payload sizes around every frame boundary, up to the MTU's
-				// (28 bytes of IPv4 and UDP header in it), 20 frames each.
+				// (28 bytes of IPv4 and UDP header in it), 20 frames each:
+				// a TX descriptor holds a whole frame's bytes, an RX one
+				// (copy mode) the frame less the kernel's 256-byte headroom.
 				var want [][]byte
-				for _, n := range []int{18, 1472, int(fs) - 42 - 1, int(fs) - 42, int(fs) - 42 + 1, 2*int(fs) - 42, 2*int(fs) - 42 + 7, jumboMTU - 28} {
+				rxFrame := int(fs) - 256
+				for _, n := range []int{18, 1472, int(fs) - 42 - 1, int(fs) - 42, int(fs) - 42 + 1, 2*int(fs) - 42, 2*int(fs) - 42 + 7,
+					rxFrame - 42 - 1, rxFrame - 42, rxFrame - 42 + 1, 2*rxFrame - 42, 2*rxFrame - 42 + 1, jumboMTU - 28} {
 					want = append(want, udpFrames(p, uint32(n), p.A.Addr, 5001, 20, n)...)
 				}
 				if err := send.Send(want, time.Now().Add(5*time.Second)); err != nil {
@@ -125,5 +129,47 @@ func TestJumboFrames(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestLoadWithoutFrags: where the kernel refuses BPF_F_XDP_HAS_FRAGS
+// (before Linux 5.18) the programs are loaded without it and attach as
+// they did before jumbo frames: natively at MTU 1500, and refused by veth
+// at a 9000-byte MTU, which the programs loaded as xdp.frags take. The
+// kernel here takes the flag, so Load must keep it.
+func TestLoadWithoutFrags(t *testing.T) {
+	if !xdp.HaveFrags() {
+		t.Fatal("this kernel refuses BPF_F_XDP_HAS_FRAGS; the tests need Linux 5.18 or later")
+	}
+	for _, kind := range []xdp.Kind{xdp.Direct, xdp.Filter} {
+		t.Run(kind.String(), func(t *testing.T) {
+			p := testnet.NewPair(t, 2)
+			attach := func(load func(xdp.Kind, xdp.LoadOptions) (*xdp.Program, error)) error {
+				prog, err := load(kind, xdp.LoadOptions{Queues: 2})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer prog.Close()
+				if _, err := xdp.Attach(p.NSPath(), p.A.Index, prog.Prog(), xdp.ModeNative); err != nil {
+					return err
+				}
+				if err := xdp.Detach(p.NSPath(), p.A.Index, xdp.ModeNative, prog.Prog()); err != nil {
+					t.Fatal(err)
+				}
+				return nil
+			}
+			if err := attach(xdp.LoadWithoutFrags); err != nil {
+				t.Fatalf("without frags, at MTU 1500: %v", err)
+			}
+			if err := p.SetMTU(jumboMTU); err != nil {
+				t.Fatal(err)
+			}
+			if err := attach(xdp.LoadWithoutFrags); err == nil {
+				t.Errorf("without frags, at MTU %d: attached; veth should refuse a program without frags", jumboMTU)
+			}
+			if err := attach(xdp.Load); err != nil {
+				t.Errorf("Load at MTU %d: %v", jumboMTU, err)
+			}
+		})
 	}
 }

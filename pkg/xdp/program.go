@@ -7,8 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpq/xdpq/bpf"
@@ -50,7 +52,27 @@ type LoadOptions struct {
 	Queues int
 	// MaxFlows sizes the filter program's flow map; 0 means DefaultMaxFlows.
 	MaxFlows int
+
+	// noFrags loads the program without BPF_F_XDP_HAS_FRAGS, as on a
+	// kernel that does not take the flag (tests).
+	noFrags bool
 }
+
+// haveFrags says whether the kernel takes XDP programs that handle
+// multi-buffer frames (BPF_F_XDP_HAS_FRAGS, Linux 5.18). xdpq's programs
+// are built for it (section xdp.frags); a kernel without it refuses the
+// flag (EINVAL), so there they are loaded without it: they work as they
+// did before jumbo frames, and a netdev whose MTU does not fit one buffer
+// refuses them (ERANGE on veth).
+var haveFrags = sync.OnceValue(func() bool {
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL", Flags: unix.BPF_F_XDP_HAS_FRAGS,
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()}})
+	if err != nil {
+		return !errors.Is(err, unix.EINVAL) // another error (EPERM) is the real load's to report
+	}
+	p.Close()
+	return true
+})
 
 // Program is a loaded direct or filter program with its maps.
 type Program struct {
@@ -225,6 +247,11 @@ func load(kind Kind, opts LoadOptions, replace map[string]*ebpf.Map) (*Program, 
 	cs, name, err := spec(kind)
 	if err != nil {
 		return nil, fmt.Errorf("load %s program: %w", kind, err)
+	}
+	if opts.noFrags || !haveFrags() {
+		for _, ps := range cs.Programs {
+			ps.Flags &^= unix.BPF_F_XDP_HAS_FRAGS
+		}
 	}
 	cs.Maps["xsks"].MaxEntries = uint32(opts.Queues)
 	// The kernel takes no BTF for an XSKMAP's key and value: it refuses
