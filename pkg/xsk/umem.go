@@ -147,16 +147,24 @@ func (u *UMEM) Bytes(addr uint64, n uint32) []byte {
 // Continues, and returns descs and how many frames it used. A packet that
 // needs more than one frame is sent whole only by a socket bound with
 // Config.MultiBuffer. It writes nothing and returns an error when addrs
-// are too few, or one is not a frame's start inside the UMEM.
+// are too few, or one is not a frame's start inside the UMEM, or a frame
+// it needs is given twice (a later chunk would overwrite an earlier one).
 func (u *UMEM) Scatter(packet []byte, addrs []uint64, descs []Desc) ([]Desc, int, error) {
 	fs := int(u.cfg.FrameSize)
 	need := max((len(packet)+fs-1)/fs, 1)
 	if need > len(addrs) {
 		return descs, 0, fmt.Errorf("umem: a %d-byte packet needs %d frames of %d bytes, %d given", len(packet), need, fs, len(addrs))
 	}
-	for _, a := range addrs[:need] {
+	for i, a := range addrs[:need] {
 		if a%uint64(fs) != 0 || u.Bytes(a, uint32(fs)) == nil {
 			return descs, 0, fmt.Errorf("umem: address %#x is not the start of a frame of the umem", a)
+		}
+		// A packet takes a handful of frames: a quadratic look costs
+		// less than a map.
+		for j, b := range addrs[:i] {
+			if a == b {
+				return descs, 0, fmt.Errorf("umem: frame %#x is given twice (addresses %d and %d of a %d-byte packet's frames)", a, j, i, len(packet))
+			}
 		}
 	}
 	for i, a := range addrs[:need] {
