@@ -55,6 +55,7 @@ type envConfig struct {
 	owner2        *broker.Owner // alloc-2's, if not owner
 	limits        wire.Limits
 	busyPoll      *wire.BusyPoll
+	mode          xsk.Mode
 	twoAllocs     bool
 	stepTimeout   time.Duration // default 500ms
 	maxHandshakes int
@@ -114,7 +115,7 @@ func newEnvWith(t *testing.T, cfg envConfig) *env {
 			owner = *cfg.owner2
 		}
 		e.allocs = append(e.allocs, broker.Allocation{ID: id, Netdev: xsk.Netdev{Name: "xa", Ifindex: e.p.A.Index, NetNS: e.p.NSPath()},
-			Queues: []uint32{uint32(2 * i), uint32(2*i + 1)}, Owner: owner, Limits: cfg.limits, BusyPoll: cfg.busyPoll, Dir: dir, Links: inDir(dir, cfg.links)})
+			Queues: []uint32{uint32(2 * i), uint32(2*i + 1)}, Owner: owner, Limits: cfg.limits, BusyPoll: cfg.busyPoll, Mode: cfg.mode, Dir: dir, Links: inDir(dir, cfg.links)})
 	}
 	e.alloc = e.allocs[0]
 	e.startDaemon(t, nil)

@@ -593,3 +593,21 @@ func TestQueueHeldByPreviousHolder(t *testing.T) {
 		t.Errorf("connect once the previous holder's socket closed: %v", err)
 	}
 }
+
+// TestMultiBufferRefused: a bind the kernel refuses for multi-buffer is a
+// bad request that says what to do, not an internal error. Here the
+// kernel's EOPNOTSUPP of veth in a zero-copy pool; a kernel before 6.6
+// says EINVAL, which Bind maps the same way.
+func TestMultiBufferRefused(t *testing.T) {
+	e := newEnvWith(t, envConfig{owner: rootOwned, limits: wire.DefaultLimits, mode: xsk.ModeZeroCopy})
+	l, err := client.Connect(e.alloc.SocketPath(), client.Options{Ring: 64, MultiBuffer: true})
+	if err == nil {
+		l.Close()
+		t.Fatal("a multi-buffer lease in zero-copy mode on veth")
+	}
+	var pe *wire.ProtocolError
+	if !errors.As(err, &pe) || pe.Code != wire.CodeBadRequest || !strings.Contains(pe.Reason, "ask without multi_buffer") {
+		t.Fatalf("%v; want a bad request that says to ask without multi_buffer", err)
+	}
+	t.Log(err)
+}

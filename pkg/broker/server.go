@@ -1023,8 +1023,8 @@ func (s *Server) request(c *net.UnixConn, al *allocation, peer Peer, p policy, r
 		// tries again.
 		return nil, refuse(wire.CodeBusy, "%v: a socket of the queue's previous holder is still open; try again", err)
 	}
-	if cfg.MultiBuffer && errors.Is(err, unix.EOPNOTSUPP) {
-		return nil, refuse(wire.CodeBadRequest, "%v", err)
+	if errors.Is(err, xsk.ErrNoMultiBuffer) {
+		return nil, refuse(wire.CodeBadRequest, "%v; ask without multi_buffer (frames larger than a UMEM frame are then dropped), or use a pool in copy or auto mode", err)
 	}
 	if err != nil {
 		return nil, refuse(wire.CodeInternal, "%v", err)

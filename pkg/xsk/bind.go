@@ -77,9 +77,16 @@ type Config struct {
 	// (a jumbo frame) is received in several descriptors, every one but
 	// the last marked Continues, and may be sent so. Without it the kernel
 	// drops such a frame (Statistics.RXDropped). The sockets sharing the
-	// UMEM inherit it from the first, as they inherit the mode.
+	// UMEM inherit it from the first, as they inherit the mode. A kernel
+	// or driver that cannot is an error wrapping ErrNoMultiBuffer.
 	MultiBuffer bool
 }
+
+// ErrNoMultiBuffer is wrapped by a bind with Config.MultiBuffer that the
+// kernel refused for it: Linux before 6.6 does not know XDP_USE_SG
+// (EINVAL), and a driver without multi-buffer support refuses it in
+// zero-copy mode (EOPNOTSUPP; in copy mode every driver takes it).
+var ErrNoMultiBuffer = errors.New("multi-buffer AF_XDP (XDP_USE_SG) needs Linux 6.6 or later, and in zero-copy mode a driver that supports it")
 
 // Bound is a socket bound to a queue. Its fd belongs to the caller.
 type Bound struct {
@@ -159,8 +166,8 @@ func Bind(dev Netdev, memfd int, queues []uint32, cfg Config) ([]Bound, error) {
 			sa.SharedUmemFD = uint32(fds[0])
 		}
 		if err := bindRetry(fds[i], sa, retry); err != nil {
-			if cfg.MultiBuffer && errors.Is(err, unix.EOPNOTSUPP) {
-				return nil, fmt.Errorf("bind xsk %s/q%d (%s): multi-buffer (XDP_USE_SG) not supported by this kernel or driver in this mode: %w", dev, q, cfg.Mode, err)
+			if cfg.MultiBuffer && i == 0 && (errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EINVAL)) {
+				return nil, fmt.Errorf("bind xsk %s/q%d (%s) with multi-buffer: %w: %w", dev, q, cfg.Mode, err, ErrNoMultiBuffer)
 			}
 			return nil, fmt.Errorf("bind xsk %s/q%d (%s): %w", dev, q, cfg.Mode, err)
 		}

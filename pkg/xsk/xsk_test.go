@@ -200,6 +200,9 @@ func TestBindRefuses(t *testing.T) {
 		{"queue out of range", int(mf.Fd()), []uint32{0, 9}, cfg, "xa/q9"},
 		{"bad frame size", int(mf.Fd()), []uint32{0}, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 1000}, Rings: cfg.Rings}, "frame size 1000"},
 		{"zero-copy on veth", int(mf.Fd()), []uint32{0}, xsk.Config{UMEM: cfg.UMEM, Rings: cfg.Rings, Mode: xsk.ModeZeroCopy}, "zero-copy"},
+		// The kernel's EOPNOTSUPP for a multi-buffer bind (veth has no
+		// zero-copy at all; a kernel before 6.6 would say EINVAL).
+		{"multi-buffer zero-copy on veth", int(mf.Fd()), []uint32{0}, xsk.Config{UMEM: cfg.UMEM, Rings: cfg.Rings, Mode: xsk.ModeZeroCopy, MultiBuffer: true}, "with multi-buffer: operation not supported: multi-buffer AF_XDP (XDP_USE_SG) needs Linux 6.6"},
 	} {
 		bound, err := xsk.Bind(dev, c.memfd, c.queues, c.cfg)
 		if err == nil {
@@ -211,6 +214,9 @@ func TestBindRefuses(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: error %q does not say %q", c.name, err, c.want)
+		}
+		if errors.Is(err, xsk.ErrNoMultiBuffer) != c.cfg.MultiBuffer {
+			t.Errorf("%s: error %q: errors.Is ErrNoMultiBuffer %v", c.name, err, !c.cfg.MultiBuffer)
 		}
 	}
 	// After all those failures the queues are still free.
@@ -304,7 +310,14 @@ func TestScatter(t *testing.T) {
 	if _, _, err := u.Scatter(make([]byte, 10), []uint64{uint64(u.Size())}, nil); err == nil {
 		t.Error("an address outside the umem was taken")
 	}
+	dup := []uint64{u.FrameAddr(3), u.FrameAddr(4), u.FrameAddr(3)}
+	if _, _, err := u.Scatter(make([]byte, 3*2048), dup, nil); err == nil || !strings.Contains(err.Error(), "given twice") {
+		t.Errorf("a frame given twice: %v; want an error that says so", err)
+	}
 	if string(u.Bytes(0, uint32(u.Size()))) != before {
 		t.Error("a refused Scatter wrote to the umem")
+	}
+	if _, used, err := u.Scatter(make([]byte, 2*2048), dup, nil); err != nil || used != 2 {
+		t.Errorf("a frame given twice past the frames the packet needs: %d frames, %v", used, err)
 	}
 }
