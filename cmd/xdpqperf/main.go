@@ -30,7 +30,7 @@ func main() {
 	flag.StringVar(&cfg.Mode, "mode", perf.RXDrop, "rxdrop, txpush or l2fwd")
 	flag.DurationVar(&cfg.Duration, "duration", 0, "how long to run (default: until interrupted)")
 	queues := flag.String("queues", "", "comma-separated queues to use (default: all of the allocation's)")
-	ring := flag.Uint("ring", 2048, "entries per ring")
+	ring := flag.Uint("ring", 0, "entries per ring (default: pkg/client's, 2048, or 4096 with -multi-buffer)")
 	flag.IntVar(&cfg.Size, "size", 64, "txpush: frame size in bytes (above 2048 with -multi-buffer)")
 	flag.BoolVar(&cfg.MultiBuffer, "multi-buffer", false, "ask for multi-buffer sockets: frames larger than a UMEM frame (jumbo frames, to 9014 bytes at a 9000-byte MTU) are received and sent whole")
 	srcMAC := flag.String("src-mac", "02:00:00:00:00:01", "txpush: source MAC")
@@ -63,6 +63,9 @@ func main() {
 		}
 	}
 	var err error
+	if *ring > 1<<31 {
+		fail("-ring %d: at most %d, a power of two", *ring, 1<<31)
+	}
 	cfg.Ring = uint32(*ring)
 	if cfg.SrcMAC, err = net.ParseMAC(*srcMAC); err != nil {
 		fail("-src-mac: %v", err)

@@ -43,6 +43,7 @@ func TestArguments(t *testing.T) {
 		{[]string{"rxdrop"}, `unexpected argument "rxdrop": the mode is a flag, -mode rxdrop`},
 		{[]string{"-mode", "rxdrop", "extra"}, `unexpected argument "extra": xdpqperf takes flags only`},
 		{[]string{"-bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"-ring", "4294967296"}, "-ring 4294967296: at most 2147483648"},
 	} {
 		cmd := exec.Command(bin, tc.args...)
 		cmd.Env = append(os.Environ(), "XDPQ_SOCKET=/nonexistent")

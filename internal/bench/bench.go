@@ -198,8 +198,8 @@ func Run(cfg Config) ([]*Result, error) {
 	fmt.Fprintf(cfg.Out, "veth pair (%d queues), %d-byte frames; 1 sender core: AF_XDP sender on cpu %d (TX batch %d%s, round-robin over B's queues 0..N-1); receivers on cpu %d; %v per run, %d rounds\n",
 		queues, cfg.FrameSize, cfg.SenderCPU, cfg.TXBatch, snd.budgetNote, cfg.RxCPU, cfg.Duration, cfg.Rounds)
 	if cfg.Jumbo() {
-		fmt.Fprintf(cfg.Out, "jumbo frames: MTU %d, every socket multi-buffer (2 KiB UMEM frames: %d descriptors a frame), the pods with -multi-buffer; (d) and (g) cannot take a frame in several buffers and are left out\n",
-			cfg.FrameSize-14, (cfg.FrameSize+2047)/2048)
+		fmt.Fprintf(cfg.Out, "jumbo frames: MTU %d, every socket multi-buffer (2 KiB UMEM frames: a frame sent in %d descriptors, received in %d, a received one holding a frame less the kernel's 256-byte headroom), the pods with -multi-buffer (pkg/client's defaults then: 4 KiB frames); (d) and (g) cannot take a frame in several buffers and are left out\n",
+			cfg.FrameSize-14, (cfg.FrameSize+2047)/2048, (cfg.FrameSize+1791)/1792)
 	}
 	if d != nil {
 		fmt.Fprintf(cfg.Out, "pods (e)-(g): the xdpq daemon in this process (standalone, pool of %s#0-%d, steering hardware); each pod a process as uid %d, no capabilities, pinned to cpu %d, pkg/client's or the C client's defaults\n",

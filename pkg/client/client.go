@@ -36,10 +36,14 @@ type Options struct {
 	// gathers into one buffer (see Receiver), and is sent in several
 	// (xsk.UMEM.Scatter). Without it the kernel drops a packet larger
 	// than a frame (Statistics.RXDropped). Rings count descriptors, not
-	// packets: a 9014-byte frame takes 3 of 4 KiB frames (5 of 2 KiB), so
-	// MultiBuffer's defaults are 4 KiB frames and rings of 4096, which
-	// take a burst of 1024 such frames (TestReceiverJumbo); the UMEM is
-	// 32 MiB a queue (64 MiB with TX).
+	// packets: a received descriptor holds a frame less the kernel's 256
+	// bytes of headroom (in copy mode), so a 9014-byte frame takes 3 of
+	// 4 KiB frames (6 of 2 KiB; 3 and 5 to send), and MultiBuffer's
+	// defaults are 4 KiB frames and rings of 4096, which take a burst of
+	// 1024 such frames (TestReceiverJumbo). The UMEM is then 32 MiB a
+	// queue (48 MiB with TX): a pool's default limit (256 MiB) takes 8
+	// queues (5 with TX); for more, a smaller Ring or a pool with a
+	// larger maxUMEM.
 	MultiBuffer bool
 	// Timeout bounds each handshake (of Connect and of a resume), and how
 	// long Connect retries a busy allocation; default 30s.

@@ -39,7 +39,10 @@
 // application (one copy of such a frame's bytes; a frame that fits one
 // UMEM frame is handed over in place, as always). Rings count
 // descriptors, so MultiBuffer's defaults are 4 KiB frames (3 descriptors
-// a 9014-byte frame) and rings of 4096: a burst of 1024 jumbo frames fits
+// a 9014-byte frame; 6 of 2 KiB, which hold a frame less the kernel's 256
+// bytes of headroom when received) and rings of 4096, a UMEM of 32 MiB a
+// queue (48 MiB with TX; see Options.MultiBuffer for the pool's limit):
+// a burst of 1024 jumbo frames fits
 // (TestReceiverJumbo shows it, and that rings of 2048 lose frames). To
 // send one, xsk.UMEM.Scatter writes it over as many TX frames as it needs.
 //

@@ -64,7 +64,11 @@ const RXBatch = 64
 // whole packet, one copy of its bytes; a packet in one frame is handed
 // over in place, as without MultiBuffer. Peek hands the descriptors over
 // as they came, for a forwarder that transmits them as they are (a
-// multi-buffer TX ring takes the same marks).
+// multi-buffer TX ring takes the same marks). A loop uses one or the
+// other: a packet whose first descriptors Receive has gathered goes on in
+// the next Receive, and a Peek in between would see its rest without its
+// start. The kernel splits a packet into at most MAX_SKB_FRAGS+1
+// descriptors (18), so the gathering buffer stays below 72 KiB.
 //
 // A Receiver is not safe for concurrent use: run one goroutine per
 // socket. End its loop before Lease.Close, which unmaps the socket's
@@ -116,7 +120,9 @@ func (l *Lease) Receiver(i int) *Receiver {
 // whole (gathered: see Receiver), once its last descriptor came. When
 // none is waiting, it waits up to wait for some (a negative wait waits
 // until one arrives; 0 does not wait). It returns how many frames it
-// handed to fn; 0 with a nil error when the wait ended with none.
+// handed to fn; 0 with a nil error when the wait ended with none, or
+// when only the first descriptors of a packet came (the next Receive
+// hands it over).
 func (r *Receiver) Receive(wait time.Duration, fn func(frame []byte)) (int, error) {
 	descs, err := r.Peek(wait)
 	n := 0

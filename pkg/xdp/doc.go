@@ -4,9 +4,11 @@
 // and the counters of a loaded program.
 //
 // Both programs are in xdp.frags sections (loaded with
-// BPF_F_XDP_HAS_FRAGS): drivers attach them at any MTU, and a jumbo frame
-// that comes in fragments is redirected whole to a socket bound with
-// multi-buffer (xsk.Config.MultiBuffer).
+// BPF_F_XDP_HAS_FRAGS): drivers with XDP multi-buffer support attach them
+// at a jumbo MTU, and a jumbo frame that comes in fragments is redirected
+// whole to a socket bound with multi-buffer (xsk.Config.MultiBuffer). A
+// kernel before 5.18 refuses the flag; there they are loaded without it,
+// as before (and a netdev whose MTU does not fit a buffer refuses them).
 //
 // Programs are attached through netlink (IFLA_XDP), not a bpf_link, so an
 // attached program outlives the process that attached it: the datapath
