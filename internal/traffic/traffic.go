@@ -16,11 +16,12 @@ const Batch = 64
 
 // Sender transmits frames from a socket using the UMEM frames it was given.
 type Sender struct {
-	s     *xsk.Socket
-	free  []uint64
-	descs []xsk.Desc
-	comp  []uint64
-	batch int
+	s      *xsk.Socket
+	free   []uint64 // the frames on no ring
+	frames int      // the frames the Sender owns, free or in flight
+	descs  []xsk.Desc
+	comp   []uint64
+	batch  int
 }
 
 // NewSender returns a Sender that owns the UMEM frames at addrs and
@@ -29,15 +30,27 @@ func NewSender(s *xsk.Socket, addrs []uint64, batch int) *Sender {
 	if batch <= 0 {
 		batch = Batch
 	}
-	return &Sender{s: s, free: append([]uint64(nil), addrs...), descs: make([]xsk.Desc, 0, batch),
+	return &Sender{s: s, free: append([]uint64(nil), addrs...), frames: len(addrs), descs: make([]xsk.Desc, 0, batch),
 		comp: make([]uint64, batch), batch: batch}
 }
 
 // Send transmits each frame in order and returns once the kernel has
 // completed all of them, or an error at the deadline. A frame larger than
 // a UMEM frame goes in several descriptors (see xsk.UMEM.Scatter): the
-// socket must be bound with multi-buffer.
+// socket must be bound with multi-buffer. A frame that needs more UMEM
+// frames than the Sender owns, or more descriptors than the TX ring
+// holds, is refused before anything is sent.
 func (t *Sender) Send(frames [][]byte, deadline time.Time) error {
+	fs := int(t.s.UMEM().Config().FrameSize)
+	for i, f := range frames {
+		need := max((len(f)+fs-1)/fs, 1)
+		if need > t.frames {
+			return fmt.Errorf("send: frame %d of %d bytes needs %d frames of %d bytes, the sender owns %d", i, len(f), need, fs, t.frames)
+		}
+		if ring := int(t.s.Rings().TX); need > ring {
+			return fmt.Errorf("send: frame %d of %d bytes needs %d descriptors, the TX ring holds %d", i, len(f), need, ring)
+		}
+	}
 	i, inflight := 0, 0
 	for i < len(frames) || inflight > 0 {
 		n := t.s.Complete(t.comp)
@@ -49,11 +62,8 @@ func (t *Sender) Send(frames [][]byte, deadline time.Time) error {
 		room := t.s.TXFree()
 		t.descs = t.descs[:0]
 		for i < len(frames) && len(t.descs) < t.batch {
-			need := max((len(frames[i])+int(t.s.UMEM().Config().FrameSize)-1)/int(t.s.UMEM().Config().FrameSize), 1)
+			need := max((len(frames[i])+fs-1)/fs, 1)
 			if len(t.descs)+need > room || need > len(t.free) {
-				if need > cap(t.free) {
-					return fmt.Errorf("send: frame %d of %d bytes needs %d frames, the sender has %d", i, len(frames[i]), need, cap(t.free))
-				}
 				break // wait for room, or for completions
 			}
 			descs, used, err := t.s.UMEM().Scatter(frames[i], t.free[len(t.free)-need:], t.descs)
@@ -126,9 +136,12 @@ var ErrStop = errors.New("stop")
 func (r *Receiver) Receive(n int, deadline time.Time, fn func(frame []byte) error) (int, error) {
 	seen := 0
 	for n < 0 || seen < n {
+		// A frame ends in one of the descriptors taken: n-seen of them
+		// complete at most n-seen frames, also when the first continues
+		// a frame of an earlier round.
 		want := len(r.descs)
-		if n >= 0 && !r.more {
-			want = min(want, n-seen) // at least a descriptor a frame
+		if n >= 0 {
+			want = min(want, n-seen)
 		}
 		r.fill()
 		got := r.s.Receive(r.descs[:want])
@@ -200,113 +213,125 @@ func framesPer(u *xsk.UMEM, size uint32) int {
 // Prepare) on socks[i], over and over, each socket in turn from this one
 // thread, up to batch descriptors a submission, until stop returns true
 // (checked every 64 rounds), and returns how many packets the kernel
-// completed. A packet larger than a UMEM frame takes a run of frames of
-// addrs[i] and goes in several descriptors (the sockets must be bound
-// with multi-buffer). Packets still in flight at the end are waited for,
-// up to a second, so the sockets can be used again.
+// completed. A packet larger than a socket's UMEM frames takes a run of
+// frames of addrs[i] and goes in several descriptors (the socket must be
+// bound with multi-buffer); each socket's own frame size says how many.
+// Packets still in flight at the end are waited for, up to a second, so
+// the sockets can be used again.
 func FloodAll(socks []*xsk.Socket, addrs [][]uint64, size uint32, batch int, stop func() bool) (uint64, error) {
-	type txq struct {
-		s        *xsk.Socket
-		free     []uint64 // one frame a packet: the frames on no ring
-		comp     []uint64
-		inflight int // descriptors
-		// Packets in several frames: each run of frames is a packet, its
-		// descriptors made once; a run is free again once all its frames
-		// completed.
-		runs  [][]xsk.Desc
-		run   map[uint64]int // frame → its run
-		done  []int          // frames of each run completed
-		ready []int          // runs on no ring
-	}
-	per := 1
-	if len(socks) > 0 {
-		per = framesPer(socks[0].UMEM(), size)
-	}
-	qs := make([]txq, len(socks))
+	qs := make([]*floodQueue, len(socks))
+	most := 1
 	for i, s := range socks {
-		q := txq{s: s, comp: make([]uint64, s.Rings().Completion)}
-		if per == 1 {
-			q.free = append(make([]uint64, 0, len(addrs[i])), addrs[i]...)
-		} else {
-			fs := s.UMEM().Config().FrameSize
-			q.run = map[uint64]int{}
-			for g := 0; g+per <= len(addrs[i]); g += per {
-				var ds []xsk.Desc
-				for k, a := range addrs[i][g : g+per] {
-					d := xsk.Desc{Addr: a, Len: min(fs, size-uint32(k)*fs)}
-					if k < per-1 {
-						d.Options = xsk.Continues
-					}
-					ds = append(ds, d)
-					q.run[a] = len(q.runs)
-				}
-				q.ready = append(q.ready, len(q.runs))
-				q.runs = append(q.runs, ds)
-			}
-			q.done = make([]int, len(q.runs))
-		}
-		qs[i] = q
+		qs[i] = newFloodQueue(s, addrs[i], size)
+		most = max(most, qs[i].per)
 	}
-	descs := make([]xsk.Desc, 0, max(batch, per))
-	var sent uint64 // descriptors completed
+	descs := make([]xsk.Desc, 0, max(batch, most))
+	var sent uint64 // packets completed
 	for i := 0; ; i++ {
 		if i&63 == 0 && stop() {
 			break
 		}
-		for j := range qs {
-			q := &qs[j]
-			n := q.s.Complete(q.comp)
-			q.inflight -= n
-			sent += uint64(n)
+		for _, q := range qs {
+			sent += q.complete()
 			descs = descs[:0]
-			if per == 1 {
-				q.free = append(q.free, q.comp[:n]...)
+			if q.per == 1 {
 				k := min(len(q.free), batch)
 				for d := range k {
 					descs = append(descs, xsk.Desc{Addr: q.free[len(q.free)-1-d], Len: size})
 				}
 			} else {
-				for _, a := range q.comp[:n] {
-					g := q.run[a]
-					if q.done[g]++; q.done[g] == per {
-						q.done[g] = 0
-						q.ready = append(q.ready, g)
-					}
-				}
 				// Whole packets, and only what the ring has room for.
-				room := min(q.s.TXFree(), max(batch, per))
-				for len(q.ready) > 0 && len(descs)+per <= room {
+				room := min(q.s.TXFree(), max(batch, q.per))
+				for len(q.ready) > 0 && len(descs)+q.per <= room {
 					descs = append(descs, q.runs[q.ready[len(q.ready)-1]]...)
 					q.ready = q.ready[:len(q.ready)-1]
 				}
 			}
 			m, err := q.s.Transmit(descs)
 			if err != nil {
-				return sent / uint64(per), err
+				return sent, err
 			}
-			if per == 1 {
+			if q.per == 1 {
 				q.free = q.free[:len(q.free)-m]
 			} else if m != len(descs) {
-				return sent / uint64(per), fmt.Errorf("flood: the TX ring took %d of %d descriptors it had room for", m, len(descs))
+				return sent, fmt.Errorf("flood: the TX ring took %d of %d descriptors it had room for", m, len(descs))
 			}
 			q.inflight += m
 			if m == 0 {
 				if err := q.s.Kick(); err != nil {
-					return sent / uint64(per), err
+					return sent, err
 				}
 			}
 		}
 	}
-	for j := range qs {
-		q := &qs[j]
+	for _, q := range qs {
 		for end := time.Now().Add(time.Second); q.inflight > 0 && time.Now().Before(end); {
 			q.s.Kick()
-			n := q.s.Complete(q.comp)
-			q.inflight -= n
-			sent += uint64(n)
+			sent += q.complete()
 		}
 	}
-	return sent / uint64(per), nil
+	return sent, nil
+}
+
+// floodQueue is FloodAll's state for one socket.
+type floodQueue struct {
+	s        *xsk.Socket
+	per      int      // frames a packet, by the socket's frame size
+	free     []uint64 // per == 1: the frames on no ring
+	comp     []uint64
+	inflight int // descriptors
+	// per > 1: each run of frames is a packet, its descriptors made
+	// once; a run is free again once all its frames completed.
+	runs  [][]xsk.Desc
+	run   map[uint64]int // frame → its run
+	done  []int          // frames of each run completed
+	ready []int          // runs on no ring
+}
+
+func newFloodQueue(s *xsk.Socket, addrs []uint64, size uint32) *floodQueue {
+	q := &floodQueue{s: s, per: framesPer(s.UMEM(), size), comp: make([]uint64, s.Rings().Completion)}
+	if q.per == 1 {
+		q.free = append(make([]uint64, 0, len(addrs)), addrs...)
+		return q
+	}
+	fs := s.UMEM().Config().FrameSize
+	q.run = map[uint64]int{}
+	for g := 0; g+q.per <= len(addrs); g += q.per {
+		var ds []xsk.Desc
+		for k, a := range addrs[g : g+q.per] {
+			d := xsk.Desc{Addr: a, Len: min(fs, size-uint32(k)*fs)}
+			if k < q.per-1 {
+				d.Options = xsk.Continues
+			}
+			ds = append(ds, d)
+			q.run[a] = len(q.runs)
+		}
+		q.ready = append(q.ready, len(q.runs))
+		q.runs = append(q.runs, ds)
+	}
+	q.done = make([]int, len(q.runs))
+	return q
+}
+
+// complete takes the completed descriptors off the completion ring,
+// frees their frames, and returns how many packets they completed.
+func (q *floodQueue) complete() uint64 {
+	n := q.s.Complete(q.comp)
+	q.inflight -= n
+	if q.per == 1 {
+		q.free = append(q.free, q.comp[:n]...)
+		return uint64(n)
+	}
+	var packets uint64
+	for _, a := range q.comp[:n] {
+		g := q.run[a]
+		if q.done[g]++; q.done[g] == q.per {
+			q.done[g] = 0
+			q.ready = append(q.ready, g)
+			packets++
+		}
+	}
+	return packets
 }
 
 // Expect receives exactly the frames of want, in order, byte for byte,
@@ -314,6 +339,9 @@ func FloodAll(socks []*xsk.Socket, addrs [][]uint64, size uint32, batch int, sto
 func (r *Receiver) Expect(want [][]byte, deadline time.Time) error {
 	i := 0
 	n, err := r.Receive(len(want), deadline, func(b []byte) error {
+		if i >= len(want) {
+			return fmt.Errorf("received more than the %d frames wanted", len(want))
+		}
 		if !bytes.Equal(b, want[i]) {
 			return fmt.Errorf("frame %d of %d differs: %s", i, len(want), diff(b, want[i]))
 		}
