@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -192,17 +193,43 @@ func txpush(ctx context.Context, s *xsk.Socket, addrs []uint64, f []byte, c *cou
 	return nil
 }
 
-// l2fwd sends each received frame back out of the same queue with its
-// MAC addresses swapped, without copying it: the RX descriptor goes to the
-// TX ring, and the completed frame back to the fill ring (through the
-// Receiver). Frames the TX ring has no room for are dropped (recycled).
+// l2fwd sends each received packet back out of the same queue with its
+// MAC addresses swapped, without copying it: the RX descriptors go to the
+// TX ring, and the completed frames back to the fill ring (through the
+// Receiver). It counts packets, not descriptors: on a multi-buffer socket
+// a jumbo frame is several of each.
+//
+// A packet goes on the TX ring whole or not yet: its descriptors may
+// span two batches of the RX ring, and a head on the TX ring whose tail
+// never followed would make the kernel join the next packet onto it.
+// While the TX ring has no room for the whole packets received, the loop
+// has the kernel take and complete some before it receives more, as
+// xdpsock's l2fwd does: what the loop cannot keep up with, the kernel
+// drops at the RX ring (Statistics.RXRingFull).
 func l2fwd(ctx context.Context, s *xsk.Socket, r *client.Receiver, txFrames []uint64, c *counters) error {
 	comp := make([]uint64, client.RXBatch)
 	r.Recycle(txFrames...) // a forwarder transmits what it receives: its TX frames receive too
-	var tmp [6]byte
+	f := forwarder{ring: int(s.Rings().TX)}
 	for ctx.Err() == nil {
 		if n := s.Complete(comp); n > 0 {
 			r.Recycle(comp[:n]...)
+		}
+		if f.whole > 0 {
+			sent, dropped, err := f.transmit(s)
+			if err != nil {
+				return err
+			}
+			c.tx.Add(sent)
+			if len(dropped) > 0 {
+				r.Recycle(dropped...)
+			}
+			if f.whole > 0 { // the TX ring is full
+				if err := s.Kick(); err != nil {
+					return err
+				}
+				runtime.Gosched() // the other queues' loops, while this one waits for the kernel
+				continue
+			}
 		}
 		w := wait
 		if s.TXPending() > 0 {
@@ -220,24 +247,106 @@ func l2fwd(ctx context.Context, s *xsk.Socket, r *client.Receiver, txFrames []ui
 			}
 			continue
 		}
-		c.rx.Add(uint64(len(descs)))
-		for _, d := range descs {
-			if b := s.UMEM().Bytes(d.Addr, d.Len); len(b) >= 12 {
-				copy(tmp[:], b[0:6])
-				copy(b[0:6], b[6:12])
-				copy(b[6:12], tmp[:])
-			}
-		}
-		sent, err := s.Transmit(descs)
-		if err != nil {
-			return err
-		}
-		c.tx.Add(uint64(sent))
-		for _, d := range descs[sent:] { // the TX ring was full: drop them
-			r.Recycle(d.Addr)
-		}
+		c.rx.Add(f.add(s.UMEM(), descs))
 	}
 	return nil
+}
+
+// forwarder holds the descriptors l2fwd received and has not put on the
+// TX ring yet.
+type forwarder struct {
+	pending []xsk.Desc // oldest first; a packet's tail may be still to come
+	whole   int        // packets whose last descriptor is in pending
+	more    bool       // the last descriptor received continues a packet
+	ring    int        // the TX ring's size
+}
+
+// add takes descs (Peek's, which it copies), swaps the MAC addresses in
+// the first descriptor of each packet (those of the others are payload),
+// and returns how many packets they end.
+func (f *forwarder) add(u *xsk.UMEM, descs []xsk.Desc) uint64 {
+	var ended uint64
+	for _, d := range descs {
+		if !f.more {
+			swapMACs(u.Bytes(d.Addr, d.Len))
+		}
+		if f.more = d.Continues(); !f.more {
+			ended++
+		}
+	}
+	f.pending = append(f.pending, descs...)
+	f.whole += int(ended)
+	return ended
+}
+
+// transmit puts the whole packets at the front of pending that the TX
+// ring has room for on it and returns how many. A packet of more
+// descriptors than the ring holds can never go: it is dropped, its
+// frames returned for the fill ring.
+func (f *forwarder) transmit(s *xsk.Socket) (sent uint64, dropped []uint64, err error) {
+	if n := firstPacket(f.pending); n > f.ring {
+		for _, d := range f.pending[:n] {
+			dropped = append(dropped, d.Addr)
+		}
+		f.whole--
+		f.pending = f.pending[:copy(f.pending, f.pending[n:])]
+	}
+	k := wholePackets(f.pending, s.TXFree())
+	if k == 0 {
+		return 0, dropped, nil
+	}
+	m, err := s.Transmit(f.pending[:k])
+	if err != nil {
+		return 0, dropped, err
+	}
+	if m != k {
+		// Never: the ring had room. Had it taken part of a packet, the
+		// rest could not follow.
+		return 0, dropped, fmt.Errorf("l2fwd: the TX ring took %d of %d descriptors it had room for", m, k)
+	}
+	for _, d := range f.pending[:k] {
+		if !d.Continues() {
+			sent++
+		}
+	}
+	f.whole -= int(sent)
+	f.pending = f.pending[:copy(f.pending, f.pending[k:])]
+	return sent, dropped, nil
+}
+
+// wholePackets returns how many of the first room descriptors of descs
+// hold whole packets: up to the last packet's end among them.
+func wholePackets(descs []xsk.Desc, room int) int {
+	end := 0
+	for i, d := range descs[:min(room, len(descs))] {
+		if !d.Continues() {
+			end = i + 1
+		}
+	}
+	return end
+}
+
+// firstPacket returns how many descriptors the first packet of descs
+// takes, 0 when its last is not among them.
+func firstPacket(descs []xsk.Desc) int {
+	for i, d := range descs {
+		if !d.Continues() {
+			return i + 1
+		}
+	}
+	return 0
+}
+
+// swapMACs swaps the destination and source MAC addresses of the
+// Ethernet frame that starts b.
+func swapMACs(b []byte) {
+	if len(b) < 12 {
+		return
+	}
+	var tmp [6]byte
+	copy(tmp[:], b[0:6])
+	copy(b[0:6], b[6:12])
+	copy(b[6:12], tmp[:])
 }
 
 // WriteTotals prints t as xdpqperf ends: a line per queue, "total qN: rx

@@ -14,6 +14,7 @@ import (
 	"github.com/xdpq/xdpq/internal/frame"
 	"github.com/xdpq/xdpq/internal/node"
 	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/pkg/xsk"
 )
 
 func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
@@ -147,6 +148,101 @@ func TestL2Fwd(t *testing.T) {
 	cancel()
 	if tot := <-done; tot.RX[0] != 300 || tot.TX[0] != 300 {
 		t.Errorf("forwarded rx %d tx %d, want 300", tot.RX[0], tot.TX[0])
+	}
+}
+
+// TestL2FwdJumbo: on multi-buffer sockets, jumbo frames (up to 9014
+// bytes at a 9000-byte MTU, 3 descriptors of 4 KiB frames) come back
+// whole, byte for byte, with only their MAC addresses swapped (in a
+// packet's first descriptor, not in the others, which hold payload), and
+// the totals count packets, not descriptors.
+func TestL2FwdJumbo(t *testing.T) {
+	n, p := node.StartTB(t, node.Config{MTU: 9000})
+	ctx, cancel := context.WithCancel(context.Background())
+	var tot Totals
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var err error
+		if tot, err = Run(ctx, Config{Socket: n.Alloc.SocketPath(), Mode: L2Fwd, Ring: 256, MultiBuffer: true, Out: io.Discard}); err != nil {
+			t.Error(err)
+		}
+	}()
+	// Also on a failure: the lease goes before the node.
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	if err := n.WaitSockets(1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	src, dst := n.Pair.B, n.Pair.A
+	var sent, want [][]byte
+	for i := range 300 {
+		size := []int{60, 1442, 2048, 3840, 3841, 4097, 6042, 7681, 9014}[i%9]
+		f, err := frame.Spec{SrcMAC: src.MAC, DstMAC: dst.MAC, Src: src.Addr, Dst: dst.Addr, Protocol: 17,
+			SrcPort: 1, DstPort: 5000, Payload: frame.Payload(0, uint64(i), size-42)}.Build()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent = append(sent, f)
+		w := bytes.Clone(f)
+		copy(w[0:6], f[6:12])
+		copy(w[6:12], f[0:6])
+		want = append(want, w)
+	}
+	// 50 frames at a time: at most 150 descriptors on the forwarder's
+	// rings of 256 and 300 on the peer's of 1024, so that none is lost to
+	// a full ring whatever the scheduling.
+	for i := 0; i < len(sent); i += 50 {
+		if err := p.Send[0].Send(sent[i:i+50], time.Now().Add(5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Recv[0].Expect(want[i:i+50], time.Now().Add(5*time.Second)); err != nil {
+			t.Fatalf("frames %d to %d: %v", i, i+50, err)
+		}
+	}
+	cancel()
+	<-done
+	if len(tot.RX) != 1 || tot.RX[0] != 300 || tot.TX[0] != 300 {
+		t.Errorf("forwarded rx %v tx %v, want 300 packets", tot.RX, tot.TX)
+	}
+	if p.Recv[0].Descriptors <= p.Recv[0].Frames {
+		t.Errorf("%d frames back in %d descriptors: none in pieces", p.Recv[0].Frames, p.Recv[0].Descriptors)
+	}
+}
+
+// TestWholePackets: l2fwd puts on the TX ring the descriptors up to the
+// last packet's end that fit, never a packet's head without its tail.
+func TestWholePackets(t *testing.T) {
+	const c = xsk.Continues
+	a := []xsk.Desc{{Options: c}, {Options: c}, {}, {}, {Options: c}, {}, {Options: c}}
+	for _, tc := range []struct {
+		descs       []xsk.Desc
+		room, whole int
+	}{
+		{a, 0, 0},
+		{a, 2, 0}, // the first packet's head only: none
+		{a, 3, 3},
+		{a, 4, 4},
+		{a, 5, 4}, // not the third packet's head
+		{a, 6, 6},
+		{a, 100, 6}, // not the last packet's head, its tail still to come
+		{a[4:], 100, 2},
+		{a[6:], 100, 0},
+		{nil, 10, 0},
+	} {
+		if got := wholePackets(tc.descs, tc.room); got != tc.whole {
+			t.Errorf("wholePackets(%v, %d) = %d, want %d", tc.descs, tc.room, got, tc.whole)
+		}
+	}
+	for _, tc := range []struct {
+		descs []xsk.Desc
+		first int
+	}{{a, 3}, {a[2:], 1}, {a[4:], 2}, {a[6:], 0}, {nil, 0}} {
+		if got := firstPacket(tc.descs); got != tc.first {
+			t.Errorf("firstPacket(%v) = %d, want %d", tc.descs, got, tc.first)
+		}
 	}
 }
 
