@@ -510,6 +510,8 @@ static int top_member(struct parser *ps, const char *key, void *ctx, int depth)
 		return nested(ps, rings_member, m, &m->has_rings, depth, "rings");
 	if (strcmp(key, "zero_copy") == 0)
 		return boolean(ps, &m->zero_copy, "zero_copy");
+	if (strcmp(key, "multi_buffer") == 0)
+		return boolean(ps, &m->multi_buffer, "multi_buffer");
 	if (strcmp(key, "code") == 0)
 		return str(ps, m->code, sizeof(m->code), "code");
 	if (strcmp(key, "reason") == 0)
@@ -577,4 +579,25 @@ void msg_queues(struct msg_writer *w, const uint32_t *q, size_t n)
 		msg_u64(w, q[i]);
 	}
 	msg_raw(w, "]");
+}
+
+void msg_request(struct msg_writer *w, const struct msg_request *r)
+{
+	msg_raw(w, "{\"type\":\"request\",\"frame_size\":");
+	msg_u64(w, r->frame_size);
+	msg_raw(w, ",\"headroom\":");
+	msg_u64(w, r->headroom);
+	msg_raw(w, ",\"rings\":{\"fill\":");
+	msg_u64(w, r->ring_fill);
+	msg_raw(w, ",\"completion\":");
+	msg_u64(w, r->ring_completion);
+	msg_raw(w, ",\"rx\":");
+	msg_u64(w, r->ring_rx);
+	msg_raw(w, ",\"tx\":");
+	msg_u64(w, r->ring_tx);
+	msg_raw(w, "},\"queues\":");
+	msg_queues(w, r->queues, r->nqueues);
+	if (r->multi_buffer)
+		msg_raw(w, ",\"multi_buffer\":true");
+	msg_raw(w, "}");
 }

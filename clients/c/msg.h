@@ -38,6 +38,7 @@ struct msg {
 	bool has_rings;
 	uint32_t ring_fill, ring_completion, ring_rx, ring_tx;
 	bool zero_copy;
+	bool multi_buffer;
 	char code[32];
 	char reason[4096 + 1];
 };
@@ -64,5 +65,22 @@ void msg_raw(struct msg_writer *w, const char *s);
 void msg_str(struct msg_writer *w, const char *s);	/* a JSON string, escaped */
 void msg_u64(struct msg_writer *w, uint64_t v);
 void msg_queues(struct msg_writer *w, const uint32_t *q, size_t n);	/* a JSON array */
+
+/* struct msg_request is the client's request (docs/protocol.md, step 3). */
+struct msg_request {
+	uint32_t frame_size;
+	uint32_t headroom;
+	uint32_t ring_fill, ring_completion, ring_rx, ring_tx;
+	const uint32_t *queues;
+	size_t nqueues;
+	bool multi_buffer;	/* sockets bound with XDP_USE_SG */
+};
+
+/*
+ * msg_request writes the request r. multi_buffer is written only when
+ * true: a daemon older than the field refuses it as unknown, and a client
+ * that does not ask for it must still reach such a daemon.
+ */
+void msg_request(struct msg_writer *w, const struct msg_request *r);
 
 #endif /* XDPQ_MSG_H */

@@ -73,6 +73,7 @@ static void test_valid(void)
 		      m.ring_completion == 1024 && m.ring_rx == 512 && m.ring_tx == 0 && m.zero_copy,
 	      "sockets: fields");
 	CHECK(!m.has_limits && !m.has_busy_poll, "sockets: limits or busy_poll set");
+	CHECK(!m.multi_buffer, "sockets: multi_buffer set though absent");
 
 	CHECK(parse(refusal, err, sizeof(err)) == 0, "error: %s", err);
 	CHECK(strcmp(m.code, "limit") == 0 && strstr(m.reason, "at most 1048576"), "error: %s %s", m.code, m.reason);
@@ -122,6 +123,43 @@ static void test_strings(void)
 	w = (struct msg_writer){.buf = buf, .cap = 8};
 	msg_raw(&w, "{\"type\":");
 	CHECK(w.overflow, "writer: no overflow past its capacity");
+}
+
+/* multi_buffer: the request carries it only when asked for (a daemon
+ * older than the field refuses it), and the sockets message echoes it. */
+static void test_multi_buffer(void)
+{
+	char buf[512], err[256];
+	uint32_t q[] = {8, 9};
+	struct msg_request r = {.frame_size = 4096, .headroom = 64, .ring_fill = 4096, .ring_completion = 4096,
+				.ring_rx = 4096, .ring_tx = 0, .queues = q, .nqueues = 2, .multi_buffer = true};
+	struct msg_writer w = {.buf = buf, .cap = sizeof(buf)};
+
+	msg_request(&w, &r);
+	CHECK(!w.overflow && strcmp(buf, "{\"type\":\"request\",\"frame_size\":4096,\"headroom\":64,"
+					 "\"rings\":{\"fill\":4096,\"completion\":4096,\"rx\":4096,\"tx\":0},"
+					 "\"queues\":[8,9],\"multi_buffer\":true}") == 0,
+	      "request with multi_buffer: %s", buf);
+	r.multi_buffer = false;
+	w = (struct msg_writer){.buf = buf, .cap = sizeof(buf)};
+	msg_request(&w, &r);
+	CHECK(!w.overflow && strstr(buf, "multi_buffer") == NULL && strcmp(buf + strlen(buf) - 15, "\"queues\":[8,9]}") == 0,
+	      "request without multi_buffer: %s", buf);
+	w = (struct msg_writer){.buf = buf, .cap = 40};
+	msg_request(&w, &r);
+	CHECK(w.overflow, "request: no overflow past the writer's capacity");
+
+	CHECK(parse("{\"type\":\"sockets\",\"queues\":[8],\"multi_buffer\":true}", err, sizeof(err)) == 0 &&
+		      m.multi_buffer,
+	      "sockets with multi_buffer true: %s", err);
+	CHECK(parse("{\"type\":\"sockets\",\"multi_buffer\":false}", err, sizeof(err)) == 0 && !m.multi_buffer,
+	      "sockets with multi_buffer false: %s", err);
+	CHECK(parse("{\"type\":\"sockets\",\"multi_buffer\":null}", err, sizeof(err)) == 0 && !m.multi_buffer,
+	      "sockets with multi_buffer null: %s", err);
+	/* A nested multi_buffer is some other object's field. */
+	CHECK(parse("{\"type\":\"sockets\",\"future\":{\"multi_buffer\":true}}", err, sizeof(err)) == 0 &&
+		      !m.multi_buffer,
+	      "nested multi_buffer taken: %s", err);
 }
 
 static void test_queues_writer(void)
@@ -184,6 +222,9 @@ static const struct bad bads[] = {
 	{"{\"type\":\"welcome\",\"limits\":{\"tx_allowed\":1}}", "limits.tx_allowed: want true or false"},
 	{"{\"type\":\"sockets\",\"zero_copy\":\"yes\"}", "zero_copy: want true or false"},
 	{"{\"type\":\"sockets\",\"rings\":{\"fill\":-2}}", "rings.fill"},
+	{"{\"type\":\"sockets\",\"multi_buffer\":\"true\"}", "multi_buffer: want true or false"},
+	{"{\"type\":\"sockets\",\"multi_buffer\":1}", "multi_buffer: want true or false"},
+	{"{\"type\":\"sockets\",\"multi_buffer\":[true]}", "multi_buffer: want true or false"},
 	{"{\"type\":\"x\",\"unknown\":tru}", "not a JSON value"},
 	{"{\"type\":\"x\",\"unknown\":[1,}", "value: not a number"},
 	{"{\"type\":\"x\",\"unknown\":@}", "not a number"},
@@ -264,6 +305,7 @@ static void test_limits(void)
 static void fuzz(unsigned rounds)
 {
 	static const char *seeds[] = {welcome, sockets, refusal, "{\"type\":\"active\"}",
+				      "{\"type\":\"sockets\",\"queues\":[3],\"multi_buffer\":true}",
 				      "{\"type\":\"x\",\"u\":[{\"a\":\"\\ud83d\\ude00\"},-0.5e-7,true,null]}"};
 	static const char special[] = "{}[]\":,\\u0123456789-+.eE tfn\x00\x1f\x7f\xff";
 	uint64_t x = 0x9e3779b97f4a7c15u;
@@ -332,6 +374,7 @@ int main(int argc, char **argv)
 	test_valid();
 	test_unknown_fields();
 	test_strings();
+	test_multi_buffer();
 	test_queues_writer();
 	test_bad();
 	test_limits();

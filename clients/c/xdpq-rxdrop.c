@@ -4,7 +4,9 @@
  * counting frames and bytes; no privilege needed. It leases the queues
  * through $XDPQ_SOCKET (or -s), and resumes the lease when the daemon
  * restarts. With -x it writes every frame to stdout as a line
- * "<queue> <hex bytes>", for a test to compare byte for byte.
+ * "<queue> <hex bytes>", for a test to compare byte for byte. With -m its
+ * sockets take jumbo frames in several descriptors: it counts (and
+ * writes) whole frames, and gives every descriptor's frame back.
  */
 #define _GNU_SOURCE
 #include "xdpq.h"
@@ -23,11 +25,13 @@
 #define BATCH 64
 
 static const char usage[] =
-	"usage: xdpq-rxdrop [-s socket] [-q queue,...] [-r ring] [-f frame-size] [-d seconds] [-n frames] [-x]\n"
+	"usage: xdpq-rxdrop [-s socket] [-q queue,...] [-r ring] [-f frame-size] [-m] [-d seconds] [-n frames] [-x]\n"
 	"  -s socket      the allocation's socket (default $XDPQ_SOCKET)\n"
 	"  -q queue,...   the queues to lease (default all of the allocation's)\n"
-	"  -r ring        entries of each ring, a power of two (default 2048)\n"
-	"  -f frame-size  2048 (default) or 4096\n"
+	"  -r ring        entries of each ring, a power of two (default 2048; 4096 with -m)\n"
+	"  -f frame-size  2048 (default) or 4096 (default with -m)\n"
+	"  -m             multi-buffer sockets: frames larger than a UMEM frame (jumbo\n"
+	"                 frames) come in several descriptors and count as one\n"
 	"  -d seconds     stop after this long\n"
 	"  -n frames      stop after this many frames (all queues); with -d, exit 1 if fewer came\n"
 	"  -x             write each frame to stdout: \"<queue> <hex>\" per line\n"
@@ -84,20 +88,50 @@ static int parse_queues(char *s, uint32_t *q, size_t *n)
 	return *n > 0 ? 0 : -1;
 }
 
-static void hexline(FILE *out, uint32_t queue, const unsigned char *b, uint32_t len)
+/* struct rxq is what is counted of one socket. */
+struct rxq {
+	uint64_t frames;	/* whole frames: descriptors without XDP_PKT_CONTD */
+	uint64_t bytes;		/* of whole frames */
+	uint64_t partial;	/* bytes of the frame whose last piece is still to come */
+	char *hex;		/* with -x: that frame in hex, hex_len digits */
+	size_t hex_len, hex_cap;
+};
+
+/* hexpart adds len bytes of a frame to q's hex; with last, the frame is
+ * whole and goes out as the line "<queue> <hex>". A frame's pieces are
+ * gathered first: the lines of several queues must not interleave. */
+static int hexpart(FILE *out, uint32_t queue, struct rxq *q, const unsigned char *b, uint32_t len, bool last)
 {
 	static const char digits[] = "0123456789abcdef";
-	fprintf(out, "%" PRIu32 " ", queue);
-	for (uint32_t i = 0; i < len; i++) {
-		putc_unlocked(digits[b[i] >> 4], out);
-		putc_unlocked(digits[b[i] & 15], out);
+	if (q->hex_len + 2 * (size_t)len > q->hex_cap) {
+		size_t cap = q->hex_cap ? q->hex_cap : 8192;
+		while (cap < q->hex_len + 2 * (size_t)len)
+			cap *= 2;
+		char *p = realloc(q->hex, cap);
+		if (!p)
+			return -1;
+		q->hex = p;
+		q->hex_cap = cap;
 	}
-	putc_unlocked('\n', out);
+	for (uint32_t i = 0; i < len; i++) {
+		q->hex[q->hex_len++] = digits[b[i] >> 4];
+		q->hex[q->hex_len++] = digits[b[i] & 15];
+	}
+	if (last) {
+		fprintf(out, "%" PRIu32 " %.*s\n", queue, (int)q->hex_len, q->hex);
+		q->hex_len = 0;
+	}
+	return 0;
 }
 
-/* rx takes what socket s received (at most limit frames), counts it, and
- * gives the frames back to the fill ring. */
-static uint32_t rx(struct xdpq_lease *l, struct xdpq_socket *s, uint32_t limit, bool dump, uint64_t *bytes)
+/*
+ * rx takes what socket s received, at most limit descriptors (so at most
+ * limit frames), counts it in q, and gives every descriptor's UMEM frame
+ * back to the fill ring. It returns the descriptors it took, or -1 out of
+ * memory. A frame in several descriptors (a multi-buffer socket's)
+ * counts once, when its last one comes, and may span two calls.
+ */
+static int64_t rx(struct xdpq_lease *l, struct xdpq_socket *s, uint32_t limit, bool dump, struct rxq *q)
 {
 	uint32_t idx, fidx;
 	uint32_t n = xdpq_cons_peek(&s->rx, limit < BATCH ? limit : BATCH, &idx);
@@ -113,9 +147,15 @@ static uint32_t rx(struct xdpq_lease *l, struct xdpq_socket *s, uint32_t limit, 
 	}
 	for (uint32_t i = 0; i < n; i++) {
 		const struct xdp_desc *d = xdpq_rx_desc(&s->rx, idx + i);
-		if (dump)
-			hexline(stdout, s->queue, xdpq_frame(l, d->addr), d->len);
-		*bytes += d->len;
+		bool last = !xdpq_desc_continues(d);
+		if (dump && hexpart(stdout, s->queue, q, xdpq_frame(l, d->addr), d->len, last) < 0)
+			return -1;
+		q->partial += d->len;
+		if (last) {
+			q->frames++;
+			q->bytes += q->partial;
+			q->partial = 0;
+		}
 		*xdpq_fill_addr(&s->fill, fidx + i) = xdpq_frame_base(l, d->addr);
 	}
 	xdpq_prod_submit(&s->fill, n);
@@ -133,7 +173,7 @@ int main(int argc, char **argv)
 	bool dump = false;
 	int c;
 
-	while ((c = getopt(argc, argv, ":s:q:r:f:d:n:xh")) != -1) {
+	while ((c = getopt(argc, argv, ":s:q:r:f:md:n:xh")) != -1) {
 		switch (c) {
 		case 's':
 			path = optarg;
@@ -159,6 +199,9 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			opts.frame_size = (uint32_t)v;
+			break;
+		case 'm':
+			opts.multi_buffer = true;
 			break;
 		case 'd':
 			if (number(optarg, INT_MAX / 1000, &seconds) < 0 || seconds == 0) {
@@ -213,16 +256,15 @@ int main(int argc, char **argv)
 	fprintf(stderr, "xdpq-rxdrop: allocation %s netdev %s queues", l->allocation, l->netdev);
 	for (size_t i = 0; i < l->nsockets; i++)
 		fprintf(stderr, "%s%" PRIu32, i ? "," : " ", l->sockets[i].queue);
-	fprintf(stderr, ": active (%s)\n", l->zero_copy ? "zero-copy" : "copy");
+	fprintf(stderr, ": active (%s%s)\n", l->zero_copy ? "zero-copy" : "copy", l->multi_buffer ? ", multi-buffer" : "");
 
 	if (dump) {
 		static char obuf[1 << 20];
 		setvbuf(stdout, obuf, _IOFBF, sizeof(obuf));
 	}
-	uint64_t *frames = calloc(l->nsockets, sizeof(uint64_t));
-	uint64_t *bytes = calloc(l->nsockets, sizeof(uint64_t));
+	struct rxq *q = calloc(l->nsockets, sizeof(*q));
 	struct pollfd *pfd = calloc(l->nsockets + 1, sizeof(struct pollfd));
-	if (!frames || !bytes || !pfd) {
+	if (!q || !pfd) {
 		fprintf(stderr, "xdpq-rxdrop: out of memory\n");
 		return 1;
 	}
@@ -236,11 +278,14 @@ int main(int argc, char **argv)
 		uint32_t got = 0;
 		for (size_t i = 0; i < l->nsockets; i++) {
 			uint64_t left = max_frames ? max_frames - total : UINT32_MAX;
-			uint32_t n = rx(l, &l->sockets[i], left < UINT32_MAX ? (uint32_t)left : UINT32_MAX, dump,
-					&bytes[i]);
-			frames[i] += n;
-			total += n;
-			got += n;
+			uint64_t before = q[i].frames;
+			int64_t n = rx(l, &l->sockets[i], left < UINT32_MAX ? (uint32_t)left : UINT32_MAX, dump, &q[i]);
+			if (n < 0) {
+				fprintf(stderr, "xdpq-rxdrop: out of memory\n");
+				return 1;
+			}
+			got += (uint32_t)n;
+			total += q[i].frames - before;
 		}
 		if (got) {
 			last_frame = now_us();
@@ -315,8 +360,8 @@ int main(int argc, char **argv)
 	uint64_t total_bytes = 0;
 	for (size_t i = 0; i < l->nsockets; i++) {
 		fprintf(stderr, "queue %" PRIu32 ": %" PRIu64 " frames, %" PRIu64 " bytes\n", l->sockets[i].queue,
-			frames[i], bytes[i]);
-		total_bytes += bytes[i];
+			q[i].frames, q[i].bytes);
+		total_bytes += q[i].bytes;
 	}
 	fprintf(stderr, "total: %" PRIu64 " frames, %" PRIu64 " bytes in %.1f s\n", total, total_bytes, secs);
 	if (max_frames && total < max_frames && !stop && status == 0) {
@@ -325,8 +370,9 @@ int main(int argc, char **argv)
 		status = 1;
 	}
 	xdpq_close(l);
-	free(frames);
-	free(bytes);
+	for (size_t i = 0; i < l->nsockets; i++)
+		free(q[i].hex);
+	free(q);
 	free(pfd);
 	return status;
 }

@@ -473,21 +473,10 @@ static struct xdpq_lease *open_once(const char *path, const struct xdpq_opts *o,
 	l->headroom = o->headroom;
 
 	struct msg_writer w = {.buf = buf, .cap = sizeof(buf)};
-	msg_raw(&w, "{\"type\":\"request\",\"frame_size\":");
-	msg_u64(&w, o->frame_size);
-	msg_raw(&w, ",\"headroom\":");
-	msg_u64(&w, o->headroom);
-	msg_raw(&w, ",\"rings\":{\"fill\":");
-	msg_u64(&w, ring);
-	msg_raw(&w, ",\"completion\":");
-	msg_u64(&w, ring);
-	msg_raw(&w, ",\"rx\":");
-	msg_u64(&w, ring);
-	msg_raw(&w, ",\"tx\":");
-	msg_u64(&w, tx);
-	msg_raw(&w, "},\"queues\":");
-	msg_queues(&w, queues, nq);
-	msg_raw(&w, "}");
+	msg_request(&w, &(struct msg_request){.frame_size = o->frame_size, .headroom = o->headroom,
+					      .ring_fill = ring, .ring_completion = ring, .ring_rx = ring,
+					      .ring_tx = tx, .queues = queues, .nqueues = nq,
+					      .multi_buffer = o->multi_buffer});
 	if (send_msg(l->conn, &w, &mfd, 1, "request", err) < 0)
 		goto fail;
 	close(mfd); /* the mapping keeps the memory; the daemon has its copy */
@@ -499,6 +488,14 @@ static struct xdpq_lease *open_once(const char *path, const struct xdpq_opts *o,
 		seterr(err, 0, false, "xdpq: the daemon sent %zu sockets for %zu queues", nfds, nq);
 		goto fail;
 	}
+	/* A multi-buffer socket hands over packets in pieces that a client
+	 * not asking for it would take for whole ones; one without it drops
+	 * what the client asked to receive. Either way: not these sockets. */
+	if (m->multi_buffer != o->multi_buffer) {
+		seterr(err, 0, false, "xdpq: asked for multi-buffer %s, the daemon bound the sockets with %s",
+		       o->multi_buffer ? "true" : "false", m->multi_buffer ? "true" : "false");
+		goto fail;
+	}
 	if (m->nqueues != nq || memcmp(m->queues, queues, nq * sizeof(uint32_t)) != 0 || !m->has_rings ||
 	    m->ring_fill != ring || m->ring_completion != ring || m->ring_rx != ring || m->ring_tx != tx ||
 	    m->frame_size != o->frame_size || m->headroom != o->headroom) {
@@ -506,6 +503,7 @@ static struct xdpq_lease *open_once(const char *path, const struct xdpq_opts *o,
 		goto fail;
 	}
 	l->zero_copy = m->zero_copy;
+	l->multi_buffer = m->multi_buffer;
 	l->sockets = calloc(nq, sizeof(*l->sockets));
 	if (!l->sockets) {
 		seterr(err, ENOMEM, false, "xdpq");
@@ -574,10 +572,13 @@ struct xdpq_lease *xdpq_open(const char *path, const struct xdpq_opts *opts, str
 		o = *opts;
 	if (!o.name || !*o.name)
 		o.name = "xdpq-c";
+	/* multi_buffer's defaults are the Go client's: a jumbo frame takes 3
+	 * descriptors of 4 KiB frames, and rings of 4096 take a burst of 1024
+	 * of them. */
 	if (!o.frame_size)
-		o.frame_size = 2048;
+		o.frame_size = o.multi_buffer ? 4096 : 2048;
 	if (!o.ring)
-		o.ring = 2048;
+		o.ring = o.multi_buffer ? 4096 : 2048;
 	if (o.timeout_ms <= 0)
 		o.timeout_ms = 30000;
 	if (!path || !*path) {

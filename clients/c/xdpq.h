@@ -23,6 +23,11 @@
  *	...
  *	xdpq_close(l);
  *
+ * With xdpq_opts.multi_buffer, a packet larger than a UMEM frame (a jumbo
+ * frame) comes in several descriptors, and use() above sees its pieces in
+ * order: every descriptor but a packet's last has XDP_PKT_CONTD in its
+ * options (xdpq_desc_continues). Without it such a packet is dropped.
+ *
  * The ring accessors are the kernel's single-producer single-consumer
  * protocol (Documentation/networking/af_xdp.rst, net/xdp/xsk_queue.h):
  * read the other side's index with acquire, publish one's own with
@@ -53,15 +58,35 @@ extern "C" {
 /* XDPQ_ENV_SOCKET is the environment variable that holds the socket's path. */
 #define XDPQ_ENV_SOCKET "XDPQ_SOCKET"
 
+/* XDP_PKT_CONTD (Linux 6.6, linux/if_xdp.h) marks a descriptor whose
+ * packet goes on in the next one; older headers lack it. */
+#ifndef XDP_PKT_CONTD
+#define XDP_PKT_CONTD (1 << 0)
+#endif
+
 /* struct xdpq_opts says what to ask for; zero fields take the defaults. */
 struct xdpq_opts {
 	const char *name;	  /* shown in the daemon's log; default "xdpq-c" */
 	const uint32_t *queues;	  /* NULL: every queue of the allocation */
 	size_t nqueues;
-	uint32_t frame_size;	  /* 2048 (default) or 4096 */
+	uint32_t frame_size;	  /* 2048 (default) or 4096 (default with multi_buffer) */
 	uint32_t headroom;	  /* bytes kept free before each received frame */
-	uint32_t ring;		  /* entries of every ring; a power of two, default 2048 */
+	uint32_t ring;		  /* entries of every ring; a power of two, default 2048
+				   * (4096 with multi_buffer) */
 	bool tx;		  /* ask for a TX ring too (the pool must allow it) */
+	/* multi_buffer asks for sockets bound with XDP_USE_SG, which take
+	 * packets larger than a UMEM frame (jumbo frames: 9014 bytes at a
+	 * 9000-byte MTU). Such a packet comes in several RX descriptors,
+	 * every one but the last marked XDP_PKT_CONTD (xdpq_desc_continues);
+	 * without multi_buffer the kernel drops it (rx_dropped). A received
+	 * descriptor holds a frame less the kernel's 256 bytes of headroom
+	 * (copy mode): a 9014-byte frame takes 3 descriptors of 4 KiB frames,
+	 * 6 of 2 KiB. Rings count descriptors, not packets, hence the larger
+	 * defaults, as in the Go client: a UMEM of 32 MiB a queue (48 MiB
+	 * with tx). The daemon refuses it where the kernel (before Linux 6.6)
+	 * or a zero-copy driver cannot; xdpq_open refuses sockets the daemon
+	 * did not bind so. */
+	bool multi_buffer;
 	/* timeout_ms bounds each handshake (of xdpq_open and of
 	 * xdpq_resume), and how long xdpq_open retries an allocation still
 	 * held by a connection the daemon has not seen close (a restarted
@@ -134,6 +159,9 @@ struct xdpq_lease {
 	uint32_t busy_poll_timeout_us;
 	uint32_t busy_poll_budget;
 	bool zero_copy;
+	/* multi_buffer: the sockets are bound with XDP_USE_SG
+	 * (xdpq_opts.multi_buffer): a packet may come in several descriptors. */
+	bool multi_buffer;
 	uint32_t frame_size;
 	uint32_t headroom;
 	void *umem;		/* the UMEM: frame addresses are offsets into it */
@@ -207,6 +235,19 @@ static inline void *xdpq_frame(const struct xdpq_lease *l, uint64_t addr)
 static inline uint64_t xdpq_frame_base(const struct xdpq_lease *l, uint64_t addr)
 {
 	return addr & ~(uint64_t)(l->frame_size - 1);
+}
+
+/*
+ * xdpq_desc_continues says whether the packet of descriptor d goes on in
+ * the next descriptor of the ring (XDP_PKT_CONTD). Only sockets of a
+ * multi_buffer lease receive such descriptors: a packet is its
+ * descriptors up to and including the first one for which this is false.
+ * A packet's descriptors come in order, but may span two peeks of the RX
+ * ring; each descriptor's frame goes back to the fill ring on its own.
+ */
+static inline bool xdpq_desc_continues(const struct xdp_desc *d)
+{
+	return d->options & XDP_PKT_CONTD;
 }
 
 /* xdpq_needs_wakeup says whether the kernel asks for a wakeup (a syscall)

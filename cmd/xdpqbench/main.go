@@ -27,7 +27,7 @@ func main() {
 	cfg := bench.Config{Out: os.Stdout}
 	flag.DurationVar(&cfg.Duration, "duration", 3*time.Second, "sending time per measurement")
 	flag.IntVar(&cfg.Rounds, "rounds", 3, "measurements per receiver, interleaved; the table shows medians")
-	flag.IntVar(&cfg.FrameSize, "size", 64, "frame size in bytes (without FCS), 60..9014; above 1514 jumbo frames: the MTU raised, multi-buffer sockets, (d) and (g) left out")
+	flag.IntVar(&cfg.FrameSize, "size", 64, "frame size in bytes (without FCS), 60..9014; above 1514 jumbo frames: the MTU raised, multi-buffer sockets, (d) left out")
 	podQueues := flag.String("pod-queues", "1,2,4", "queue counts of the pod rows, comma-separated")
 	flag.IntVar(&cfg.TXBatch, "batch", 1024, "TX descriptors per submission")
 	flag.IntVar(&cfg.SenderCPU, "sender-cpu", 1, "core the sender runs on")

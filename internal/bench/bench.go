@@ -75,9 +75,10 @@ type Config struct {
 
 // Jumbo reports whether the frames are jumbo frames: the veth pair's MTU
 // is raised to fit them, every socket is bound with multi-buffer (a frame
-// comes in several descriptors when it does not fit a UMEM frame), and
-// the receivers that cannot take a frame in several buffers ((d) DPDK
-// 22.11's PMD, (g) the C client) are left out.
+// comes in several descriptors when it does not fit a UMEM frame), the
+// pods ask for multi-buffer sockets ((g) with xdpq-rxdrop -m), and the
+// receiver that cannot take a frame in several buffers ((d) DPDK 22.11's
+// PMD) is left out.
 func (c Config) Jumbo() bool { return c.FrameSize > 1514 }
 
 // Result is one receiver's measurements.
@@ -167,7 +168,7 @@ func Run(cfg Config) ([]*Result, error) {
 		if err := p.SetMTU(cfg.FrameSize - 14); err != nil {
 			return nil, err
 		}
-		cfg.Testpmd, cfg.Pods.CRxdrop = "", ""
+		cfg.Testpmd = ""
 	}
 
 	receivers := []receiver{
@@ -198,7 +199,7 @@ func Run(cfg Config) ([]*Result, error) {
 	fmt.Fprintf(cfg.Out, "veth pair (%d queues), %d-byte frames; 1 sender core: AF_XDP sender on cpu %d (TX batch %d%s, round-robin over B's queues 0..N-1); receivers on cpu %d; %v per run, %d rounds\n",
 		queues, cfg.FrameSize, cfg.SenderCPU, cfg.TXBatch, snd.budgetNote, cfg.RxCPU, cfg.Duration, cfg.Rounds)
 	if cfg.Jumbo() {
-		fmt.Fprintf(cfg.Out, "jumbo frames: MTU %d, every socket multi-buffer (2 KiB UMEM frames: a frame sent in %d descriptors, received in %d, a received one holding a frame less the kernel's 256-byte headroom), the pods with -multi-buffer (pkg/client's defaults then: 4 KiB frames); (d) and (g) cannot take a frame in several buffers and are left out\n",
+		fmt.Fprintf(cfg.Out, "jumbo frames: MTU %d, every socket multi-buffer (2 KiB UMEM frames: a frame sent in %d descriptors, received in %d, a received one holding a frame less the kernel's 256-byte headroom), the pods with -multi-buffer or -m (pkg/client's and the C client's defaults then: 4 KiB frames); (d) cannot take a frame in several buffers and is left out\n",
 			cfg.FrameSize-14, (cfg.FrameSize+2047)/2048, (cfg.FrameSize+1791)/1792)
 	}
 	if d != nil {

@@ -206,7 +206,11 @@ func (pd *podDaemon) receivers(cfg Config) []receiver {
 			podKind{name: "(f) pod: xdpqperf rxdrop, busyPoll", busyPoll: true, command: perf, ready: "xdpqperf rxdrop: allocation", received: perfReceived})
 	}
 	if cfg.Pods.CRxdrop != "" {
-		kinds = append(kinds, podKind{name: "(g) pod: C xdpq-rxdrop", command: func(p Pods) (string, []string) { return p.CRxdrop, nil },
+		var args []string
+		if cfg.Jumbo() {
+			args = []string{"-m"}
+		}
+		kinds = append(kinds, podKind{name: "(g) pod: C xdpq-rxdrop", command: func(p Pods) (string, []string) { return p.CRxdrop, args },
 			ready: ": active (", received: cReceived})
 	}
 	var rs []receiver

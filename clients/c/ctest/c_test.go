@@ -79,6 +79,7 @@ func TestRxdropArguments(t *testing.T) {
 	}{
 		{[]string{"-z"}, "unknown option -z"},
 		{[]string{"-x", "extra"}, "unexpected argument extra"},
+		{[]string{"-m", "-x", "jumbo"}, "unexpected argument jumbo"},
 		{[]string{"-d"}, "-d needs a value"},
 		{[]string{"-d", "0"}, "-d 0: want a number of seconds"},
 		{[]string{"-n", "-5"}, "-n -5: want a number of frames"},
@@ -136,36 +137,53 @@ func TestRxdropMalformedDaemon(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name   string
+		args   []string                            // xdpq-rxdrop's, besides -s and -d
 		answer func(t *testing.T, c *net.UnixConn) // after the hello
 		want   string
 	}{
-		{"not json", say("welcome!"),
+		{"not json", nil, say("welcome!"),
 			"xdpq: waiting for welcome: not a protocol message: at byte 0: want an object, found 'w'"},
-		{"refused", say(`{"type":"error","code":"forbidden","reason":"not yours\u001b[2J"}`),
+		{"refused", nil, say(`{"type":"error","code":"forbidden","reason":"not yours\u001b[2J"}`),
 			"xdpq: refused: forbidden: not yours?[2J"},
-		{"version", say(`{"type":"welcome","version":2,"allocation":"a","queues":[1]}`),
+		{"version", nil, say(`{"type":"welcome","version":2,"allocation":"a","queues":[1]}`),
 			"the daemon speaks protocol version 2, this client 1"},
-		{"no queues", say(`{"type":"welcome","version":1,"allocation":"a","queues":[]}`),
+		{"no queues", nil, say(`{"type":"welcome","version":1,"allocation":"a","queues":[]}`),
 			"the daemon's welcome names no allocation or no queues"},
-		{"wrong type", say(`{"type":"sockets"}`), `got a "sockets" message, want "welcome"`},
-		{"too long", say(strings.Repeat(" ", 5000) + "{}"), "a message longer than 4096 bytes"},
-		{"bad field", say(`{"type":"welcome","version":1,"allocation":"a","queues":[1],"limits":{"max_ring":-1}}`),
+		{"wrong type", nil, say(`{"type":"sockets"}`), `got a "sockets" message, want "welcome"`},
+		{"too long", nil, say(strings.Repeat(" ", 5000) + "{}"), "a message longer than 4096 bytes"},
+		{"bad field", nil, say(`{"type":"welcome","version":1,"allocation":"a","queues":[1],"limits":{"max_ring":-1}}`),
 			"xdpq: waiting for welcome: not a protocol message: at byte 81: limits.max_ring: -1 is not a non-negative integer"},
-		{"closed", func(*testing.T, *net.UnixConn) {}, "the daemon closed the connection before welcome"},
-		{"no sockets", request(fakeSockets), "the daemon sent 0 sockets for 2 queues"},
-		{"too many sockets", request(fakeSockets, func(t *testing.T) []int { return pipeFDs(t, 3) }),
+		{"closed", nil, func(*testing.T, *net.UnixConn) {}, "the daemon closed the connection before welcome"},
+		{"no sockets", nil, request(fakeSockets), "the daemon sent 0 sockets for 2 queues"},
+		{"too many sockets", nil, request(fakeSockets, func(t *testing.T) []int { return pipeFDs(t, 3) }),
 			"waiting for sockets: the daemon sent more than 2 descriptors"},
-		{"not sockets", request(fakeSockets, func(t *testing.T) []int { return pipeFDs(t, 2) }),
+		{"not sockets", nil, request(fakeSockets, func(t *testing.T) []int { return pipeFDs(t, 2) }),
 			"xdpq: queue 8: read ring offsets: Socket operation on non-socket"},
-		{"other rings", request(strings.Replace(fakeSockets, `"fill":2048`, `"fill":4096`, 1),
+		{"other rings", nil, request(strings.Replace(fakeSockets, `"fill":2048`, `"fill":4096`, 1),
 			func(t *testing.T) []int { return pipeFDs(t, 2) }),
 			"the daemon's sockets are not the ones asked for"},
-		{"refused request", request(`{"type":"error","code":"limit","reason":"umem too big"}`),
+		{"refused request", nil, request(`{"type":"error","code":"limit","reason":"umem too big"}`),
 			"xdpq: refused: limit: umem too big"},
+		// A daemon that does not echo multi_buffer bound the sockets
+		// without it (an older one would have refused the field): the
+		// client must not take them; nor sockets bound with it unasked.
+		// -m asks with the Go client's defaults, 4 KiB frames and rings
+		// of 4096.
+		{"multi-buffer not echoed", []string{"-m"},
+			requestWith(wantRequest{frame: 4096, ring: 4096, multiBuffer: true}, fakeSocketsMB(false),
+				func(t *testing.T) []int { return pipeFDs(t, 2) }),
+			"xdpq: asked for multi-buffer true, the daemon bound the sockets with false"},
+		{"multi-buffer unasked", nil, request(fakeSockets[:len(fakeSockets)-1]+`,"multi_buffer":true}`,
+			func(t *testing.T) []int { return pipeFDs(t, 2) }),
+			"xdpq: asked for multi-buffer false, the daemon bound the sockets with true"},
+		{"multi-buffer not a bool", []string{"-m"},
+			requestWith(wantRequest{frame: 4096, ring: 4096, multiBuffer: true},
+				strings.Replace(fakeSocketsMB(true), "true}", `"yes"}`, 1)),
+			`xdpq: waiting for sockets: not a protocol message: at byte 141: multi_buffer: want true or false`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			path := fakeDaemon(t, c.answer)
-			cmd := exec.Command(bin, "-s", path, "-d", "5")
+			cmd := exec.Command(bin, append([]string{"-s", path, "-d", "5"}, c.args...)...)
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
 			err := cmd.Run()
@@ -190,9 +208,33 @@ func say(msg string) func(*testing.T, *net.UnixConn) {
 	}
 }
 
-// request welcomes the client, checks its request and memfd as the daemon
-// would, and answers with msg and the descriptors fds makes.
+// fakeSocketsMB is the sockets message for -m's request, with
+// multi_buffer true, or without it.
+func fakeSocketsMB(mb bool) string {
+	s := `{"type":"sockets","frame_size":4096,"rings":{"fill":4096,"completion":4096,"rx":4096,"tx":0},` +
+		`"queues":[8,9],"zero_copy":false`
+	if mb {
+		s += `,"multi_buffer":true`
+	}
+	return s + "}"
+}
+
+// wantRequest is what a fake daemon expects of the request: the frame
+// size, every ring's size (tx 0), and multi_buffer.
+type wantRequest struct {
+	frame, ring uint32
+	multiBuffer bool
+}
+
+// request welcomes the client, checks its request (xdpq-rxdrop's defaults
+// without -m) and memfd as the daemon would, and answers with msg and the
+// descriptors fds makes.
 func request(msg string, fds ...func(*testing.T) []int) func(*testing.T, *net.UnixConn) {
+	return requestWith(wantRequest{frame: 2048, ring: 2048}, msg, fds...)
+}
+
+// requestWith is request for a request of w.
+func requestWith(w wantRequest, msg string, fds ...func(*testing.T) []int) func(*testing.T, *net.UnixConn) {
 	return func(t *testing.T, c *net.UnixConn) {
 		if err := xsk.SendFDs(c, []byte(fakeWelcome), nil); err != nil {
 			t.Error(err)
@@ -210,9 +252,10 @@ func request(msg string, fds ...func(*testing.T) []int) func(*testing.T, *net.Un
 			t.Errorf("request %s: %v", buf[:n], err)
 			return
 		}
-		want := wire.Rings{Fill: 2048, Completion: 2048, RX: 2048}
-		if m.FrameSize != 2048 || m.Rings == nil || *m.Rings != want || !slices.Equal(m.Queues, []uint32{8, 9}) {
-			t.Errorf("request %s", buf[:n])
+		want := wire.Rings{Fill: w.ring, Completion: w.ring, RX: w.ring}
+		if m.FrameSize != w.frame || m.Rings == nil || *m.Rings != want || !slices.Equal(m.Queues, []uint32{8, 9}) ||
+			m.MultiBuffer != w.multiBuffer {
+			t.Errorf("request %s, want %+v", buf[:n], w)
 		}
 		if len(got) != 1 {
 			t.Errorf("request with %d descriptors, want the memfd", len(got))
@@ -223,7 +266,7 @@ func request(msg string, fds ...func(*testing.T) []int) func(*testing.T, *net.Un
 			t.Error(err)
 		}
 		// Per socket a fill ring's and an RX ring's worth of frames.
-		if want := int64(2 * 2 * 2048 * 2048); size != want {
+		if want := int64(2 * 2 * w.ring * w.frame); size != want {
 			t.Errorf("umem of %d bytes, want %d", size, want)
 		}
 		var send []int
@@ -459,12 +502,13 @@ func frames(p *testnet.Pair, q uint32, seq, n int) [][]byte {
 }
 
 // startNode runs a node whose allocation alloc-1 of xa's queues 0 and 1
-// belongs to uid owner, with the sender on the far side.
-func startNode(t *testing.T, owner uint32, onLease func(string, []broker.LeaseSocket)) (*node.Node, *node.Peer) {
+// belongs to uid owner, with the sender on the far side; mtu, if not 0,
+// is the veth pair's.
+func startNode(t *testing.T, owner uint32, onLease func(string, []broker.LeaseSocket), mtu int) (*node.Node, *node.Peer) {
 	t.Helper()
 	testnet.RequireRoot(t)
 	n, err := node.Start(node.Config{Queues: 4, Alloc: []uint32{0, 1}, Owner: broker.Owner{UID: &owner},
-		Policy: agent.Policy{Steering: agent.SteerHardware}, OnLease: onLease,
+		Policy: agent.Policy{Steering: agent.SteerHardware}, OnLease: onLease, MTU: mtu,
 		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -502,7 +546,7 @@ func send(t *testing.T, n *node.Node, p *node.Peer, seq, count int, sent map[uin
 // receives every frame sent to them byte for byte, through rings of 512
 // entries that wrap twice. When it exits, its lease ends.
 func TestRxdropUnprivileged(t *testing.T) {
-	n, p := startNode(t, nobody, nil)
+	n, p := startNode(t, nobody, nil, 0)
 	bin := filepath.Join(build(t, "xdpq-rxdrop"), "xdpq-rxdrop")
 	const perQueue, half = 1000, 500 // half fits a ring of 512
 	r := startRxdrop(t, bin, n.Alloc.SocketPath(), "-x", "-r", "512", "-n", strconv.Itoa(2*perQueue), "-d", "60")
@@ -555,7 +599,7 @@ func TestRxdropUnprivileged(t *testing.T) {
 // socket is open to others (Kubernetes, where the container's uid is not
 // known) the daemon refuses, and xdpq-rxdrop prints its code and reason.
 func TestRxdropRefused(t *testing.T) {
-	n, _ := startNode(t, nobody-1, nil)
+	n, _ := startNode(t, nobody-1, nil, 0)
 	bin := filepath.Join(build(t, "xdpq-rxdrop"), "xdpq-rxdrop")
 	refused := func(want string) {
 		t.Helper()
@@ -595,7 +639,7 @@ func TestRxdropResumes(t *testing.T) {
 		defer mu.Unlock()
 		leases = append(leases, socks)
 	}
-	n, p := startNode(t, nobody, onLease)
+	n, p := startNode(t, nobody, onLease, 0)
 	bin := filepath.Join(build(t, "xdpq-rxdrop"), "xdpq-rxdrop")
 	r := startRxdrop(t, bin, n.Alloc.SocketPath(), "-x", "-d", "60")
 	r.waitLine(t, ": active (copy)")
@@ -647,6 +691,121 @@ func TestRxdropResumes(t *testing.T) {
 	if err := n.WaitSockets(0, 5*time.Second); err != nil {
 		t.Error(err)
 	}
+}
+
+// jumboFrames builds n numbered UDP frames to A for queue q, starting
+// at seq, of the sizes of pkg/client's TestReceiverJumbo: payloads from
+// 18 bytes to 8972 (a 9014-byte frame, the most a 9000-byte MTU takes),
+// around the edges of one, two and three 4 KiB UMEM frames less the
+// kernel's 256 bytes of headroom.
+func jumboFrames(p *testnet.Pair, q uint32, seq, n int) [][]byte {
+	out := make([][]byte, n)
+	for i := range out {
+		size := []int{18, 1400, 2006, 2007, 3798, 3799, 4054, 4055, 6000, 7597, 7598, 8972}[(seq+i)%12]
+		f, err := frame.Spec{SrcMAC: p.B.MAC, DstMAC: p.A.MAC, Src: p.B.Addr, Dst: p.A.Addr, Protocol: 17,
+			SrcPort: 9, DstPort: uint16(7000 + q), Payload: frame.Payload(q, uint64(seq+i), size)}.Build()
+		if err != nil {
+			panic(err)
+		}
+		out[i] = f
+	}
+	return out
+}
+
+// sendFrames sends fs[q] to each queue q and adds them to sent.
+func sendFrames(t *testing.T, p *node.Peer, fs map[uint32][][]byte, sent map[uint32][][]byte) {
+	t.Helper()
+	for q := range uint32(2) {
+		if err := p.Send[q].Send(fs[q], time.Now().Add(5*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		sent[q] = append(sent[q], fs[q]...)
+	}
+}
+
+// summary checks xdpq-rxdrop's summary: frames and bytes of each of
+// queues 0 and 1 as sent, and the total.
+func (r *rxdrop) summary(t *testing.T, sent map[uint32][][]byte) {
+	t.Helper()
+	var frames, bytes int
+	var want []string
+	for q := range uint32(2) {
+		size := 0
+		for _, f := range sent[q] {
+			size += len(f)
+		}
+		want = append(want, fmt.Sprintf("queue %d: %d frames, %d bytes", q, len(sent[q]), size))
+		frames += len(sent[q])
+		bytes += size
+	}
+	want = append(want, fmt.Sprintf("total: %d frames, %d bytes in ", frames, bytes))
+	for _, w := range want {
+		if !slices.ContainsFunc(r.stderr.snapshot(), func(l string) bool { return strings.HasPrefix(l, w) }) {
+			t.Errorf("summary lacks %q:\n%s", w, strings.Join(r.stderr.snapshot(), "\n"))
+		}
+	}
+}
+
+// TestRxdropJumbo: at a 9000-byte MTU, xdpq-rxdrop -m leases
+// multi-buffer sockets with the Go client's defaults (4 KiB frames, rings
+// of 4096) and receives frames of up to 9014 bytes, each in as many
+// descriptors as it takes, whole: it counts frames, not descriptors (-n
+// stops it after exactly as many as were sent), and writes each one byte
+// for byte. Without -m the kernel drops the frames larger than a UMEM
+// frame and xdpq-rxdrop gets only the others.
+func TestRxdropJumbo(t *testing.T) {
+	t.Run("multi-buffer", func(t *testing.T) {
+		n, p := startNode(t, nobody, nil, 9000)
+		bin := filepath.Join(build(t, "xdpq-rxdrop"), "xdpq-rxdrop")
+		const perQueue = 300
+		r := startRxdrop(t, bin, n.Alloc.SocketPath(), "-m", "-x", "-n", strconv.Itoa(2*perQueue), "-d", "60")
+		r.waitLine(t, "xdpq-rxdrop: allocation alloc-1 netdev xa queues 0,1: active (copy, multi-buffer)")
+		sent := map[uint32][][]byte{}
+		sendFrames(t, p, map[uint32][][]byte{0: jumboFrames(n.Pair, 0, 0, perQueue), 1: jumboFrames(n.Pair, 1, 0, perQueue)}, sent)
+		<-r.done
+		if r.err != nil {
+			t.Fatalf("xdpq-rxdrop: %v\nstderr:\n%s", r.err, strings.Join(r.stderr.snapshot(), "\n"))
+		}
+		checkFrames(t, r.received(t), sent)
+		r.summary(t, sent)
+		if err := n.WaitSockets(0, 5*time.Second); err != nil {
+			t.Error(err)
+		}
+	})
+
+	t.Run("without multi-buffer", func(t *testing.T) {
+		n, p := startNode(t, nobody, nil, 9000)
+		bin := filepath.Join(build(t, "xdpq-rxdrop"), "xdpq-rxdrop")
+		r := startRxdrop(t, bin, n.Alloc.SocketPath(), "-x", "-d", "60")
+		r.waitLine(t, "xdpq-rxdrop: allocation alloc-1 netdev xa queues 0,1: active (copy)")
+		// Big, small, big, small: once the last small one is there, the
+		// kernel has dealt with both big ones.
+		all := map[uint32][][]byte{}
+		small := map[uint32][][]byte{}
+		for q := range uint32(2) {
+			one := func(seq int) []byte { return jumboFrames(n.Pair, q, seq, 1)[0] }
+			all[q] = [][]byte{one(11), one(0), one(10), one(12)} // payloads of 8972, 18, 7598, 18 bytes
+			small[q] = [][]byte{all[q][1], all[q][3]}
+		}
+		sendFrames(t, p, all, map[uint32][][]byte{})
+		r.waitFrames(t, []uint32{0, 1}, 2)
+		stats := n.Broker.Stats()
+		if len(stats) != 2 {
+			t.Errorf("statistics of %d sockets, want 2: %+v", len(stats), stats)
+		}
+		for _, st := range stats {
+			if st.RXDropped != 2 {
+				t.Errorf("queue %d: %d frames dropped, want 2 (%+v)", st.Queue, st.RXDropped, st.Statistics)
+			}
+		}
+		r.pod.Cmd.Process.Signal(syscall.SIGTERM)
+		<-r.done
+		if r.err != nil {
+			t.Fatalf("xdpq-rxdrop: %v\nstderr:\n%s", r.err, strings.Join(r.stderr.snapshot(), "\n"))
+		}
+		checkFrames(t, r.received(t), small)
+		r.summary(t, small)
+	})
 }
 
 var _ io.Writer = (*output)(nil)
