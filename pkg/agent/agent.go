@@ -181,10 +181,10 @@ type netdev struct {
 	steerMode      Steering
 	flows, unknown int
 	pins           string
-	prog           *xdp.Program  // ours, on the pinned maps
-	running        *ebpf.Program // the xdpq program attached: prog's, or an adopted earlier instance
-	link           link.Link     // Exclusive only
-	sockets        map[uint32]bool
+	prog           *xdp.Program      // ours, on the pinned maps
+	running        *ebpf.Program     // the xdpq program attached: prog's, or an adopted earlier instance
+	link           link.Link         // Exclusive only
+	sockets        map[uint32]uint64 // queue: the inode of the socket put in the XSKMAP for it
 	// orphans are queues found busy on start whose sockets the agent did
 	// not hand out in this life; they are probed again on every resync.
 	orphans   map[uint32]bool
@@ -307,6 +307,10 @@ func (d *netdev) lingering(now time.Time) (bool, time.Duration) {
 // AddSocket puts the socket fd, bound to queue of the netdev, into the
 // XSKMAP and attaches the program if the netdev needs it.
 func (a *Agent) AddSocket(name string, queue uint32, fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("agent: add socket: %w", err)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	d := a.idleNetdev(name)
@@ -319,23 +323,26 @@ func (a *Agent) AddSocket(name string, queue uint32, fd int) error {
 	if err := d.prog.SetSocket(queue, fd); err != nil {
 		return fmt.Errorf("agent: %s: %w", name, err)
 	}
-	d.sockets[queue] = true
+	d.sockets[queue] = st.Ino
 	delete(d.orphans, queue)
 	a.reconcile(d)
 	return nil
 }
 
-// RemoveSocket forgets the socket of queue (the kernel drops it from the
-// XSKMAP when it closes). The program goes after the linger period once no
+// RemoveSocket forgets the socket of queue whose inode is inode (0: any),
+// and takes it out of the XSKMAP (the kernel does too when it closes). A
+// queue that holds another socket now is left alone: the queue's next
+// holder may have bound and added its socket before the end of the
+// previous one is told. The program goes after the linger period once no
 // socket is left.
-func (a *Agent) RemoveSocket(name string, queue uint32) error {
+func (a *Agent) RemoveSocket(name string, queue uint32, inode uint64) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	d := a.idleNetdev(name)
 	if d == nil {
 		return fmt.Errorf("agent: remove socket: %s is not managed", name)
 	}
-	if !d.sockets[queue] {
+	if ino, ok := d.sockets[queue]; !ok || inode != 0 && ino != inode {
 		return nil
 	}
 	delete(d.sockets, queue)

@@ -50,7 +50,7 @@ func TestNetdevChanges(t *testing.T) {
 	a.waitFor(t, "missing after delete", func(all []agent.Status) bool {
 		return len(all) == 1 && all[0].State == agent.StateMissing
 	})
-	if err := a.RemoveSocket(p.A.Name, 0); err != nil {
+	if err := a.RemoveSocket(p.A.Name, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Unmanage(p.A.Name); err != nil {
@@ -140,7 +140,7 @@ func TestAttachAlways(t *testing.T) {
 	if err := a.AddSocket("xa", 0, s0.FD()); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.RemoveSocket("xa", 0); err != nil {
+	if err := a.RemoveSocket("xa", 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	clock.Add(time.Second) // well past the 10ms linger

@@ -99,7 +99,7 @@ func TestLingerPerPolicy(t *testing.T) {
 		}
 		nextXDP(t, updates, p.A.Index, 5*time.Second, func(id uint32) bool { return id != 0 }, nil)
 		removed := time.Now()
-		if err := a.RemoveSocket("xa", 0); err != nil {
+		if err := a.RemoveSocket("xa", 0, 0); err != nil {
 			t.Fatal(err)
 		}
 		gone := nextXDP(t, updates, p.A.Index, linger+margin, func(id uint32) bool { return id == 0 }, nil)
@@ -814,7 +814,7 @@ func TestSetConcurrently(t *testing.T) {
 		if err := a.AddSocket("xa", 1, s1.FD()); err != nil {
 			t.Error(err)
 		}
-		if err := a.RemoveSocket("xa", 1); err != nil {
+		if err := a.RemoveSocket("xa", 1, 0); err != nil {
 			t.Error(err)
 		}
 	})

@@ -159,7 +159,7 @@ func (a *Agent) manage(name string, p Policy) (*netdev, error) {
 	}
 	queues := l.Attrs().NumRxQueues
 	d := &netdev{name: name, ifindex: l.Attrs().Index, queues: queues, policy: p,
-		pins: filepath.Join(a.cfg.PinDir, name), sockets: map[uint32]bool{}, orphans: map[uint32]bool{}}
+		pins: filepath.Join(a.cfg.PinDir, name), sockets: map[uint32]uint64{}, orphans: map[uint32]bool{}}
 	steer, err := a.resolveSteering(name, p.Steering)
 	if err != nil {
 		return nil, err

@@ -452,7 +452,7 @@ func TestDPDKHandshake(t *testing.T) {
 	if n, _ := unix.Read(fd, make([]byte, 8)); n != 0 {
 		t.Error("connection still open after /fin_ack")
 	}
-	e.a.RemoveSocket("xa", 0)
+	e.a.RemoveSocket("xa", 0, 0)
 }
 
 // TestDPDKRefusedPeer: a peer that is not the owner gets /host_nak.

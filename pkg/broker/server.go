@@ -34,8 +34,9 @@ const SocketName = "xdpq.sock"
 type Datapath interface {
 	// AddSocket puts a bound socket into the netdev's XSKMAP.
 	AddSocket(netdev string, queue uint32, fd int) error
-	// RemoveSocket takes it out again.
-	RemoveSocket(netdev string, queue uint32) error
+	// RemoveSocket takes the socket of inode out again; a queue that
+	// holds another socket by now (its next holder's) keeps it.
+	RemoveSocket(netdev string, queue uint32, inode uint64) error
 }
 
 // PodDatapath is the datapath of a netdev that is one allocation's alone,
@@ -1116,8 +1117,8 @@ func (s *Server) activate(c *net.UnixConn, al *allocation, peer Peer, p policy, 
 	var added []uint32
 	for i, ls := range socks {
 		if err := p.dp.AddSocket(p.dev.Name, ls.Queue, fds[i]); err != nil {
-			for _, q := range added {
-				p.dp.RemoveSocket(p.dev.Name, q)
+			for j := range added {
+				p.dp.RemoveSocket(p.dev.Name, socks[j].Queue, socks[j].Inode)
 			}
 			return nil, refuse(wire.CodeInternal, "%v", err)
 		}
@@ -1166,9 +1167,9 @@ func (s *Server) end(al *allocation, l *lease) {
 		s.log.Info("server closing; the lease stays in the kernel for the next daemon", "allocation", al.id, "queues", queues)
 		return
 	}
-	for _, q := range queues {
-		if err := l.dp.RemoveSocket(l.dev.Name, q); err != nil {
-			s.log.Warn("remove socket", "allocation", al.id, "queue", q, "err", err)
+	for _, ls := range l.socks {
+		if err := l.dp.RemoveSocket(l.dev.Name, ls.Queue, ls.Inode); err != nil {
+			s.log.Warn("remove socket", "allocation", al.id, "queue", ls.Queue, "err", err)
 		}
 	}
 	ended := make(chan struct{})

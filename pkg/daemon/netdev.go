@@ -178,8 +178,8 @@ func (p podDatapath) AddSocket(netdev string, q uint32, fd int) error {
 	return p.pn.agent.AddSocket(netdev, q, fd)
 }
 
-func (p podDatapath) RemoveSocket(netdev string, q uint32) error {
-	return p.pn.agent.RemoveSocket(netdev, q)
+func (p podDatapath) RemoveSocket(netdev string, q uint32, inode uint64) error {
+	return p.pn.agent.RemoveSocket(netdev, q, inode)
 }
 
 // XSKMapFD hands the netdev's XSKMAP to its pod's DPDK. The sockets DPDK
