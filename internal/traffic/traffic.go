@@ -41,9 +41,10 @@ func NewSender(s *xsk.Socket, addrs []uint64, batch int) *Sender {
 // frames than the Sender owns, or more descriptors than the TX ring
 // holds, is refused before anything is sent.
 func (t *Sender) Send(frames [][]byte, deadline time.Time) error {
-	fs := int(t.s.UMEM().Config().FrameSize)
+	u := t.s.UMEM()
+	fs := u.Config().FrameSize
 	for i, f := range frames {
-		need := max((len(f)+fs-1)/fs, 1)
+		need := u.FramesFor(len(f))
 		if need > t.frames {
 			return fmt.Errorf("send: frame %d of %d bytes needs %d frames of %d bytes, the sender owns %d", i, len(f), need, fs, t.frames)
 		}
@@ -62,11 +63,11 @@ func (t *Sender) Send(frames [][]byte, deadline time.Time) error {
 		room := t.s.TXFree()
 		t.descs = t.descs[:0]
 		for i < len(frames) && len(t.descs) < t.batch {
-			need := max((len(frames[i])+fs-1)/fs, 1)
+			need := u.FramesFor(len(frames[i]))
 			if len(t.descs)+need > room || need > len(t.free) {
 				break // wait for room, or for completions
 			}
-			descs, used, err := t.s.UMEM().Scatter(frames[i], t.free[len(t.free)-need:], t.descs)
+			descs, used, err := u.Scatter(frames[i], t.free[len(t.free)-need:], t.descs)
 			if err != nil {
 				return fmt.Errorf("send: frame %d: %w", i, err)
 			}
@@ -102,8 +103,7 @@ type Receiver struct {
 	// has taken frames; the rest wait here for the next round.
 	refill []uint64
 	mask   uint64
-	packet []byte // a frame in several descriptors, gathered so far
-	more   bool   // packet goes on in the next descriptor
+	gather xsk.Gather // a frame in several descriptors, so far
 	// Descriptors counts the descriptors received, Frames the frames:
 	// more descriptors than frames means frames came in pieces.
 	Descriptors, Frames int
@@ -157,17 +157,11 @@ func (r *Receiver) Receive(n int, deadline time.Time, fn func(frame []byte) erro
 		r.Descriptors += got
 		var stop error
 		for _, d := range r.descs[:got] {
-			b := r.s.UMEM().Bytes(d.Addr, d.Len)
-			if d.Continues() || r.more {
-				r.packet = append(r.packet, b...)
-				b = r.packet
-			}
-			r.more = d.Continues()
+			b, whole := r.gather.Add(d, r.s.UMEM().Bytes(d.Addr, d.Len))
 			r.refill = append(r.refill, d.Addr&r.mask)
-			if r.more {
+			if !whole {
 				continue
 			}
-			r.packet = r.packet[:0]
 			seen++
 			r.Frames++
 			if stop == nil {
@@ -195,18 +189,13 @@ func Flood(s *xsk.Socket, addrs []uint64, size uint32, batch int, stop func() bo
 // Prepare writes packet into addrs for FloodAll: into each frame when it
 // fits one, else into each run of the frames it needs (xsk.UMEM.Scatter).
 func Prepare(u *xsk.UMEM, addrs []uint64, packet []byte) error {
-	per := framesPer(u, uint32(len(packet)))
+	per := u.FramesFor(len(packet))
 	for g := 0; g+per <= len(addrs); g += per {
 		if _, _, err := u.Scatter(packet, addrs[g:g+per], nil); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-func framesPer(u *xsk.UMEM, size uint32) int {
-	fs := u.Config().FrameSize
-	return max(int((size+fs-1)/fs), 1)
 }
 
 // FloodAll transmits the packet of size bytes written at addrs[i] (see
@@ -283,19 +272,21 @@ type floodQueue struct {
 	// per > 1: each run of frames is a packet, its descriptors made
 	// once; a run is free again once all its frames completed.
 	runs  [][]xsk.Desc
-	run   map[uint64]int // frame → its run
-	done  []int          // frames of each run completed
-	ready []int          // runs on no ring
+	run   []int32 // by frame index (address / frame size): its run
+	done  []int   // frames of each run completed
+	ready []int   // runs on no ring
+	fs    uint64
 }
 
 func newFloodQueue(s *xsk.Socket, addrs []uint64, size uint32) *floodQueue {
-	q := &floodQueue{s: s, per: framesPer(s.UMEM(), size), comp: make([]uint64, s.Rings().Completion)}
+	q := &floodQueue{s: s, per: s.UMEM().FramesFor(int(size)), comp: make([]uint64, s.Rings().Completion)}
 	if q.per == 1 {
 		q.free = append(make([]uint64, 0, len(addrs)), addrs...)
 		return q
 	}
 	fs := s.UMEM().Config().FrameSize
-	q.run = map[uint64]int{}
+	q.fs = uint64(fs)
+	q.run = make([]int32, s.UMEM().NumFrames())
 	for g := 0; g+q.per <= len(addrs); g += q.per {
 		var ds []xsk.Desc
 		for k, a := range addrs[g : g+q.per] {
@@ -304,7 +295,7 @@ func newFloodQueue(s *xsk.Socket, addrs []uint64, size uint32) *floodQueue {
 				d.Options = xsk.Continues
 			}
 			ds = append(ds, d)
-			q.run[a] = len(q.runs)
+			q.run[a/q.fs] = int32(len(q.runs))
 		}
 		q.ready = append(q.ready, len(q.runs))
 		q.runs = append(q.runs, ds)
@@ -324,7 +315,7 @@ func (q *floodQueue) complete() uint64 {
 	}
 	var packets uint64
 	for _, a := range q.comp[:n] {
-		g := q.run[a]
+		g := int(q.run[a/q.fs])
 		if q.done[g]++; q.done[g] == q.per {
 			q.done[g] = 0
 			q.ready = append(q.ready, g)

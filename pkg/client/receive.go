@@ -78,12 +78,11 @@ type Receiver struct {
 	s      *xsk.Socket
 	umem   *xsk.UMEM
 	descs  []xsk.Desc
-	refill []uint64  // frames for the fill ring, oldest first
-	mask   uint64    // a frame's address from any address inside it
-	busy   bool      // the pool busy-polls
-	last   time.Time // when frames last came
-	packet []byte    // a packet in several descriptors, gathered so far
-	more   bool      // the packet goes on in the next descriptor
+	refill []uint64   // frames for the fill ring, oldest first
+	mask   uint64     // a frame's address from any address inside it
+	busy   bool       // the pool busy-polls
+	last   time.Time  // when frames last came
+	gather xsk.Gather // a packet in several descriptors, so far
 	// file is a duplicate of the socket for the runtime's poller, conn
 	// its raw side; fileErr says why there is none. Made with the
 	// Receiver (not at its first sleep): Lease.Close closes file from
@@ -127,14 +126,10 @@ func (r *Receiver) Receive(wait time.Duration, fn func(frame []byte)) (int, erro
 	descs, err := r.Peek(wait)
 	n := 0
 	for _, d := range descs {
-		b := r.umem.Bytes(d.Addr, d.Len)
+		b, whole := r.gather.Add(d, r.umem.Bytes(d.Addr, d.Len))
 		r.refill = append(r.refill, d.Addr&r.mask)
-		if d.Options&xsk.Continues != 0 || r.more {
-			r.packet = append(r.packet, b...)
-			if r.more = d.Options&xsk.Continues != 0; r.more {
-				continue
-			}
-			b, r.packet = r.packet, r.packet[:0]
+		if !whole {
+			continue
 		}
 		fn(b)
 		n++

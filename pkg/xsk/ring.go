@@ -26,6 +26,30 @@ const Continues = unix.XDP_PKT_CONTD
 // Continues reports whether the packet goes on in the next descriptor.
 func (d Desc) Continues() bool { return d.Options&Continues != 0 }
 
+// Gather joins the descriptors of a packet received in several (a
+// socket bound with Config.MultiBuffer) into one buffer of its own.
+type Gather struct {
+	buf  []byte
+	more bool
+}
+
+// Add takes the next descriptor received and its bytes b. Once d ends a
+// packet it returns the whole packet and true: b itself for a packet in
+// one descriptor, else the gathered bytes, valid until the next Add.
+// While the packet goes on it returns false.
+func (g *Gather) Add(d Desc, b []byte) ([]byte, bool) {
+	if !g.more && !d.Continues() {
+		return b, true
+	}
+	g.buf = append(g.buf, b...)
+	if g.more = d.Continues(); g.more {
+		return nil, false
+	}
+	p := g.buf
+	g.buf = g.buf[:0]
+	return p, true
+}
+
 // ring is one of the four single-producer single-consumer rings shared with
 // the kernel. The application produces on the fill and TX rings and
 // consumes on the RX and completion rings. The cached indexes spare an

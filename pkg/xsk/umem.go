@@ -141,6 +141,13 @@ func (u *UMEM) Bytes(addr uint64, n uint32) []byte {
 	return u.mem[addr:end:end]
 }
 
+// FramesFor returns how many frames Scatter writes a packet of n bytes
+// into: at least one.
+func (u *UMEM) FramesFor(n int) int {
+	fs := int(u.cfg.FrameSize)
+	return max((n+fs-1)/fs, 1)
+}
+
 // Scatter writes packet into the frames at addrs, as many as it needs
 // from the first (a frame takes up to FrameSize bytes from its start),
 // appends their TX descriptors to descs, every one but the last marked
@@ -151,7 +158,7 @@ func (u *UMEM) Bytes(addr uint64, n uint32) []byte {
 // it needs is given twice (a later chunk would overwrite an earlier one).
 func (u *UMEM) Scatter(packet []byte, addrs []uint64, descs []Desc) ([]Desc, int, error) {
 	fs := int(u.cfg.FrameSize)
-	need := max((len(packet)+fs-1)/fs, 1)
+	need := u.FramesFor(len(packet))
 	if need > len(addrs) {
 		return descs, 0, fmt.Errorf("umem: a %d-byte packet needs %d frames of %d bytes, %d given", len(packet), need, fs, len(addrs))
 	}

@@ -321,3 +321,24 @@ func TestScatter(t *testing.T) {
 		t.Errorf("a frame given twice past the frames the packet needs: %d frames, %v", used, err)
 	}
 }
+
+// TestGather: a packet in one descriptor is handed over as it is; one in
+// several, once its last came, gathered; nothing while it goes on.
+func TestGather(t *testing.T) {
+	var g xsk.Gather
+	one := []byte("single")
+	if b, ok := g.Add(xsk.Desc{}, one); !ok || &b[0] != &one[0] {
+		t.Fatalf("a packet in one descriptor: %q %v, want it in place", b, ok)
+	}
+	for round := range 2 { // the buffer is reused
+		if b, ok := g.Add(xsk.Desc{Options: xsk.Continues}, []byte("ab")); ok || b != nil {
+			t.Fatalf("round %d: after the first piece: %q %v", round, b, ok)
+		}
+		if _, ok := g.Add(xsk.Desc{Options: xsk.Continues}, []byte("cd")); ok {
+			t.Fatalf("round %d: after the second piece: whole", round)
+		}
+		if b, ok := g.Add(xsk.Desc{}, []byte("e")); !ok || string(b) != "abcde" {
+			t.Fatalf("round %d: the last piece: %q %v, want abcde", round, b, ok)
+		}
+	}
+}
