@@ -1,57 +1,109 @@
 // Package atomicfile writes files so that a reader, or a process started
 // after a crash at any instant, sees either the old content or the new,
 // never a mix or a truncated file.
+//
+// It works on file descriptors, not os.File: the daemon writes a record
+// twice for every CNI ADD and DEL, and an os.File costs a write three
+// more system calls (fstat and two fcntl when it is opened, the poller's
+// bookkeeping when it is closed) and a path lookup for each of the
+// temporary file, the rename and the directory's sync; a write here takes
+// half the time (BenchmarkWriteFile).
 package atomicfile
 
 import (
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
-// WriteFile writes data to path atomically with the permissions perm: a
-// temporary file in the same directory is written and synced, renamed
-// over path, and the directory synced so that the rename survives a power
-// loss. The directory must exist.
-func WriteFile(path string, data []byte, perm os.FileMode) (err error) {
+// WriteFile writes data to path atomically with the permissions perm
+// (whatever the umask): a temporary file in the same directory is written
+// and synced, renamed over path, and the directory synced so that the
+// rename survives a power loss. The directory must exist. On an error
+// path is as it was and no temporary file is left.
+func WriteFile(path string, data []byte, perm os.FileMode) error {
 	dir, base := filepath.Split(path)
 	if dir == "" {
 		dir = "."
 	}
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	dfd, err := openDir(dir)
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(tmp)
+	defer unix.Close(dfd)
+	tmp, err := writeTemp(dfd, dir, base, data, perm)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := unix.Renameat(dfd, tmp, dfd, base); err != nil {
+		unix.Unlinkat(dfd, tmp, 0)
+		return fmt.Errorf("write %s: %w", path, &os.LinkError{Op: "rename", Old: filepath.Join(dir, tmp), New: path, Err: err})
+	}
+	if err := fsync(dfd); err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}
+
+// writeTemp writes data to a new temporary file for base in the directory
+// dfd (dir) and syncs it; it returns the file's name in the directory.
+func writeTemp(dfd int, dir, base string, data []byte, perm os.FileMode) (string, error) {
+	var (
+		tmp string
+		fd  int
+		err error
+	)
+	for range 100 {
+		tmp = "." + base + ".tmp-" + strconv.FormatUint(rand.Uint64(), 36)
+		fd, err = unix.Openat(dfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, uint32(perm.Perm()))
+		if err != unix.EINTR && err != unix.EEXIST {
+			break
 		}
-	}()
-	if err = f.Chmod(perm); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
 	}
-	if _, err = f.Write(data); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
+	if err != nil {
+		return "", &os.PathError{Op: "open", Path: filepath.Join(dir, tmp), Err: err}
 	}
-	if err = f.Sync(); err != nil {
-		return fmt.Errorf("write %s: sync: %w", path, err)
+	fail := func(op string, err error) (string, error) {
+		unix.Close(fd)
+		unix.Unlinkat(dfd, tmp, 0)
+		return "", &os.PathError{Op: op, Path: filepath.Join(dir, tmp), Err: err}
 	}
-	if err = f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
+	// Open's mode went through the umask.
+	if err := unix.Fchmod(fd, uint32(perm.Perm())); err != nil {
+		return fail("chmod", err)
 	}
-	if err = os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
+	for rest := data; len(rest) > 0; {
+		n, err := unix.Write(fd, rest)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return fail("write", err)
+		case n == 0:
+			return fail("write", unix.EIO)
+		}
+		rest = rest[n:]
 	}
-	return SyncDir(dir)
+	if err := fsync(fd); err != nil {
+		return fail("sync", err)
+	}
+	if err := unix.Close(fd); err != nil {
+		unix.Unlinkat(dfd, tmp, 0)
+		return "", &os.PathError{Op: "close", Path: filepath.Join(dir, tmp), Err: err}
+	}
+	return tmp, nil
 }
 
 // Remove removes path (no error when it is gone) and syncs its directory,
 // so that the removal survives a power loss.
 func Remove(path string) error {
-	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	return SyncDir(filepath.Dir(path))
@@ -60,15 +112,36 @@ func Remove(path string) error {
 // SyncDir syncs a directory, making the entries created, renamed or
 // removed in it durable.
 func SyncDir(dir string) error {
-	d, err := os.Open(dir)
+	fd, err := openDir(dir)
+	if err == nil {
+		err = fsync(fd)
+		unix.Close(fd)
+	}
 	if err != nil {
 		return fmt.Errorf("sync %s: %w", dir, err)
 	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
 	return nil
+}
+
+func openDir(dir string) (int, error) {
+	for {
+		fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return -1, &os.PathError{Op: "open", Path: dir, Err: err}
+		}
+		return fd, nil
+	}
+}
+
+func fsync(fd int) error {
+	for {
+		if err := unix.Fsync(fd); err != unix.EINTR {
+			return err
+		}
+	}
 }
 
 // IsTemp reports whether name (a base name) is one of WriteFile's

@@ -415,7 +415,7 @@ func TestBrokenRecord(t *testing.T) {
 		"cut in half": func(b []byte) []byte { return b[:len(b)/2] },
 		"empty":       func([]byte) []byte { return nil },
 		"garbage":     func([]byte) []byte { return []byte("\x00\x01 not json") },
-		"other id":    func(b []byte) []byte { return []byte(strings.Replace(string(b), `"id": "upf-`, `"id": "xyz-`, 1)) },
+		"other id":    func(b []byte) []byte { return []byte(strings.Replace(string(b), `"id":"upf-`, `"id":"xyz-`, 1)) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()

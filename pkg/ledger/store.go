@@ -40,7 +40,7 @@ func openStore(dir string) (*store, error) {
 func (s *store) path(id string) string { return filepath.Join(s.dir, id+".json") }
 
 func (s *store) write(a *Allocation) error {
-	b, err := json.MarshalIndent(record{Version: recordVersion, Allocation: *a}, "", "  ")
+	b, err := json.Marshal(record{Version: recordVersion, Allocation: *a})
 	if err != nil {
 		return err
 	}
