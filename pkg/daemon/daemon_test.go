@@ -21,7 +21,12 @@ import (
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
 
-func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
+func TestMain(m *testing.M) {
+	if sock := os.Getenv(scalePollerEnv); sock != "" {
+		os.Exit(runScalePoller(sock))
+	}
+	os.Exit(testnet.MainWithLeakCheck(m))
+}
 
 // TestStandalone is the standalone mode as a bare-metal user runs it: the
 // daemon on a config file, `xdpqctl alloc` through the local API, an

@@ -1,10 +1,13 @@
 package daemon
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"math"
@@ -43,7 +46,8 @@ import (
 // ended first and kubelet may give its device again, which the daemon
 // sees as a re-allocation. Then, scaleAddPasses times, the CNI plugin ADDs
 // every live pod from scaleWorkers goroutines at once (one flow each)
-// while a status client asks back to back, and DELs them one at a time;
+// while a status client (a process of its own, as xdpqctl is) asks back
+// to back, and DELs them one at a time;
 // then as many passes again with a client listing the allocations back
 // to back instead.
 const (
@@ -61,7 +65,8 @@ const (
 const scaleRSSGoal = 40
 
 // scaleLayout says where the daemon and the load generator (this test
-// binary: the fake kubelet, the CNI and status clients) run.
+// binary, the fake kubelet and the CNI clients, and the status client's
+// process, started on the same CPUs) run.
 type scaleLayout struct {
 	name      string
 	inProcess bool         // the daemon runs in this binary (for -cpuprofile)
@@ -103,7 +108,7 @@ type scaleRound struct {
 //
 // The machine may have few, shared cores, so it runs two layouts
 // interleaved, scaleRounds rounds each: "split" (the daemon alone on CPU
-// 1, this binary on CPU 0) and "shared" (both on every CPU, as on a node),
+// 1, the load on CPU 0) and "shared" (both on every CPU, as on a node),
 // and gives each number as the median of the rounds with their range;
 // the reported metrics are the first layout's medians. Run it with
 // -benchtime 1x.
@@ -381,14 +386,16 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 	// meanwhile; each pass's pods are DELeted one at a time after it. The
 	// ADD rows are of the first passes: their load is the status goal's.
 	cpuAdd := time.Duration(0)
+	poller := startScalePoller(b, sock)
+	defer poller.close()
 	for pass := range 2 * scaleAddPasses {
 		listing := pass >= scaleAddPasses
-		poll := func(c *api.Client) error { _, err := c.Status(); return err }
+		what := "status"
 		if listing {
-			poll = func(c *api.Client) error { _, err := c.Allocations(""); return err }
+			what = "allocations"
 		}
 		cpu0 := d.cpu()
-		ps, err := scaleAddPass(sock, pass, live, reg.ResourceName, podNS.Path(), poll)
+		ps, err := scaleAddPass(sock, pass, live, reg.ResourceName, podNS.Path(), poller, what)
 		if cpu := d.cpu(); cpu > 0 && !listing {
 			cpuAdd += cpu - cpu0
 		}
@@ -501,9 +508,9 @@ type scalePass struct {
 
 // scaleAddPass ADDs pod i (of pass) with device live[i] for every i,
 // from scaleWorkers goroutines, as the CNI plugin does (a client, a
-// connection, per call), while a client polls back to back (status, or
-// the allocations' list).
-func scaleAddPass(sock string, pass int, live []string, resource, netns string, poll func(*api.Client) error) (scalePass, error) {
+// connection, per call), while the poller calls what back to back
+// ("status", or "allocations": the allocations' list).
+func scaleAddPass(sock string, pass int, live []string, resource, netns string, poller *scalePoller, what string) (scalePass, error) {
 	var (
 		mu    sync.Mutex
 		ps    scalePass
@@ -520,25 +527,9 @@ func scaleAddPass(sock string, pass int, live []string, resource, netns string, 
 		return first != nil
 	}
 	jobs := make(chan int)
-	addsDone := make(chan struct{})
-	var status sync.WaitGroup
-	status.Go(func() {
-		client := api.NewClient(sock)
-		for {
-			select {
-			case <-addsDone:
-				return
-			default:
-			}
-			t0 := time.Now()
-			err := poll(client)
-			ps.polls = append(ps.polls, time.Since(t0))
-			if err != nil {
-				fail(fmt.Errorf("poll: %w", err))
-				return
-			}
-		}
-	})
+	if err := poller.start(what); err != nil {
+		return ps, err
+	}
 	var workers sync.WaitGroup
 	t0 := time.Now()
 	for range scaleWorkers {
@@ -567,8 +558,10 @@ func scaleAddPass(sock string, pass int, live []string, resource, netns string, 
 	close(jobs)
 	workers.Wait()
 	ps.wall = time.Since(t0)
-	close(addsDone)
-	status.Wait()
+	var err error
+	if ps.polls, err = poller.stop(); err != nil {
+		fail(fmt.Errorf("poll %s: %w", what, err))
+	}
 	return ps, first
 }
 
@@ -581,6 +574,119 @@ func scaleAddRequest(pass, i int, dev, resource, netns string) api.CNIAddRequest
 	return api.CNIAddRequest{ContainerID: scaleContainerID(pass, i), IfName: "net1", Resource: resource, DeviceID: dev,
 		PodUID: fmt.Sprintf("00000000-0000-0000-0000-%012d", i), PodNamespace: "bench", PodName: fmt.Sprintf("pod-%d", i), Netns: netns,
 		Flows: []api.CNIFlow{{Protocol: "udp", Dst: dst, DstPort: 2152}}}
+}
+
+// scalePollerEnv, set to the API socket, makes this test binary the
+// status client of BenchmarkScale64x64 (see [runScalePoller]) instead of
+// running tests.
+const scalePollerEnv = "XDPQ_SCALE_POLLER"
+
+// scalePoller is the status client, in a process of its own as xdpqctl
+// and the CNI plugin's STATUS are: a goroutine of this binary would wait
+// in its scheduler behind the CNI clients' goroutines, which a user's
+// client does not.
+type scalePoller struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Scanner
+}
+
+// pollResult is what the poller measured between a start and a stop.
+type pollResult struct {
+	Latencies []time.Duration
+	Err       string
+}
+
+// startScalePoller starts the poller on the CPUs of the calling thread.
+func startScalePoller(b *testing.B, sock string) *scalePoller {
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
+	cmd.Env = append(os.Environ(), scalePollerEnv+"="+sock)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	p := &scalePoller{cmd: cmd, in: in, out: bufio.NewScanner(out)}
+	p.out.Buffer(nil, 1<<20)
+	return p
+}
+
+// close ends the poller's process.
+func (p *scalePoller) close() {
+	p.in.Close()
+	p.cmd.Wait()
+}
+
+// start has the poller call what ("status" or "allocations") back to
+// back until stop.
+func (p *scalePoller) start(what string) error {
+	_, err := fmt.Fprintln(p.in, what)
+	return err
+}
+
+func (p *scalePoller) stop() ([]time.Duration, error) {
+	if _, err := fmt.Fprintln(p.in, "stop"); err != nil {
+		return nil, err
+	}
+	if !p.out.Scan() {
+		return nil, fmt.Errorf("poller: no result: %v", p.out.Err())
+	}
+	var r pollResult
+	if err := json.Unmarshal(p.out.Bytes(), &r); err != nil {
+		return nil, fmt.Errorf("poller: %w", err)
+	}
+	if r.Err != "" {
+		return r.Latencies, errors.New(r.Err)
+	}
+	return r.Latencies, nil
+}
+
+// runScalePoller is the poller's process: for each line on stdin naming
+// what to call, it calls it back to back on sock until the next line,
+// and writes a pollResult line.
+func runScalePoller(sock string) int {
+	client := api.NewClient(sock)
+	in := bufio.NewScanner(os.Stdin)
+	out := json.NewEncoder(os.Stdout)
+	for in.Scan() {
+		poll := func() error { _, err := client.Status(); return err }
+		if in.Text() == "allocations" {
+			poll = func() error { _, err := client.Allocations(""); return err }
+		}
+		stop := make(chan struct{})
+		go func() {
+			in.Scan()
+			close(stop)
+		}()
+		var r pollResult
+	polling:
+		for {
+			select {
+			case <-stop:
+				break polling
+			default:
+			}
+			t0 := time.Now()
+			err := poll()
+			r.Latencies = append(r.Latencies, time.Since(t0))
+			if err != nil {
+				r.Err = err.Error()
+				<-stop
+				break polling
+			}
+		}
+		if err := out.Encode(r); err != nil {
+			return 1
+		}
+	}
+	return 0
 }
 
 // scaleDaemon is a running daemon, in its own process or in this one.
@@ -698,7 +804,12 @@ func pinThreads(b *testing.B, cpus *unix.CPUSet) (restore func()) {
 	if err := set(cpus); err != nil {
 		b.Fatal(err)
 	}
+	// As many Ps as CPUs, as Go sets at start: two threads of this
+	// binary taking turns on one CPU by the kernel's time slices held
+	// the CNI and status clients for milliseconds.
+	procs := runtime.GOMAXPROCS(cpus.Count())
 	return func() {
+		runtime.GOMAXPROCS(procs)
 		if err := set(&was); err != nil {
 			b.Error(err)
 		}
