@@ -16,8 +16,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/xdpq/xdpq/internal/bench"
@@ -60,6 +62,19 @@ func main() {
 		}
 		cfg.Testpmd = path
 	}
+	// Ctrl-C or SIGTERM ends the run after the measurement under way,
+	// with the namespace and veth pair, the daemon and the pods removed;
+	// a second one kills at once.
+	stop := make(chan struct{})
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		signal.Reset(os.Interrupt, syscall.SIGTERM)
+		fmt.Fprintf(os.Stderr, "xdpqbench: %v: stopping after the measurement under way and removing what the run made (again to stop at once)\n", s)
+		close(stop)
+	}()
+	cfg.Stop = stop
 	if err := run(cfg, *pods, *cc); err != nil {
 		fmt.Fprintln(os.Stderr, "xdpqbench:", err)
 		os.Exit(1)

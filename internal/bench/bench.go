@@ -71,7 +71,14 @@ type Config struct {
 	// PodQueues are the queue counts of each pod row; nil means 1, 2 and 4.
 	PodQueues []int
 	Out       io.Writer
+	// Stop, when closed, ends the run before its next measurement: Run
+	// removes what it made (the namespace and its veth pair, the daemon,
+	// the pods) and returns ErrInterrupted. Nil runs to the end.
+	Stop <-chan struct{}
 }
+
+// ErrInterrupted is Run's error when Config.Stop ended it.
+var ErrInterrupted = errors.New("interrupted: the table was not finished")
 
 // Jumbo reports whether the frames are jumbo frames: the veth pair's MTU
 // is raised to fit them, every socket is bound with multi-buffer (a frame
@@ -159,6 +166,17 @@ func Run(cfg Config) ([]*Result, error) {
 	if cfg.Pods.Perf != "" || cfg.Pods.CRxdrop != "" {
 		queues = slices.Max(cfg.PodQueues)
 	}
+	stopped := func() bool {
+		select {
+		case <-cfg.Stop:
+			return true
+		default:
+			return false
+		}
+	}
+	if stopped() {
+		return nil, ErrInterrupted
+	}
 	p, err := testnet.Create(queues)
 	if err != nil {
 		return nil, err
@@ -196,8 +214,8 @@ func Run(cfg Config) ([]*Result, error) {
 		return nil, err
 	}
 	defer snd.close()
-	fmt.Fprintf(cfg.Out, "veth pair (%d queues), %d-byte frames; 1 sender core: AF_XDP sender on cpu %d (TX batch %d%s, round-robin over B's queues 0..N-1); receivers on cpu %d; %v per run, %d rounds\n",
-		queues, cfg.FrameSize, cfg.SenderCPU, cfg.TXBatch, snd.budgetNote, cfg.RxCPU, cfg.Duration, cfg.Rounds)
+	fmt.Fprintf(cfg.Out, "veth pair (%d queues) in netns %s, %d-byte frames; 1 sender core: AF_XDP sender on cpu %d (TX batch %d%s, round-robin over B's queues 0..N-1); receivers on cpu %d; %v per run, %d rounds\n",
+		queues, p.NSPath(), cfg.FrameSize, cfg.SenderCPU, cfg.TXBatch, snd.budgetNote, cfg.RxCPU, cfg.Duration, cfg.Rounds)
 	if cfg.Jumbo() {
 		fmt.Fprintf(cfg.Out, "jumbo frames: MTU %d, every socket multi-buffer (2 KiB UMEM frames: a frame sent in %d descriptors, received in %d, a received one holding a frame less the kernel's 256-byte headroom), the pods with -multi-buffer or -m (pkg/client's and the C client's defaults then: 4 KiB frames); (d) cannot take a frame in several buffers and is left out\n",
 			cfg.FrameSize-14, (cfg.FrameSize+2047)/2048, (cfg.FrameSize+1791)/1792)
@@ -208,6 +226,9 @@ func Run(cfg Config) ([]*Result, error) {
 	}
 	for round := range cfg.Rounds {
 		for i, r := range receivers {
+			if stopped() {
+				return nil, ErrInterrupted
+			}
 			m, err := measure(p, r, snd, cfg)
 			if err != nil {
 				return nil, fmt.Errorf("%s, %d queues, round %d: %w", r.name, r.queues, round+1, err)
