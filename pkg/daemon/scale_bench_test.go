@@ -45,20 +45,29 @@ import (
 // scaleLive alive at once: from pod scaleLive+1 on, the oldest pod has
 // ended first and kubelet may give its device again, which the daemon
 // sees as a re-allocation. Then, scaleAddPasses times, the CNI plugin ADDs
-// every live pod from scaleWorkers goroutines at once (one flow each)
-// while a status client (a process of its own, as xdpqctl is) asks back
-// to back, and DELs them one at a time;
-// then as many passes again with a client listing the allocations back
-// to back instead.
+// every live pod from scaleWorkers goroutines at once (one flow each),
+// as fast as they go, while a status client (a process of its own, as
+// xdpqctl is) asks back to back, and DELs them one at a time; then as
+// many passes again with the client listing the allocations back to back
+// instead; then as many with status again but the ADDs paced at
+// scalePacedRate a second.
+//
+// Flat out, the ADDs take every CPU: the CNI clients of this binary one
+// CPU (a real node's plugin processes would take more), the daemon the
+// rest, so a status call waits for its turn on a CPU behind them, in the
+// kernel's and in Go's scheduler, whatever the daemon does. Paced, the
+// CPUs have room, and status shows what the daemon itself makes it wait:
+// a lock held across an ADD's kernel calls would show there.
 const (
 	scaleNetdevs   = 64
 	scaleQueues    = 64
 	scaleAllocs    = 300
 	scaleLive      = 200
 	scaleWorkers   = 8
-	scaleAddPasses = 10  // a pass gives ~25 status calls: with 3, a round's p99 was its slowest call
-	scaleStatus    = 200 // status calls, and list calls, of an idle daemon
-	scaleRounds    = 3   // per layout
+	scaleAddPasses = 10   // a pass gives ~25 status calls: with 3, a round's p99 was its slowest call
+	scalePacedRate = 1000 // ADDs a second of the paced passes: a node's pod starts are some tens a second
+	scaleStatus    = 200  // status calls, and list calls, of an idle daemon
+	scaleRounds    = 3    // per layout
 )
 
 // scaleRSSGoal is the goal for the daemon's resident memory, in MiB.
@@ -81,6 +90,7 @@ type scaleRound struct {
 	listIdle                               []time.Duration // GET /v1/allocations of an idle daemon
 	emptyRPC                               []time.Duration // GetDevicePluginOptions: the transport's share of a call
 	statusLoaded, add, del                 []time.Duration // add, del: of the passes with the status client
+	statusPaced, addPaced                  []time.Duration // status and ADD latency of the paced passes
 	listLoaded                             []time.Duration // GET /v1/allocations while ADDs run
 	cpuAllocate, cpuStatus, cpuList        time.Duration   // daemon CPU time per pod admitted, per idle status, per idle list; 0 in process
 	cpuAdd                                 time.Duration   // daemon CPU time per ADD of the passes with the status client; 0 in process
@@ -149,6 +159,7 @@ func BenchmarkScale64x64(b *testing.B) {
 	b.ReportMetric(median(first, func(r scaleRound) float64 { return us(pct(r.allocate, 50)) }), "alloc-p50-µs")
 	b.ReportMetric(median(first, func(r scaleRound) float64 { return us(pct(r.allocate, 99)) }), "alloc-p99-µs")
 	b.ReportMetric(median(first, func(r scaleRound) float64 { return us(pct(r.statusLoaded, 99)) }), "status-loaded-p99-µs")
+	b.ReportMetric(median(first, func(r scaleRound) float64 { return us(pct(r.statusPaced, 99)) }), "status-paced-p99-µs")
 	b.ReportMetric(median(first, func(r scaleRound) float64 { return us(pct(r.listLoaded, 99)) }), "list-loaded-p99-µs")
 	b.ReportMetric(median(first, func(r scaleRound) float64 { return r.rssMiB }), "rss-MiB")
 }
@@ -383,28 +394,38 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 
 	// scaleAddPasses passes of CNI ADDs of every live pod, with status
 	// asked meanwhile, then as many with the allocations listed
-	// meanwhile; each pass's pods are DELeted one at a time after it. The
-	// ADD rows are of the first passes: their load is the status goal's.
+	// meanwhile, then as many paced with status asked; each pass's pods
+	// are DELeted one at a time after it. The ADD and DEL rows are of the
+	// first passes.
 	cpuAdd := time.Duration(0)
 	poller := startScalePoller(b, sock)
 	defer poller.close()
-	for pass := range 2 * scaleAddPasses {
-		listing := pass >= scaleAddPasses
-		what := "status"
+	for pass := range 3 * scaleAddPasses {
+		listing := pass >= scaleAddPasses && pass < 2*scaleAddPasses
+		paced := pass >= 2*scaleAddPasses
+		first := !listing && !paced
+		what, rate := "status", 0
 		if listing {
 			what = "allocations"
 		}
+		if paced {
+			rate = scalePacedRate
+		}
 		cpu0 := d.cpu()
-		ps, err := scaleAddPass(sock, pass, live, reg.ResourceName, podNS.Path(), poller, what)
-		if cpu := d.cpu(); cpu > 0 && !listing {
+		ps, err := scaleAddPass(sock, pass, live, reg.ResourceName, podNS.Path(), poller, what, rate)
+		if cpu := d.cpu(); cpu > 0 && first {
 			cpuAdd += cpu - cpu0
 		}
 		if err != nil {
 			b.Fatal(err)
 		}
-		if listing {
+		switch {
+		case listing:
 			r.listLoaded = append(r.listLoaded, ps.polls...)
-		} else {
+		case paced:
+			r.statusPaced = append(r.statusPaced, ps.polls...)
+			r.addPaced = append(r.addPaced, ps.add...)
+		default:
 			r.add = append(r.add, ps.add...)
 			r.statusLoaded = append(r.statusLoaded, ps.polls...)
 			r.addPhase += ps.wall
@@ -425,7 +446,7 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 			if err := client.CNIDel(scaleContainerID(pass, i), "net1"); err != nil {
 				b.Fatal(err)
 			}
-			if !listing {
+			if first {
 				r.del = append(r.del, time.Since(t0))
 			}
 		}
@@ -509,8 +530,9 @@ type scalePass struct {
 // scaleAddPass ADDs pod i (of pass) with device live[i] for every i,
 // from scaleWorkers goroutines, as the CNI plugin does (a client, a
 // connection, per call), while the poller calls what back to back
-// ("status", or "allocations": the allocations' list).
-func scaleAddPass(sock string, pass int, live []string, resource, netns string, poller *scalePoller, what string) (scalePass, error) {
+// ("status", or "allocations": the allocations' list). With a rate, the
+// ADDs start at most rate a second; else as fast as the workers go.
+func scaleAddPass(sock string, pass int, live []string, resource, netns string, poller *scalePoller, what string, rate int) (scalePass, error) {
 	var (
 		mu    sync.Mutex
 		ps    scalePass
@@ -552,7 +574,16 @@ func scaleAddPass(sock string, pass int, live []string, resource, netns string, 
 			}
 		})
 	}
+	var tick <-chan time.Time
+	if rate > 0 {
+		t := time.NewTicker(time.Second / time.Duration(rate))
+		defer t.Stop()
+		tick = t.C
+	}
 	for i := range live {
+		if tick != nil {
+			<-tick
+		}
 		jobs <- i
 	}
 	close(jobs)
@@ -870,6 +901,7 @@ func printScaleTable(loadBefore string, layouts []scaleLayout, results [][]scale
 	allocate := func(r scaleRound) []time.Duration { return r.allocate }
 	idle := func(r scaleRound) []time.Duration { return r.statusIdle }
 	loaded := func(r scaleRound) []time.Duration { return r.statusLoaded }
+	paced := func(r scaleRound) []time.Duration { return r.statusPaced }
 	listIdle := func(r scaleRound) []time.Duration { return r.listIdle }
 	listLoaded := func(r scaleRound) []time.Duration { return r.listLoaded }
 	add := func(r scaleRound) []time.Duration { return r.add }
@@ -889,16 +921,20 @@ func printScaleTable(loadBefore string, layouts []scaleLayout, results [][]scale
 		lat(fmt.Sprintf("status, idle, %d allocations counted,", scaleLive), 50, 0, idle),
 		lat(fmt.Sprintf("status, idle, %d allocations counted,", scaleLive), 99, 0, idle),
 		{name: "  daemon CPU per status", unit: "ms", processOnly: true, val: func(r scaleRound) float64 { return ms(r.cpuStatus) }},
-		lat("status while the ADDs run", 50, 0, loaded),
-		lat("status while the ADDs run", 99, 5*time.Millisecond, loaded),
-		{name: "  status calls while the ADDs run", val: func(r scaleRound) float64 { return float64(len(r.statusLoaded)) }},
+		lat(fmt.Sprintf("status while ADDs run at %d/s, %d at once,", scalePacedRate, scaleWorkers), 50, 0, paced),
+		lat(fmt.Sprintf("status while ADDs run at %d/s, %d at once,", scalePacedRate, scaleWorkers), 99, 5*time.Millisecond, paced),
+		{name: "  status calls while they run", val: func(r scaleRound) float64 { return float64(len(r.statusPaced)) }},
+		lat(fmt.Sprintf("  CNI ADD at %d/s", scalePacedRate), 99, 0, func(r scaleRound) []time.Duration { return r.addPaced }),
+		lat("status while the ADDs run flat out (every CPU busy)", 50, 0, loaded),
+		lat("status while the ADDs run flat out (every CPU busy)", 99, 5*time.Millisecond, loaded),
+		{name: "  status calls while they run", val: func(r scaleRound) float64 { return float64(len(r.statusLoaded)) }},
 		lat(fmt.Sprintf("allocations list, idle, %d listed,", scaleLive), 50, 0, listIdle),
 		lat(fmt.Sprintf("allocations list, idle, %d listed,", scaleLive), 99, 0, listIdle),
 		{name: "  daemon CPU per list", unit: "ms", processOnly: true, val: func(r scaleRound) float64 { return ms(r.cpuList) }},
-		lat("allocations list while the ADDs run", 99, 0, listLoaded),
+		lat("allocations list while the ADDs run flat out", 99, 0, listLoaded),
 		{name: "  list calls while the ADDs run", val: func(r scaleRound) float64 { return float64(len(r.listLoaded)) }},
-		lat(fmt.Sprintf("CNI ADD (%d at once, a flow each)", scaleWorkers), 50, 0, add),
-		lat(fmt.Sprintf("CNI ADD (%d at once, a flow each)", scaleWorkers), 99, 0, add),
+		lat(fmt.Sprintf("CNI ADD (%d at once flat out, a flow each)", scaleWorkers), 50, 0, add),
+		lat(fmt.Sprintf("CNI ADD (%d at once flat out, a flow each)", scaleWorkers), 99, 0, add),
 		{name: "  ADDs a second", unit: "/s", val: func(r scaleRound) float64 { return float64(len(r.add)) / r.addPhase.Seconds() }},
 		{name: "  daemon CPU per ADD (the status calls too)", unit: "ms", processOnly: true, val: func(r scaleRound) float64 { return ms(r.cpuAdd) }},
 		lat("CNI DEL (one at a time)", 50, 0, del),
