@@ -62,17 +62,19 @@ func main() {
 		}
 		cfg.Testpmd = path
 	}
-	// Ctrl-C or SIGTERM ends the run after the measurement under way,
-	// with the namespace and veth pair, the daemon and the pods removed;
-	// a second one kills at once.
+	// Ctrl-C, SIGTERM or SIGHUP (a closed terminal) ends the run after
+	// the measurement under way, with the namespace and veth pair, the
+	// daemon and the pods removed; a second one ends it at once.
 	stop := make(chan struct{})
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	go func() {
 		s := <-sigs
-		signal.Reset(os.Interrupt, syscall.SIGTERM)
 		fmt.Fprintf(os.Stderr, "xdpqbench: %v: stopping after the measurement under way and removing what the run made (again to stop at once)\n", s)
 		close(stop)
+		s = <-sigs
+		fmt.Fprintf(os.Stderr, "xdpqbench: %v again: stopped at once; its network namespace (see the first line) may be left: ip netns delete it\n", s)
+		os.Exit(1)
 	}()
 	cfg.Stop = stop
 	if err := run(cfg, *pods, *cc); err != nil {

@@ -22,11 +22,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// WriteFile writes data to path atomically with the permissions perm
-// (whatever the umask): a temporary file in the same directory is written
-// and synced, renamed over path, and the directory synced so that the
-// rename survives a power loss. The directory must exist. On an error
-// path is as it was and no temporary file is left.
+// WriteFile writes data to path atomically with the permission bits of
+// perm (whatever the umask; setuid, setgid and sticky are not set): a
+// temporary file in the same directory is written and synced, renamed
+// over path, and the directory synced so that the rename survives a power
+// loss. The directory must exist. No temporary file is left on an error;
+// path is as it was unless the error is the directory's sync, after the
+// rename.
 func WriteFile(path string, data []byte, perm os.FileMode) error {
 	dir, base := filepath.Split(path)
 	if dir == "" {
@@ -41,12 +43,12 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	if err := unix.Renameat(dfd, tmp, dfd, base); err != nil {
+	if err := ignoringEINTR(func() error { return unix.Renameat(dfd, tmp, dfd, base) }); err != nil {
 		unix.Unlinkat(dfd, tmp, 0)
 		return fmt.Errorf("write %s: %w", path, &os.LinkError{Op: "rename", Old: filepath.Join(dir, tmp), New: path, Err: err})
 	}
-	if err := fsync(dfd); err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
+	if err := ignoringEINTR(func() error { return unix.Fsync(dfd) }); err != nil {
+		return fmt.Errorf("write %s: written, but not its directory's sync: %w", path, &os.PathError{Op: "sync", Path: dir, Err: err})
 	}
 	return nil
 }
@@ -75,7 +77,7 @@ func writeTemp(dfd int, dir, base string, data []byte, perm os.FileMode) (string
 		return "", &os.PathError{Op: op, Path: filepath.Join(dir, tmp), Err: err}
 	}
 	// Open's mode went through the umask.
-	if err := unix.Fchmod(fd, uint32(perm.Perm())); err != nil {
+	if err := ignoringEINTR(func() error { return unix.Fchmod(fd, uint32(perm.Perm())) }); err != nil {
 		return fail("chmod", err)
 	}
 	for rest := data; len(rest) > 0; {
@@ -90,7 +92,7 @@ func writeTemp(dfd int, dir, base string, data []byte, perm os.FileMode) (string
 		}
 		rest = rest[n:]
 	}
-	if err := fsync(fd); err != nil {
+	if err := ignoringEINTR(func() error { return unix.Fsync(fd) }); err != nil {
 		return fail("sync", err)
 	}
 	if err := unix.Close(fd); err != nil {
@@ -114,7 +116,7 @@ func Remove(path string) error {
 func SyncDir(dir string) error {
 	fd, err := openDir(dir)
 	if err == nil {
-		err = fsync(fd)
+		err = ignoringEINTR(func() error { return unix.Fsync(fd) })
 		unix.Close(fd)
 	}
 	if err != nil {
@@ -136,9 +138,12 @@ func openDir(dir string) (int, error) {
 	}
 }
 
-func fsync(fd int) error {
+// ignoringEINTR calls fn again while it is interrupted: Go's signal
+// handlers restart system calls, but a FUSE or NFS directory may still
+// answer EINTR.
+func ignoringEINTR(fn func() error) error {
 	for {
-		if err := unix.Fsync(fd); err != unix.EINTR {
+		if err := fn(); err != unix.EINTR {
 			return err
 		}
 	}

@@ -230,6 +230,11 @@ func Run(cfg Config) ([]*Result, error) {
 				return nil, ErrInterrupted
 			}
 			m, err := measure(p, r, snd, cfg)
+			if err != nil && stopped() {
+				// The signal that stopped the run may have reached the
+				// receiver too (a terminal's Ctrl-C reaches the group).
+				return nil, ErrInterrupted
+			}
 			if err != nil {
 				return nil, fmt.Errorf("%s, %d queues, round %d: %w", r.name, r.queues, round+1, err)
 			}

@@ -22,8 +22,8 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if sock := os.Getenv(scalePollerEnv); sock != "" {
-		os.Exit(runScalePoller(sock))
+	if len(os.Args) == 2 && os.Args[1] == scalePollerArg {
+		os.Exit(runScalePoller(os.Getenv(scalePollerEnv)))
 	}
 	os.Exit(testnet.MainWithLeakCheck(m))
 }

@@ -614,6 +614,9 @@ func scaleCNIAdd(sock string, req api.CNIAddRequest) error {
 		return err
 	}
 	defer c.Close()
+	if err := c.SetDeadline(time.Now().Add(time.Minute)); err != nil { // a stalled daemon fails the bench
+		return err
+	}
 	head := fmt.Sprintf("POST /v1/cni/add HTTP/1.1\r\nHost: xdpq\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", len(body))
 	if _, err := c.Write(append([]byte(head), body...)); err != nil {
 		return err
@@ -624,10 +627,17 @@ func scaleCNIAdd(sock string, req api.CNIAddRequest) error {
 	}
 	defer resp.Body.Close()
 	answer, err := io.ReadAll(resp.Body)
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("%s: %s", resp.Status, answer)
+	if err != nil {
+		return err
 	}
-	return err
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", resp.Status, answer)
+	}
+	var att api.Attachment
+	if err := json.Unmarshal(answer, &att); err != nil || att.ContainerID != req.ContainerID {
+		return fmt.Errorf("the answer is not the attachment of %s (%v): %s", req.ContainerID, err, answer)
+	}
+	return nil
 }
 
 func scaleContainerID(pass, i int) string { return fmt.Sprintf("%032x%032x", pass+1, i+1) }
@@ -641,10 +651,13 @@ func scaleAddRequest(pass, i int, dev, resource, netns string) api.CNIAddRequest
 		Flows: []api.CNIFlow{{Protocol: "udp", Dst: dst, DstPort: 2152}}}
 }
 
-// scalePollerEnv, set to the API socket, makes this test binary the
-// status client of BenchmarkScale64x64 (see [runScalePoller]) instead of
-// running tests.
-const scalePollerEnv = "XDPQ_SCALE_POLLER"
+// Run with the argument scalePollerArg alone, and scalePollerEnv set to
+// the API socket, this test binary is the status client of
+// BenchmarkScale64x64 (see [runScalePoller]) instead of running tests.
+const (
+	scalePollerArg = "xdpq-scale-poller"
+	scalePollerEnv = "XDPQ_SCALE_POLLER"
+)
 
 // scalePoller is the status client, in a process of its own as xdpqctl
 // and the CNI plugin's STATUS are: a goroutine of this binary would wait
@@ -664,7 +677,7 @@ type pollResult struct {
 
 // startScalePoller starts the poller on the CPUs of the calling thread.
 func startScalePoller(b *testing.B, sock string) *scalePoller {
-	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
+	cmd := exec.Command(os.Args[0], scalePollerArg)
 	cmd.Env = append(os.Environ(), scalePollerEnv+"="+sock)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
