@@ -101,7 +101,12 @@ func run(cfg bench.Config, pods bool, cc string) error {
 		}
 		defer os.RemoveAll(dir)
 		if cfg.Pods, err = bench.BuildPods(dir, compiler); err != nil {
-			return err
+			select {
+			case <-cfg.Stop: // the terminal's Ctrl-C ended the build too
+				return bench.ErrInterrupted
+			default:
+				return err
+			}
 		}
 	}
 	_, err := bench.Run(cfg)
