@@ -1110,19 +1110,26 @@ func (s *Server) resume(c *net.UnixConn, al *allocation, peer Peer, p policy, m 
 	return l, err
 }
 
+// queuesOf returns the queues of socks, in their order.
+func queuesOf(socks []LeaseSocket) []uint32 {
+	qs := make([]uint32, len(socks))
+	for i, ls := range socks {
+		qs[i] = ls.Queue
+	}
+	return qs
+}
+
 // activate puts the lease's sockets into the XSKMAP, reports the lease and
 // tells the client. The lease it returns owns fds (its duplicates); with
 // no lease the caller still does.
 func (s *Server) activate(c *net.UnixConn, al *allocation, peer Peer, p policy, socks []LeaseSocket, fds []int, how string) (*lease, error) {
-	var added []uint32
 	for i, ls := range socks {
 		if err := p.dp.AddSocket(p.dev.Name, ls.Queue, fds[i]); err != nil {
-			for j := range added {
-				p.dp.RemoveSocket(p.dev.Name, socks[j].Queue, socks[j].Inode)
+			for _, done := range socks[:i] {
+				p.dp.RemoveSocket(p.dev.Name, done.Queue, done.Inode)
 			}
 			return nil, refuse(wire.CodeInternal, "%v", err)
 		}
-		added = append(added, ls.Queue)
 	}
 	l := &lease{dev: p.dev, dp: p.dp, peer: peer, socks: socks, fds: fds}
 	al.mu.Lock()
@@ -1141,7 +1148,7 @@ func (s *Server) activate(c *net.UnixConn, al *allocation, peer Peer, p policy, 
 	if err := s.send(c, wire.Message{Type: wire.TypeActive}); err != nil {
 		return l, err
 	}
-	s.log.Info("lease active", "allocation", al.id, "peer", peer.String(), "queues", added, "lease", how)
+	s.log.Info("lease active", "allocation", al.id, "peer", peer.String(), "queues", queuesOf(socks), "lease", how)
 	return l, nil
 }
 
@@ -1149,10 +1156,7 @@ func (s *Server) activate(c *net.UnixConn, al *allocation, peer Peer, p policy, 
 // and OnLease hears of it. When the server is closing, the lease stays as
 // it is for the next daemon.
 func (s *Server) end(al *allocation, l *lease) {
-	queues := make([]uint32, len(l.socks))
-	for i, ls := range l.socks {
-		queues[i] = ls.Queue
-	}
+	queues := queuesOf(l.socks)
 	// The duplicates go first: with the daemon closing, so that none
 	// outlives it (the next daemon gets them again when the lease
 	// resumes); else so that the queues are free once the end is reported.
