@@ -1,14 +1,86 @@
 package atomicfile
 
 import (
+	"bufio"
+	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 )
+
+// killWriterEnv, set to a path, makes the test binary write versions of
+// a file there without end (TestWriteFileKilledMidWrite's writer).
+const killWriterEnv = "ATOMICFILE_KILL_WRITER"
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(killWriterEnv); path != "" && len(os.Args) == 2 && os.Args[1] == "writer" {
+		for i := 0; ; i++ {
+			if err := WriteFile(path, version(i), 0o600); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+			if i == 10 {
+				fmt.Println("writing") // the parent kills from here on
+			}
+		}
+	}
+	os.Exit(m.Run())
+}
+
+// version is the content of the i-th write: 64 KiB, so that a write is
+// several system calls and a kill lands inside one now and then.
+func version(i int) []byte {
+	return bytes.Repeat([]byte(fmt.Sprintf("%08d\n", i)), 64<<10/9)
+}
+
+// TestWriteFileKilledMidWrite: a writer killed (SIGKILL) at any instant
+// leaves the file whole, some version's content, and at most a temporary
+// file that IsTemp names.
+func TestWriteFileKilledMidWrite(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "record.json")
+	for round := range 20 {
+		cmd := exec.Command(os.Args[0], "writer")
+		cmd.Env = append(os.Environ(), killWriterEnv+"="+path)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if !bufio.NewScanner(out).Scan() {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("round %d: the writer did not start", round)
+		}
+		cmd.Process.Kill()
+		cmd.Wait()
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		var i int
+		if _, err := fmt.Sscanf(string(b), "%08d\n", &i); err != nil || !bytes.Equal(b, version(i)) {
+			t.Fatalf("round %d: the file is not one whole version (%d bytes, starts %q)", round, len(b), b[:min(len(b), 20)])
+		}
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if e.Name() != "record.json" && !IsTemp(e.Name()) {
+				t.Fatalf("round %d: %s left in the directory, which IsTemp does not name", round, e.Name())
+			}
+			if IsTemp(e.Name()) {
+				os.Remove(filepath.Join(dir, e.Name())) // as a reader does
+			}
+		}
+	}
+}
 
 func TestWriteFile(t *testing.T) {
 	dir := t.TempDir()
