@@ -386,22 +386,24 @@ func (a *Agent) Program(name string) (*xdp.Program, error) {
 
 // Status reports every managed netdev, by name.
 func (a *Agent) Status() []Status {
-	out := a.status()
-	slices.SortFunc(out, func(x, y Status) int { return strings.Compare(x.Netdev, y.Netdev) })
-	return out
-}
-
-// status is Status unsorted: sorting is done without the lock.
-func (a *Agent) status() []Status {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make([]Status, 0, len(a.netdevs))
-	for _, d := range a.netdevs {
-		if d.prog == nil {
-			continue // its first Set is under way
+	// In the order of the names: sorting the statuses themselves, which
+	// are large, cost a status call with 64 netdevs a tenth of its time.
+	names := make([]string, 0, len(a.netdevs))
+	for name, d := range a.netdevs {
+		if d.prog != nil { // else its first Set is under way
+			names = append(names, name)
 		}
+	}
+	slices.Sort(names)
+	out := make([]Status, 0, len(names))
+	for _, name := range names {
+		d := a.netdevs[name]
 		s := d.status
-		s.Sockets = slices.Sorted(maps.Keys(d.sockets))
+		if len(d.sockets) > 0 {
+			s.Sockets = slices.Sorted(maps.Keys(d.sockets))
+		}
 		s.Steering, s.Flows, s.UnknownFlows = d.steerMode, d.flows, d.unknown
 		s.Policy = d.policy
 		s.Policy.Reserved = slices.Clone(d.policy.Reserved)

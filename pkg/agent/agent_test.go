@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -236,6 +237,29 @@ func (x *peer) UDP(n int) [][]byte {
 	}
 	x.Raw(frames)
 	return frames
+}
+
+// TestStatusByName: Status lists the managed netdevs in the order of their
+// names, whatever the order of Set (and of the agent's map), each entry
+// its own netdev's.
+func TestStatusByName(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	a := start(t, p, time.Hour)
+	for _, name := range []string{p.B.Name, p.A.Name} { // xb, then xa
+		if err := a.Set(name, agent.Policy{Steering: agent.SteerHardware}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 20 { // two entries of a map: either order half the time
+		all := a.Status()
+		var got []string
+		for _, s := range all {
+			got = append(got, fmt.Sprintf("%s#%d", s.Netdev, s.Ifindex))
+		}
+		if want := []string{fmt.Sprintf("%s#%d", p.A.Name, p.A.Index), fmt.Sprintf("%s#%d", p.B.Name, p.B.Index)}; !slices.Equal(got, want) {
+			t.Fatalf("status lists %v, want %v", got, want)
+		}
+	}
 }
 
 // TestProgramFollowsSockets: no socket, no program; the first socket

@@ -3,7 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"maps"
+	"slices"
 	"sort"
 	"strings"
 
@@ -32,20 +32,25 @@ func (d *Daemon) Status(ctx context.Context) (*api.Status, error) {
 		ps.Reason = strings.Join(reasons, "; ")
 		s.Pools = append(s.Pools, ps)
 	}
-	d.mu.Lock()
-	found := maps.Clone(d.found)
-	d.mu.Unlock()
-	for _, n := range d.netdevStatus() {
-		ns := api.NetdevStatus{Netdev: n.Netdev, State: string(n.State), Mode: n.Mode.String(),
+	netdevs := d.netdevStatus()
+	if len(netdevs) > 0 {
+		s.Netdevs = make([]api.NetdevStatus, len(netdevs))
+	}
+	for i, n := range netdevs {
+		s.Netdevs[i] = api.NetdevStatus{Netdev: n.Netdev, State: string(n.State), Mode: n.Mode.String(),
 			Steering: string(n.Steering), Flows: n.Flows, UnknownFlows: n.UnknownFlows, Sockets: n.Sockets, LinkUp: n.LinkUp,
 			Reason: n.Reason, PolicyError: n.PolicyError, Program: uint32(n.Program), Foreign: n.Foreign,
 			RXQueues: n.RXQueues, Reserved: n.Policy.Reserved, ZeroCopy: n.ZeroCopy, NUMANode: -1}
-		if dev, ok := found[n.Netdev]; ok {
-			ns.Driver, ns.PCI, ns.NUMANode = dev.Driver, dev.PCI, dev.NUMANode
-		}
-		s.Netdevs = append(s.Netdevs, ns)
 	}
-	sort.Slice(s.Netdevs, func(i, j int) bool { return s.Netdevs[i].Netdev < s.Netdevs[j].Netdev })
+	d.mu.Lock()
+	for i := range s.Netdevs {
+		if dev, ok := d.found[s.Netdevs[i].Netdev]; ok {
+			s.Netdevs[i].Driver, s.Netdevs[i].PCI, s.Netdevs[i].NUMANode = dev.Driver, dev.PCI, dev.NUMANode
+		}
+	}
+	d.mu.Unlock()
+	// The agent's are in order already, the netdevs in pods after them.
+	slices.SortStableFunc(s.Netdevs, func(a, b api.NetdevStatus) int { return strings.Compare(a.Netdev, b.Netdev) })
 	var problems []string
 	if err := d.watcher.LastError(); err != nil {
 		problems = append(problems, err.Error())
