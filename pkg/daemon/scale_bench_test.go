@@ -51,26 +51,35 @@ import (
 // as fast as they go, while a status client (a process of its own, as
 // xdpqctl is) asks back to back, and DELs them one at a time; then as
 // many passes again with the client listing the allocations back to back
-// instead; then as many with status again but the ADDs paced at
-// scalePacedRate a second.
+// instead; then as many with the ADDs paced at scalePacedRate a second
+// and status asked every scalePacedPoll; then scalePluginPasses with the
+// ADDs made by the plugin's binary, a process per ADD as a runtime runs
+// it, flat out, and status asked back to back.
 //
 // Flat out, the ADDs take every CPU: the CNI clients of this binary one
-// CPU (a real node's plugin processes would take more), the daemon the
-// rest, so a status call waits for its turn on a CPU behind them, in the
-// kernel's and in Go's scheduler, whatever the daemon does. Paced, the
-// CPUs have room, and status shows what the daemon itself makes it wait:
-// a lock held across an ADD's kernel calls would show there.
+// CPU (the plugin's processes both), the daemon the rest, so a status
+// call waits for its turn on a CPU behind them, in the kernel's and in
+// Go's scheduler, whatever the daemon does; through the plugin, the
+// daemon is all but idle and status waits as long. Paced, the CPUs have
+// room, and status shows what the daemon itself makes it wait: a lock
+// held across an ADD's kernel calls would show there.
 const (
-	scaleNetdevs   = 64
-	scaleQueues    = 64
-	scaleAllocs    = 300
-	scaleLive      = 200
-	scaleWorkers   = 8
-	scaleAddPasses = 10   // a pass gives ~25 status calls: with 3, a round's p99 was its slowest call
-	scalePacedRate = 1000 // ADDs a second of the paced passes: a node's pod starts are some tens a second
-	scaleStatus    = 200  // status calls, and list calls, of an idle daemon
-	scaleRounds    = 3    // per layout
+	scaleNetdevs      = 64
+	scaleQueues       = 64
+	scaleAllocs       = 300
+	scaleLive         = 200
+	scaleWorkers      = 8
+	scaleAddPasses    = 10                   // a pass gives ~25 status calls: with 3, a round's p99 was its slowest call
+	scalePluginPasses = 4                    // passes of ADDs through the plugin's binary, ~200 status calls each
+	scalePacedRate    = 1000                 // ADDs a second of the paced passes: a node's pod starts are some tens a second
+	scalePacedPoll    = 5 * time.Millisecond // between status calls of the paced passes: containerd asks every few seconds
+	scaleStatus       = 200                  // status calls, and list calls, of an idle daemon
+	scaleRounds       = 3                    // per layout
 )
+
+// scaleBaselineEnv names a daemon binary (cmd/deviceplugin built from
+// another tree) for BenchmarkScale64x64 to run beside this tree's.
+const scaleBaselineEnv = "XDPQ_SCALE_BASELINE"
 
 // scaleRSSGoal is the goal for the daemon's resident memory, in MiB.
 const scaleRSSGoal = 40
@@ -82,6 +91,7 @@ type scaleLayout struct {
 	name      string
 	inProcess bool         // the daemon runs in this binary (for -cpuprofile)
 	daemon    *unix.CPUSet // the daemon process's CPUs; nil: the test's
+	daemonBin string       // the daemon's binary; "": the one built from this tree
 	load      *unix.CPUSet // this binary's CPUs during the round; nil: unchanged
 }
 
@@ -94,6 +104,8 @@ type scaleRound struct {
 	statusLoaded, add, del                 []time.Duration // add, del: of the passes with the status client
 	statusPaced, addPaced                  []time.Duration // status and ADD latency of the paced passes
 	listLoaded                             []time.Duration // GET /v1/allocations while ADDs run
+	statusPlugin, addPlugin                []time.Duration // status and ADD latency of the passes through the plugin's binary
+	pluginPhase                            time.Duration   // wall time of those ADDs
 	cpuAllocate, cpuStatus, cpuList        time.Duration   // daemon CPU time per pod admitted, per idle status, per idle list; 0 in process
 	cpuAdd                                 time.Duration   // daemon CPU time per ADD of the passes with the status client; 0 in process
 	rssMiB, hwmMiB, anonMiB, fileMiB       float64         // 0 in process
@@ -126,10 +138,7 @@ type scaleRound struct {
 // -benchtime 1x.
 func BenchmarkScale64x64(b *testing.B) {
 	testnet.RequireRoot(b)
-	bin := filepath.Join(b.TempDir(), "deviceplugin")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/xdpq/xdpq/cmd/deviceplugin").CombinedOutput(); err != nil {
-		b.Fatalf("build: %v\n%s", err, out)
-	}
+	bins := buildScaleBins(b)
 	var all unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &all); err != nil {
 		b.Fatal(err)
@@ -143,6 +152,17 @@ func BenchmarkScale64x64(b *testing.B) {
 	} else {
 		b.Log("CPUs 0 and 1 are not both ours: only the shared layout runs")
 	}
+	// A daemon built from another tree runs beside this one's, each
+	// layout's rounds interleaved, for a before and after in one run.
+	if base := os.Getenv(scaleBaselineEnv); base != "" {
+		var both []scaleLayout
+		for _, l := range layouts {
+			old := l
+			old.name, old.daemonBin = l.name+", "+filepath.Base(base), base
+			both = append(both, l, old)
+		}
+		layouts = both
+	}
 	load := loadAverage()
 	results := make([][]scaleRound, len(layouts))
 	for range b.N {
@@ -150,7 +170,7 @@ func BenchmarkScale64x64(b *testing.B) {
 		for r := range scaleRounds {
 			for i, l := range layouts {
 				b.Logf("round %d/%d, %s", r+1, scaleRounds, l.name)
-				results[i] = append(results[i], runScaleRound(b, bin, l))
+				results[i] = append(results[i], runScaleRound(b, bins, l))
 			}
 		}
 	}
@@ -162,6 +182,7 @@ func BenchmarkScale64x64(b *testing.B) {
 	b.ReportMetric(median(first, func(r scaleRound) float64 { return us(pct(r.allocate, 99)) }), "alloc-p99-µs")
 	b.ReportMetric(median(first, func(r scaleRound) float64 { return us(pct(r.statusLoaded, 99)) }), "status-loaded-p99-µs")
 	b.ReportMetric(median(first, func(r scaleRound) float64 { return us(pct(r.statusPaced, 99)) }), "status-paced-p99-µs")
+	b.ReportMetric(median(first, func(r scaleRound) float64 { return us(pct(r.statusPlugin, 99)) }), "status-plugin-p99-µs")
 	b.ReportMetric(median(first, func(r scaleRound) float64 { return us(pct(r.listLoaded, 99)) }), "list-loaded-p99-µs")
 	b.ReportMetric(median(first, func(r scaleRound) float64 { return r.rssMiB }), "rss-MiB")
 }
@@ -173,18 +194,36 @@ func BenchmarkScale64x64(b *testing.B) {
 func BenchmarkScale64x64InProcess(b *testing.B) {
 	testnet.RequireRoot(b)
 	l := scaleLayout{name: "in process", inProcess: true}
+	bins := buildScaleBins(b)
+	bins.daemon = ""
 	var rounds []scaleRound
 	load := loadAverage()
 	for range b.N {
-		rounds = append(rounds, runScaleRound(b, "", l))
+		rounds = append(rounds, runScaleRound(b, bins, l))
 	}
 	b.StopTimer()
 	printScaleTable(load, []scaleLayout{l}, [][]scaleRound{rounds})
 }
 
+// scaleBins are the binaries a round runs: the daemon (cmd/deviceplugin;
+// "" in process) and the CNI plugin (cmd/cni).
+type scaleBins struct{ daemon, cni string }
+
+func buildScaleBins(b *testing.B) scaleBins {
+	dir := b.TempDir()
+	bins := scaleBins{daemon: filepath.Join(dir, "deviceplugin"), cni: filepath.Join(dir, "xdpq")}
+	for bin, pkg := range map[string]string{bins.daemon: "./cmd/deviceplugin", bins.cni: "./cmd/cni"} {
+		cmd := exec.Command("go", "build", "-o", bin, "github.com/xdpq/xdpq/"+strings.TrimPrefix(pkg, "./"))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	return bins
+}
+
 // runScaleRound makes the netdevs, starts a daemon on them, runs the load
 // and stops the daemon.
-func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
+func runScaleRound(b *testing.B, bins scaleBins, l scaleLayout) scaleRound {
 	var r scaleRound
 	netns := scaleNetdevsNS(b)
 	podNS, err := testutils.NewNS()
@@ -244,7 +283,7 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 		defer pinThreads(b, l.load)()
 	}
 	start := time.Now()
-	d := startScaleDaemon(b, bin, l, opts, logf)
+	d := startScaleDaemon(b, cmp.Or(l.daemonBin, bins.daemon), l, opts, logf)
 	var stopOnce sync.Once
 	stop := func() {
 		stopOnce.Do(func() {
@@ -396,25 +435,32 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 
 	// scaleAddPasses passes of CNI ADDs of every live pod, with status
 	// asked meanwhile, then as many with the allocations listed
-	// meanwhile, then as many paced with status asked; each pass's pods
-	// are DELeted one at a time after it. The ADD and DEL rows are of the
-	// first passes.
+	// meanwhile, then as many paced with status asked, then
+	// scalePluginPasses through the plugin's binary with status asked;
+	// each pass's pods are DELeted one at a time after it (through the
+	// plugin after its passes). The ADD and DEL rows are of the first
+	// passes.
 	cpuAdd := time.Duration(0)
 	poller := startScalePoller(b, sock)
 	defer poller.close()
-	for pass := range 3 * scaleAddPasses {
+	for pass := range 3*scaleAddPasses + scalePluginPasses {
 		listing := pass >= scaleAddPasses && pass < 2*scaleAddPasses
-		paced := pass >= 2*scaleAddPasses
-		first := !listing && !paced
-		what, rate := "status", 0
+		paced := pass >= 2*scaleAddPasses && pass < 3*scaleAddPasses
+		plugin := pass >= 3*scaleAddPasses
+		first := !listing && !paced && !plugin
+		add := func(req api.CNIAddRequest) error { return scaleCNIAdd(sock, req) }
+		if plugin {
+			add = func(req api.CNIAddRequest) error { return scalePluginAdd(bins.cni, sock, req) }
+		}
+		what, rate, every := "status", 0, time.Duration(0)
 		if listing {
 			what = "allocations"
 		}
 		if paced {
-			rate = scalePacedRate
+			rate, every = scalePacedRate, scalePacedPoll
 		}
 		cpu0 := d.cpu()
-		ps, err := scaleAddPass(sock, pass, live, reg.ResourceName, podNS.Path(), poller, what, rate)
+		ps, err := scaleAddPass(add, pass, live, reg.ResourceName, podNS.Path(), poller, what, every, rate)
 		if cpu := d.cpu(); cpu > 0 && first {
 			cpuAdd += cpu - cpu0
 		}
@@ -427,6 +473,10 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 		case paced:
 			r.statusPaced = append(r.statusPaced, ps.polls...)
 			r.addPaced = append(r.addPaced, ps.add...)
+		case plugin:
+			r.statusPlugin = append(r.statusPlugin, ps.polls...)
+			r.addPlugin = append(r.addPlugin, ps.add...)
+			r.pluginPhase += ps.wall
 		default:
 			r.add = append(r.add, ps.add...)
 			r.statusLoaded = append(r.statusLoaded, ps.polls...)
@@ -445,7 +495,11 @@ func runScaleRound(b *testing.B, bin string, l scaleLayout) scaleRound {
 		}
 		for i := range live {
 			t0 := time.Now()
-			if err := client.CNIDel(scaleContainerID(pass, i), "net1"); err != nil {
+			del := client.CNIDel
+			if plugin {
+				del = func(containerID, ifName string) error { return scalePluginDel(bins.cni, sock, containerID, ifName) }
+			}
+			if err := del(scaleContainerID(pass, i), "net1"); err != nil {
 				b.Fatal(err)
 			}
 			if first {
@@ -529,12 +583,12 @@ type scalePass struct {
 	wall       time.Duration
 }
 
-// scaleAddPass ADDs pod i (of pass) with device live[i] for every i,
-// from scaleWorkers goroutines, a connection per call as the CNI plugin
-// (see scaleCNIAdd), while the poller calls what back to back
-// ("status", or "allocations": the allocations' list). With a rate, the
-// ADDs start at most rate a second; else as fast as the workers go.
-func scaleAddPass(sock string, pass int, live []string, resource, netns string, poller *scalePoller, what string, rate int) (scalePass, error) {
+// scaleAddPass ADDs pod i (of pass) with device live[i] for every i with
+// add, from scaleWorkers goroutines, while the poller calls what
+// ("status", or "allocations": the allocations' list) every interval, or
+// back to back. With a rate, the ADDs start at most rate a second; else
+// as fast as the workers go.
+func scaleAddPass(add func(api.CNIAddRequest) error, pass int, live []string, resource, netns string, poller *scalePoller, what string, every time.Duration, rate int) (scalePass, error) {
 	var (
 		mu    sync.Mutex
 		ps    scalePass
@@ -551,7 +605,7 @@ func scaleAddPass(sock string, pass int, live []string, resource, netns string, 
 		return first != nil
 	}
 	jobs := make(chan int)
-	if err := poller.start(what); err != nil {
+	if err := poller.start(what, every); err != nil {
 		return ps, err
 	}
 	var workers sync.WaitGroup
@@ -564,7 +618,7 @@ func scaleAddPass(sock string, pass int, live []string, resource, netns string, 
 				}
 				req := scaleAddRequest(pass, i, live[i], resource, netns)
 				t0 := time.Now()
-				err := scaleCNIAdd(sock, req)
+				err := add(req)
 				lat := time.Since(t0)
 				if err != nil {
 					fail(fmt.Errorf("ADD %s: %w", req.ContainerID, err))
@@ -640,6 +694,52 @@ func scaleCNIAdd(sock string, req api.CNIAddRequest) error {
 	return nil
 }
 
+// scalePluginAdd ADDs req through the CNI plugin's binary, as a runtime
+// does: a process per call, the network configuration a NAD with one
+// flow would give on its stdin, the pod in CNI_ARGS. It checks the
+// plugin succeeded and printed a result of its CNI version (an
+// attachment of flows adds no interface to it).
+func scalePluginAdd(plugin, sock string, req api.CNIAddRequest) error {
+	f := req.Flows[0]
+	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"bench","type":"xdpq","resourceName":%q,"deviceID":%q,"daemonSocket":%q,`+
+		`"flows":[{"protocol":%q,"destination":%q,"destinationPort":"%d"}]}`, req.Resource, req.DeviceID, sock, f.Protocol, f.Dst.String(), f.DstPort)
+	args := fmt.Sprintf("K8S_POD_NAMESPACE=%s;K8S_POD_NAME=%s;K8S_POD_UID=%s;K8S_POD_INFRA_CONTAINER_ID=%s",
+		req.PodNamespace, req.PodName, req.PodUID, req.ContainerID)
+	out, err := scalePlugin(plugin, "ADD", req.ContainerID, req.IfName, req.Netns, args, conf)
+	if err != nil {
+		return err
+	}
+	var res struct {
+		CNIVersion string `json:"cniVersion"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil || res.CNIVersion != "1.1.0" {
+		return fmt.Errorf("the plugin's ADD printed no result of version 1.1.0 (%v): %s", err, out)
+	}
+	return nil
+}
+
+// scalePluginDel DELs an attachment through the CNI plugin's binary, which
+// removes the file its ADD kept for DEL.
+func scalePluginDel(plugin, sock, containerID, ifName string) error {
+	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"bench","type":"xdpq","daemonSocket":%q}`, sock)
+	_, err := scalePlugin(plugin, "DEL", containerID, ifName, "", "", conf)
+	return err
+}
+
+func scalePlugin(plugin, verb, containerID, ifName, netns, args, conf string) ([]byte, error) {
+	cmd := exec.Command(plugin)
+	cmd.Env = []string{"CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + containerID, "CNI_NETNS=" + netns, "CNI_IFNAME=" + ifName,
+		"CNI_ARGS=" + args, "CNI_PATH=" + filepath.Dir(plugin), "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdin = strings.NewReader(conf)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("plugin %s %s: %v: %s%s", verb, containerID, err, out, stderr.String())
+	}
+	return out, nil
+}
+
 func scaleContainerID(pass, i int) string { return fmt.Sprintf("%032x%032x", pass+1, i+1) }
 
 // scaleAddRequest is the ADD the CNI plugin sends for pod i of a pass:
@@ -702,10 +802,10 @@ func (p *scalePoller) close() {
 	p.cmd.Wait()
 }
 
-// start has the poller call what ("status" or "allocations") back to
-// back until stop.
-func (p *scalePoller) start(what string) error {
-	_, err := fmt.Fprintln(p.in, what)
+// start has the poller call what ("status" or "allocations") until stop:
+// a call every interval, or back to back.
+func (p *scalePoller) start(what string, every time.Duration) error {
+	_, err := fmt.Fprintln(p.in, what, every)
 	return err
 }
 
@@ -734,9 +834,25 @@ func runScalePoller(sock string) int {
 	in := bufio.NewScanner(os.Stdin)
 	out := json.NewEncoder(os.Stdout)
 	for in.Scan() {
+		var what, interval string
+		if _, err := fmt.Sscan(in.Text(), &what, &interval); err != nil {
+			fmt.Fprintf(os.Stderr, "poller: %q: %v\n", in.Text(), err)
+			return 1
+		}
+		every, err := time.ParseDuration(interval)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "poller: %v\n", err)
+			return 1
+		}
 		poll := func() error { _, err := client.Status(); return err }
-		if in.Text() == "allocations" {
+		if what == "allocations" {
 			poll = func() error { _, err := client.Allocations(""); return err }
+		}
+		var tick <-chan time.Time
+		ticker := time.NewTicker(time.Hour)
+		if every > 0 {
+			ticker.Reset(every)
+			tick = ticker.C
 		}
 		stop := make(chan struct{})
 		go func() {
@@ -746,6 +862,13 @@ func runScalePoller(sock string) int {
 		var r pollResult
 	polling:
 		for {
+			if tick != nil {
+				select {
+				case <-stop:
+					break polling
+				case <-tick:
+				}
+			}
 			select {
 			case <-stop:
 				break polling
@@ -760,6 +883,7 @@ func runScalePoller(sock string) int {
 				break polling
 			}
 		}
+		ticker.Stop()
 		if err := out.Encode(r); err != nil {
 			return 1
 		}
@@ -949,6 +1073,7 @@ func printScaleTable(loadBefore string, layouts []scaleLayout, results [][]scale
 	idle := func(r scaleRound) []time.Duration { return r.statusIdle }
 	loaded := func(r scaleRound) []time.Duration { return r.statusLoaded }
 	paced := func(r scaleRound) []time.Duration { return r.statusPaced }
+	viaPlugin := func(r scaleRound) []time.Duration { return r.statusPlugin }
 	listIdle := func(r scaleRound) []time.Duration { return r.listIdle }
 	listLoaded := func(r scaleRound) []time.Duration { return r.listLoaded }
 	add := func(r scaleRound) []time.Duration { return r.add }
@@ -968,10 +1093,16 @@ func printScaleTable(loadBefore string, layouts []scaleLayout, results [][]scale
 		lat(fmt.Sprintf("status, idle, %d allocations counted,", scaleLive), 50, 0, idle),
 		lat(fmt.Sprintf("status, idle, %d allocations counted,", scaleLive), 99, 0, idle),
 		{name: "  daemon CPU per status", unit: "ms", processOnly: true, val: func(r scaleRound) float64 { return ms(r.cpuStatus) }},
-		lat(fmt.Sprintf("status while ADDs run at %d/s, %d at once,", scalePacedRate, scaleWorkers), 50, 0, paced),
-		lat(fmt.Sprintf("status while ADDs run at %d/s, %d at once,", scalePacedRate, scaleWorkers), 99, 5*time.Millisecond, paced),
+		lat(fmt.Sprintf("status every %v while ADDs run at %d/s, %d at once,", scalePacedPoll, scalePacedRate, scaleWorkers), 50, 0, paced),
+		lat(fmt.Sprintf("status every %v while ADDs run at %d/s, %d at once,", scalePacedPoll, scalePacedRate, scaleWorkers), 99, 5*time.Millisecond, paced),
 		{name: "  status calls while they run", val: func(r scaleRound) float64 { return float64(len(r.statusPaced)) }},
 		lat(fmt.Sprintf("  CNI ADD at %d/s", scalePacedRate), 99, 0, func(r scaleRound) []time.Duration { return r.addPaced }),
+		lat(fmt.Sprintf("status while the CNI plugin ADDs flat out, %d processes at once,", scaleWorkers), 50, 0, viaPlugin),
+		lat(fmt.Sprintf("status while the CNI plugin ADDs flat out, %d processes at once,", scaleWorkers), 99, 5*time.Millisecond, viaPlugin),
+		{name: "  status calls while they run", val: func(r scaleRound) float64 { return float64(len(r.statusPlugin)) }},
+		lat("  CNI ADD through the plugin", 50, 0, func(r scaleRound) []time.Duration { return r.addPlugin }),
+		lat("  CNI ADD through the plugin", 99, 0, func(r scaleRound) []time.Duration { return r.addPlugin }),
+		{name: "  ADDs a second", unit: "/s", val: func(r scaleRound) float64 { return float64(len(r.addPlugin)) / r.pluginPhase.Seconds() }},
 		lat("status while the ADDs run flat out (every CPU busy)", 50, 0, loaded),
 		lat("status while the ADDs run flat out (every CPU busy)", 99, 5*time.Millisecond, loaded),
 		{name: "  status calls while they run", val: func(r scaleRound) float64 { return float64(len(r.statusLoaded)) }},
