@@ -65,9 +65,11 @@ e2e:
 # agent takes to re-attach after a foreign program goes (100 trials), the
 # daemon (its own process) on 64 netdevs of 64 queues: a table of first
 # ListAndWatch, Allocate, status and the allocations' list idle and under
-# parallel CNI ADDs, ADD/DEL,
-# its CPU time and RSS against the goals, 3 rounds in two CPU layouts (for
-# profiles: -bench Scale64x64InProcess -cpuprofile cpu.out), and
+# parallel CNI ADDs (paced, flat out, and through the plugin's binary),
+# ADD/DEL, its CPU time and RSS against the goals, 3 rounds in two CPU
+# layouts (XDPQ_SCALE_BASELINE=<a deviceplugin binary of another tree>
+# runs it beside this tree's; for profiles: -bench Scale64x64InProcess
+# -cpuprofile cpu.out), and
 # probing 16 queues for sockets one by one and at once, and CNI ADD/DEL
 # latency through cnitool (100 attachments, p50/p99).
 bench:
@@ -75,7 +77,7 @@ bench:
 	$(GO) run ./cmd/xdpqbench -size 1514 -pod-queues 1 -cc=
 	$(GO) run ./cmd/xdpqbench -size 9014 -pod-queues 1
 	$(GO) test -run '^$$' -bench Reattach -benchtime 100x ./pkg/agent
-	$(GO) test -run '^$$' -bench 'Scale64x64$$' -benchtime 1x ./pkg/daemon
+	$(GO) test -run '^$$' -bench 'Scale64x64$$' -benchtime 1x -timeout 60m ./pkg/daemon
 	$(GO) test -run '^$$' -bench BusyQueues -benchtime 10x ./pkg/xsk
 	$(GO) test -run '^$$' -bench CNIToolAddDel -benchtime 100x ./pkg/cni
 
