@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // RequireRoot skips a test that needs root and the kernel, except under
@@ -168,6 +170,42 @@ func (p *Pair) SetMTU(mtu int) error {
 func (p *Pair) Close() {
 	p.NS.Close()
 	testutils.UnmountNS(p.NS)
+}
+
+// LinkListeners returns the descriptors of this process that are route
+// netlink sockets in the pair's namespace subscribed to link
+// notifications (RTNLGRP_LINK), as "fd -> socket:[inode]": what an
+// agent's event loop holds while it follows the pair's links.
+func (p *Pair) LinkListeners() ([]string, error) {
+	var table []byte
+	err := p.NS.Do(func(ns.NetNS) (err error) {
+		// The netlink sockets of the reading thread's namespace.
+		table, err = os.ReadFile("/proc/thread-self/net/netlink")
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("netlink sockets of %s: %w", p.NSPath(), err)
+	}
+	subscribed := map[string]bool{}
+	// sk Eth Pid Groups Rmem Wmem Dump Locks Drops Inode; Groups is the
+	// hex mask of the first 32 groups, RTNLGRP_LINK (1) its lowest bit.
+	for _, line := range strings.Split(string(table), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 10 || f[1] != strconv.Itoa(unix.NETLINK_ROUTE) {
+			continue
+		}
+		if groups, err := strconv.ParseUint(f[3], 16, 32); err == nil && groups&(1<<(unix.RTNLGRP_LINK-1)) != 0 {
+			subscribed["socket:["+f[9]+"]"] = true
+		}
+	}
+	var out []string
+	for fd, target := range OpenFDs() {
+		if subscribed[target] {
+			out = append(out, fd+" -> "+target)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
 }
 
 // OpenFDs returns this process's open descriptors with what they point to.

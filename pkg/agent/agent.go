@@ -149,6 +149,9 @@ type Agent struct {
 	now       func() time.Time           // the clock of linger periods
 	sysfs     func() (*nic.Sysfs, error) // opened on first use
 	sysOpened atomic.Bool                // whether sysfs was called
+	// listening is closed once Run follows the link notifications.
+	listening     chan struct{}
+	listeningOnce sync.Once
 
 	mu sync.Mutex // guards netdevs and every netdev in it, and closed
 	// idle is signalled (on mu) whenever a netdev's token is given back.
@@ -230,7 +233,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: pin dir %s is not on a bpffs (mount -t bpf bpf %s)", cfg.PinDir, xdp.DefaultBPFFS)
 	}
 	a := &Agent{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), netdevs: map[string]*netdev{}, nic: cfg.NIC,
-		now: time.Now}
+		now: time.Now, listening: make(chan struct{})}
 	a.idle = sync.NewCond(&a.mu)
 	a.sysfs = sync.OnceValues(func() (*nic.Sysfs, error) {
 		a.sysOpened.Store(true)
@@ -457,6 +460,13 @@ func (a *Agent) Kick() {
 	}
 }
 
+// Listening is closed once Run follows the link notifications of the
+// netdevs' namespace and has reconciled every netdev since: from then on
+// a change of a netdev's XDP hook is acted on without waiting for the
+// resync, and Run holds its namespace handle and netlink socket. It
+// stays open if Run fails before.
+func (a *Agent) Listening() <-chan struct{} { return a.listening }
+
 // Run follows link notifications of the netdevs' namespace and reconciles
 // on each, on kicks and on every resync period, until ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
@@ -483,6 +493,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	// Whatever changed before the subscription is caught by this pass.
 	a.reconcileAll(false)
+	a.listeningOnce.Do(func() { close(a.listening) })
 	tick := time.NewTicker(a.cfg.Resync)
 	defer tick.Stop()
 	for {

@@ -526,3 +526,26 @@ func TestRemoveSocketOfPreviousHolder(t *testing.T) {
 		t.Fatalf("after the socket's own end: sockets %v", st.Sockets)
 	}
 }
+
+// TestListening: once Listening is closed, Run follows the link
+// notifications of the netdevs' namespace (its socket is open), and a
+// foreign program that comes then is seen without the resync (an hour
+// here).
+func TestListening(t *testing.T) {
+	p := testnet.NewPair(t, 2)
+	a := start(t, p, 0)
+	if err := a.Set(p.A.Name, agent.Policy{Steering: agent.SteerHardware, AttachAlways: true}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-a.Listening():
+	case <-time.After(10 * time.Second): // a bound on a hang, not synchronisation
+		t.Fatal("Run does not listen")
+	}
+	if l, err := p.LinkListeners(); err != nil || len(l) != 1 {
+		t.Fatalf("listening with sockets %v (%v), want Run's one", l, err)
+	}
+	waitState(t, a, p.A.Name, agent.StateDirect)
+	ip(t, p, "-force", "link", "set", "dev", p.A.Name, "xdpdrv", "obj", operatorObj, "sec", "xdp")
+	waitState(t, a, p.A.Name, agent.StateOverridden)
+}

@@ -268,7 +268,8 @@ func (d *Daemon) started() bool {
 }
 
 // Ready is closed once Run serves: the allocations of a previous daemon
-// are restored and the local API answers.
+// are restored, the node agent follows link notifications and the local
+// API answers.
 func (d *Daemon) Ready() <-chan struct{} { return d.ready }
 
 // MetricsAddr is the address /metrics is served on (with Options'
@@ -350,17 +351,27 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return fmt.Errorf("start: %w", err)
 	}
 	part("agent", d.agent.Run)
-	if d.opts.Pods != nil && !d.opts.Standalone {
-		part("pod flows", d.podFlowsLoop)
+	// Ready, and the local API answering, mean the agent follows link
+	// notifications already: its namespace handle and netlink socket are
+	// open (a descriptor count of a fresh daemon taken then is whole). A
+	// daemon whose agent failed, or that stops, starts nothing more.
+	select {
+	case <-d.agent.Listening():
+	case <-gctx.Done():
 	}
-	part("config watcher", func(ctx context.Context) error { return d.watcher.Run(ctx, d.applier(ctx)) })
-	part("local api", func(ctx context.Context) error {
-		return api.Serve(ctx, d.apiLn, api.NewHandler(metered{d}, d.log), d.log)
-	})
-	part("collector", d.collectLoop)
-	close(d.ready)
-	d.node.Changed() // Ready
-	d.log.Info("daemon ready", "standalone", d.opts.Standalone, "api", d.opts.APISocket, "state", d.opts.StateDir)
+	if gctx.Err() == nil {
+		if d.opts.Pods != nil && !d.opts.Standalone {
+			part("pod flows", d.podFlowsLoop)
+		}
+		part("config watcher", func(ctx context.Context) error { return d.watcher.Run(ctx, d.applier(ctx)) })
+		part("local api", func(ctx context.Context) error {
+			return api.Serve(ctx, d.apiLn, api.NewHandler(metered{d}, d.log), d.log)
+		})
+		part("collector", d.collectLoop)
+		close(d.ready)
+		d.node.Changed() // Ready
+		d.log.Info("daemon ready", "standalone", d.opts.Standalone, "api", d.opts.APISocket, "state", d.opts.StateDir)
+	}
 	err := g.Wait()
 	d.mu.Lock()
 	uninstalled := d.uninstalled

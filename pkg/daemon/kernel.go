@@ -24,6 +24,8 @@ type netdevAgent interface {
 	Unmanage(netdev string) error
 	Status() []agent.Status
 	Run(ctx context.Context) error
+	// Listening is closed once Run follows link notifications.
+	Listening() <-chan struct{}
 	Close() error
 	Collector() prometheus.Collector
 	flowSteerer

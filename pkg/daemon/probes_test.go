@@ -242,6 +242,29 @@ func TestBrokenRecord(t *testing.T) {
 	})
 }
 
+// TestReadyFollowsLinks: once the daemon is ready, and so once its local
+// API answers, its agent follows the link notifications of the NICs'
+// namespace: the netlink socket it holds for them is open. (Run used to
+// make it ready while the agent's event loop was still starting:
+// TestModel counted a fresh daemon's descriptors then, without that
+// socket and its namespace handle, and found the two "left" after a
+// sequence.)
+func TestReadyFollowsLinks(t *testing.T) {
+	p := testnet.NewPair(t, 2)
+	o := standaloneOpts(t, p, t.TempDir(), testPins(t), "pools: []\n")
+	for i := range 10 { // the old order lost the race often, not always
+		_, stop := runDaemon(t, o)
+		l, err := p.LinkListeners()
+		stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(l) != 1 {
+			t.Fatalf("start %d: ready with %d sockets following the links of the NICs' namespace %v, want the agent's one", i, len(l), l)
+		}
+	}
+}
+
 // TestPartFails: when a part of the daemon fails (here its API listener
 // is closed under it), Run stops the others and returns that part's
 // error, named; the daemon does not run on without its API. (Before, Run
