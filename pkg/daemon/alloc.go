@@ -47,7 +47,7 @@ func (d *Daemon) Alloc(ctx context.Context, req api.AllocRequest) (*api.Allocati
 		if err != nil {
 			return nil, err
 		}
-		ids := deviceplugin.Prefer(d.withHealth(free), nil, req.Count)
+		ids := deviceplugin.Prefer(d.toPluginDevices(free), nil, req.Count)
 		if len(ids) < req.Count {
 			return nil, api.Errorf(api.ErrConflict, "pool %s: %d queues asked, %d free", req.Pool, req.Count, len(ids))
 		}
@@ -160,7 +160,7 @@ func (d *Daemon) retryUndone(ctx context.Context) {
 		case !ok:
 		case att.State != ledger.Active:
 			d.finishUndo(ctx, att)
-		case att.Mode == api.ModeNetdev && d.pod(att.Netdev) == nil:
+		case att.Mode == api.ModeNetdev && d.pods.get(att.Netdev) == nil:
 			d.adoptOrReturn(ctx, att)
 		}
 	}

@@ -232,7 +232,7 @@ func (d *Daemon) CNICheck(ctx context.Context, ref api.AttachmentRef) (*api.Atta
 	}
 	verify, name := d.agent.VerifySteering, att.Netdev
 	if att.Mode == api.ModeNetdev {
-		pn := d.pod(att.Netdev)
+		pn := d.pods.get(att.Netdev)
 		if pn == nil || pn.key != key {
 			return &att.Attachment, fmt.Errorf("netdev %s is not in the pod", att.Netdev)
 		}

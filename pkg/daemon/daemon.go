@@ -116,6 +116,8 @@ type Daemon struct {
 	broker  socketBroker
 	mover   netdevMover
 	kubelet kubelet
+	pods    *podNetdevs    // netdev-mode netdevs in pods, by node name
+	plugins *devicePlugins // Kubernetes mode, by pool
 	unmount func()
 	ready   chan struct{}
 	// metricsLn is the metrics address's listener, nil when none is served.
@@ -142,14 +144,10 @@ type Daemon struct {
 	cfg       *config.Config // the config the reconciler put in force last
 	problems  []string       // why the config in force is not fully in force
 	managed   map[string]agent.Policy
-	pods      map[string]*podNetdev        // netdev-mode netdevs in pods, by node name
 	retry     map[string]bool              // allocations and attachments a failed undo left (retryLater)
-	plugins   map[string]*plugin           // Kubernetes mode, by pool
 	podDir    *kubepods.Directory          // Kubernetes mode with an API server, unless Options.Pods
 	flowsSaid map[api.AttachmentRef]string // what was last told of a pod's annotated flows
 	collected time.Time                    // when the collector last finished
-	group     *errgroup.Group              // Run's, for the plugins' goroutines
-	groupCtx  context.Context
 	// uninstalling is set when uninstall begins: nothing new is served.
 	// uninstalled is set when it removed everything but the files, which
 	// close removes.
@@ -181,8 +179,11 @@ func New(opts Options) (_ *Daemon, err error) {
 		opts.Resync = 30 * time.Second
 	}
 	d := &Daemon{opts: opts, log: opts.Logger, kubelet: kubelet{opts.PodResourcesSocket}, ready: make(chan struct{}), reqs: make(chan reconcileRequest),
-		found: map[string]nic.Netdev{}, managed: map[string]agent.Policy{}, pods: map[string]*podNetdev{}, plugins: map[string]*plugin{}, retry: map[string]bool{},
+		found: map[string]nic.Netdev{}, managed: map[string]agent.Policy{}, retry: map[string]bool{},
 		health: health{running: map[string]bool{}}, netdevsChanged: make(chan struct{}, 1)}
+	d.pods = newPodNetdevs(d.log, d.pinRoot(), opts.StateDir, d.devicesChanged)
+	d.plugins = &devicePlugins{dir: opts.PluginDir, registry: opts.RegistryDir, log: d.log, devices: d.devices, allocate: d.allocate,
+		running: map[string]*plugin{}}
 	if opts.Kube != nil && (opts.NodeName == "" || opts.Kube.Pods == nil || opts.Kube.Nodes == nil || opts.Kube.Events == nil || opts.Kube.Dynamic == nil) {
 		return nil, errors.New("with an API server the daemon needs its node's name (--node-name, or NODE_NAME) and every client of Options.Kube")
 	}
@@ -309,9 +310,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		cancel()
 	}()
-	d.mu.Lock()
-	d.group, d.groupCtx = g, gctx
-	d.mu.Unlock()
+	d.plugins.use(gctx, g)
 	part := func(name string, run func(context.Context) error) {
 		d.health.started(name)
 		g.Go(func() error {
@@ -394,7 +393,7 @@ func (d *Daemon) close() {
 	if d.broker != nil {
 		d.broker.Close()
 	}
-	d.releasePods()
+	d.pods.release()
 	if d.agent != nil {
 		d.agent.Close()
 	}

@@ -42,8 +42,8 @@ func pinsDPDKMap(p config.Pool) bool { return p.DPDK != nil && p.DPDK.PinnedMap 
 // dpdkMapPin is where the XSKMAP of a netdev in its pod is pinned for
 // DPDK's use_pinned_map; the pod's container sees it at
 // /tmp/afxdp_dp/<iface>/xsks_map.
-func (d *Daemon) dpdkMapPin(netdev string) string {
-	return filepath.Join(d.pinRoot(), "dpdk", netdev, dpdkMapName)
+func dpdkMapPin(pinRoot, netdev string) string {
+	return filepath.Join(pinRoot, "dpdk", netdev, dpdkMapName)
 }
 
 // dpdkMounts are the mounts of an allocation of pool p, made by Allocate,
@@ -58,7 +58,7 @@ func (d *Daemon) dpdkMounts(a ledger.Allocation, p config.Pool) []*pluginapi.Mou
 		{ContainerPath: dpdkOldPath, HostPath: d.dpdkLinks(a.ID)[1]},
 	}
 	if p.DPDK.PinnedMap {
-		m = append(m, &pluginapi.Mount{ContainerPath: filepath.Join(dir, dpdkMapName), HostPath: d.dpdkMapPin(a.Netdev), ReadOnly: true})
+		m = append(m, &pluginapi.Mount{ContainerPath: filepath.Join(dir, dpdkMapName), HostPath: dpdkMapPin(d.pinRoot(), a.Netdev), ReadOnly: true})
 	}
 	return m
 }
@@ -85,7 +85,7 @@ func (d *Daemon) pinDPDKMap(pn *podNetdev, alloc string) error {
 		return err
 	}
 	defer m.Close()
-	path := d.dpdkMapPin(pn.rec.netdev())
+	path := dpdkMapPin(d.pinRoot(), pn.rec.netdev())
 	if old, err := ebpf.LoadPinnedMap(path, nil); err == nil {
 		same := sameMap(old, m)
 		old.Close()

@@ -198,7 +198,7 @@ func TestDPDKNetdevPool(t *testing.T) {
 	if att, _ := d.ledger.Attachment("c1/net1"); !att.MapOut {
 		t.Error("the attachment's record lost that its map was handed out")
 	}
-	if pn := d.pod("xa"); pn == nil || !pn.policy.AttachAlways {
+	if pn := d.pods.get("xa"); pn == nil || !pn.policy.AttachAlways {
 		t.Error("the restarted daemon's pod agent does not keep the program attached")
 	}
 

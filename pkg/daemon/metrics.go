@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -179,10 +178,7 @@ func (c daemonCollector) Collect(ch chan<- prometheus.Metric) {
 
 	// The node agent's netdevs, then those in pods by their node names.
 	d.agent.Collector().Collect(ch)
-	d.mu.Lock()
-	pods := slices.Collect(maps.Values(d.pods))
-	d.mu.Unlock()
-	for _, pn := range pods {
+	for _, pn := range d.pods.all() {
 		if pn.agent == nil {
 			continue
 		}

@@ -5,13 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
-	"path/filepath"
-	"slices"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/xdpq/xdpq/pkg/agent"
@@ -70,12 +66,6 @@ type podNetdev struct {
 // long as the daemon holds it.
 func (p *podNetdev) nsPath() string { return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), int(p.ns)) }
 
-func (d *Daemon) pod(netdev string) *podNetdev {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.pods[netdev]
-}
-
 // prepareMove reads what the record of a netdev about to move into a
 // pod holds.
 func (d *Daemon) prepareMove(netdev string, req api.CNIAddRequest, pol agent.Policy) ([]byte, error) {
@@ -115,16 +105,14 @@ func (d *Daemon) moveIn(ctx context.Context, att *ledger.Attachment, flows []age
 	}
 	att.Mac = l.MAC.String()
 	pn := &podNetdev{key: att.Key(), alloc: att.AllocationID, rec: rec, ns: podNS}
-	if err := d.startPodAgent(pn, flows); err != nil {
+	if err := d.pods.start(pn, flows); err != nil {
 		if e := d.mover.MoveOut(ctx, rec.Mover, podNS); e != nil {
 			d.log.Warn("netdev not brought back", "netdev", rec.netdev(), "err", e)
 		}
 		podNS.Close()
 		return err
 	}
-	d.mu.Lock()
-	d.pods[rec.netdev()] = pn
-	d.mu.Unlock()
+	d.pods.add(pn)
 	if err := d.pinDPDKMap(pn, att.AllocationID); err != nil {
 		d.moveOut(ctx, *att)
 		return err
@@ -150,20 +138,11 @@ func (d *Daemon) retargetToPod(alloc, netdev string) error {
 // podTarget is where sockets bind on a netdev in a pod, and the broker's
 // datapath there.
 func (d *Daemon) podTarget(netdev string) (xsk.Netdev, broker.PodDatapath, error) {
-	pn := d.pod(netdev)
-	if pn == nil {
-		return xsk.Netdev{}, nil, fmt.Errorf("netdev %s is not in a pod", netdev)
-	}
-	h, err := netlink.NewHandleAt(pn.ns)
+	dev, pn, err := d.pods.target(netdev)
 	if err != nil {
 		return xsk.Netdev{}, nil, err
 	}
-	defer h.Close()
-	l, err := h.LinkByName(pn.rec.ifName())
-	if err != nil {
-		return xsk.Netdev{}, nil, fmt.Errorf("netdev %s in the pod as %s: %w", netdev, pn.rec.ifName(), err)
-	}
-	return xsk.Netdev{Name: pn.rec.ifName(), Ifindex: l.Attrs().Index, NetNS: pn.nsPath()}, podDatapath{d, pn}, nil
+	return dev, podDatapath{d, pn}, nil
 }
 
 // podDatapath is the broker's datapath of a netdev in its pod: the pod
@@ -217,72 +196,6 @@ func (d *Daemon) pinRoot() string {
 	return d.opts.PinDir
 }
 
-func (d *Daemon) podPinDir(netdev string) string {
-	return filepath.Join(d.pinRoot(), "pods", netdev)
-}
-
-func (d *Daemon) podStateDir(netdev string) string {
-	return filepath.Join(d.opts.StateDir, "pods", netdev)
-}
-
-func (d *Daemon) startPodAgent(pn *podNetdev, flows []agent.Flow) error {
-	ag, err := agent.New(agent.Config{NetNS: pn.nsPath(), PinDir: d.podPinDir(pn.rec.netdev()), StateDir: d.podStateDir(pn.rec.netdev()),
-		Logger: d.log.With("pod_netdev", pn.rec.netdev()), OnChange: d.devicesChanged})
-	if err != nil {
-		return err
-	}
-	pn.policy = pn.rec.Policy
-	if err := ag.Set(pn.rec.ifName(), pn.policy); err != nil {
-		ag.Close()
-		return err
-	}
-	if len(flows) > 0 {
-		if err := ag.Steer(pn.rec.ifName(), pn.key, flows); err != nil {
-			ag.Unmanage(pn.rec.ifName())
-			ag.Close()
-			return err
-		}
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	pn.agent, pn.stop, pn.done = ag, stop, make(chan struct{})
-	go func() {
-		defer close(pn.done)
-		if err := ag.Run(ctx); err != nil {
-			d.log.Error("pod netdev agent", "netdev", pn.rec.netdev(), "err", err)
-		}
-	}()
-	return nil
-}
-
-// stopPodAgent stops the pod's agent; with unmanage it takes xdpq's
-// program and pins off the netdev, else they stay (the daemon stops).
-func (d *Daemon) stopPodAgent(pn *podNetdev, unmanage bool) error {
-	if pn.agent == nil {
-		if unmanage {
-			// Not adopted (a netdev found half moved, or its pod gone at
-			// start): no agent of this daemon ran there, but a previous
-			// one's pins and state are left.
-			os.RemoveAll(d.podPinDir(pn.rec.netdev()))
-			os.RemoveAll(d.podStateDir(pn.rec.netdev()))
-			os.RemoveAll(filepath.Dir(d.dpdkMapPin(pn.rec.netdev())))
-		}
-		return nil
-	}
-	pn.stop()
-	<-pn.done
-	var err error
-	if unmanage {
-		err = pn.agent.Unmanage(pn.rec.ifName())
-	}
-	pn.agent.Close()
-	if unmanage {
-		os.RemoveAll(d.podPinDir(pn.rec.netdev()))
-		os.RemoveAll(d.podStateDir(pn.rec.netdev()))
-		os.RemoveAll(filepath.Dir(d.dpdkMapPin(pn.rec.netdev())))
-	}
-	return err
-}
-
 // moveOut brings a netdev attachment's netdev back to the node: its agent
 // stops, the link returns as it was on the node (wherever a crash left
 // it), and the broker binds the allocation's sockets on the node again.
@@ -291,14 +204,7 @@ func (d *Daemon) moveOut(ctx context.Context, att ledger.Attachment) error {
 	if err != nil {
 		return fmt.Errorf("the record of netdev %s is unreadable: %w", att.Netdev, err)
 	}
-	d.mu.Lock()
-	pn := d.pods[rec.netdev()]
-	if pn != nil && pn.key == att.Key() {
-		delete(d.pods, rec.netdev())
-	} else {
-		pn = nil
-	}
-	d.mu.Unlock()
+	pn := d.pods.take(rec.netdev(), att.Key())
 	if pn == nil {
 		// Not adopted (a restart): find it where the record says.
 		pn = &podNetdev{key: att.Key(), rec: rec, ns: netns.None()}
@@ -307,7 +213,7 @@ func (d *Daemon) moveOut(ctx context.Context, att ledger.Attachment) error {
 		}
 	}
 	var errs []error
-	errs = append(errs, d.stopPodAgent(pn, true))
+	errs = append(errs, d.pods.stop(pn, true))
 	err = d.mover.MoveOut(ctx, rec.Mover, pn.ns)
 	if errors.Is(err, mover.ErrGone) {
 		d.log.Warn("the netdev went with its pod's namespace", "netdev", rec.netdev(), "err", err)
@@ -388,16 +294,14 @@ func (d *Daemon) adoptPod(ctx context.Context, att ledger.Attachment) error {
 	if err == nil {
 		var flows []agent.Flow
 		if flows, err = agentFlows(att.Flows, att.Queues); err == nil {
-			err = d.startPodAgent(pn, flows)
+			err = d.pods.start(pn, flows)
 		}
 	}
 	if err != nil {
 		h.Close()
 		return err
 	}
-	d.mu.Lock()
-	d.pods[rec.netdev()] = pn
-	d.mu.Unlock()
+	d.pods.add(pn)
 	if err := d.pinDPDKMap(pn, att.AllocationID); err != nil {
 		d.log.Warn("netdev in a pod: its map not pinned for DPDK", "netdev", rec.netdev(), "err", err)
 	}
@@ -408,11 +312,8 @@ func (d *Daemon) adoptPod(ctx context.Context, att ledger.Attachment) error {
 // settings in force (a reload changed linger, busy polling, attach...).
 // Only the reconciler calls it.
 func (d *Daemon) reconcilePods() []string {
-	d.mu.Lock()
-	pods := slices.Collect(maps.Values(d.pods))
-	d.mu.Unlock()
 	var problems []string
-	for _, pn := range pods {
+	for _, pn := range d.pods.all() {
 		att, ok := d.ledger.Attachment(pn.key)
 		if !ok || att.State != ledger.Active {
 			continue
@@ -435,18 +336,4 @@ func (d *Daemon) reconcilePods() []string {
 		pn.policy = pol // what could be applied is; status says the rest
 	}
 	return problems
-}
-
-// releasePods lets go of the pods' netdevs when the daemon stops: their
-// agents' handles close; what they attached stays (a restarted daemon
-// adopts it), and so do the netdevs.
-func (d *Daemon) releasePods() {
-	d.mu.Lock()
-	pods := d.pods
-	d.pods = map[string]*podNetdev{}
-	d.mu.Unlock()
-	for _, pn := range pods {
-		d.stopPodAgent(pn, false)
-		pn.ns.Close()
-	}
 }

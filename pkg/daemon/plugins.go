@@ -3,8 +3,13 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"maps"
 	"os"
 	"slices"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -27,21 +32,44 @@ func (pl *plugin) stop() {
 	<-pl.done
 }
 
-// startPlugin runs a pool's device plugin in Run's group: a plugin that
-// fails stops the daemon. Only the reconciler calls it.
-func (d *Daemon) startPlugin(pool, resource string) *plugin {
-	registry := d.opts.RegistryDir
+// devicePlugins are the kubelet device plugins of the pools, one a pool
+// (Kubernetes mode), run in the daemon's group: a plugin that fails stops
+// the daemon. Its mutex guards the running set alone and is never held
+// across a call out.
+type devicePlugins struct {
+	dir, registry string // the plugins' sockets; kubelet's plugin watcher's ("" for none)
+	log           *slog.Logger
+	// devices and allocate serve a pool's plugin.
+	devices  func(pool string) []deviceplugin.Device
+	allocate func(ctx context.Context, pool string, ids []string) (*pluginapi.ContainerAllocateResponse, error)
+
+	mu       sync.Mutex
+	running  map[string]*plugin // by pool
+	group    *errgroup.Group    // Run's, set by use
+	groupCtx context.Context
+}
+
+// use has the plugins started from now on run in g, under ctx.
+func (ps *devicePlugins) use(ctx context.Context, g *errgroup.Group) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	ps.group, ps.groupCtx = g, ctx
+}
+
+// start runs a pool's device plugin.
+func (ps *devicePlugins) start(pool, resource string) *plugin {
+	registry := ps.registry
 	if st, err := os.Stat(registry); registry != "" && (err != nil || !st.IsDir()) {
 		registry = "" // no plugin watcher on this kubelet
 	}
-	p := deviceplugin.New(deviceplugin.Config{Resource: resource, Dir: d.opts.PluginDir, RegistryDir: registry, Logger: d.log,
-		Devices: func() []deviceplugin.Device { return d.devices(pool) },
+	p := deviceplugin.New(deviceplugin.Config{Resource: resource, Dir: ps.dir, RegistryDir: registry, Logger: ps.log,
+		Devices: func() []deviceplugin.Device { return ps.devices(pool) },
 		Allocate: func(ctx context.Context, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
-			return d.allocate(ctx, pool, ids)
+			return ps.allocate(ctx, pool, ids)
 		}})
-	d.mu.Lock()
-	g, gctx := d.group, d.groupCtx
-	d.mu.Unlock()
+	ps.mu.Lock()
+	g, gctx := ps.group, ps.groupCtx
+	ps.mu.Unlock()
 	ctx, cancel := context.WithCancel(gctx)
 	done := make(chan struct{})
 	g.Go(func() error {
@@ -50,11 +78,51 @@ func (d *Daemon) startPlugin(pool, resource string) *plugin {
 		if ctx.Err() != nil {
 			return nil
 		}
-		d.log.Error("device plugin failed; stopping", "pool", pool, "err", err)
+		ps.log.Error("device plugin failed; stopping", "pool", pool, "err", err)
 		return fmt.Errorf("device plugin %s: %w", resource, err)
 	})
-	d.log.Info("device plugin started", "pool", pool, "resource", resource)
+	ps.log.Info("device plugin started", "pool", pool, "resource", resource)
 	return &plugin{resource: resource, p: p, cancel: cancel, done: done}
+}
+
+// sync runs one plugin per pool of want (pool: resource): a pool added
+// gets one, a pool gone loses it, a pool whose resource name changed gets
+// a new one; all send their devices again. Only the reconciler calls it.
+func (ps *devicePlugins) sync(want map[string]string) {
+	ps.mu.Lock()
+	running := maps.Clone(ps.running)
+	ps.mu.Unlock()
+	for name, pl := range running {
+		if want[name] != pl.resource {
+			pl.stop()
+			delete(running, name)
+			ps.log.Info("device plugin stopped", "pool", name, "resource", pl.resource)
+		}
+	}
+	for name, resource := range want {
+		if running[name] == nil {
+			running[name] = ps.start(name, resource)
+		}
+	}
+	ps.mu.Lock()
+	ps.running = running
+	ps.mu.Unlock()
+	for _, pl := range running {
+		pl.p.Changed()
+	}
+}
+
+// changed has every plugin send its devices again.
+func (ps *devicePlugins) changed() {
+	ps.mu.Lock()
+	var all []*deviceplugin.Plugin
+	for _, pl := range ps.running {
+		all = append(all, pl.p)
+	}
+	ps.mu.Unlock()
+	for _, p := range all {
+		p.Changed()
+	}
 }
 
 // devices lists a pool's devices for kubelet, healthy or not: unhealthy
@@ -66,11 +134,6 @@ func (d *Daemon) devices(pool string) []deviceplugin.Device {
 		return nil
 	}
 	return d.toPluginDevices(p.Devices)
-}
-
-// withHealth is devices as the device plugin API sees them.
-func (d *Daemon) withHealth(devs []ledger.Device) []deviceplugin.Device {
-	return d.toPluginDevices(devs)
 }
 
 func (d *Daemon) toPluginDevices(devs []ledger.Device) []deviceplugin.Device {
@@ -100,28 +163,14 @@ func (d *Daemon) toPluginDevices(devs []ledger.Device) []deviceplugin.Device {
 // changes).
 func (d *Daemon) devicesChanged() {
 	d.signalNetdevs()
-	d.mu.Lock()
-	var ps []*deviceplugin.Plugin
-	for _, pl := range d.plugins {
-		ps = append(ps, pl.p)
-	}
-	d.mu.Unlock()
-	for _, p := range ps {
-		p.Changed()
-	}
+	d.plugins.changed()
 }
 
 // netdevStatus is every netdev's agent status, a netdev in a pod under
 // its node name.
 func (d *Daemon) netdevStatus() []agent.Status {
 	out := d.agent.Status()
-	d.mu.Lock()
-	var pods []*podNetdev
-	for _, pn := range d.pods {
-		pods = append(pods, pn)
-	}
-	d.mu.Unlock()
-	for _, pn := range pods {
+	for _, pn := range d.pods.all() {
 		ag := pn.agent
 		if ag == nil {
 			continue

@@ -328,9 +328,7 @@ func netdevSettingsDiffer(a, b config.Pool) string {
 }
 
 // syncPlugins runs one device plugin per pool of the ledger (Kubernetes
-// mode): a pool added gets one, a pool gone loses it, a pool whose
-// resource name changed gets a new one; all send their devices again.
-// Only the reconciler calls it.
+// mode; see devicePlugins.sync). Only the reconciler calls it.
 func (d *Daemon) syncPlugins() {
 	if d.opts.Standalone || !d.recovered.Load() {
 		return // start runs it last: kubelet allocates once recovery is done
@@ -341,25 +339,5 @@ func (d *Daemon) syncPlugins() {
 			want[p.Name] = p.Resource
 		}
 	}
-	d.mu.Lock()
-	running := maps.Clone(d.plugins)
-	d.mu.Unlock()
-	for name, pl := range running {
-		if want[name] != pl.resource {
-			pl.stop()
-			delete(running, name)
-			d.log.Info("device plugin stopped", "pool", name, "resource", pl.resource)
-		}
-	}
-	for name, resource := range want {
-		if running[name] == nil {
-			running[name] = d.startPlugin(name, resource)
-		}
-	}
-	d.mu.Lock()
-	d.plugins = running
-	d.mu.Unlock()
-	for _, pl := range running {
-		pl.p.Changed()
-	}
+	d.plugins.sync(want)
 }
