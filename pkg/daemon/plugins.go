@@ -136,6 +136,8 @@ func (d *Daemon) devices(pool string) []deviceplugin.Device {
 	return d.toPluginDevices(p.Devices)
 }
 
+// toPluginDevices is devs as the device plugin API sees them, each
+// healthy or not by its netdev's agent status.
 func (d *Daemon) toPluginDevices(devs []ledger.Device) []deviceplugin.Device {
 	type state struct {
 		ok     bool
