@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/xdpq/xdpq/internal/testnet"
 )
 
 // killWriterEnv, set to a path, makes the test binary write versions of
@@ -175,15 +177,7 @@ func BenchmarkWriteFile(b *testing.B) {
 		write func(string, []byte, os.FileMode) error
 	}{{"os.File", writeFileOS}, {"fd", WriteFile}} {
 		b.Run(impl.name, func(b *testing.B) {
-			dir := b.TempDir()
-			if d := os.Getenv("XDPQ_BENCH_DIR"); d != "" {
-				var err error
-				if dir, err = os.MkdirTemp(d, "atomicfile-"); err != nil {
-					b.Fatal(err)
-				}
-				b.Cleanup(func() { os.RemoveAll(dir) })
-			}
-			path := filepath.Join(dir, "big-0123456789ab.json")
+			path := filepath.Join(testnet.BenchDir(b, "atomicfile-"), "big-0123456789ab.json")
 			for b.Loop() {
 				if err := impl.write(path, data, 0o600); err != nil {
 					b.Fatal(err)

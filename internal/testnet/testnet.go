@@ -208,6 +208,24 @@ func (p *Pair) LinkListeners() ([]string, error) {
 	return out, nil
 }
 
+// BenchDir is a directory for a benchmark's files: a new one under
+// $XDPQ_BENCH_DIR when it is set (a tmpfs, as /run is on a node, where a
+// sync costs nothing and the system calls are the cost), else the test's
+// own; it is removed when the benchmark ends.
+func BenchDir(tb testing.TB, prefix string) string {
+	tb.Helper()
+	d := os.Getenv("XDPQ_BENCH_DIR")
+	if d == "" {
+		return tb.TempDir()
+	}
+	dir, err := os.MkdirTemp(d, prefix)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
 // OpenFDs returns this process's open descriptors with what they point to.
 func OpenFDs() map[string]string {
 	out := map[string]string{}

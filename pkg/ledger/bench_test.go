@@ -3,9 +3,9 @@ package ledger
 import (
 	"fmt"
 	"net/netip"
-	"os"
 	"testing"
 
+	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 )
 
@@ -15,15 +15,7 @@ import (
 // Its directory is $XDPQ_BENCH_DIR (a tmpfs, as /run is on a node) or a
 // test directory.
 func BenchmarkAttachDetach(b *testing.B) {
-	dir := b.TempDir()
-	if d := os.Getenv("XDPQ_BENCH_DIR"); d != "" {
-		var err error
-		if dir, err = os.MkdirTemp(d, "ledger-"); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { os.RemoveAll(dir) })
-	}
-	l, err := Open(Options{Dir: dir})
+	l, err := Open(Options{Dir: testnet.BenchDir(b, "ledger-")})
 	if err != nil {
 		b.Fatal(err)
 	}
