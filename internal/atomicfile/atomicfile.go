@@ -126,16 +126,15 @@ func SyncDir(dir string) error {
 }
 
 func openDir(dir string) (int, error) {
-	for {
-		fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return -1, &os.PathError{Op: "open", Path: dir, Err: err}
-		}
-		return fd, nil
+	var fd int
+	err := ignoringEINTR(func() (err error) {
+		fd, err = unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		return err
+	})
+	if err != nil {
+		return -1, &os.PathError{Op: "open", Path: dir, Err: err}
 	}
+	return fd, nil
 }
 
 // ignoringEINTR calls fn again while it is interrupted: Go's signal
