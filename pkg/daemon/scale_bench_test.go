@@ -28,6 +28,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
@@ -39,6 +40,7 @@ import (
 	"github.com/xdpq/xdpq/internal/kubelettest"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/cni"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
 
@@ -441,6 +443,15 @@ func runScaleRound(b *testing.B, bins scaleBins, l scaleLayout) scaleRound {
 	// plugin after its passes). The ADD and DEL rows are of the first
 	// passes.
 	cpuAdd := time.Duration(0)
+	// The plugin keeps what its DEL needs in the node's CNI cache
+	// directory: a pass that fails before its DELs leaves it there.
+	defer func() {
+		for pass := 3 * scaleAddPasses; pass < 3*scaleAddPasses+scalePluginPasses; pass++ {
+			for i := range live {
+				os.Remove(filepath.Join(cni.DefaultCacheDir, scaleContainerID(pass, i)+"-net1.json"))
+			}
+		}
+	}()
 	poller := startScalePoller(b, sock)
 	defer poller.close()
 	for pass := range 3*scaleAddPasses + scalePluginPasses {
@@ -694,26 +705,24 @@ func scaleCNIAdd(sock string, req api.CNIAddRequest) error {
 	return nil
 }
 
-// scalePluginAdd ADDs req through the CNI plugin's binary, as a runtime
-// does: a process per call, the network configuration a NAD with one
-// flow would give on its stdin, the pod in CNI_ARGS. It checks the
-// plugin succeeded and printed a result of its CNI version (an
-// attachment of flows adds no interface to it).
+// scalePluginAdd ADDs req through the CNI plugin's binary as a runtime
+// does (containernetworking's invoke): a process per call, the network
+// configuration a NAD with one flow would give on its stdin, the pod in
+// CNI_ARGS. It checks the plugin answered a result of the configuration's
+// CNI version (an attachment of flows adds no interface to it).
 func scalePluginAdd(plugin, sock string, req api.CNIAddRequest) error {
 	f := req.Flows[0]
 	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"bench","type":"xdpq","resourceName":%q,"deviceID":%q,"daemonSocket":%q,`+
 		`"flows":[{"protocol":%q,"destination":%q,"destinationPort":"%d"}]}`, req.Resource, req.DeviceID, sock, f.Protocol, f.Dst.String(), f.DstPort)
-	args := fmt.Sprintf("K8S_POD_NAMESPACE=%s;K8S_POD_NAME=%s;K8S_POD_UID=%s;K8S_POD_INFRA_CONTAINER_ID=%s",
-		req.PodNamespace, req.PodName, req.PodUID, req.ContainerID)
-	out, err := scalePlugin(plugin, "ADD", req.ContainerID, req.IfName, req.Netns, args, conf)
+	args := &invoke.Args{Command: "ADD", ContainerID: req.ContainerID, NetNS: req.Netns, IfName: req.IfName, Path: filepath.Dir(plugin),
+		PluginArgsStr: fmt.Sprintf("K8S_POD_NAMESPACE=%s;K8S_POD_NAME=%s;K8S_POD_UID=%s;K8S_POD_INFRA_CONTAINER_ID=%s",
+			req.PodNamespace, req.PodName, req.PodUID, req.ContainerID)}
+	res, err := invoke.ExecPluginWithResult(context.Background(), plugin, []byte(conf), args, nil)
 	if err != nil {
-		return err
+		return fmt.Errorf("plugin ADD %s: %w", req.ContainerID, err)
 	}
-	var res struct {
-		CNIVersion string `json:"cniVersion"`
-	}
-	if err := json.Unmarshal(out, &res); err != nil || res.CNIVersion != "1.1.0" {
-		return fmt.Errorf("the plugin's ADD printed no result of version 1.1.0 (%v): %s", err, out)
+	if res.Version() != "1.1.0" {
+		return fmt.Errorf("plugin ADD %s: a result of version %s, want 1.1.0", req.ContainerID, res.Version())
 	}
 	return nil
 }
@@ -722,22 +731,11 @@ func scalePluginAdd(plugin, sock string, req api.CNIAddRequest) error {
 // removes the file its ADD kept for DEL.
 func scalePluginDel(plugin, sock, containerID, ifName string) error {
 	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"bench","type":"xdpq","daemonSocket":%q}`, sock)
-	_, err := scalePlugin(plugin, "DEL", containerID, ifName, "", "", conf)
-	return err
-}
-
-func scalePlugin(plugin, verb, containerID, ifName, netns, args, conf string) ([]byte, error) {
-	cmd := exec.Command(plugin)
-	cmd.Env = []string{"CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + containerID, "CNI_NETNS=" + netns, "CNI_IFNAME=" + ifName,
-		"CNI_ARGS=" + args, "CNI_PATH=" + filepath.Dir(plugin), "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	cmd.Stdin = strings.NewReader(conf)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return nil, fmt.Errorf("plugin %s %s: %v: %s%s", verb, containerID, err, out, stderr.String())
+	args := &invoke.Args{Command: "DEL", ContainerID: containerID, IfName: ifName, Path: filepath.Dir(plugin)}
+	if err := invoke.ExecPluginWithoutResult(context.Background(), plugin, []byte(conf), args, nil); err != nil {
+		return fmt.Errorf("plugin DEL %s: %w", containerID, err)
 	}
-	return out, nil
+	return nil
 }
 
 func scaleContainerID(pass, i int) string { return fmt.Sprintf("%032x%032x", pass+1, i+1) }
@@ -848,11 +846,11 @@ func runScalePoller(sock string) int {
 		if what == "allocations" {
 			poll = func() error { _, err := client.Allocations(""); return err }
 		}
-		var tick <-chan time.Time
-		ticker := time.NewTicker(time.Hour)
+		var tick <-chan time.Time // nil: back to back
+		stopTick := func() {}
 		if every > 0 {
-			ticker.Reset(every)
-			tick = ticker.C
+			t := time.NewTicker(every)
+			tick, stopTick = t.C, t.Stop
 		}
 		stop := make(chan struct{})
 		go func() {
@@ -883,7 +881,7 @@ func runScalePoller(sock string) int {
 				break polling
 			}
 		}
-		ticker.Stop()
+		stopTick()
 		if err := out.Encode(r); err != nil {
 			return 1
 		}
