@@ -1,7 +1,6 @@
 package ledger
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -13,15 +12,6 @@ import (
 	"github.com/xdpq/xdpq/internal/atomicfile"
 	"github.com/xdpq/xdpq/pkg/api"
 )
-
-// recordVersion is the version of the record format.
-const recordVersion = 1
-
-// record is an allocation's file.
-type record struct {
-	Version int `json:"version"`
-	Allocation
-}
 
 // store keeps one file per allocation in a directory.
 type store struct{ dir string }
@@ -40,11 +30,11 @@ func openStore(dir string) (*store, error) {
 func (s *store) path(id string) string { return filepath.Join(s.dir, id+".json") }
 
 func (s *store) write(a *Allocation) error {
-	b, err := json.Marshal(record{Version: recordVersion, Allocation: *a})
+	b, err := encodeRecord(a)
 	if err != nil {
 		return err
 	}
-	return atomicfile.WriteFile(s.path(a.ID), append(b, '\n'), 0o600)
+	return atomicfile.WriteFile(s.path(a.ID), b, 0o600)
 }
 
 func (s *store) remove(id string) error { return atomicfile.Remove(s.path(id)) }
@@ -85,30 +75,25 @@ func (s *store) read(id string) (*Allocation, error) {
 	if err != nil {
 		return nil, err
 	}
-	var r record
-	if err := json.Unmarshal(b, &r); err != nil {
+	a, err := decodeRecord(b, id, recordReaders())
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	if err := r.check(id); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return &r.Allocation, nil
+	return a, nil
 }
 
-// check refuses a record that does not describe a whole allocation.
-func (r *record) check(id string) error {
+// checkRecord refuses a record that does not describe a whole allocation id.
+func checkRecord(a *Allocation, id string) error {
 	switch {
-	case r.Version != recordVersion:
-		return fmt.Errorf("record version %d, this daemon reads %d", r.Version, recordVersion)
-	case r.ID != id:
-		return fmt.Errorf("the record is of allocation %q, not %q", r.ID, id)
-	case r.Pool == "" || r.Netdev == "" || len(r.Devices) == 0 || len(r.Queues) == 0:
+	case a.ID != id:
+		return fmt.Errorf("the record is of allocation %q, not %q", a.ID, id)
+	case a.Pool == "" || a.Netdev == "" || len(a.Devices) == 0 || len(a.Queues) == 0:
 		return errors.New("the record lacks its pool, netdev, devices or queues")
-	case r.State != Active && r.State != Ending:
-		return fmt.Errorf("allocation state %q", r.State)
+	case a.State != Active && a.State != Ending:
+		return fmt.Errorf("allocation state %q", a.State)
 	}
 	seen := map[string]bool{}
-	for _, att := range r.Attachments {
+	for _, att := range a.Attachments {
 		switch {
 		case att.ContainerID == "" || att.IfName == "":
 			return errors.New("an attachment lacks its container id or interface name")
