@@ -54,16 +54,16 @@ func (p Pool) Mode() string {
 
 // Owner is who may use an allocation.
 type Owner struct {
-	UID    *uint32 `json:"uid,omitempty"`
-	PodUID string  `json:"podUID,omitempty"`
-	AnyPod bool    `json:"anyPod,omitempty"`
+	UID    *uint32
+	PodUID string
+	AnyPod bool
 }
 
 // LeaseSocket is a socket the broker bound for an allocation's lease: the
 // pod that holds it may resume the lease with it after a daemon restart.
 type LeaseSocket struct {
-	Queue uint32 `json:"queue"`
-	Inode uint64 `json:"inode"`
+	Queue uint32
+	Inode uint64
 }
 
 // State is where an allocation or attachment is in its life.
@@ -77,25 +77,26 @@ const (
 )
 
 // Allocation is a set of devices of one pool, on one netdev, given to one
-// owner, with the CNI attachments made for it.
+// owner, with the CNI attachments made for it. Its file is a recordV1
+// (record.go), converted from it field by field.
 type Allocation struct {
-	ID   string `json:"id"`
-	Pool string `json:"pool"`
+	ID   string
+	Pool string
 	// Resource is the pool's resource name when it was made: kubelet
 	// reports its pods' devices under it even after a reload renames it.
-	Resource string    `json:"resource,omitempty"`
-	Netdev   string    `json:"netdev"`
-	Queues   []uint32  `json:"queues"`
-	Devices  []string  `json:"devices"`
-	Owner    Owner     `json:"owner"`
-	Created  time.Time `json:"created"`
-	State    State     `json:"state"`
+	Resource string
+	Netdev   string
+	Queues   []uint32
+	Devices  []string
+	Owner    Owner
+	Created  time.Time
+	State    State
 	// Replaces are the allocations this one succeeds on the same devices
 	// (kubelet's Allocate for a restarted container); they are gone once
 	// this one is committed.
-	Replaces    []string      `json:"replaces,omitempty"`
-	Attachments []Attachment  `json:"attachments,omitempty"`
-	Lease       []LeaseSocket `json:"lease,omitempty"`
+	Replaces    []string
+	Attachments []Attachment
+	Lease       []LeaseSocket
 	// replacedBy is the pending allocation that succeeds this one
 	// (Reserve with Replace), until Commit or Abort; never persisted.
 	replacedBy string
@@ -112,16 +113,16 @@ func (a *Allocation) state() string {
 // Attachment is a CNI attachment of an allocation.
 type Attachment struct {
 	api.Attachment
-	State State `json:"state"`
+	State State
 	// Moved is what the netdev mover needs to find a netdev-mode pool's
 	// netdev again (opaque to the ledger); recorded before the move.
-	Moved []byte `json:"moved,omitempty"`
+	Moved []byte
 	// MapOut says the XSKMAP of the attachment's netdev (a netdev-mode
 	// pool's, in its pod) was handed to the pod, for sockets it creates
 	// itself (DPDK): xdpq's program stays attached to the netdev for as
 	// long as the attachment lives, restarts included. Recorded before
 	// the map leaves the daemon.
-	MapOut bool `json:"mapOut,omitempty"`
+	MapOut bool
 }
 
 // Key is the attachment's name: "containerID/ifName".
