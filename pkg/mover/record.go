@@ -1,6 +1,7 @@
 package mover
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -14,44 +15,45 @@ import (
 
 // Record is what a caller persists before anything moves: enough to find
 // the netdev wherever a crash left it and to put it back as it was.
-// Prepare fills it; it is JSON-serialisable and never changes afterwards.
+// Prepare fills it, and it never changes afterwards. Its JSON is that of
+// a recordV1, the format a restarted daemon reads: see MarshalJSON.
 type Record struct {
 	// Name is the netdev's name on the node, and its alias while away.
-	Name string `json:"name"`
+	Name string
 	// Index is its ifindex on the node when prepared.
-	Index int `json:"index"`
+	Index int
 	// Temp is the name it carries between namespaces: xdpq<Index>.
-	Temp string `json:"temp"`
+	Temp string
 	// Kind is its rtnetlink kind: "device" for a netdev with a driver of its
 	// own, which the kernel returns to the initial namespace when the pod's
 	// namespace goes; "veth" and other virtual kinds are destroyed with it.
-	Kind string `json:"kind"`
+	Kind string
 	// Parent ("pci/0000:3b:02.1") and PermAddr (its permanent MAC) are its
 	// hardware identity, where the kernel knows them: they find it whatever
 	// it is called.
-	Parent   string `json:"parent,omitempty"`
-	PermAddr string `json:"permAddr,omitempty"`
+	Parent   string
+	PermAddr string
 	// Node is its node-side state, which MoveOut puts back.
-	Node State `json:"node"`
+	Node State
 	// IfName is its name in the pod.
-	IfName string `json:"ifName"`
+	IfName string
 	// MTU is its MTU in the pod; 0 keeps the node's.
-	MTU int `json:"mtu,omitempty"`
+	MTU int
 }
 
 // State is the node-side state of a netdev that MoveOut restores.
 type State struct {
-	MTU      int      `json:"mtu"`
-	MAC      string   `json:"mac,omitempty"`
-	Alias    string   `json:"alias,omitempty"`
-	AltNames []string `json:"altNames,omitempty"`
-	TxQLen   int      `json:"txQLen"`
+	MTU      int
+	MAC      string
+	Alias    string
+	AltNames []string
+	TxQLen   int
 	// The flags a user (or DPDK) may change.
-	Up        bool `json:"up"`
-	Promisc   bool `json:"promisc"`
-	AllMulti  bool `json:"allMulti"`
-	NoARP     bool `json:"noARP"`
-	Multicast bool `json:"multicast"`
+	Up        bool
+	Promisc   bool
+	AllMulti  bool
+	NoARP     bool
+	Multicast bool
 }
 
 // stateOf reads the restorable state of a link.
@@ -252,4 +254,123 @@ func (l Location) String() string {
 		s += ", not settled"
 	}
 	return s
+}
+
+// The format of a Record, as its caller persists it. A restarted daemon
+// reads what an older one wrote, so a field here is renamed or retyped
+// only in a new version; Record and State are converted to it field by
+// field (TestRecordCarriesEveryField names a field they gain and the
+// format lacks). A new version gets types of its own (recordV2 ...) and
+// becomes recordVersion; the reader of each older version converts what
+// it read to the new one (recordReaders). Testdata keeps a golden file of
+// each version, read by every later mover.
+
+// recordVersion is the version of the record this mover writes.
+const recordVersion = 1
+
+// recordV1 is a Record, version 1. The records written before the
+// version was have none, and are read as version 1.
+type recordV1 struct {
+	Version  int     `json:"version"`
+	Name     string  `json:"name"`
+	Index    int     `json:"index"`
+	Temp     string  `json:"temp"`
+	Kind     string  `json:"kind"`
+	Parent   string  `json:"parent,omitempty"`
+	PermAddr string  `json:"permAddr,omitempty"`
+	Node     stateV1 `json:"node"`
+	IfName   string  `json:"ifName"`
+	MTU      int     `json:"mtu,omitempty"`
+}
+
+type stateV1 struct {
+	MTU       int      `json:"mtu"`
+	MAC       string   `json:"mac,omitempty"`
+	Alias     string   `json:"alias,omitempty"`
+	AltNames  []string `json:"altNames,omitempty"`
+	TxQLen    int      `json:"txQLen"`
+	Up        bool     `json:"up"`
+	Promisc   bool     `json:"promisc"`
+	AllMulti  bool     `json:"allMulti"`
+	NoARP     bool     `json:"noARP"`
+	Multicast bool     `json:"multicast"`
+}
+
+// recordReader reads a record of one version and converts it to the
+// current version.
+type recordReader func([]byte) (recordV1, error)
+
+// recordReaders are the versions this mover reads; 0 is a record written
+// before records had a version.
+func recordReaders() map[int]recordReader {
+	return map[int]recordReader{0: readV1, 1: readV1}
+}
+
+func readV1(b []byte) (recordV1, error) {
+	var r recordV1
+	err := json.Unmarshal(b, &r)
+	return r, err
+}
+
+// MarshalJSON writes the record in the current version of its format.
+func (r Record) MarshalJSON() ([]byte, error) {
+	return json.Marshal(recordV1{
+		Version:  recordVersion,
+		Name:     r.Name,
+		Index:    r.Index,
+		Temp:     r.Temp,
+		Kind:     r.Kind,
+		Parent:   r.Parent,
+		PermAddr: r.PermAddr,
+		Node:     stateV1(r.Node),
+		IfName:   r.IfName,
+		MTU:      r.MTU,
+	})
+}
+
+// UnmarshalJSON reads a record of any version this mover knows; a newer
+// one is refused. It does not validate the record: see Validate.
+func (r *Record) UnmarshalJSON(b []byte) error {
+	rec, err := decodeRecord(b, recordReaders())
+	if err != nil {
+		return err
+	}
+	*r = rec.record()
+	return nil
+}
+
+func decodeRecord(b []byte, readers map[int]recordReader) (recordV1, error) {
+	var v struct {
+		Version int `json:"version"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return recordV1{}, err
+	}
+	read := readers[v.Version]
+	switch {
+	case v.Version > recordVersion:
+		return recordV1{}, fmt.Errorf("netdev record version %d is newer than the %d this daemon reads: a newer xdpq wrote it; run that one on this node", v.Version, recordVersion)
+	case read == nil:
+		return recordV1{}, fmt.Errorf("netdev record version %d is not read by this daemon (it reads %d)", v.Version, recordVersion)
+	}
+	rec, err := read(b)
+	if err != nil {
+		return recordV1{}, fmt.Errorf("netdev record version %d: %w", v.Version, err)
+	}
+	return rec, nil
+}
+
+// record is the Record r describes.
+func (r recordV1) record() Record {
+	return Record{
+		Name:     r.Name,
+		Index:    r.Index,
+		Temp:     r.Temp,
+		Kind:     r.Kind,
+		Parent:   r.Parent,
+		PermAddr: r.PermAddr,
+		Node:     State(r.Node),
+		IfName:   r.IfName,
+		MTU:      r.MTU,
+	}
 }
