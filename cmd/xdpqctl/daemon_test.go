@@ -92,7 +92,7 @@ func TestStatusOfARealDaemon(t *testing.T) {
 	container := "0123456789abcdef0123456789abcdef"
 	flow := api.CNIFlow{Protocol: "udp", Dst: netip.MustParsePrefix("10.1.0.2/32"), DstPort: 2152}
 	if _, err := api.NewClient(socket).CNIAdd(api.CNIAddRequest{ContainerID: container, IfName: "net1", Allocation: a.ID,
-		PodNamespace: "ran", PodName: "upf-0", Netns: pod.Path(), Flows: []api.CNIFlow{flow}}); err != nil {
+		PodNamespace: "ran", PodName: "upf-0", Netns: pod.Path(), Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
 		t.Fatal(err)
 	}
 

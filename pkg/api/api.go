@@ -173,6 +173,11 @@ type CNIAddRequest struct {
 	PodNamespace string    `json:"podNamespace,omitempty"`
 	PodName      string    `json:"podName,omitempty"`
 	Flows        []CNIFlow `json:"flows,omitempty"`
+	// Addresses are the pod's addresses on this attachment (the IPAM
+	// plugin's, or in a chain the previous plugin's): in a queue pool a
+	// flow may steer only traffic to them, or to a destination the pool
+	// grants (sharedDestinations).
+	Addresses []netip.Addr `json:"addresses,omitempty"`
 	// Netns is the pod's network namespace (CNI_NETNS): a netdev-mode
 	// pool's netdev moves there, renamed IfName, with MTU if not zero.
 	Netns string `json:"netns,omitempty"`

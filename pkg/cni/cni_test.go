@@ -57,10 +57,12 @@ type node struct {
 
 func startNode(t testing.TB) *node { return startNodeFor(t, 0) }
 
-// startNodeFor is startNode with the allocation owned by uid.
+// startNodeFor is startNode with the allocation owned by uid. The pool
+// grants flows to 10.88.0.0/24 and 10.78.0.5 beside the pod's own
+// addresses.
 func startNodeFor(t testing.TB, uid uint32) *node {
 	t.Helper()
-	return startNodeWith(t, uid, "pools: [{name: demo, steering: software, devices: {netdevs: ['xa#0-1']}}]\n", "demo", 2)
+	return startNodeWith(t, uid, "pools: [{name: demo, steering: software, devices: {netdevs: ['xa#0-1']}, sharedDestinations: [10.88.0.0/24, 10.78.0.5]}]\n", "demo", 2)
 }
 
 // startNodeWith is startNode with the daemon's config, and an allocation

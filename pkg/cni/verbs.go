@@ -134,6 +134,7 @@ func (p Plugin) Add(args *skel.CmdArgs) (err error) {
 			ips = append(ips, a.Unmap())
 		}
 	}
+	req.Addresses = ips
 	if req.Flows, err = resolveFlows(flows, ips); err != nil {
 		undoIPAM(c, args)
 		return err

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"sort"
 	"strconv"
@@ -29,9 +30,12 @@ type Pool struct {
 	Devices  Selector `json:"devices" desc:"Which netdevs the pool takes queues of."`
 	// Queues is the queues reserved on every matched netdev that names no
 	// range itself, e.g. "8-15" or "0,2,4-7".
-	Queues  string `json:"queues,omitempty" desc:"Queues to reserve on each matched netdev, e.g. 8-15 or 0,2,4-7; required unless every netdevs entry carries its own #range (queue mode)."`
-	AllowTX bool   `json:"allowTX,omitempty" desc:"Hand out sockets with a TX ring; a TX ring lets the pod put raw frames on the node's NIC."`
-	Limits  Limits `json:"limits,omitempty" desc:"What one pod may ask for."`
+	Queues string `json:"queues,omitempty" desc:"Queues to reserve on each matched netdev, e.g. 8-15 or 0,2,4-7; required unless every netdevs entry carries its own #range (queue mode)."`
+	// SharedDestinations are what a flow may steer beyond the pod's own
+	// addresses: a network configuration cannot take them.
+	SharedDestinations []string `json:"sharedDestinations,omitempty" desc:"Addresses or prefixes (e.g. 192.0.2.10, 192.0.2.0/28) that a flow of this pool may steer to although they are not the pod's own addresses, e.g. a virtual IP several pods serve. Without them a flow's destination must be one of the pod's addresses: a network configuration cannot divert the node's or another pod's traffic. Checked at each attachment: a change applies to attachments made after it."`
+	AllowTX            bool     `json:"allowTX,omitempty" desc:"Hand out sockets with a TX ring; a TX ring lets the pod put raw frames on the node's NIC."`
+	Limits             Limits   `json:"limits,omitempty" desc:"What one pod may ask for."`
 	// Attach is onDemand (default: only while a socket is bound) or always.
 	Attach    string    `json:"attach,omitempty" desc:"onDemand (default): the XDP program is attached only while a socket is bound; always: while the pool exists (attaching makes some NICs reconfigure their rings)." enum:"onDemand,always"`
 	Linger    Duration  `json:"linger,omitempty" desc:"How long the program stays after the last socket went, e.g. 5s (default)."`
@@ -144,6 +148,35 @@ func (o NodeOverride) matches(name string, labels map[string]string) bool {
 		}
 	}
 	return len(o.Names) > 0 || len(o.Labels) > 0
+}
+
+// SharedPrefixes are SharedDestinations as prefixes; a validated pool's
+// all parse.
+func (p Pool) SharedPrefixes() []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range p.SharedDestinations {
+		if pf, err := parseDestination(s); err == nil {
+			out = append(out, pf)
+		}
+	}
+	return out
+}
+
+// parseDestination reads an address (a prefix of its full length) or a
+// prefix.
+func parseDestination(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return p, fmt.Errorf("%q is not an address or prefix", s)
+		}
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.Zone() != "" {
+		return netip.Prefix{}, fmt.Errorf("%q is not an address or prefix", s)
+	}
+	return netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()), nil
 }
 
 func (p *Pool) fillDefaults() {

@@ -286,6 +286,11 @@ func validatePools(pools []Pool, base string, add func(string, string, ...any)) 
 		if !oneOf(pool.Steering, "auto", "hardware", "software") {
 			add(p+".steering", "%q; allowed: %s", pool.Steering, allowedList("auto", "hardware", "software"))
 		}
+		for j, dst := range pool.SharedDestinations {
+			if _, err := parseDestination(dst); err != nil {
+				add(fmt.Sprintf("%s.sharedDestinations[%d]", p, j), "%v", err)
+			}
+		}
 		if !oneOf(pool.Attach, "onDemand", "always") {
 			add(p+".attach", "%q; allowed: %s", pool.Attach, allowedList("onDemand", "always"))
 		}

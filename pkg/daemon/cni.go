@@ -11,6 +11,7 @@ import (
 
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/flow"
 	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
@@ -37,6 +38,14 @@ func (d *Daemon) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attach
 	if att.Mode == api.ModeQueue && req.MTU != 0 {
 		return nil, fmt.Errorf("mtu %d: pool %s shares queues of %s and gives the pod no interface; mtu applies to netdev-mode pools: %w",
 			req.MTU, a.Pool, a.Netdev, api.ErrInvalid)
+	}
+	if att.Mode == api.ModeQueue {
+		// The netdev stays the node's: a flow may take only the pod's
+		// own traffic off it (a netdev-mode pool's netdev is the pod's
+		// whole).
+		if err := flow.CheckOwn(req.Flows, req.Addresses, pool.Config.SharedPrefixes()); err != nil {
+			return nil, api.Errorf(api.ErrInvalid, "pool %s: %w", a.Pool, err)
+		}
 	}
 	flows, err := agentFlows(req.Flows, a.Queues)
 	if err != nil {

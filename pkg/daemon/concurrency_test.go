@@ -80,7 +80,7 @@ func TestConcurrentAPI(t *testing.T) {
 				}
 				cid := fmt.Sprintf("c%d-%d", w, i)
 				flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 9, byte(w), byte(i)}), 32), DstPort: 53}
-				if _, err := c.CNIAdd(api.CNIAddRequest{ContainerID: cid, IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}}); err != nil && !refused(err) {
+				if _, err := c.CNIAdd(api.CNIAddRequest{ContainerID: cid, IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil && !refused(err) {
 					fail(fmt.Errorf("cni add: %w", err))
 				}
 				if _, err := c.CNICheck(cid, "net1"); err != nil && !refused(err) {

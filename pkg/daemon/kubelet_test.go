@@ -105,7 +105,7 @@ func TestKubernetesAllocate(t *testing.T) {
 	defer pod.Close()
 	flow := api.CNIFlow{Protocol: "udp", Dst: netip.MustParsePrefix("10.77.0.2/32"), DstPort: 53}
 	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), DeviceID: "xa-q2",
-		Flows: []api.CNIFlow{flow}}); err != nil {
+		Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
 		t.Fatal(err)
 	}
 	// kubelet calls Allocate again when it restarts the container: the old

@@ -55,7 +55,7 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(pair.A.Addr, 32), DstPort: 5000}
-	if _, err := c.CNIAdd(api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}}); err != nil {
+	if _, err := c.CNIAdd(api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.CNICheck("nope", "net1"); !errors.Is(err, api.ErrNotFound) {

@@ -397,7 +397,7 @@ func modelSequence(t *testing.T, p *testnet.Pair, bin, pins string, seed uint64,
 			flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 7, byte(flowN >> 8), byte(flowN)}), 32), DstPort: 53}
 			ok := false
 			o = modelOp{name: "cni add " + key + " to " + id, run: func() error {
-				_, err := d.api.CNIAdd(api.CNIAddRequest{ContainerID: fmt.Sprintf("c%d", flowN), IfName: "net1", Allocation: id, Flows: []api.CNIFlow{flow}})
+				_, err := d.api.CNIAdd(api.CNIAddRequest{ContainerID: fmt.Sprintf("c%d", flowN), IfName: "net1", Allocation: id, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}})
 				_, exists := m.allocs[id]
 				switch {
 				case exists && err != nil:
@@ -556,7 +556,7 @@ func killInFlight(rng *rand.Rand, d *daemonProc, m *model, flowN *int) modelOp {
 		flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 7, byte(*flowN >> 8), byte(*flowN)}), 32), DstPort: 53}
 		what = "cni add " + cid + "/net1 to " + id
 		call = func() {
-			d.api.CNIAdd(api.CNIAddRequest{ContainerID: cid, IfName: "net1", Allocation: id, Flows: []api.CNIFlow{flow}})
+			d.api.CNIAdd(api.CNIAddRequest{ContainerID: cid, IfName: "net1", Allocation: id, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}})
 		}
 		learn = func() error {
 			_, err := d.api.CNICheck(cid, "net1")

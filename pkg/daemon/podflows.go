@@ -11,7 +11,6 @@ import (
 	"github.com/xdpq/xdpq/pkg/flow"
 	"github.com/xdpq/xdpq/pkg/kubepods"
 	"github.com/xdpq/xdpq/pkg/ledger"
-	"github.com/xdpq/xdpq/pkg/nodestatus"
 )
 
 // FlowsAnnotation is the pod annotation whose flows the daemon steers to
@@ -75,7 +74,7 @@ func (d *Daemon) syncPodFlows(ctx context.Context, uid string) {
 		}
 		if refused == "" && len(want) > 0 {
 			if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: key.ContainerID, IfName: key.IfName, Allocation: a.ID,
-				PodUID: uid, PodNamespace: pod.Namespace, PodName: pod.Name, Flows: want}); err != nil {
+				PodUID: uid, PodNamespace: pod.Namespace, PodName: pod.Name, Flows: want, Addresses: pod.IPs}); err != nil {
 				refused = err.Error()
 			}
 		}
@@ -93,7 +92,7 @@ func (d *Daemon) syncPodFlows(ctx context.Context, uid string) {
 		if refused != "" || len(want) > 0 {
 			flows := make([]string, len(want))
 			for i, f := range want {
-				flows[i] = nodestatus.FormatFlow(f)
+				flows[i] = flow.Format(f)
 			}
 			d.node.PodFlows(ref, a.ID, flows, refused)
 		}
@@ -131,7 +130,8 @@ func (d *Daemon) annotatedFlows(pod kubepods.Pod, a ledger.Allocation, n int) (f
 	if !ok || strings.TrimSpace(val) == "" {
 		return nil, "", false
 	}
-	if p, _ := d.ledger.Meta(a.Pool); p.Mode() == api.ModeNetdev {
+	p, _ := d.ledger.Meta(a.Pool)
+	if p.Mode() == api.ModeNetdev {
 		return nil, fmt.Sprintf("pool %s hands out whole netdevs: its flows come with its CNI attachment", a.Pool), false
 	}
 	parsed, err := flow.ParseList([]byte(val), name)
@@ -145,10 +145,8 @@ func (d *Daemon) annotatedFlows(pod kubepods.Pod, a ledger.Allocation, n int) (f
 	if err != nil {
 		return nil, err.Error(), false
 	}
-	for _, f := range flows {
-		if !f.Dst.IsSingleIP() || !slices.Contains(pod.IPs, f.Dst.Addr()) {
-			return nil, fmt.Sprintf("%s: destination %s is not an address of the pod (%v): a pod steers only its own traffic", name, f.Dst, pod.IPs), false
-		}
+	if err := flow.CheckOwn(flows, pod.IPs, p.Config.SharedPrefixes()); err != nil {
+		return nil, fmt.Sprintf("%s: %v", name, err), false
 	}
 	return flows, "", false
 }

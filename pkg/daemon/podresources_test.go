@@ -103,7 +103,8 @@ func TestCNIAddByPod(t *testing.T) {
 
 	add := func(pod string) (*api.Attachment, error) {
 		return api.NewClient(apiSock).CNIAdd(api.CNIAddRequest{ContainerID: "c-" + pod, IfName: "net1", PodNamespace: "default", PodName: pod,
-			Flows: []api.CNIFlow{{Protocol: "udp", Dst: netip.MustParsePrefix("10.1.2.3/32"), DstPort: 53}}})
+			Flows:     []api.CNIFlow{{Protocol: "udp", Dst: netip.MustParsePrefix("10.1.2.3/32"), DstPort: 53}},
+			Addresses: []netip.Addr{netip.MustParseAddr("10.1.2.3")}})
 	}
 	att, err := add("dns-0")
 	if err != nil {

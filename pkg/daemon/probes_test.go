@@ -143,7 +143,7 @@ func TestBrokenRecord(t *testing.T) {
 				t.Fatal(err)
 			}
 			flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(p.A.Addr, 32), DstPort: 5000}
-			if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}}); err != nil {
+			if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
 				t.Fatal(err)
 			}
 			lease, err := client.Connect(a.Socket, client.Options{Ring: 256, Timeout: 5 * time.Second})

@@ -707,13 +707,15 @@ func scaleCNIAdd(sock string, req api.CNIAddRequest) error {
 
 // scalePluginAdd ADDs req through the CNI plugin's binary as a runtime
 // does (containernetworking's invoke): a process per call, the network
-// configuration a NAD with one flow would give on its stdin, the pod in
-// CNI_ARGS. It checks the plugin answered a result of the configuration's
+// configuration a NAD with one flow to the pod's address would give on
+// its stdin after the primary plugin (prevResult: the address), the pod
+// in CNI_ARGS. It checks the plugin answered a result of the configuration's
 // CNI version (an attachment of flows adds no interface to it).
 func scalePluginAdd(plugin, sock string, req api.CNIAddRequest) error {
 	f := req.Flows[0]
 	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"bench","type":"xdpq","resourceName":%q,"deviceID":%q,"daemonSocket":%q,`+
-		`"flows":[{"protocol":%q,"destination":%q,"destinationPort":"%d"}]}`, req.Resource, req.DeviceID, sock, f.Protocol, f.Dst.String(), f.DstPort)
+		`"prevResult":{"cniVersion":"1.1.0","ips":[{"address":%q}]},"flows":[{"protocol":%q,"destination":"ipam","destinationPort":"%d"}]}`,
+		req.Resource, req.DeviceID, sock, f.Dst.String(), f.Protocol, f.DstPort)
 	args := &invoke.Args{Command: "ADD", ContainerID: req.ContainerID, NetNS: req.Netns, IfName: req.IfName, Path: filepath.Dir(plugin),
 		PluginArgsStr: fmt.Sprintf("K8S_POD_NAMESPACE=%s;K8S_POD_NAME=%s;K8S_POD_UID=%s;K8S_POD_INFRA_CONTAINER_ID=%s",
 			req.PodNamespace, req.PodName, req.PodUID, req.ContainerID)}
@@ -746,7 +748,7 @@ func scaleAddRequest(pass, i int, dev, resource, netns string) api.CNIAddRequest
 	dst := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 100, byte(i >> 8), byte(i)}), 32)
 	return api.CNIAddRequest{ContainerID: scaleContainerID(pass, i), IfName: "net1", Resource: resource, DeviceID: dev,
 		PodUID: fmt.Sprintf("00000000-0000-0000-0000-%012d", i), PodNamespace: "bench", PodName: fmt.Sprintf("pod-%d", i), Netns: netns,
-		Flows: []api.CNIFlow{{Protocol: "udp", Dst: dst, DstPort: 2152}}}
+		Flows: []api.CNIFlow{{Protocol: "udp", Dst: dst, DstPort: 2152}}, Addresses: []netip.Addr{dst.Addr()}}
 }
 
 // Run with the argument scalePollerArg alone, and scalePollerEnv set to

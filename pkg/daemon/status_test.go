@@ -98,7 +98,7 @@ func TestStatusCountsTheList(t *testing.T) {
 		alloc, container, ifname string
 	}{{a1.ID, "c2", "net1"}, {a1.ID, "c1", "net2"}, {b1.ID, "c0", "net1"}} {
 		flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)}), 32), DstPort: 2152}
-		if _, err := c.CNIAdd(api.CNIAddRequest{ContainerID: att.container, IfName: att.ifname, Allocation: att.alloc, Flows: []api.CNIFlow{flow}}); err != nil {
+		if _, err := c.CNIAdd(api.CNIAddRequest{ContainerID: att.container, IfName: att.ifname, Allocation: att.alloc, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
 			t.Fatal(err)
 		}
 	}

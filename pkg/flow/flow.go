@@ -7,8 +7,10 @@ package flow
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -192,4 +194,71 @@ func portRange(s string) (lo, hi int, err error) {
 		return 0, 0, fmt.Errorf("%q: %d ports; at most %d (each port is a rule of its own)", s, hi-lo+1, MaxPortRange)
 	}
 	return lo, hi, nil
+}
+
+// Format writes a flow as status and the XdpqNode resource show it:
+// "udp 10.0.0.2:4789", "tcp 10.0.0.0/24 from 10.1.0.1:80 vlan 7".
+func Format(f api.CNIFlow) string {
+	var b strings.Builder
+	b.WriteString(f.Protocol)
+	b.WriteString(" ")
+	b.WriteString(endpoint(f.Dst, f.DstPort))
+	if f.Src.IsValid() {
+		b.WriteString(" from ")
+		b.WriteString(endpoint(f.Src, f.SrcPort))
+	}
+	if f.VLAN != 0 {
+		fmt.Fprintf(&b, " vlan %d", f.VLAN)
+	}
+	return b.String()
+}
+
+func endpoint(p netip.Prefix, port uint16) string {
+	s := p.String()
+	if p.IsSingleIP() {
+		s = p.Addr().String()
+	}
+	if port == 0 {
+		return s
+	}
+	if p.IsSingleIP() {
+		return netip.AddrPortFrom(p.Addr(), port).String()
+	}
+	return fmt.Sprintf("%s port %d", s, port)
+}
+
+// ErrNotOwn is what CheckOwn's refusals wrap: a flow would steer traffic
+// that is not the pod's.
+var ErrNotOwn = errors.New("a pod steers only its own traffic")
+
+// CheckOwn refuses a flow whose destination is not the pod's own: each
+// destination must be one of the pod's addresses (own), or lie within a
+// destination the operator granted the pool (shared). A prefix is never
+// a pod's own, nor is another pod's address or the node's: steering them
+// would divert traffic the pod has no claim on (the node's SSH, another
+// tenant's packets) onto its queues. The error names the flow.
+func CheckOwn(flows []api.CNIFlow, own []netip.Addr, shared []netip.Prefix) error {
+	for _, f := range flows {
+		if f.Dst.IsSingleIP() && slices.Contains(own, f.Dst.Addr()) {
+			continue
+		}
+		if slices.ContainsFunc(shared, func(s netip.Prefix) bool { return s.Bits() <= f.Dst.Bits() && s.Contains(f.Dst.Addr()) }) {
+			continue
+		}
+		addrs := "none"
+		if len(own) > 0 {
+			addrs = fmt.Sprint(own)
+		}
+		return fmt.Errorf("flow %s: destination %s is not an address of the pod (its addresses: %s; the pool grants %s): %w; "+
+			"an operator grants a shared destination with the pool's sharedDestinations",
+			Format(f), f.Dst, addrs, grants(shared), ErrNotOwn)
+	}
+	return nil
+}
+
+func grants(shared []netip.Prefix) string {
+	if len(shared) == 0 {
+		return "no shared destination"
+	}
+	return fmt.Sprint(shared)
 }

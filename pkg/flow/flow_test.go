@@ -1,10 +1,13 @@
 package flow
 
 import (
+	"errors"
 	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/xdpq/xdpq/pkg/api"
 )
 
 func TestParseList(t *testing.T) {
@@ -67,4 +70,41 @@ func FuzzParseList(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestCheckOwn: a destination is the pod's own address or within what
+// the pool grants; everything else is refused naming the flow.
+func TestCheckOwn(t *testing.T) {
+	own := []netip.Addr{netip.MustParseAddr("10.77.0.4"), netip.MustParseAddr("fd00::4")}
+	shared := []netip.Prefix{netip.MustParsePrefix("192.0.2.0/28"), netip.MustParsePrefix("198.51.100.7/32")}
+	f := func(dst string, port uint16) api.CNIFlow {
+		return api.CNIFlow{Protocol: "udp", Dst: netip.MustParsePrefix(dst), DstPort: port}
+	}
+	for _, c := range []struct {
+		name    string
+		flows   []api.CNIFlow
+		shared  []netip.Prefix
+		refused string // "" accepted
+	}{
+		{"own v4 and v6", []api.CNIFlow{f("10.77.0.4/32", 53), f("fd00::4/128", 53)}, nil, ""},
+		{"another pod's", []api.CNIFlow{f("10.77.0.2/32", 5001)}, nil, "flow udp 10.77.0.2:5001: destination 10.77.0.2/32"},
+		{"a prefix holding the pod's", []api.CNIFlow{f("10.77.0.0/24", 0)}, nil, "flow udp 10.77.0.0/24: destination"},
+		{"the second of two", []api.CNIFlow{f("10.77.0.4/32", 1), f("10.99.0.1/32", 22)}, nil, "flow udp 10.99.0.1:22"},
+		{"granted address in a granted prefix", []api.CNIFlow{f("192.0.2.9/32", 80)}, shared, ""},
+		{"granted prefix inside a granted prefix", []api.CNIFlow{f("192.0.2.8/29", 80)}, shared, ""},
+		{"a prefix wider than the grant", []api.CNIFlow{f("192.0.2.0/24", 80)}, shared, "flow udp 192.0.2.0/24 port 80"},
+		{"granted single address", []api.CNIFlow{f("198.51.100.7/32", 80)}, shared, ""},
+		{"next to the granted address", []api.CNIFlow{f("198.51.100.8/32", 80)}, shared, "flow udp 198.51.100.8:80"},
+	} {
+		err := CheckOwn(c.flows, own, c.shared)
+		switch {
+		case c.refused == "" && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case c.refused != "" && (err == nil || !strings.Contains(err.Error(), c.refused) || !errors.Is(err, ErrNotOwn)):
+			t.Errorf("%s: %v; want a refusal naming %q", c.name, err, c.refused)
+		}
+	}
+	if err := CheckOwn([]api.CNIFlow{f("10.77.0.4/32", 53)}, nil, nil); err == nil || !strings.Contains(err.Error(), "its addresses: none") {
+		t.Errorf("a pod without addresses: %v", err)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/xdpq/xdpq/pkg/api"
@@ -65,18 +66,20 @@ type attachmentV1 struct {
 	PodNamespace string   `json:"podNamespace,omitempty"`
 	PodName      string   `json:"podName,omitempty"`
 	Flows        []flowV1 `json:"flows,omitempty"`
-	Netns        string   `json:"netns,omitempty"`
-	MTU          int      `json:"mtu,omitempty"`
-	Chained      bool     `json:"chained,omitempty"`
-	AllocationID string   `json:"allocationID"`
-	Netdev       string   `json:"netdev"`
-	Queues       []uint32 `json:"queues"`
-	Mode         string   `json:"mode"`
-	Mac          string   `json:"mac,omitempty"`
-	NetnsInode   uint64   `json:"netnsInode,omitempty"`
-	State        string   `json:"state"`
-	Moved        []byte   `json:"moved,omitempty"` // the netdev mover's, opaque here
-	MapOut       bool     `json:"mapOut,omitempty"`
+	// Addresses are the pod's, as the plugin said at ADD.
+	Addresses    []netip.Addr `json:"addresses,omitempty"`
+	Netns        string       `json:"netns,omitempty"`
+	MTU          int          `json:"mtu,omitempty"`
+	Chained      bool         `json:"chained,omitempty"`
+	AllocationID string       `json:"allocationID"`
+	Netdev       string       `json:"netdev"`
+	Queues       []uint32     `json:"queues"`
+	Mode         string       `json:"mode"`
+	Mac          string       `json:"mac,omitempty"`
+	NetnsInode   uint64       `json:"netnsInode,omitempty"`
+	State        string       `json:"state"`
+	Moved        []byte       `json:"moved,omitempty"` // the netdev mover's, opaque here
+	MapOut       bool         `json:"mapOut,omitempty"`
 }
 
 // flowV1 is a flow steered to an attachment. A prefix is written as
@@ -185,6 +188,7 @@ func toAttachmentV1(a Attachment) attachmentV1 {
 		PodUID:       a.PodUID,
 		PodNamespace: a.PodNamespace,
 		PodName:      a.PodName,
+		Addresses:    slices.Clone(a.Addresses),
 		Netns:        a.Netns,
 		MTU:          a.MTU,
 		Chained:      a.Chained,
@@ -249,6 +253,7 @@ func (r attachmentV1) attachment() Attachment {
 				PodUID:       r.PodUID,
 				PodNamespace: r.PodNamespace,
 				PodName:      r.PodName,
+				Addresses:    slices.Clone(r.Addresses),
 				Netns:        r.Netns,
 				MTU:          r.MTU,
 				Chained:      r.Chained,

@@ -19,6 +19,7 @@ import (
 var cmpAlloc = []cmp.Option{
 	cmp.AllowUnexported(Allocation{}),
 	cmp.Comparer(func(a, b netip.Prefix) bool { return a == b }),
+	cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
 }
 
 // TestRecordGolden: every record file an older daemon wrote reads as the

@@ -2,7 +2,6 @@ package nodestatus
 
 import (
 	"fmt"
-	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/apis/xdpq/v1alpha1"
+	"github.com/xdpq/xdpq/pkg/flow"
 )
 
 // Condition reasons.
@@ -104,7 +104,7 @@ func Convert(s *api.Status, l *api.AllocationList, serving bool, prev []metav1.C
 	flows := map[string][]string{}
 	for _, att := range l.Attachments {
 		for _, f := range att.Flows {
-			flows[att.AllocationID] = append(flows[att.AllocationID], FormatFlow(f))
+			flows[att.AllocationID] = append(flows[att.AllocationID], flow.Format(f))
 		}
 	}
 	for _, a := range l.Allocations {
@@ -175,37 +175,6 @@ func programState(s string) v1alpha1.ProgramState {
 	default:
 		return v1alpha1.StateIdle
 	}
-}
-
-// FormatFlow writes a flow as the resource shows it: "udp
-// 10.0.0.2:4789", "tcp 10.0.0.0/24 from 10.1.0.1:80 vlan 7".
-func FormatFlow(f api.CNIFlow) string {
-	var b strings.Builder
-	b.WriteString(f.Protocol)
-	b.WriteString(" ")
-	b.WriteString(endpoint(f.Dst, f.DstPort))
-	if f.Src.IsValid() {
-		b.WriteString(" from ")
-		b.WriteString(endpoint(f.Src, f.SrcPort))
-	}
-	if f.VLAN != 0 {
-		fmt.Fprintf(&b, " vlan %d", f.VLAN)
-	}
-	return b.String()
-}
-
-func endpoint(p netip.Prefix, port uint16) string {
-	s := p.String()
-	if p.IsSingleIP() {
-		s = p.Addr().String()
-	}
-	if port == 0 {
-		return s
-	}
-	if p.IsSingleIP() {
-		return netip.AddrPortFrom(p.Addr(), port).String()
-	}
-	return fmt.Sprintf("%s port %d", s, port)
 }
 
 // urgent reports whether next differs from prev in more than what pod
