@@ -62,8 +62,8 @@ func (d *Daemon) Alloc(ctx context.Context, req api.AllocRequest) (*api.Allocati
 			return nil, err
 		}
 		if err := d.ledger.Commit(a.ID, nil); err != nil {
-			d.abandon(ctx, a.ID)
-			return nil, fmt.Errorf("allocation %s not recorded: %w", a.ID, err)
+			d.unserve(a) // the ledger dropped it: its devices are free
+			return nil, fmt.Errorf("pool %s: the allocation could not be recorded, and was not made: %w", req.Pool, err)
 		}
 		d.log.Info("allocated", "allocation", a.ID, "pool", a.Pool, "netdev", a.Netdev, "queues", a.Queues, "uid", uid)
 		return d.apiAllocation(a), nil
@@ -82,21 +82,26 @@ func (d *Daemon) serveNew(a ledger.Allocation) error {
 	return nil
 }
 
-// abandon frees an allocation whose record could not be written.
-func (d *Daemon) abandon(ctx context.Context, id string) {
-	if err := d.free(ctx, id, "its record could not be written"); err != nil {
-		d.log.Error("abandoned allocation not freed", "allocation", id, "err", err)
-	}
-}
-
 // Free ends an allocation: its attachments end, its lease (if any) ends,
 // its devices are free.
 func (d *Daemon) Free(ctx context.Context, id string) error {
 	return d.free(ctx, id, "asked")
 }
 
+// free ends allocation id for the reason why (logged). An allocation the daemon is already freeing (or whose attachment it is
+// making or ending) is waited for; one that is gone once the wait is over
+// was freed as asked.
 func (d *Daemon) free(ctx context.Context, id, why string) error {
-	a, err := d.ledger.BeginFree(id)
+	var a ledger.Allocation
+	waited := false
+	err := d.whenIdle(ctx, func() (err error) {
+		a, err = d.ledger.BeginFree(id)
+		waited = waited || errors.Is(err, ledger.ErrBusy)
+		return err
+	})
+	if waited && errors.Is(err, ledger.ErrNotFound) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -230,8 +235,11 @@ func (d *Daemon) allocate(ctx context.Context, pool string, ids []string) (*plug
 		}
 	}
 	if err := d.ledger.Commit(a.ID, carried); err != nil {
-		d.abandon(ctx, a.ID)
-		return nil, fmt.Errorf("allocation %s not recorded: %w", a.ID, err)
+		// The ledger dropped it; the allocations it was to replace are
+		// as their records say, and kubelet's next Allocate replaces
+		// them again.
+		d.unserve(a)
+		return nil, fmt.Errorf("pool %s: the allocation could not be recorded, and was not made: %w", pool, err)
 	}
 	for _, att := range carried {
 		if att.Mode == api.ModeNetdev {

@@ -58,7 +58,12 @@ func (d *Daemon) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attach
 	if att.Mode == api.ModeNetdev && req.Netns == "" {
 		return nil, api.Errorf(api.ErrInvalid, "pool %s hands out whole netdevs: the request needs the pod's netns", a.Pool)
 	}
-	got, again, err := d.ledger.BeginAttach(a.ID, att)
+	var got ledger.Attachment
+	var again bool
+	err = d.whenIdle(ctx, func() (err error) {
+		got, again, err = d.ledger.BeginAttach(a.ID, att)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -196,9 +201,17 @@ func agentFlows(fs []api.CNIFlow, queues []uint32) ([]agent.Flow, error) {
 
 // CNIDel removes an attachment's flows, or brings its netdev back. An
 // attachment the daemon does not know is no error: DEL is idempotent.
+// One that the daemon is already ending (its collector, a free of its
+// allocation) or still making is waited for: DEL then answers as the
+// attachment is after it.
 func (d *Daemon) CNIDel(ctx context.Context, ref api.AttachmentRef) error {
 	key := ledger.Key(ref.ContainerID, ref.IfName)
-	att, found, err := d.ledger.BeginDetach(key)
+	var att ledger.Attachment
+	var found bool
+	err := d.whenIdle(ctx, func() (err error) {
+		att, found, err = d.ledger.BeginDetach(key)
+		return err
+	})
 	if !found || err != nil {
 		return err
 	}
@@ -232,12 +245,19 @@ func (d *Daemon) undoAttachment(ctx context.Context, att ledger.Attachment) erro
 // netdev's program state sound.
 func (d *Daemon) CNICheck(ctx context.Context, ref api.AttachmentRef) (*api.Attachment, error) {
 	key := ledger.Key(ref.ContainerID, ref.IfName)
-	att, ok := d.ledger.Attachment(key)
+	var att ledger.Attachment
+	var ok bool
+	err := d.whenIdle(ctx, func() error {
+		if att, ok = d.ledger.Attachment(key); ok && att.State != ledger.Active {
+			return api.Errorf(api.ErrConflict, "attachment %s: %w (%s)", key, ledger.ErrBusy, att.State)
+		}
+		return nil
+	})
 	if !ok {
 		return nil, api.Errorf(api.ErrNotFound, "no attachment of container %s interface %s", ref.ContainerID, ref.IfName)
 	}
-	if att.State != ledger.Active {
-		return &att.Attachment, api.Errorf(api.ErrConflict, "attachment %s is %s", key, att.State)
+	if err != nil {
+		return &att.Attachment, err
 	}
 	verify, name := d.agent.VerifySteering, att.Netdev
 	if att.Mode == api.ModeNetdev {
@@ -279,6 +299,32 @@ func (d *Daemon) CNIGC(ctx context.Context, req api.GCRequest) ([]string, error)
 		removed = append(removed, att.Key())
 	}
 	return removed, errors.Join(errs...)
+}
+
+// whenIdle calls try until it is not refused for an operation in
+// progress (ledger.ErrBusy) on what it asks for, waiting for the ledger's
+// next change between calls: a runtime's DEL that meets the daemon's own
+// clean-up of the same attachment succeeds once that is done, instead of
+// answering "try again" for work under way. It waits at most
+// api.RequestTimeout, or until ctx ends; the refusal then stands.
+func (d *Daemon) whenIdle(ctx context.Context, try func() error) error {
+	ctx, cancel := context.WithTimeout(ctx, api.RequestTimeout)
+	defer cancel()
+	for {
+		changed := d.ledger.Changed()
+		err := try()
+		if !errors.Is(err, ledger.ErrBusy) {
+			return err
+		}
+		if d.waitingHook != nil {
+			d.waitingHook()
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("%w; still so after %v", err, api.RequestTimeout)
+		}
+	}
 }
 
 // netnsInode is the inode of the namespace at path, 0 when it cannot be

@@ -137,6 +137,9 @@ type Daemon struct {
 	// pools needed at the last fitFDLimit, and what it found.
 	fdNeed    uint64
 	fdProblem string
+	// waitingHook, if set (by tests), is called each time whenIdle is
+	// about to wait for an operation under way.
+	waitingHook func()
 
 	mu sync.Mutex // guards the fields below; never held across a call out
 	// found are the netdevs of the last discovery, those in pods included.

@@ -31,8 +31,8 @@ func (l *Ledger) BeginAttach(alloc string, att Attachment) (_ Attachment, again 
 			return cloneAtt(old), true, nil
 		}
 		if old.State != Active {
-			return Attachment{}, false, fmt.Errorf("container %s interface %s: an operation on it is in progress (%s); try again: %w",
-				att.ContainerID, att.IfName, old.State, ErrConflict)
+			return Attachment{}, false, api.Errorf(api.ErrConflict, "container %s interface %s: %w (%s)",
+				att.ContainerID, att.IfName, ErrBusy, old.State)
 		}
 		return Attachment{}, false, fmt.Errorf("container %s interface %s is attached already (allocation %s, %d flows); DEL it first: %w",
 			att.ContainerID, att.IfName, owner, len(old.Flows), ErrConflict)
@@ -70,6 +70,7 @@ func (l *Ledger) dropAttachment(key string) string {
 	a := l.allocs[id]
 	a.Attachments = slices.DeleteFunc(a.Attachments, func(x Attachment) bool { return x.Key() == key })
 	delete(l.atts, key)
+	l.changedLocked()
 	return id
 }
 
@@ -139,11 +140,11 @@ func (l *Ledger) BeginDetach(key string) (Attachment, bool, error) {
 	if att.State != Active {
 		st := att.State
 		l.mu.Unlock()
-		return Attachment{}, true, api.Errorf(api.ErrConflict, "attachment %s: an operation on it is in progress (%s); try again", key, st)
+		return Attachment{}, true, api.Errorf(api.ErrConflict, "attachment %s: %w (%s)", key, ErrBusy, st)
 	}
 	if a := l.allocs[id]; a.State != Active || a.replacedBy != "" {
 		l.mu.Unlock()
-		return Attachment{}, true, api.Errorf(api.ErrConflict, "attachment %s: its allocation %s is %s; try again", key, id, a.state())
+		return Attachment{}, true, api.Errorf(api.ErrConflict, "attachment %s: its allocation %s is %s: %w", key, id, a.state(), ErrBusy)
 	}
 	att.State = Ending
 	c := cloneAtt(*att)

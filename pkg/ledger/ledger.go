@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"slices"
 	"strings"
@@ -21,6 +22,11 @@ var (
 	ErrConflict    = api.ErrConflict
 	ErrInvalid     = api.ErrInvalid
 	ErrUnavailable = api.ErrUnavailable
+	// ErrBusy is what a refusal wraps when an operation on the same
+	// attachment or allocation is under way: it is over soon (its
+	// kernel work is bounded), and a caller that waits for it (Changed)
+	// and asks again gets a true answer.
+	ErrBusy = errors.New("an operation on it is in progress")
 )
 
 // Device is one device of a pool: a queue of a netdev, or in a netdev
@@ -161,6 +167,30 @@ type Ledger struct {
 	usage   map[string]usageAt
 	// writing serialises the writes of each record (see persist).
 	writing map[string]*sync.Mutex
+	// changed is closed at the next change of state (see Changed); nil
+	// until someone asks.
+	changed chan struct{}
+}
+
+// Changed returns a channel that is closed at the ledger's next change of
+// an allocation or attachment. A caller refused with ErrBusy takes it
+// before asking, and waits on it before asking again: no change between
+// the two is missed.
+func (l *Ledger) Changed() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.changed == nil {
+		l.changed = make(chan struct{})
+	}
+	return l.changed
+}
+
+// changedLocked wakes the waiters of Changed.
+func (l *Ledger) changedLocked() {
+	if l.changed != nil {
+		close(l.changed)
+		l.changed = nil
+	}
 }
 
 // Options configure Open.
@@ -720,7 +750,7 @@ func (l *Ledger) Reserve(r Reservation) (Allocation, error) {
 func (l *Ledger) checkEndableLocked(a *Allocation) error {
 	for _, att := range a.Attachments {
 		if att.State != Active {
-			return api.Errorf(api.ErrConflict, "allocation %s: attachment %s is %s; try again", a.ID, att.Key(), att.State)
+			return api.Errorf(api.ErrConflict, "allocation %s: attachment %s is %s: %w", a.ID, att.Key(), att.State, ErrBusy)
 		}
 	}
 	return nil
@@ -730,6 +760,13 @@ func (l *Ledger) checkEndableLocked(a *Allocation) error {
 // (those carried over from the allocations it replaces), persists it and
 // removes the allocations it replaces, whose other attachments the caller
 // has undone.
+//
+// The record is written before anything changes in memory: when it
+// cannot be written (a full or read-only disk), the commit has not
+// happened and the allocation is dropped as by Abort (the allocations it
+// was to replace are active again), so nothing is left holding devices
+// or served that a restarted daemon would not know; the caller stops
+// serving it.
 func (l *Ledger) Commit(id string, carried []Attachment) error {
 	l.mu.Lock()
 	a := l.allocs[id]
@@ -737,13 +774,30 @@ func (l *Ledger) Commit(id string, carried []Attachment) error {
 		l.mu.Unlock()
 		return api.Errorf(api.ErrConflict, "commit %s: not a pending allocation", id)
 	}
-	for _, att := range carried {
-		att = cloneAtt(att)
-		att.AllocationID = id
-		att.State = Active
-		a.Attachments = append(a.Attachments, att)
-		l.atts[att.Key()] = id
+	atts := make([]Attachment, len(carried))
+	for i, att := range carried {
+		atts[i] = cloneAtt(att)
+		atts[i].AllocationID = id
+		atts[i].State = Active
 	}
+	rec := cloneAlloc(a)
+	rec.State = Active
+	rec.Attachments = append(rec.Attachments, atts...)
+	l.mu.Unlock()
+	// No one else writes a pending allocation's record. The successor is
+	// written first: it names what it replaces, so a crash between this
+	// write and theirs leaves a state Open resolves.
+	if err := l.store.write(&rec); err != nil {
+		l.Abort(id)
+		// The rename may have taken with only the directory's sync
+		// failing: the record must not outlive the allocation.
+		if rerr := l.store.remove(id); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			err = errors.Join(err, fmt.Errorf("and its record could not be removed: %w", rerr))
+		}
+		return fmt.Errorf("ledger: %w", err)
+	}
+	l.mu.Lock()
+	a.Attachments = append(a.Attachments, atts...)
 	a.State = Active
 	var gone []string
 	for _, old := range a.Replaces {
@@ -757,12 +811,9 @@ func (l *Ledger) Commit(id string, carried []Attachment) error {
 	for _, att := range a.Attachments {
 		l.atts[att.Key()] = id
 	}
+	// A lease set while it was pending is in memory only.
+	rewrite := !slices.Equal(a.Lease, rec.Lease)
 	l.mu.Unlock()
-	// The successor is written first: it names what it replaces, so a
-	// crash between the two leaves a state Open resolves.
-	if err := l.persist(id); err != nil {
-		return err
-	}
 	var errs []error
 	for _, old := range gone {
 		errs = append(errs, l.persist(old))
@@ -773,8 +824,15 @@ func (l *Ledger) Commit(id string, carried []Attachment) error {
 		l.dropEmptyLingeringLocked(a.Pool)
 	}
 	l.mu.Unlock()
-	if len(gone) > 0 {
+	if len(gone) > 0 || rewrite {
 		errs = append(errs, l.persist(id))
+	} else {
+		l.mu.Lock()
+		l.changedLocked()
+		l.mu.Unlock()
+		if l.onChange != nil {
+			l.onChange()
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -795,6 +853,7 @@ func (l *Ledger) Abort(id string) {
 			l.holdLocked(o)
 		}
 	}
+	l.changedLocked()
 }
 
 // BeginFree marks an allocation ending and returns it; the caller undoes
@@ -809,7 +868,7 @@ func (l *Ledger) BeginFree(id string) (Allocation, error) {
 	}
 	if a.State != Active || a.replacedBy != "" {
 		l.mu.Unlock()
-		return Allocation{}, api.Errorf(api.ErrConflict, "allocation %s is %s", id, a.state())
+		return Allocation{}, api.Errorf(api.ErrConflict, "allocation %s is %s: %w", id, a.state(), ErrBusy)
 	}
 	if err := l.checkEndableLocked(a); err != nil {
 		l.mu.Unlock()
@@ -823,6 +882,7 @@ func (l *Ledger) BeginFree(id string) (Allocation, error) {
 		// refused as "ending" until a restart.
 		l.mu.Lock()
 		a.State = Active
+		l.changedLocked()
 		l.mu.Unlock()
 		return Allocation{}, err
 	}

@@ -124,6 +124,7 @@ func (l *Ledger) persist(id string) error {
 	wmu.Lock()
 	defer wmu.Unlock()
 	l.mu.Lock()
+	l.changedLocked() // every change of state is written: its waiters wake
 	a := l.allocs[id]
 	var snap Allocation
 	if a != nil {
