@@ -99,6 +99,58 @@ func NewPair(tb testing.TB, queues int) *Pair {
 	return p
 }
 
+// Recreate deletes the veth pair and makes it again in the namespace, as
+// a driver reload or an SR-IOV reset re-creates a netdev: the same names,
+// MACs, queues and A's address, new ifindexes (A and B say them).
+func (p *Pair) Recreate() error {
+	return p.NS.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(p.A.Name)
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkDel(l); err != nil {
+			return fmt.Errorf("delete %s: %w", p.A.Name, err)
+		}
+		if err := p.addVeth(p.A.queues); err != nil {
+			return fmt.Errorf("veth pair: %w", err)
+		}
+		return nil
+	})
+}
+
+// addVeth makes the pair in the current namespace: xa and xb with queues
+// rx and tx queues each, both up, 10.99.0.1/24 on xa.
+func (p *Pair) addVeth(queues int) error {
+	veth := &netlink.Veth{
+		LinkAttrs: netlink.LinkAttrs{Name: "xa", NumTxQueues: queues, NumRxQueues: queues,
+			HardwareAddr: net.HardwareAddr{0x02, 0x58, 0x44, 0x50, 0x51, 0x01}},
+		PeerName: "xb", PeerNumTxQueues: uint32(queues), PeerNumRxQueues: uint32(queues),
+		PeerHardwareAddr: net.HardwareAddr{0x02, 0x58, 0x44, 0x50, 0x51, 0x02},
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return fmt.Errorf("add veth: %w", err)
+	}
+	for i, l := range []*Link{&p.A, &p.B} {
+		name := []string{"xa", "xb"}[i]
+		link, err := netlink.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		addr := netip.AddrFrom4([4]byte{10, 99, 0, byte(i + 1)})
+		if i == 0 {
+			nlAddr, _ := netlink.ParseAddr(addr.String() + "/24")
+			if err := netlink.AddrAdd(link, nlAddr); err != nil {
+				return fmt.Errorf("address %s: %w", name, err)
+			}
+		}
+		if err := netlink.LinkSetUp(link); err != nil {
+			return fmt.Errorf("up %s: %w", name, err)
+		}
+		*l = Link{Name: name, Index: link.Attrs().Index, MAC: link.Attrs().HardwareAddr, Addr: addr, queues: queues}
+	}
+	return nil
+}
+
 // Create makes a network namespace holding veth A and B with queues rx
 // and tx queues each, both up, with 10.99.0.1/24 on A (B has no address).
 // Close removes it.
@@ -114,34 +166,7 @@ func Create(queues int) (*Pair, error) {
 				return err
 			}
 		}
-		veth := &netlink.Veth{
-			LinkAttrs: netlink.LinkAttrs{Name: "xa", NumTxQueues: queues, NumRxQueues: queues,
-				HardwareAddr: net.HardwareAddr{0x02, 0x58, 0x44, 0x50, 0x51, 0x01}},
-			PeerName: "xb", PeerNumTxQueues: uint32(queues), PeerNumRxQueues: uint32(queues),
-			PeerHardwareAddr: net.HardwareAddr{0x02, 0x58, 0x44, 0x50, 0x51, 0x02},
-		}
-		if err := netlink.LinkAdd(veth); err != nil {
-			return fmt.Errorf("add veth: %w", err)
-		}
-		for i, l := range []*Link{&p.A, &p.B} {
-			name := []string{"xa", "xb"}[i]
-			link, err := netlink.LinkByName(name)
-			if err != nil {
-				return err
-			}
-			addr := netip.AddrFrom4([4]byte{10, 99, 0, byte(i + 1)})
-			if i == 0 {
-				nlAddr, _ := netlink.ParseAddr(addr.String() + "/24")
-				if err := netlink.AddrAdd(link, nlAddr); err != nil {
-					return fmt.Errorf("address %s: %w", name, err)
-				}
-			}
-			if err := netlink.LinkSetUp(link); err != nil {
-				return fmt.Errorf("up %s: %w", name, err)
-			}
-			*l = Link{Name: name, Index: link.Attrs().Index, MAC: link.Attrs().HardwareAddr, Addr: addr, queues: queues}
-		}
-		return nil
+		return p.addVeth(queues)
 	})
 	if err != nil {
 		p.Close()

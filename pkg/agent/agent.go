@@ -586,8 +586,16 @@ func (a *Agent) reconcile(d *netdev) {
 			go a.cfg.OnChange()
 		}
 	}()
-	d.status = Status{Netdev: d.name, Ifindex: d.ifindex}
 	l, err := a.linkByIndex(d.ifindex)
+	if err != nil {
+		// Gone; one of its name in its place is it re-created (a driver
+		// reload, a VF re-made, an SR-IOV reset): managed from now on.
+		if nl, nerr := a.linkByName(d.name); nerr == nil {
+			a.recreated(d, nl.Attrs().Index)
+			l, err = nl, nil
+		}
+	}
+	d.status = Status{Netdev: d.name, Ifindex: d.ifindex}
 	if err != nil {
 		d.status.State, d.status.Reason = StateMissing, err.Error()
 		d.setRunning(nil)
@@ -672,6 +680,49 @@ func (a *Agent) reconcile(d *netdev) {
 	default:
 		d.status.State, d.status.Reason = StateNone, "no socket bound"
 	}
+}
+
+// recreated makes d the netdev now at ifindex, which has d's name in the
+// place of the one that went: what the kernel had of the old one (the
+// attached program, a pinned link, bound sockets) went with it. Sockets
+// bound to the old netdev are unbound and never receive again: their
+// XSKMAP slots are emptied, and their holders lease anew. The pinned
+// maps (the XSKMAP, the filter's flows) stay; the program is attached
+// to the new netdev as soon as a socket needs it. Called with a.mu held,
+// never on a busy netdev.
+func (a *Agent) recreated(d *netdev, ifindex int) {
+	a.log.Warn("managed netdev re-created: managing the new one; sockets bound to the old one must be leased anew",
+		"netdev", d.name, "ifindex", ifindex, "was", d.ifindex, "sockets", len(d.sockets))
+	if d.link != nil {
+		if err := d.link.Unpin(); err != nil {
+			a.log.Warn("unpin the old netdev's link", "netdev", d.name, "err", err)
+		}
+		d.link.Close()
+		d.link = nil
+	}
+	d.setRunning(nil)
+	for q := range d.sockets {
+		if err := d.prog.DeleteSocket(q); err != nil {
+			a.log.Warn("delete socket from xskmap", "netdev", d.name, "queue", q, "err", err)
+		}
+	}
+	clear(d.sockets)
+	clear(d.orphans)
+	d.lastEmpty = time.Time{}
+	d.ifindex = ifindex
+	d.mode, d.modeWhy, d.zc = a.chooseMode(ifindex, d.policy.Mode)
+}
+
+// Ifindex is the managed netdev name's ifindex now (it changes when the
+// netdev is re-created); false when name is not managed.
+func (a *Agent) Ifindex(name string) (int, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	d := a.netdevs[name]
+	if d == nil {
+		return 0, false
+	}
+	return d.ifindex, true
 }
 
 func (a *Agent) attach(d *netdev) (xdp.Mode, error) {

@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -174,5 +175,55 @@ func TestAttachAlways(t *testing.T) {
 	}
 	if att, _ := xdp.Query(p.NSPath(), p.A.Index); att != nil {
 		t.Fatalf("unmanaged, the program stays: %+v", att)
+	}
+}
+
+// TestNetdevRecreated: a managed netdev deleted and made again with the
+// same name (a driver reload, a VF re-made) is managed again under its
+// new ifindex: not Missing for good. The sockets bound to the old one
+// are gone from the XSKMAP; a socket bound to the new one is added, the
+// program attached to the new netdev, and frames arrive byte for byte.
+func TestNetdevRecreated(t *testing.T) {
+	for _, steer := range []agent.Steering{agent.SteerHardware, agent.SteerSoftware} {
+		t.Run(string(steer), func(t *testing.T) {
+			p := testnet.NewPair(t, 4)
+			a := start(t, p, time.Second)
+			if err := a.Set(p.A.Name, agent.Policy{Steering: steer}); err != nil {
+				t.Fatal(err)
+			}
+			state := map[agent.Steering]agent.State{agent.SteerHardware: agent.StateDirect, agent.SteerSoftware: agent.StateFilter}[steer]
+			s0, _ := socket(t, p, 0)
+			if err := a.AddSocket(p.A.Name, 0, s0.FD()); err != nil {
+				t.Fatal(err)
+			}
+			waitState(t, a, p.A.Name, state)
+			old := p.A.Index
+
+			if err := p.Recreate(); err != nil {
+				t.Fatal(err)
+			}
+			st := status(agentReport(a.waitFor(t, "the new xa managed", func(all []agent.Status) bool {
+				return len(all) == 1 && all[0].Ifindex == p.A.Index && all[0].State == agent.StateNone
+			})), p.A.Name)
+			if st.Ifindex == old || len(st.Sockets) != 0 {
+				t.Errorf("after re-creation: %+v; want ifindex %d, no socket", st, p.A.Index)
+			}
+			if ifindex, ok := a.Ifindex(p.A.Name); !ok || ifindex != p.A.Index {
+				t.Errorf("Ifindex: %d %v, want %d", ifindex, ok, p.A.Index)
+			}
+			s1, r1 := socket(t, p, 0) // bound to the new xa
+			if err := a.AddSocket(p.A.Name, 0, s1.FD()); err != nil {
+				t.Fatal(err)
+			}
+			waitState(t, a, p.A.Name, state)
+			if steer == agent.SteerSoftware {
+				if err := a.Steer(p.A.Name, "c1", []agent.Flow{{Protocol: xdp.UDP, Dst: netip.PrefixFrom(p.A.Addr, 32), DstPort: 5000, Queues: []uint32{0}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := r1.Expect(sender(t, p, 0).UDP(20), time.Now().Add(5*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -28,6 +28,9 @@ type netdevAgent interface {
 	Listening() <-chan struct{}
 	Close() error
 	Collector() prometheus.Collector
+	// Ifindex is the managed netdev's ifindex now: a netdev re-created
+	// under its name has a new one.
+	Ifindex(netdev string) (int, bool)
 	flowSteerer
 }
 

@@ -164,6 +164,7 @@ func (d *Daemon) toPluginDevices(devs []ledger.Device) []deviceplugin.Device {
 // the node reporter to look (the agents call it when a netdev's state
 // changes).
 func (d *Daemon) devicesChanged() {
+	d.retargetRecreated()
 	d.signalNetdevs()
 	d.plugins.changed()
 }

@@ -100,12 +100,18 @@ func (d *Daemon) onLease(id string, socks []broker.LeaseSocket) {
 // tenth of its time.)
 func (d *Daemon) allocDir(id string) string { return d.opts.AllocDir + "/" + id }
 
-// nodeNetdev names a netdev of the node for a bind.
+// nodeNetdev names a netdev of the node for a bind: by the ifindex the
+// node agent manages it under now (a netdev re-created with its name has
+// a new one), else the one discovery found.
 func (d *Daemon) nodeNetdev(name string) xsk.Netdev {
+	dev := xsk.Netdev{Name: name, NetNS: d.opts.NetNS}
+	if ifindex, ok := d.agent.Ifindex(name); ok {
+		dev.Ifindex = ifindex
+		return dev
+	}
 	d.mu.Lock()
 	n, ok := d.found[name]
 	d.mu.Unlock()
-	dev := xsk.Netdev{Name: name, NetNS: d.opts.NetNS}
 	if ok {
 		dev.Ifindex = n.Ifindex
 	}

@@ -1,0 +1,44 @@
+package daemon
+
+import (
+	"slices"
+
+	"github.com/xdpq/xdpq/pkg/agent"
+)
+
+// retargetRecreated moves the allocations of every node netdev that was
+// re-created under its name since the last call (the node agent manages
+// it under a new ifindex: a driver reload, a VF re-made) to the new
+// netdev: the broker closes their connections, whose sockets were bound
+// to the netdev that went and never receive again, and each pod's next
+// lease binds to the new one. The agent's status changes when a netdev
+// goes and comes back, so devicesChanged calls this.
+func (d *Daemon) retargetRecreated() {
+	var recreated []string
+	for _, s := range d.agent.Status() {
+		if s.State == agent.StateMissing {
+			continue // its ifindex is the one that went
+		}
+		d.mu.Lock()
+		was, known := d.ifindexes[s.Netdev]
+		d.ifindexes[s.Netdev] = s.Ifindex
+		d.mu.Unlock()
+		if known && was != s.Ifindex {
+			recreated = append(recreated, s.Netdev)
+		}
+	}
+	if len(recreated) == 0 {
+		return
+	}
+	for _, a := range d.ledger.Allocations() {
+		if !slices.Contains(recreated, a.Netdev) || d.pods.get(a.Netdev) != nil {
+			continue // a netdev in a pod has an agent of its own
+		}
+		dev := d.nodeNetdev(a.Netdev)
+		if err := d.broker.Retarget(a.ID, dev, nil); err != nil {
+			d.log.Warn("allocation not moved to its re-created netdev", "allocation", a.ID, "netdev", a.Netdev, "err", err)
+			continue
+		}
+		d.log.Info("allocation moved to its re-created netdev: its pod leases anew", "allocation", a.ID, "netdev", a.Netdev, "ifindex", dev.Ifindex)
+	}
+}

@@ -1,0 +1,54 @@
+package daemon
+
+import (
+	"testing"
+
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/client"
+)
+
+// TestNetdevRecreatedUnderAllocation: the pool's netdev is deleted and
+// made again with its name (a driver reload, an SR-IOV reset) while an
+// allocation holds its queues and a pod leases them. The daemon manages
+// the new netdev (not Missing for good), the pod's lease, whose sockets
+// were bound to the netdev that went, ends and cannot be resumed, and
+// the pod's next lease binds to the new netdev and receives its flow's
+// frames byte for byte; the pool's queues are counted as they are held.
+// (Before, the netdev stayed Missing until a restart and binds were
+// refused "no such device".)
+func TestNetdevRecreatedUnderAllocation(t *testing.T) {
+	pair := testnet.NewPair(t, 4)
+	d, _ := runDaemon(t, standaloneOpts(t, pair, t.TempDir(), testPins(t),
+		"pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n"))
+	a := allocWithFlow(t, d, pair, "upf")
+	pod := connectPod(t, a.Socket)
+	pod.expect(t, pair, "before the netdev is re-created")
+	old := pair.A.Index
+
+	if err := pair.Recreate(); err != nil {
+		t.Fatal(err)
+	}
+	pod.waitEvent(t, client.EventLost)
+	pod.waitEvent(t, client.EventFailed)
+	if ifindex, _ := d.agent.Ifindex("xa"); ifindex != pair.A.Index || ifindex == old {
+		t.Errorf("xa managed under ifindex %d after re-creation, want %d (was %d)", ifindex, pair.A.Index, old)
+	}
+	if n := netdevOf(t, d, "xa"); n.State == string(agent.StateMissing) {
+		t.Errorf("xa after re-creation: %+v", n)
+	}
+	pod.lease.Close()
+
+	again := connectPod(t, a.Socket)
+	again.expect(t, pair, "after the netdev was re-created")
+	if n := netdevOf(t, d, "xa"); n.State != string(agent.StateFilter) {
+		t.Errorf("xa with a socket: %+v", n)
+	}
+	s, err := d.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := s.Pools[0]; p.Free != 0 || p.Allocations != 1 {
+		t.Errorf("pool %+v; want its 2 queues held by the one allocation", p)
+	}
+}
