@@ -11,7 +11,8 @@ import (
 // it under a new ifindex: a driver reload, a VF re-made) to the new
 // netdev: the broker closes their connections, whose sockets were bound
 // to the netdev that went and never receive again, and each pod's next
-// lease binds to the new one. The agent's status changes when a netdev
+// lease binds to the new one; the flows the netdev lost are installed
+// again. The agent's status changes when a netdev
 // goes and comes back, so devicesChanged calls this.
 func (d *Daemon) retargetRecreated() {
 	var recreated []string
@@ -30,6 +31,9 @@ func (d *Daemon) retargetRecreated() {
 	if len(recreated) == 0 {
 		return
 	}
+	// A NIC's reset takes its ntuple rules: the attachments' flows are
+	// installed again (the filter's, in pinned maps, are there still).
+	d.syncSteering(false, recreated...)
 	for _, a := range d.ledger.Allocations() {
 		if !slices.Contains(recreated, a.Netdev) || d.pods.get(a.Netdev) != nil {
 			continue // a netdev in a pod has an agent of its own
