@@ -198,6 +198,19 @@ func (s *steering) usedLocs() map[uint32]bool {
 	return used
 }
 
+// Errors a refused flow wraps, beside its reason.
+var (
+	// ErrFlowInvalid: the flow is not one the netdev's steering can take
+	// (a prefix or a source under software steering, a queue the netdev
+	// lacks).
+	ErrFlowInvalid = errors.New("flow not steerable")
+	// ErrFlowConflict: the flow overlaps another owner's.
+	ErrFlowConflict = errors.New("flow overlaps another's")
+	// ErrFlowsFull: the netdev has no room for more flows (its rule
+	// locations, the filter's flow map).
+	ErrFlowsFull = errors.New("no room for more flows")
+)
+
 // add installs the owner's flows, all or none.
 func (s *steering) add(owner string, flows []Flow) error {
 	if owner == "" {
@@ -205,11 +218,11 @@ func (s *steering) add(owner string, flows []Flow) error {
 	}
 	for i, f := range flows {
 		if err := f.validate(s.queues); err != nil {
-			return fmt.Errorf("steer %s on %s: %w", owner, s.ifname, err)
+			return fmt.Errorf("steer %s on %s: %w: %w", owner, s.ifname, ErrFlowInvalid, err)
 		}
 		if s.mode == SteerSoftware {
 			if _, err := f.softFlows(); err != nil {
-				return fmt.Errorf("steer %s on %s: %w", owner, s.ifname, err)
+				return fmt.Errorf("steer %s on %s: %w: %w", owner, s.ifname, ErrFlowInvalid, err)
 			}
 		}
 		for other, fs := range s.owners {
@@ -218,18 +231,18 @@ func (s *steering) add(owner string, flows []Flow) error {
 			}
 			for _, g := range fs {
 				if f.overlaps(g.flow) {
-					return fmt.Errorf("steer %s on %s: flow %v overlaps flow %v of %s", owner, s.ifname, f, g.flow, other)
+					return fmt.Errorf("steer %s on %s: flow %v overlaps flow %v of %s: %w", owner, s.ifname, f, g.flow, other, ErrFlowConflict)
 				}
 			}
 		}
 		for _, g := range s.unknown {
 			if g.flow.Protocol != 0 && f.overlaps(g.flow) {
-				return fmt.Errorf("steer %s on %s: flow %v overlaps flow %v, installed by a previous agent for an owner not known now", owner, s.ifname, f, g.flow)
+				return fmt.Errorf("steer %s on %s: flow %v overlaps flow %v, installed by a previous agent for an owner not known now: %w", owner, s.ifname, f, g.flow, ErrFlowConflict)
 			}
 		}
 		for _, g := range flows[:i] {
 			if f.overlaps(g) && !slices.Equal(f.Queues, g.Queues) {
-				return fmt.Errorf("steer %s on %s: flows %v and %v overlap on different queues", owner, s.ifname, g, f)
+				return fmt.Errorf("steer %s on %s: flows %v and %v overlap on different queues: %w", owner, s.ifname, g, f, ErrFlowInvalid)
 			}
 		}
 	}
@@ -250,7 +263,7 @@ func (s *steering) add(owner string, flows []Flow) error {
 			}
 			if !s.inRange(next) {
 				rollback()
-				return fmt.Errorf("steer %s on %s: all %d rule locations from %d are in use", owner, s.ifname, s.rules.Count, s.rules.First)
+				return fmt.Errorf("steer %s on %s: all %d rule locations from %d are in use: %w", owner, s.ifname, s.rules.Count, s.rules.First, ErrFlowsFull)
 			}
 			if len(f.Queues) > 1 {
 				ctx, err := s.dev.CreateRSSContext(s.ifname, f.Queues)
@@ -291,6 +304,9 @@ func (s *steering) add(owner string, flows []Flow) error {
 			}
 			if err != nil {
 				rollback()
+				if errors.Is(err, xdp.ErrFlowMapFull) {
+					err = fmt.Errorf("%w: %w", ErrFlowsFull, err)
+				}
 				return fmt.Errorf("steer %s on %s: %w", owner, s.ifname, err)
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 
@@ -33,7 +34,10 @@ func (d *Daemon) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attach
 	pool, _ := d.ledger.Meta(a.Pool)
 	att := ledger.Attachment{Attachment: api.Attachment{CNIAddRequest: req, Mode: pool.Mode()}}
 	if req.Netns != "" {
-		att.NetnsInode = netnsInode(req.Netns)
+		var err error
+		if att.NetnsInode, err = netnsInode(req.Netns); err != nil {
+			return nil, api.Errorf(api.ErrInvalid, "netns: %w", err)
+		}
 	}
 	if att.Mode == api.ModeQueue && req.MTU != 0 {
 		return nil, fmt.Errorf("mtu %d: pool %s shares queues of %s and gives the pod no interface; mtu applies to netdev-mode pools: %w",
@@ -89,7 +93,7 @@ func (d *Daemon) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attach
 		if got.Mode == api.ModeNetdev {
 			d.syncNetdevs(ctx)
 		}
-		return nil, err
+		return nil, flowRefusal(err)
 	}
 	if err := d.ledger.EndAttach(got, true); err != nil {
 		return nil, err
@@ -118,6 +122,19 @@ func (d *Daemon) attach(ctx context.Context, att *ledger.Attachment, flows []age
 		if err = d.broker.SetOwner(att.AllocationID, brokerOwner(ledger.Owner{PodUID: att.PodUID})); err != nil {
 			d.undoAttachment(ctx, *att)
 		}
+	}
+	return err
+}
+
+// flowRefusal is err as the API answers it: a flow the netdev's steering
+// cannot take is the request's fault (400), one that meets another's or
+// finds no room a conflict (409); anything else stands as it is.
+func flowRefusal(err error) error {
+	switch {
+	case errors.Is(err, agent.ErrFlowInvalid):
+		return api.Errorf(api.ErrInvalid, "flows: %w", err)
+	case errors.Is(err, agent.ErrFlowConflict), errors.Is(err, agent.ErrFlowsFull):
+		return api.Errorf(api.ErrConflict, "flows: %w", err)
 	}
 	return err
 }
@@ -327,14 +344,28 @@ func (d *Daemon) whenIdle(ctx context.Context, try func() error) error {
 	}
 }
 
-// netnsInode is the inode of the namespace at path, 0 when it cannot be
-// read (the daemon may not see the path; then it cannot judge).
-func netnsInode(path string) uint64 {
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return 0
+// netnsInode is the inode of the network namespace at path, 0 when the
+// path cannot be read (the daemon may not see it; then it cannot judge).
+// A path the daemon reads that is not a network namespace (CNI_NETNS
+// naming a file, another kind of namespace) is refused.
+func netnsInode(path string) (uint64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, nil
 	}
-	return st.Ino
+	defer f.Close()
+	var st unix.Stat_t
+	var fs unix.Statfs_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return 0, nil
+	}
+	if err := unix.Fstatfs(int(f.Fd()), &fs); err != nil || fs.Type != unix.NSFS_MAGIC {
+		return 0, fmt.Errorf("%s is not a namespace", path)
+	}
+	if t, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE); err != nil || t != unix.CLONE_NEWNET {
+		return 0, fmt.Errorf("%s is a namespace, but not a network namespace", path)
+	}
+	return st.Ino, nil
 }
 
 // netnsGone reports whether the attachment's pod netns is certainly gone:

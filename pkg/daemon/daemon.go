@@ -245,6 +245,13 @@ func New(opts Options) (_ *Daemon, err error) {
 		return nil, err
 	}
 	d.agent = nodeAgent
+	// Before the agent touches a pin (Set adopts what is pinned).
+	unlockPins, err := lockPinDir(d.pinRoot())
+	if err != nil {
+		return nil, err
+	}
+	unlockState := d.unlock
+	d.unlock = func() { unlockPins(); unlockState() }
 	m, err := mover.New(mover.Config{Node: opts.NetNS})
 	if err != nil {
 		return nil, err

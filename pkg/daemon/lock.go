@@ -46,3 +46,58 @@ func lockStateDir(dir string) (release func(), err error) {
 	}
 	return func() { f.Close() }, nil
 }
+
+// lockPinDir makes this daemon the only one on the pin directory, where
+// the netdevs' XSKMAPs and flow maps are pinned: a second daemon with
+// state of its own but the same pins would adopt the first's programs
+// and strip its live pods' flows. bpffs holds no regular file, so the
+// lock is the directory's own (flock works on any file system's
+// directory), and the holder is found in /proc/locks.
+func lockPinDir(dir string) (release func(), err error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("pin directory lock: %w", err)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		defer unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("another xdpq daemon (%s) manages the pin directory %s, and with it the netdevs' programs and flows: "+
+				"stop it first, or give this one another --pin-dir", lockHolder(fd), dir)
+		}
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	return func() { unix.Close(fd) }, nil
+}
+
+// lockHolder says which process holds the flock of the file fd is open
+// on, by its pid and command line, from /proc/locks ("another process"
+// when it cannot tell).
+func lockHolder(fd int) string {
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		return "another process"
+	}
+	b, err := os.ReadFile("/proc/locks")
+	if err != nil {
+		return "another process"
+	}
+	// "1: FLOCK  ADVISORY  WRITE 4242 00:1f:12345 0 EOF": the device's
+	// major and minor in hex, the inode in decimal.
+	want := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	for line := range bytes.Lines(b) {
+		f := bytes.Fields(line)
+		if len(f) < 6 || string(f[1]) != "FLOCK" || string(f[5]) != want {
+			continue
+		}
+		pid, err := strconv.Atoi(string(f[4]))
+		if err != nil {
+			continue
+		}
+		holder := fmt.Sprintf("pid %d", pid)
+		if cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && len(cmd) > 0 {
+			holder += ": " + string(bytes.TrimSpace(bytes.ReplaceAll(cmd, []byte{0}, []byte{' '})))
+		}
+		return holder
+	}
+	return "another process"
+}

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -116,6 +117,32 @@ func TestSecondDaemon(t *testing.T) {
 	if _, err := api.NewClient(o.APISocket).Status(); err != nil {
 		t.Errorf("the first daemon lost its API: %v", err)
 	}
+}
+
+// TestSecondDaemonOnPins: a second daemon with state and an API of its
+// own but the first one's pin directory (and so its netdevs' maps) is
+// refused before it touches a pin, naming the holder; the first one's
+// pod keeps its flow and its frames. (Before, the second adopted the
+// first's program and removed the pod's flow: flow map 1 -> 0.)
+func TestSecondDaemonOnPins(t *testing.T) {
+	pair := testnet.NewPair(t, 4)
+	dir := t.TempDir()
+	pins := testPins(t)
+	cfg := "pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n"
+	d, _ := runDaemon(t, standaloneOpts(t, pair, dir, pins, cfg))
+	a := allocWithFlow(t, d, pair, "upf")
+	pod := connectPod(t, a.Socket)
+
+	o2 := standaloneOpts(t, pair, t.TempDir(), pins, cfg)
+	_, err := New(o2)
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("another xdpq daemon (pid %d: ", os.Getpid())) ||
+		!strings.Contains(err.Error(), o2.PinDir) {
+		t.Errorf("a second daemon on the pin directory: %v", err)
+	}
+	if n := netdevOf(t, d, "xa"); n.Flows != 1 {
+		t.Errorf("the first daemon's netdev: %+v; want its flow", n)
+	}
+	pod.expect(t, pair, "after the second daemon was refused")
 }
 
 // TestBrokenRecord: the daemon stops; its allocation's record is cut in

@@ -174,8 +174,15 @@ func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
 	for _, p := range changes.Lingering {
 		d.log.Info("pool removed from the config; it goes once its allocations are freed", "pool", p)
 	}
+	// Each reconcile finds them again (a resync, a netdev back from a
+	// pod): a problem is logged when it is new, and in status always.
+	d.mu.Lock()
+	said := d.problems
+	d.mu.Unlock()
 	for _, p := range problems {
-		d.log.Error("config", "problem", p)
+		if !slices.Contains(said, p) {
+			d.log.Error("config", "problem", p)
+		}
 	}
 
 	// The node agent: what it manages and how.
@@ -188,7 +195,9 @@ func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
 		if err := d.agent.Set(name, pol); err != nil {
 			problems = append(problems, err.Error()) // it names the netdev
 			if _, was := managed[name]; !was {
-				d.log.Error("netdev not managed", "netdev", name, "err", err)
+				if !slices.Contains(said, err.Error()) {
+					d.log.Error("netdev not managed", "netdev", name, "err", err)
+				}
 				continue // tried again at the next reconcile
 			}
 			// Managed, with the fields it could apply (status says which

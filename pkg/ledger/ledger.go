@@ -495,7 +495,7 @@ type usageAt struct {
 // PoolUsage is a pool's count of devices.
 type PoolUsage struct {
 	Devices int // in the pool now
-	Free    int // of those, held by no allocation
+	Free    int // of those, held by no allocation; 0 while Blocked: none can be had
 	// Beyond counts devices the pool's allocations hold that the pool no
 	// longer has (a shrink while they were held).
 	Beyond int
@@ -514,7 +514,7 @@ func (l *Ledger) Usage(pool string) PoolUsage {
 	}
 	u := c.u
 	if err := l.blockedLocked(pool); err != nil {
-		u.Blocked = err.Error()
+		u.Blocked, u.Free = err.Error(), 0
 	}
 	return u
 }
