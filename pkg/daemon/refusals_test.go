@@ -17,7 +17,7 @@ import (
 // as the request's fault (400) or a conflict (409) naming what, never as
 // the daemon's internal error: a netns that is a file or another kind of
 // namespace, a prefix under software steering, a flow that overlaps
-// another attachment's. None of them leaves an attachment.
+// another attachment's, more flows than the filter's map holds. None of them leaves an attachment.
 func TestBadInputRefusedAsSuch(t *testing.T) {
 	pair := testnet.NewPair(t, 4)
 	d, _ := runDaemon(t, standaloneOpts(t, pair, t.TempDir(), testPins(t),
@@ -31,6 +31,12 @@ func TestBadInputRefusedAsSuch(t *testing.T) {
 	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "first", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{vip}}); err != nil {
 		t.Fatal(err)
 	}
+	// The filter's flow map has 4096 entries, a flow takes one per
+	// queue: 2100 flows on two queues do not fit.
+	var many []api.CNIFlow
+	for port := range uint16(2100) {
+		many = append(many, api.CNIFlow{Protocol: "udp", Dst: netip.MustParsePrefix("10.50.0.20/32"), DstPort: port + 1})
+	}
 	for _, c := range []struct {
 		name string
 		req  api.CNIAddRequest
@@ -42,6 +48,7 @@ func TestBadInputRefusedAsSuch(t *testing.T) {
 		{"a prefix under software steering", api.CNIAddRequest{Flows: []api.CNIFlow{{Protocol: "udp", Dst: netip.MustParsePrefix("10.50.0.0/28"), DstPort: 53}}},
 			api.ErrInvalid, "software steering needs one destination address, not a prefix"},
 		{"a flow another attachment has", api.CNIAddRequest{Flows: []api.CNIFlow{vip}}, api.ErrConflict, "overlaps flow"},
+		{"more flows than the map holds", api.CNIAddRequest{Flows: many}, api.ErrConflict, "the flow map is full"},
 	} {
 		req := c.req
 		req.ContainerID, req.IfName, req.Allocation = "c-bad", "net1", a.ID
