@@ -91,6 +91,9 @@ type Config struct {
 	SysRoot string
 	// NIC steers in hardware; nil means ethtool in NetNS.
 	NIC NtupleDevice
+	// Hook attaches and detaches programs; nil means the kernel's
+	// (KernelHook).
+	Hook Hook
 	// OnChange, if set, is called (without the agent's lock held, on a
 	// goroutine of its own) whenever a netdev's reported state, link,
 	// rx queue count or name changes.
@@ -153,17 +156,27 @@ type Agent struct {
 	listening     chan struct{}
 	listeningOnce sync.Once
 
-	mu sync.Mutex // guards netdevs and every netdev in it, and closed
+	// mu guards netdevs, closed, and of every netdev its token (busy,
+	// stale) and what Status and the metrics read (see netdev). It is
+	// held for memory work alone: the kernel work on a netdev is done by
+	// the holder of its token, outside mu, so that one netdev's slow
+	// attach (a NIC reconfiguring its rings) stalls no other netdev's
+	// sockets, and Status never waits for the kernel.
+	mu sync.Mutex
 	// idle is signalled (on mu) whenever a netdev's token is given back.
 	idle    *sync.Cond
 	netdevs map[string]*netdev
 	closed  bool
 }
 
-// A netdev's token (busy) is held by whoever changes it outside the
-// agent's lock: Set, Unmanage and the steering calls. The reconciler
-// skips a busy netdev (and reconciles it when the token comes back);
-// the socket calls wait for the token to come back.
+// A netdev's token (busy) is held by whoever works on it: Set,
+// Unmanage, the steering and socket calls and reconcile, each outside
+// the agent's lock. The event loop skips a busy netdev (marking it
+// stale: the holder reconciles it before giving the token back); the
+// other calls wait for the token. The token holder alone writes the
+// netdev's fields; those that Status and the metrics read (status,
+// sockets, ifindex, the steering counts, policy and its errors, prog,
+// kind, reattach) it writes under the agent's lock too.
 type netdev struct {
 	name    string
 	ifindex int
@@ -245,6 +258,9 @@ func New(cfg Config) (*Agent, error) {
 		// container need not be the one the agent runs in.
 		return nic.MountSysfs(cfg.NetNS)
 	})
+	if cfg.Hook == nil {
+		a.cfg.Hook = KernelHook{}
+	}
 	if a.nic == nil {
 		h, err := ethtool.Open(cfg.NetNS)
 		if err != nil {
@@ -274,15 +290,28 @@ func (a *Agent) take(name string) *netdev {
 	}
 }
 
-// give gives the token back (a.mu held); a reconcile skipped meanwhile
-// runs now.
-func (a *Agent) give(d *netdev) {
-	d.busy = false
-	if d.stale && a.netdevs[d.name] == d {
+// takeUnlocked is take for a caller without a.mu.
+func (a *Agent) takeUnlocked(name string) *netdev {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.take(name)
+}
+
+// release gives the token back, called without a.mu: a reconcile skipped
+// while it was held (stale) runs first, by the holder.
+func (a *Agent) release(d *netdev) {
+	for {
+		a.mu.Lock()
+		if !d.stale || a.netdevs[d.name] != d {
+			d.busy, d.stale = false, false
+			a.idle.Broadcast()
+			a.mu.Unlock()
+			return
+		}
 		d.stale = false
+		a.mu.Unlock()
 		a.reconcile(d)
 	}
-	a.idle.Broadcast()
 }
 
 // idleNetdev waits until no one holds the netdev's token. Called with a.mu
@@ -314,19 +343,20 @@ func (a *Agent) AddSocket(name string, queue uint32, fd int) error {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("agent: add socket: %w", err)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	d := a.idleNetdev(name)
+	d := a.takeUnlocked(name)
 	if d == nil {
 		return fmt.Errorf("agent: add socket: %s is not managed", name)
 	}
+	defer a.release(d)
 	if int(queue) >= d.queues || int(queue) >= d.rxNow {
 		return fmt.Errorf("agent: add socket: %s has %d rx queues now, no queue %d", name, min(d.queues, d.rxNow), queue)
 	}
 	if err := d.prog.SetSocket(queue, fd); err != nil {
 		return fmt.Errorf("agent: %s: %w", name, err)
 	}
+	a.mu.Lock()
 	d.sockets[queue] = st.Ino
+	a.mu.Unlock()
 	delete(d.orphans, queue)
 	a.reconcile(d)
 	return nil
@@ -339,16 +369,17 @@ func (a *Agent) AddSocket(name string, queue uint32, fd int) error {
 // previous one is told. The program goes after the linger period once no
 // socket is left.
 func (a *Agent) RemoveSocket(name string, queue uint32, inode uint64) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	d := a.idleNetdev(name)
+	d := a.takeUnlocked(name)
 	if d == nil {
 		return fmt.Errorf("agent: remove socket: %s is not managed", name)
 	}
+	defer a.release(d)
 	if ino, ok := d.sockets[queue]; !ok || inode != 0 && ino != inode {
 		return nil
 	}
+	a.mu.Lock()
 	delete(d.sockets, queue)
+	a.mu.Unlock()
 	if err := d.prog.DeleteSocket(queue); err != nil {
 		a.log.Warn("delete socket from xskmap", "netdev", name, "queue", queue, "err", err)
 	}
@@ -514,37 +545,55 @@ func (a *Agent) Run(ctx context.Context) error {
 }
 
 func (a *Agent) onLink(u netlink.LinkUpdate) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	attrs := u.Attrs()
-	for _, d := range a.netdevs {
+	a.mu.Lock()
+	var names []string
+	for name, d := range a.netdevs {
 		if d.ifindex != attrs.Index && d.name != attrs.Name {
-			continue
-		}
-		if d.busy {
-			d.stale = true
 			continue
 		}
 		if d.ifindex == attrs.Index && d.name != attrs.Name && attrs.Name != "" {
 			a.log.Warn("managed netdev renamed", "netdev", d.name, "new_name", attrs.Name)
 		}
-		a.reconcile(d)
+		names = append(names, name)
+	}
+	a.mu.Unlock()
+	for _, name := range names {
+		a.reconcileNetdev(name, false)
 	}
 }
 
 func (a *Agent) reconcileAll(probe bool) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, d := range a.netdevs {
-		if d.busy {
-			d.stale = true
-			continue
-		}
-		if probe {
-			a.probeOrphans(d)
-		}
-		a.reconcile(d)
+	names := slices.Collect(maps.Keys(a.netdevs))
+	a.mu.Unlock()
+	for _, name := range names {
+		a.reconcileNetdev(name, probe)
 	}
+}
+
+// reconcileNetdev reconciles the netdev with its token, each netdev in
+// turn: a netdev whose token is held is marked stale, and its holder
+// reconciles it before giving the token back.
+func (a *Agent) reconcileNetdev(name string, probe bool) {
+	a.mu.Lock()
+	d := a.netdevs[name]
+	if d == nil || d.prog == nil {
+		a.mu.Unlock()
+		return // gone, or its first Set under way
+	}
+	if d.busy {
+		d.stale = true
+		a.mu.Unlock()
+		return
+	}
+	d.busy = true
+	a.mu.Unlock()
+	if probe {
+		a.probeOrphans(d)
+	}
+	a.reconcile(d)
+	a.release(d)
 }
 
 // probeOrphans drops the queues found busy at start whose sockets are gone.
@@ -566,23 +615,35 @@ func (a *Agent) probeOrphans(d *netdev) {
 	}
 }
 
-// reconcile converges one netdev. Called with a.mu held, never on a busy
-// netdev.
+// reconcile converges one netdev, and publishes what it found. Called by
+// the holder of the netdev's token, without a.mu: the kernel work is
+// done outside the agent's lock.
 func (a *Agent) reconcile(d *netdev) {
 	began := time.Now()
-	prev := d.status
-	failed := false // the kernel refused what the netdev needs: a warning, not news
+	prev := d.status // the token holder alone writes it
+	var st Status
+	failed := false     // the kernel refused what the netdev needs: a warning, not news
+	reattached := false // xdpq's program is back after a foreign one left
 	defer func() {
-		if d.status.State != prev.State || d.status.Reason != prev.Reason {
+		// What it found is published at once, for Status and the metrics.
+		a.mu.Lock()
+		d.status = st
+		if reattached {
+			// From this reconcile's start (a link notification, mostly)
+			// to the program attached.
+			d.reattach.observe(time.Since(began).Seconds())
+		}
+		a.mu.Unlock()
+		if st.State != prev.State || st.Reason != prev.Reason {
 			level := slog.LevelInfo
 			if failed {
 				level = slog.LevelWarn
 			}
-			a.log.Log(context.Background(), level, "netdev state", "netdev", d.name, "state", d.status.State, "mode", d.status.Mode,
-				"program", d.status.Program, "foreign", d.status.Foreign, "reason", d.status.Reason)
+			a.log.Log(context.Background(), level, "netdev state", "netdev", d.name, "state", st.State, "mode", st.Mode,
+				"program", st.Program, "foreign", st.Foreign, "reason", st.Reason)
 		}
-		if a.cfg.OnChange != nil && (d.status.State != prev.State || d.status.LinkUp != prev.LinkUp ||
-			d.status.RXQueues != prev.RXQueues || d.status.Netdev != prev.Netdev) {
+		if a.cfg.OnChange != nil && (st.State != prev.State || st.LinkUp != prev.LinkUp ||
+			st.RXQueues != prev.RXQueues || st.Netdev != prev.Netdev) {
 			go a.cfg.OnChange()
 		}
 	}()
@@ -595,20 +656,20 @@ func (a *Agent) reconcile(d *netdev) {
 			l, err = nl, nil
 		}
 	}
-	d.status = Status{Netdev: d.name, Ifindex: d.ifindex}
+	st = Status{Netdev: d.name, Ifindex: d.ifindex}
 	if err != nil {
-		d.status.State, d.status.Reason = StateMissing, err.Error()
+		st.State, st.Reason = StateMissing, err.Error()
 		d.setRunning(nil)
 		return
 	}
-	d.status.Netdev = l.Attrs().Name
-	d.status.LinkUp = l.Attrs().OperState == netlink.OperUp || l.Attrs().OperState == netlink.OperUnknown
-	d.status.ModeReason, d.status.ZeroCopy = d.modeWhy, d.zc
+	st.Netdev = l.Attrs().Name
+	st.LinkUp = l.Attrs().OperState == netlink.OperUp || l.Attrs().OperState == netlink.OperUnknown
+	st.ModeReason, st.ZeroCopy = d.modeWhy, d.zc
 	d.rxNow = d.queues
 	if ch, err := a.nic.Channels(d.name); err == nil {
 		d.rxNow = int(max(ch.RX, ch.Combined))
 	}
-	d.status.RXQueues = d.rxNow
+	st.RXQueues = d.rxNow
 	var beyond []uint32
 	for q := range d.sockets {
 		if int(q) >= d.rxNow {
@@ -618,12 +679,12 @@ func (a *Agent) reconcile(d *netdev) {
 	defer func() {
 		if len(beyond) > 0 {
 			slices.Sort(beyond)
-			d.status.Reason = strings.TrimPrefix(d.status.Reason+fmt.Sprintf("; sockets on queues %v, beyond the %d rx queues the netdev has now", beyond, d.rxNow), "; ")
+			st.Reason = strings.TrimPrefix(st.Reason+fmt.Sprintf("; sockets on queues %v, beyond the %d rx queues the netdev has now", beyond, d.rxNow), "; ")
 		}
 	}()
-	att, err := xdp.Query(a.cfg.NetNS, d.ifindex)
+	att, err := a.cfg.Hook.Query(a.cfg.NetNS, d.ifindex)
 	if err != nil {
-		d.status.State, d.status.Reason = StateNone, err.Error()
+		st.State, st.Reason = StateNone, err.Error()
 		failed = true
 		return
 	}
@@ -642,43 +703,39 @@ func (a *Agent) reconcile(d *netdev) {
 	switch {
 	case att != nil && a.isOurs(d, att):
 		if !want && d.link == nil {
-			if err := xdp.Detach(a.cfg.NetNS, d.ifindex, att.Mode, d.running); err != nil {
-				d.status.State, d.status.Reason = state, "detach: "+err.Error()
+			if err := a.cfg.Hook.Detach(a.cfg.NetNS, d.ifindex, att.Mode, d.running); err != nil {
+				st.State, st.Reason = state, "detach: "+err.Error()
 				failed = true
 				return
 			}
 			d.setRunning(nil)
-			d.status.State, d.status.Reason = StateNone, "no socket bound"
+			st.State, st.Reason = StateNone, "no socket bound"
 			return
 		}
-		d.status.State, d.status.Mode, d.status.Program = state, att.Mode, att.ID
+		st.State, st.Mode, st.Program = state, att.Mode, att.ID
 	case att != nil:
 		d.setRunning(nil)
-		d.status.State, d.status.Mode, d.status.Program, d.status.Foreign = StateOverridden, att.Mode, att.ID, att.Name
-		d.status.Reason = fmt.Sprintf("foreign program %q (id %d) has precedence; xsks pinned at %s", att.Name, att.ID, filepath.Join(d.pins, "xsks"))
+		st.State, st.Mode, st.Program, st.Foreign = StateOverridden, att.Mode, att.ID, att.Name
+		st.Reason = fmt.Sprintf("foreign program %q (id %d) has precedence; xsks pinned at %s", att.Name, att.ID, filepath.Join(d.pins, "xsks"))
 	case want:
 		mode, err := a.attach(d)
 		if errors.Is(err, xdp.ErrOccupied) {
 			// A program appeared since the query; its notification follows.
-			d.status.State, d.status.Reason = StateOverridden, "a program appeared while attaching"
+			st.State, st.Reason = StateOverridden, "a program appeared while attaching"
 			return
 		}
 		if err != nil {
-			d.status.State, d.status.Reason = StateNone, "attach: "+err.Error()
+			st.State, st.Reason = StateNone, "attach: "+err.Error()
 			failed = true
 			return
 		}
 		d.setRunning(d.prog.Prog())
 		info, _ := d.running.Info()
 		id, _ := info.ID()
-		d.status.State, d.status.Mode, d.status.Program = state, mode, id
-		if prev.State == StateOverridden {
-			// From this reconcile's start (a link notification, mostly)
-			// to the program attached.
-			d.reattach.observe(time.Since(began).Seconds())
-		}
+		st.State, st.Mode, st.Program = state, mode, id
+		reattached = prev.State == StateOverridden
 	default:
-		d.status.State, d.status.Reason = StateNone, "no socket bound"
+		st.State, st.Reason = StateNone, "no socket bound"
 	}
 }
 
@@ -688,8 +745,8 @@ func (a *Agent) reconcile(d *netdev) {
 // bound to the old netdev are unbound and never receive again: their
 // XSKMAP slots are emptied, and their holders lease anew. The pinned
 // maps (the XSKMAP, the filter's flows) stay; the program is attached
-// to the new netdev as soon as a socket needs it. Called with a.mu held,
-// never on a busy netdev.
+// to the new netdev as soon as a socket needs it. Called by the holder of
+// the netdev's token, without a.mu.
 func (a *Agent) recreated(d *netdev, ifindex int) {
 	a.log.Warn("managed netdev re-created: managing the new one; sockets bound to the old one must be leased anew",
 		"netdev", d.name, "ifindex", ifindex, "was", d.ifindex, "sockets", len(d.sockets))
@@ -706,10 +763,12 @@ func (a *Agent) recreated(d *netdev, ifindex int) {
 			a.log.Warn("delete socket from xskmap", "netdev", d.name, "queue", q, "err", err)
 		}
 	}
-	clear(d.sockets)
 	clear(d.orphans)
 	d.lastEmpty = time.Time{}
+	a.mu.Lock()
+	clear(d.sockets)
 	d.ifindex = ifindex
+	a.mu.Unlock()
 	d.mode, d.modeWhy, d.zc = a.chooseMode(ifindex, d.policy.Mode)
 }
 
@@ -727,9 +786,9 @@ func (a *Agent) Ifindex(name string) (int, bool) {
 
 func (a *Agent) attach(d *netdev) (xdp.Mode, error) {
 	if !d.policy.Exclusive {
-		return xdp.Attach(a.cfg.NetNS, d.ifindex, d.prog.Prog(), d.mode)
+		return a.cfg.Hook.Attach(a.cfg.NetNS, d.ifindex, d.prog.Prog(), d.mode)
 	}
-	l, mode, err := xdp.AttachLink(a.cfg.NetNS, d.ifindex, d.prog.Prog(), d.mode)
+	l, mode, err := a.cfg.Hook.AttachLink(a.cfg.NetNS, d.ifindex, d.prog.Prog(), d.mode)
 	if err != nil {
 		return xdp.ModeNone, err
 	}

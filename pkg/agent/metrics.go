@@ -99,6 +99,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		prog   *xdp.Program
 	}
 	var filters []counted
+	// Made under the lock, sent after it: the registry reads ch at its
+	// own pace.
+	var out []prometheus.Metric
 	c.a.mu.Lock()
 	for name, d := range c.a.netdevs {
 		if d.prog == nil {
@@ -108,19 +111,22 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			name = c.name(name)
 		}
 		for _, s := range allStates {
-			ch <- prometheus.MustNewConstMetric(stateDesc, prometheus.GaugeValue, b2f(d.status.State == s), name, string(s))
+			out = append(out, prometheus.MustNewConstMetric(stateDesc, prometheus.GaugeValue, b2f(d.status.State == s), name, string(s)))
 		}
 		for _, m := range allModes {
-			ch <- prometheus.MustNewConstMetric(modeDesc, prometheus.GaugeValue, b2f(d.status.Mode == m), name, m.String())
+			out = append(out, prometheus.MustNewConstMetric(modeDesc, prometheus.GaugeValue, b2f(d.status.Mode == m), name, m.String()))
 		}
-		ch <- prometheus.MustNewConstMetric(socketsDesc, prometheus.GaugeValue, float64(len(d.sockets)), name)
-		ch <- prometheus.MustNewConstMetric(flowsDesc, prometheus.GaugeValue, float64(d.flows), name, string(d.steerMode))
-		ch <- prometheus.MustNewConstHistogram(reattachDesc, d.reattach.count, d.reattach.sum, d.reattach.cumulative(), name)
+		out = append(out, prometheus.MustNewConstMetric(socketsDesc, prometheus.GaugeValue, float64(len(d.sockets)), name),
+			prometheus.MustNewConstMetric(flowsDesc, prometheus.GaugeValue, float64(d.flows), name, string(d.steerMode)),
+			prometheus.MustNewConstHistogram(reattachDesc, d.reattach.count, d.reattach.sum, d.reattach.cumulative(), name))
 		if d.kind == xdp.Filter {
 			filters = append(filters, counted{name, d.queues, d.prog})
 		}
 	}
 	c.a.mu.Unlock()
+	for _, m := range out {
+		ch <- m
+	}
 	// The counters are read outside the lock: a map lookup per queue.
 	for _, f := range filters {
 		for q := range f.queues {

@@ -62,16 +62,15 @@ func (a *Agent) set(name string, p Policy, fresh bool) error {
 	}
 	a.mu.Lock()
 	d := a.take(name)
-	if a.closed {
+	closed := a.closed
+	if closed || d != nil && fresh {
+		a.mu.Unlock()
 		if d != nil {
-			a.give(d)
+			a.release(d)
 		}
-		a.mu.Unlock()
-		return fmt.Errorf("agent: %s: the agent is closed", name)
-	}
-	if d != nil && fresh {
-		a.give(d)
-		a.mu.Unlock()
+		if closed {
+			return fmt.Errorf("agent: %s: the agent is closed", name)
+		}
 		return fmt.Errorf("agent: %s is managed already", name)
 	}
 	if d == nil {
@@ -80,14 +79,17 @@ func (a *Agent) set(name string, p Policy, fresh bool) error {
 		a.mu.Unlock()
 		nd, err := a.manage(name, p)
 		a.mu.Lock()
-		defer a.mu.Unlock()
-		defer a.idle.Broadcast()
 		if nd == nil {
 			delete(a.netdevs, name)
+			a.idle.Broadcast()
+			a.mu.Unlock()
 			return fmt.Errorf("agent: manage %s: %w", name, err)
 		}
+		nd.busy = true // the placeholder's token passes to it
 		a.netdevs[name] = nd
+		a.mu.Unlock()
 		a.reconcile(nd)
+		a.release(nd)
 		if err != nil {
 			return fmt.Errorf("agent: %s: %w", name, err)
 		}
@@ -99,11 +101,11 @@ func (a *Agent) set(name string, p Policy, fresh bool) error {
 	a.mu.Unlock()
 	err = a.update(&nd, p)
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	nd.busy, nd.stale = true, false
+	nd.busy, nd.stale = true, d.stale
 	*d = nd
+	a.mu.Unlock()
 	a.reconcile(d)
-	a.give(d)
+	a.release(d)
 	if err != nil {
 		return fmt.Errorf("agent: %s: %w", name, err)
 	}
@@ -212,7 +214,7 @@ func (a *Agent) manage(name string, p Policy) (*netdev, error) {
 		d.link = l
 		if !p.Exclusive {
 			a.log.Info("the policy is no longer exclusive: removing the pinned link", "netdev", name)
-			if err := d.detachOurs(a.cfg.NetNS, xdp.ModeNone); err != nil {
+			if err := d.detachOurs(a.cfg.Hook, a.cfg.NetNS, xdp.ModeNone); err != nil {
 				a.log.Warn("remove the pinned link", "netdev", name, "err", err)
 			}
 		}
@@ -252,7 +254,7 @@ func (a *Agent) loadProgram(d *netdev) (predecessor bool, err error) {
 		for _, n := range []string{"xsks", "flows", "counters"} {
 			os.Remove(filepath.Join(d.pins, n))
 		}
-	} else if att, err := xdp.Query(a.cfg.NetNS, d.ifindex); err == nil && att != nil && att.Ours {
+	} else if att, err := a.cfg.Hook.Query(a.cfg.NetNS, d.ifindex); err == nil && att != nil && att.Ours {
 		err := a.adoptAttached(d, att, opts)
 		if err == nil {
 			return true, nil
@@ -304,7 +306,7 @@ func (a *Agent) adoptAttached(d *netdev, att *xdp.Attached, opts xdp.LoadOptions
 // one step; in another mode than the policy's, or through netlink where
 // the policy is exclusive, it is detached for reconcile to attach again.
 func (a *Agent) settleAttached(d *netdev) {
-	att, err := xdp.Query(a.cfg.NetNS, d.ifindex)
+	att, err := a.cfg.Hook.Query(a.cfg.NetNS, d.ifindex)
 	if err != nil || att == nil || !att.Ours {
 		return
 	}
@@ -320,7 +322,7 @@ func (a *Agent) settleAttached(d *netdev) {
 		if d.link != nil {
 			err = d.link.Update(d.prog.Prog())
 		} else {
-			err = xdp.Replace(a.cfg.NetNS, d.ifindex, att.Mode, d.prog.Prog(), prog)
+			err = a.cfg.Hook.Replace(a.cfg.NetNS, d.ifindex, att.Mode, d.prog.Prog(), prog)
 		}
 		if err != nil {
 			a.log.Warn("cannot replace the attached program of the other kind", "netdev", d.name, "program", att.ID, "err", err)
@@ -335,7 +337,7 @@ func (a *Agent) settleAttached(d *netdev) {
 	if (d.mode == xdp.ModeNative || d.mode == xdp.ModeGeneric) && att.Mode != d.mode || d.policy.Exclusive && d.link == nil {
 		a.log.Info("attaching again for the policy", "netdev", d.name, "mode", att.Mode, "want", d.mode,
 			"exclusive", d.policy.Exclusive)
-		if err := d.detachOurs(a.cfg.NetNS, att.Mode); err != nil {
+		if err := d.detachOurs(a.cfg.Hook, a.cfg.NetNS, att.Mode); err != nil {
 			a.log.Warn("detach for the policy", "netdev", d.name, "err", err)
 		}
 	}
@@ -346,14 +348,14 @@ func (a *Agent) settleAttached(d *netdev) {
 // removed (the kernel detaches when its last reference goes), or the
 // running program detached from mode. A foreign program that took the
 // hook meanwhile stays.
-func (d *netdev) detachOurs(netns string, mode xdp.Mode) error {
+func (d *netdev) detachOurs(h Hook, netns string, mode xdp.Mode) error {
 	var err error
 	switch {
 	case d.link != nil:
 		err = errors.Join(d.link.Unpin(), d.link.Close())
 		d.link = nil
 	case d.running != nil:
-		err = xdp.Detach(netns, d.ifindex, mode, d.running)
+		err = h.Detach(netns, d.ifindex, mode, d.running)
 		if errors.Is(err, xdp.ErrOccupied) {
 			err = nil
 		}
@@ -474,7 +476,7 @@ func (a *Agent) update(d *netdev, p Policy) error {
 	if mode != d.mode || p.Exclusive != d.policy.Exclusive {
 		// Both need the program off the hook first; reconcile attaches it
 		// again as the policy says.
-		if err := d.detachOurs(a.cfg.NetNS, d.status.Mode); err != nil {
+		if err := d.detachOurs(a.cfg.Hook, a.cfg.NetNS, d.status.Mode); err != nil {
 			errs = append(errs, fmt.Errorf("attach again (mode %v, exclusive %v): %w", p.Mode, p.Exclusive, err))
 		} else {
 			d.mode, d.policy.Mode, d.policy.Exclusive = mode, p.Mode, p.Exclusive
@@ -570,7 +572,7 @@ func (a *Agent) switchSteering(d *netdev, to Steering, p Policy) error {
 	case d.link != nil:
 		err = d.link.Update(np.Prog())
 	case d.running != nil:
-		err = xdp.Replace(a.cfg.NetNS, d.ifindex, d.status.Mode, np.Prog(), d.running)
+		err = a.cfg.Hook.Replace(a.cfg.NetNS, d.ifindex, d.status.Mode, np.Prog(), d.running)
 		if errors.Is(err, xdp.ErrOccupied) {
 			err = nil // a foreign program took the hook: ours is not there to swap
 		}
@@ -639,7 +641,7 @@ func (a *Agent) Unmanage(name string) error {
 	if _, err := a.syncBusyPoll(name, ifname, false); err != nil {
 		errs = append(errs, fmt.Errorf("busy poll: %w", err))
 	}
-	errs = append(errs, d.detachOurs(a.cfg.NetNS, d.status.Mode), d.prog.Unpin(), d.prog.Close(), os.Remove(d.pins))
+	errs = append(errs, d.detachOurs(a.cfg.Hook, a.cfg.NetNS, d.status.Mode), d.prog.Unpin(), d.prog.Close(), os.Remove(d.pins))
 	a.mu.Lock()
 	delete(a.netdevs, name)
 	a.idle.Broadcast()

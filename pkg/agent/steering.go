@@ -683,17 +683,15 @@ func restoreRSS(dev NtupleDevice, ifname, stateFile string) error {
 // withSteering runs f on the netdev's steering with its token held,
 // outside the agent's lock, and records the counts Status reports.
 func (a *Agent) withSteering(name, op string, f func(s *steering) error) error {
-	a.mu.Lock()
-	d := a.take(name)
-	a.mu.Unlock()
+	d := a.takeUnlocked(name)
 	if d == nil {
 		return fmt.Errorf("agent: %s: %s is not managed", op, name)
 	}
 	err := f(d.steer)
 	a.mu.Lock()
 	d.flows, d.unknown = d.steer.count(), len(d.steer.unknown)
-	a.give(d)
 	a.mu.Unlock()
+	a.release(d)
 	return err
 }
 
