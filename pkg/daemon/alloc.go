@@ -123,8 +123,8 @@ func (d *Daemon) finishFree(ctx context.Context, a ledger.Allocation, why string
 		// The record stays (ending): dropping it would leave its flows
 		// steering to queues the next allocation gets, or a netdev
 		// stranded. The collector tries again.
-		d.retryLater(a.ID)
 		err := fmt.Errorf("allocation %s not freed yet (tried again every collection): %w", a.ID, errors.Join(errs...))
+		d.retryLater(a.ID, err)
 		d.log.Error("free", "err", err)
 		return err
 	}
@@ -141,21 +141,25 @@ func (d *Daemon) finishFree(ctx context.Context, a ledger.Allocation, why string
 	return errors.Join(errs...)
 }
 
-// retryLater has the collector finish something a failed undo left: an
-// ending allocation's free, or a pending or ending attachment's undo.
-func (d *Daemon) retryLater(key string) {
+// retryLater has the collector finish something a failed undo left (err
+// says what): an ending allocation's free, or a pending or ending
+// attachment's undo. Status reports it until it is done.
+func (d *Daemon) retryLater(key string, err error) {
 	d.mu.Lock()
-	d.retry[key] = true
+	d.retry[key] = err
 	d.mu.Unlock()
 }
 
-// retryUndone finishes what failed undos left (see retryLater).
+// retryUndone finishes what failed undos left (see retryLater); each try
+// that fails again says so again.
 func (d *Daemon) retryUndone(ctx context.Context) {
 	d.mu.Lock()
 	keys := slices.Sorted(maps.Keys(d.retry))
-	clear(d.retry)
 	d.mu.Unlock()
 	for _, key := range keys {
+		d.mu.Lock()
+		delete(d.retry, key)
+		d.mu.Unlock()
 		if a, ok := d.ledger.Get(key); ok && a.State == ledger.Ending {
 			d.finishFree(ctx, a, "retried after a failed undo")
 			continue
@@ -165,6 +169,12 @@ func (d *Daemon) retryUndone(ctx context.Context) {
 		case !ok:
 		case att.State != ledger.Active:
 			d.finishUndo(ctx, att)
+			if _, left := d.ledger.Attachment(key); !left && att.Mode == api.ModeNetdev {
+				// Back from the pod: the node agent manages it again.
+				if err := d.syncNetdevs(ctx); err != nil {
+					d.log.Warn("netdevs", "err", err)
+				}
+			}
 		case att.Mode == api.ModeNetdev && d.pods.get(att.Netdev) == nil:
 			d.adoptOrReturn(ctx, att)
 		}
@@ -241,13 +251,21 @@ func (d *Daemon) allocate(ctx context.Context, pool string, ids []string) (*plug
 		d.unserve(a)
 		return nil, fmt.Errorf("pool %s: the allocation could not be recorded, and was not made: %w", pool, err)
 	}
+	// The restarted container's pod keeps its netdev and its lease's
+	// owner; a failure leaves the allocation unusable to it, so the
+	// Allocate fails and kubelet's next one replaces it again.
 	for _, att := range carried {
-		if att.Mode == api.ModeNetdev {
-			d.retargetToPod(a.ID, att.Netdev)
+		if att.Mode != api.ModeNetdev {
+			continue
+		}
+		if err := d.retargetToPod(a.ID, att.Netdev); err != nil {
+			return nil, fmt.Errorf("allocation %s: its netdev %s in the pod: %w", a.ID, att.Netdev, err)
 		}
 	}
 	if podUID != "" {
-		d.setOwner(a.ID, ledger.Owner{PodUID: podUID})
+		if err := d.setOwner(a.ID, ledger.Owner{PodUID: podUID}); err != nil {
+			return nil, fmt.Errorf("allocation %s: its pod %s as owner: %w", a.ID, podUID, err)
+		}
 	}
 	if netdevs {
 		if err := d.syncNetdevs(ctx); err != nil {

@@ -89,6 +89,13 @@ func (d *Daemon) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attach
 		}
 	}
 	if err := d.attach(ctx, &got, flows); err != nil {
+		var stranded *strandedError
+		if errors.As(err, &stranded) {
+			// Its record stays, pending: the collector brings the
+			// netdev back and ends it (finishUndo).
+			d.retryLater(got.Key(), err)
+			return nil, err
+		}
 		d.ledger.EndAttach(got, false)
 		if got.Mode == api.ModeNetdev {
 			d.syncNetdevs(ctx)
@@ -120,10 +127,10 @@ func (d *Daemon) attach(ctx context.Context, att *ledger.Attachment, flows []age
 	// (EndAttach): one write, not two.
 	if att.PodUID != "" {
 		if err = d.broker.SetOwner(att.AllocationID, brokerOwner(ledger.Owner{PodUID: att.PodUID})); err != nil {
-			d.undoAttachment(ctx, *att)
+			return undone(att.Netdev, err, d.undoAttachment(ctx, *att))
 		}
 	}
-	return err
+	return nil
 }
 
 // flowRefusal is err as the API answers it: a flow the netdev's steering

@@ -147,7 +147,7 @@ type Daemon struct {
 	cfg       *config.Config // the config the reconciler put in force last
 	problems  []string       // why the config in force is not fully in force
 	managed   map[string]agent.Policy
-	retry     map[string]bool              // allocations and attachments a failed undo left (retryLater)
+	retry     map[string]error             // allocations and attachments a failed undo left, and why (retryLater)
 	podDir    *kubepods.Directory          // Kubernetes mode with an API server, unless Options.Pods
 	flowsSaid map[api.AttachmentRef]string // what was last told of a pod's annotated flows
 	ifindexes map[string]int               // each node netdev's ifindex as retargetRecreated last saw it
@@ -183,7 +183,7 @@ func New(opts Options) (_ *Daemon, err error) {
 		opts.Resync = 30 * time.Second
 	}
 	d := &Daemon{opts: opts, log: opts.Logger, kubelet: kubelet{opts.PodResourcesSocket}, ready: make(chan struct{}), reqs: make(chan reconcileRequest),
-		found: map[string]nic.Netdev{}, managed: map[string]agent.Policy{}, retry: map[string]bool{}, ifindexes: map[string]int{},
+		found: map[string]nic.Netdev{}, managed: map[string]agent.Policy{}, retry: map[string]error{}, ifindexes: map[string]int{},
 		health: health{running: map[string]bool{}}, netdevsChanged: make(chan struct{}, 1)}
 	d.pods = newPodNetdevs(d.log, d.pinRoot(), opts.StateDir, d.devicesChanged)
 	d.plugins = &devicePlugins{dir: opts.PluginDir, registry: opts.RegistryDir, log: d.log, devices: d.devices, allocate: d.allocate,

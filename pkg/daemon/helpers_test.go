@@ -27,8 +27,10 @@ func testPins(t testing.TB) string {
 
 // runDaemon starts a daemon with opts (logging to the test's output
 // unless opts has a logger) and returns it with a stop function that
-// reports Run's error; stop runs at the test's end too, once.
-func runDaemon(t testing.TB, opts Options) (*Daemon, func()) {
+// reports Run's error; stop runs at the test's end too, once. Each of
+// prep is called with the daemon before it runs (to put a fake in place
+// of what the machine cannot make fail).
+func runDaemon(t testing.TB, opts Options, prep ...func(*Daemon)) (*Daemon, func()) {
 	t.Helper()
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
@@ -36,6 +38,9 @@ func runDaemon(t testing.TB, opts Options) (*Daemon, func()) {
 	d, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, p := range prep {
+		p(d)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

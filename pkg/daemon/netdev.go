@@ -106,23 +106,39 @@ func (d *Daemon) moveIn(ctx context.Context, att *ledger.Attachment, flows []age
 	att.Mac = l.MAC.String()
 	pn := &podNetdev{key: att.Key(), alloc: att.AllocationID, rec: rec, ns: podNS}
 	if err := d.pods.start(pn, flows); err != nil {
-		if e := d.mover.MoveOut(ctx, rec.Mover, podNS); e != nil {
-			d.log.Warn("netdev not brought back", "netdev", rec.netdev(), "err", e)
-		}
+		e := d.mover.MoveOut(ctx, rec.Mover, podNS)
 		podNS.Close()
-		return err
+		return undone(rec.netdev(), err, e)
 	}
 	d.pods.add(pn)
 	if err := d.pinDPDKMap(pn, att.AllocationID); err != nil {
-		d.moveOut(ctx, *att)
-		return err
+		return undone(rec.netdev(), err, d.moveOut(ctx, *att))
 	}
 	if err := d.retargetToPod(att.AllocationID, rec.netdev()); err != nil {
-		d.moveOut(ctx, *att)
-		return err
+		return undone(rec.netdev(), err, d.moveOut(ctx, *att))
 	}
 	d.log.Info("netdev moved into the pod", "netdev", rec.netdev(), "ifname", rec.ifName(), "netns", att.Netns, "mtu", att.MTU)
 	return nil
+}
+
+// strandedError is a move into a pod that failed and whose undo failed
+// too: the netdev may be in the pod still, and the attachment's record
+// (its Moved field) is the only way to find it again.
+type strandedError struct{ err, undo error }
+
+func (e *strandedError) Error() string {
+	return fmt.Sprintf("%v; and bringing the netdev back failed (kept on record, tried again every collection): %v", e.err, e.undo)
+}
+
+func (e *strandedError) Unwrap() []error { return []error{e.err, e.undo} }
+
+// undone is err of a failed move of netdev, whose undo ended in undo: a
+// strandedError when that failed too.
+func undone(netdev string, err, undo error) error {
+	if undo == nil {
+		return err
+	}
+	return &strandedError{err: err, undo: fmt.Errorf("netdev %s: %w", netdev, undo)}
 }
 
 // retargetToPod has the broker bind the allocation's sockets on its
@@ -264,7 +280,7 @@ func (d *Daemon) adoptOrReturn(ctx context.Context, att ledger.Attachment) {
 		}
 	default:
 		d.log.Error("netdev in a pod not adopted; tried again every collection", "netdev", att.Netdev, "attachment", att.Key(), "err", err)
-		d.retryLater(att.Key())
+		d.retryLater(att.Key(), fmt.Errorf("netdev %s in a pod not adopted: %w", att.Netdev, err))
 	}
 }
 

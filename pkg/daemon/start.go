@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -94,20 +95,39 @@ func (d *Daemon) recoverRescanned(ctx context.Context, a ledger.Allocation) {
 
 // finishUndo ends an attachment a crash or a failed undo left pending (an
 // ADD: rolled back) or ending (a DEL: finished). A netdev that cannot be
-// brought back yet keeps its record, and the collector tries again; flows
-// go with the next steering sync.
+// brought back yet, or flows that cannot be removed, keep the record, and
+// the collector tries again; the flows of a netdev not managed (yet) go
+// with the next steering sync.
 func (d *Daemon) finishUndo(ctx context.Context, att ledger.Attachment) {
 	if att.Mode == api.ModeNetdev && len(att.Moved) > 0 {
 		if err := d.moveOut(ctx, att); err != nil {
 			d.log.Error("netdev not brought back yet; tried again every collection", "netdev", att.Netdev, "attachment", att.Key(), "err", err)
-			d.retryLater(att.Key())
+			d.retryLater(att.Key(), fmt.Errorf("netdev %s not brought back yet: %w", att.Netdev, err))
 			return
 		}
 	}
+	if att.Mode == api.ModeQueue {
+		// A netdev not managed (yet, at start) has its flows settled by
+		// the next steering sync.
+		d.mu.Lock()
+		_, managed := d.managed[att.Netdev]
+		d.mu.Unlock()
+		if err := d.agent.Unsteer(att.Netdev, att.Key()); err != nil && managed {
+			d.log.Error("flows not removed yet; tried again every collection", "netdev", att.Netdev, "attachment", att.Key(), "err", err)
+			d.retryLater(att.Key(), fmt.Errorf("flows on %s not removed yet: %w", att.Netdev, err))
+			return
+		}
+	}
+	var err error
 	if att.State == ledger.Pending {
-		d.ledger.EndAttach(att, false)
+		err = d.ledger.EndAttach(att, false)
 	} else {
-		d.ledger.EndDetach(att.Key())
+		err = d.ledger.EndDetach(att.Key())
+	}
+	if err != nil {
+		// Gone in memory; the record on disk makes a restarted daemon
+		// finish it again, which finds nothing left to undo.
+		d.log.Warn("attachment undone, its record not yet removed", "attachment", att.Key(), "err", err)
 	}
 }
 

@@ -64,6 +64,11 @@ func (d *Daemon) Status(ctx context.Context) (*api.Status, error) {
 	for id, err := range d.ledger.Broken() {
 		s.StateErrors = append(s.StateErrors, fmt.Sprintf("allocation %s: %v", id, err))
 	}
+	d.mu.Lock()
+	for key, err := range d.retry {
+		s.StateErrors = append(s.StateErrors, fmt.Sprintf("%s: %v", key, err))
+	}
+	d.mu.Unlock()
 	sort.Strings(s.StateErrors)
 	return s, nil
 }
