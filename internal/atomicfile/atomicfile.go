@@ -38,14 +38,14 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	defer unix.Close(dfd)
+	defer closeDir(dfd)
 	tmp, err := writeTemp(dfd, dir, base, data, perm)
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	if err := ignoringEINTR(func() error { return unix.Renameat(dfd, tmp, dfd, base) }); err != nil {
-		unix.Unlinkat(dfd, tmp, 0)
-		return fmt.Errorf("write %s: %w", path, &os.LinkError{Op: "rename", Old: filepath.Join(dir, tmp), New: path, Err: err})
+		err = removeTemp(dfd, dir, tmp, &os.LinkError{Op: "rename", Old: filepath.Join(dir, tmp), New: path, Err: err})
+		return fmt.Errorf("write %s: %w", path, err)
 	}
 	if err := ignoringEINTR(func() error { return unix.Fsync(dfd) }); err != nil {
 		return fmt.Errorf("write %s: written, but not its directory's sync: %w", path, &os.PathError{Op: "sync", Path: dir, Err: err})
@@ -72,9 +72,8 @@ func writeTemp(dfd int, dir, base string, data []byte, perm os.FileMode) (string
 		return "", &os.PathError{Op: "open", Path: filepath.Join(dir, tmp), Err: err}
 	}
 	fail := func(op string, err error) (string, error) {
-		unix.Close(fd)
-		unix.Unlinkat(dfd, tmp, 0)
-		return "", &os.PathError{Op: op, Path: filepath.Join(dir, tmp), Err: err}
+		_ = unix.Close(fd) // the file is removed next; its data no longer matters
+		return "", removeTemp(dfd, dir, tmp, &os.PathError{Op: op, Path: filepath.Join(dir, tmp), Err: err})
 	}
 	// Open's mode went through the umask.
 	if err := ignoringEINTR(func() error { return unix.Fchmod(fd, uint32(perm.Perm())) }); err != nil {
@@ -96,8 +95,7 @@ func writeTemp(dfd int, dir, base string, data []byte, perm os.FileMode) (string
 		return fail("sync", err)
 	}
 	if err := unix.Close(fd); err != nil {
-		unix.Unlinkat(dfd, tmp, 0)
-		return "", &os.PathError{Op: "close", Path: filepath.Join(dir, tmp), Err: err}
+		return "", removeTemp(dfd, dir, tmp, &os.PathError{Op: "close", Path: filepath.Join(dir, tmp), Err: err})
 	}
 	return tmp, nil
 }
@@ -117,12 +115,28 @@ func SyncDir(dir string) error {
 	fd, err := openDir(dir)
 	if err == nil {
 		err = ignoringEINTR(func() error { return unix.Fsync(fd) })
-		unix.Close(fd)
+		closeDir(fd)
 	}
 	if err != nil {
 		return fmt.Errorf("sync %s: %w", dir, err)
 	}
 	return nil
+}
+
+// removeTemp removes the temporary file tmp after err; a failure to
+// remove it is added to err, since it leaves the file behind.
+func removeTemp(dfd int, dir, tmp string, err error) error {
+	if rerr := unix.Unlinkat(dfd, tmp, 0); rerr != nil {
+		return errors.Join(err, &os.PathError{Op: "remove", Path: filepath.Join(dir, tmp), Err: rerr})
+	}
+	return err
+}
+
+// closeDir closes a directory opened read-only by openDir: its sync, the
+// one thing that matters, has been checked, and a failed close loses
+// nothing.
+func closeDir(fd int) {
+	_ = unix.Close(fd)
 }
 
 func openDir(dir string) (int, error) {
