@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"os"
@@ -178,6 +179,31 @@ func undoIPAM(c *NetConf, args *skel.CmdArgs) {
 
 // Del detaches: idempotent, and fine when the netns is gone or the
 // daemon has no record.
+//
+// A daemon that does not answer is one of two cases, told apart by what
+// is at its socket's path:
+//
+//   - Restarting (or crashed): DEL fails, keeping the IPAM lease and the
+//     cache file, and the runtime retries until the next daemon undoes the
+//     attachment. A crashed daemon leaves its socket (the connection is
+//     refused); one that stopped removed it but left its state beside it
+//     (the chart's /run/xdpq holds the socket, agent/ and alloc/), so the
+//     socket's directory is not empty. The next daemon's collector would
+//     end the attachment of a pod whose netns went, but only a collection
+//     period after it is ready: until then its flows would still steer
+//     while its address could already be another pod's.
+//   - Uninstalled: the socket is absent and its directory empty or gone.
+//     A daemon removes its state only once uninstall undid every
+//     allocation and attachment (one that failed keeps it, and DEL keeps
+//     failing so that nothing is forgotten); after a reboot /run is empty
+//     and the kernel holds nothing of xdpq either. Nothing steers, so DEL
+//     releases the IPAM lease, removes the cache file and succeeds:
+//     pods left running through `helm uninstall` can still be deleted.
+//
+// A daemon whose state is not beside its socket (--state-dir, --alloc-dir
+// elsewhere) must keep its socket in a directory of its own that holds
+// something else too, or a DEL while it restarts would count as one after
+// an uninstall.
 func (p Plugin) Del(args *skel.CmdArgs) error {
 	data := args.StdinData
 	if cached, err := os.ReadFile(p.cachePath(args)); err == nil {
@@ -187,8 +213,11 @@ func (p Plugin) Del(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if err := client(c).CNIDel(args.ContainerID, args.IfName); err != nil {
-		return &types.Error{Code: ErrDaemon, Msg: "xdpq daemon", Details: err.Error()}
+	cl := client(c)
+	if err := cl.CNIDel(args.ContainerID, args.IfName); err != nil {
+		if gone, why := daemonUninstalled(cl.Socket(), err); !gone {
+			return &types.Error{Code: ErrDaemon, Msg: "xdpq daemon", Details: err.Error() + why}
+		}
 	}
 	if c.IPAM.Type != "" {
 		if err := ipam.ExecDel(c.IPAM.Type, data); err != nil {
@@ -199,6 +228,27 @@ func (p Plugin) Del(args *skel.CmdArgs) error {
 		return err
 	}
 	return nil
+}
+
+// daemonUninstalled tells, after the daemon at socket did not answer a
+// DEL with err, whether xdpq was uninstalled from the node (see
+// [Plugin.Del]): the socket is absent and its directory empty or gone.
+// If not, why says, for the error's details, what the runtime waits for.
+func daemonUninstalled(socket string, err error) (gone bool, why string) {
+	var oe *net.OpError
+	if !errors.As(err, &oe) || oe.Op != "dial" || !errors.Is(oe, fs.ErrNotExist) {
+		return false, "" // an answer, a refusal, a timeout: a daemon is or was there
+	}
+	dir := filepath.Dir(socket)
+	ents, err := os.ReadDir(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist), err == nil && len(ents) == 0:
+		return true, ""
+	case err != nil:
+		return false, fmt.Sprintf("; cannot tell whether xdpq was uninstalled: %v", err)
+	}
+	return false, fmt.Sprintf("; %s still holds its state (%s), so it is restarting, or its uninstall left something: "+
+		"DEL succeeds once a daemon answers, or once that directory is empty", dir, ents[0].Name())
 }
 
 // Check verifies the attachment with the daemon and the addresses with IPAM.
