@@ -69,7 +69,7 @@ func (c *Client) call(method, path string, in, out any) error {
 	if err != nil {
 		return c.noAnswer(method, path, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read to its end or abandoned: nothing to lose
 	if resp.StatusCode/100 == 2 {
 		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 			what := "its body is not the API's JSON (" + err.Error() + ")"

@@ -110,10 +110,13 @@ func lockDir(dir string) (unlock func(), err error) {
 		}
 	}
 	if err != nil {
-		unix.Close(fd)
+		_ = unix.Close(fd) // a read-only directory, not locked
 		return nil, fmt.Errorf("lock %s: %w", dir, err)
 	}
-	return func() { unix.Close(fd) }, nil // closing the last descriptor releases the lock
+	// Closing the last descriptor releases the lock; Linux frees the
+	// descriptor even when close reports an error, so there is nothing to
+	// retry.
+	return func() { _ = unix.Close(fd) }, nil
 }
 
 // removeStale removes a stale socket at path and refuses anything else
@@ -134,7 +137,7 @@ func removeStale(path string) error {
 	conn, err := d.Dial("unix", path)
 	switch {
 	case err == nil:
-		conn.Close()
+		_ = conn.Close() // a probe that sent nothing
 		return fmt.Errorf("api socket %s: another xdpq daemon (or another process) serves %s: stop it first, or give this daemon another --api-socket", path, path)
 	case errors.Is(err, syscall.ECONNREFUSED):
 		// Nobody listens: the socket of a daemon that died.
@@ -187,7 +190,7 @@ func bind(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("api socket %s: %w", path, err)
 	}
 	f := os.NewFile(uintptr(fd), path)
-	defer f.Close() // the listener holds a duplicate
+	defer func() { _ = f.Close() }() // the listener holds a duplicate; this one is only a handle
 	if err := unix.Fchmod(fd, 0o600); err != nil {
 		return nil, fmt.Errorf("api socket %s: chmod: %w", path, err)
 	}
@@ -207,7 +210,11 @@ func bind(path string) (net.Listener, error) {
 		ln, err = net.FileListener(f)
 	}
 	if err != nil {
-		os.Remove(path) // ours: bound under the directory's lock a moment ago
+		// Ours: bound under the directory's lock a moment ago. Left behind,
+		// it is a stale socket that the next start removes; say so.
+		if rerr := os.Remove(path); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+			err = errors.Join(err, rerr)
+		}
 		return nil, fmt.Errorf("api socket %s: %w", path, err)
 	}
 	return &listener{Listener: ln, path: path, dev: st.Dev, ino: st.Ino}, nil
@@ -275,7 +282,7 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, log *slog.Logge
 	select {
 	case err := <-served:
 		cancelReqs()
-		srv.Close()
+		_ = srv.Close() // Serve has failed: its error, returned, is the one to tell
 		return fmt.Errorf("serve the local api on %s: %w", ln.Addr(), err)
 	case <-ctx.Done():
 	}
@@ -284,7 +291,7 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, log *slog.Logge
 	// Shutdown closes the listener and waits until each has answered.
 	cancelReqs()
 	err := srv.Shutdown(context.Background())
-	<-served // http.ErrServerClosed
+	_ = <-served // http.ErrServerClosed after Shutdown: nothing to report
 	if err != nil {
 		return fmt.Errorf("stop the local api on %s: %w", ln.Addr(), err)
 	}

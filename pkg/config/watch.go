@@ -139,12 +139,13 @@ func (w *Watcher) Run(ctx context.Context, apply func(*Config) error) error {
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", w.path, err)
 	}
-	defer fw.Close()
+	defer func() { _ = fw.Close() }() // an inotify fd that only reads: closing it loses nothing
 	if err := fw.Add(filepath.Dir(w.path)); err != nil {
 		return fmt.Errorf("watch %s: %w", w.path, err)
 	}
-	// The file may have changed between NewWatcher and the watch.
-	w.apply(apply, false)
+	// The file may have changed between NewWatcher and the watch. apply
+	// logs a refusal and keeps it for Status; the last good config stays.
+	_ = w.apply(apply, false)
 	// Editors and ConfigMap updates write in several steps: settle first.
 	var settle <-chan time.Time
 	for {
@@ -167,7 +168,7 @@ func (w *Watcher) Run(ctx context.Context, apply func(*Config) error) error {
 			w.log.Error("watch config", "path", w.path, "err", err)
 		case <-settle:
 			settle = nil
-			w.apply(apply, false)
+			_ = w.apply(apply, false) // logged and kept for Status by apply
 		}
 	}
 }

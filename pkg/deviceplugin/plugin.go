@@ -2,7 +2,9 @@ package deviceplugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -114,7 +116,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer w.Close()
+	defer func() { _ = w.Close() }() // an inotify fd that only reads: closing it loses nothing
 	if err := os.MkdirAll(p.cfg.Dir, 0o755); err != nil {
 		return err
 	}
@@ -135,7 +137,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 			case <-ctx.Done():
 				retry.Stop()
 				stop()
-				os.Remove(p.socket)
+				p.removeSocket()
 				return nil
 			case ev := <-w.Events:
 				switch {
@@ -178,7 +180,7 @@ func (p *Plugin) runWatched(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer w.Close()
+	defer func() { _ = w.Close() }() // an inotify fd that only reads: closing it loses nothing
 	if err := w.Add(p.cfg.RegistryDir); err != nil {
 		return fmt.Errorf("watch %s: %w", p.cfg.RegistryDir, err)
 	}
@@ -193,7 +195,7 @@ func (p *Plugin) runWatched(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				stop()
-				os.Remove(p.socket)
+				p.removeSocket()
 				return nil
 			case ev := <-w.Events:
 				if ev.Name == p.socket && ev.Op&fsnotify.Remove != 0 {
@@ -252,7 +254,9 @@ func (p *Plugin) serveRetry(ctx context.Context) (stop func()) {
 // serve starts the gRPC server on the plugin socket and checks that it
 // answers before anything registers it.
 func (p *Plugin) serve() (stop func(), err error) {
-	os.Remove(p.socket)
+	if err := os.Remove(p.socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("device plugin %s: remove the old socket: %w", p.cfg.Resource, err)
+	}
 	ln, err := net.Listen("unix", p.socket)
 	if err != nil {
 		return nil, fmt.Errorf("device plugin %s: %w", p.cfg.Resource, err)
@@ -265,14 +269,18 @@ func (p *Plugin) serve() (stop func(), err error) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		srv.Serve(ln)
+		// nil after Stop; an error of the listener shows in the probe
+		// below or as kubelet's failed calls, logged here for the cause.
+		if err := srv.Serve(ln); err != nil {
+			p.log.Warn("device plugin server stopped", "socket", p.socket, "err", err)
+		}
 	}()
 	conn, err := grpc.NewClient("unix://"+p.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, err = pluginapi.NewDevicePluginClient(conn).GetDevicePluginOptions(ctx, &pluginapi.Empty{})
 		cancel()
-		conn.Close()
+		_ = conn.Close() // a probe's connection: its one call is answered or failed
 	}
 	if err != nil {
 		srv.Stop()
@@ -283,6 +291,15 @@ func (p *Plugin) serve() (stop func(), err error) {
 		srv.Stop()
 		<-done
 	}, nil
+}
+
+// removeSocket removes the plugin's socket when it stops serving. One
+// left behind is only stale: kubelet's next dial fails, and the next
+// serve removes it; it is logged, as nothing else can be done.
+func (p *Plugin) removeSocket() {
+	if err := os.Remove(p.socket); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		p.log.Warn("remove the device plugin socket", "socket", p.socket, "err", err)
+	}
 }
 
 // register registers with the kubelet at socket kubelet and returns the
@@ -296,7 +313,7 @@ func (p *Plugin) register(ctx context.Context, kubelet string) uint64 {
 	if err != nil {
 		return 0
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }() // its one call is answered or failed
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	_, err = pluginapi.NewRegistrationClient(conn).Register(ctx, &pluginapi.RegisterRequest{

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -150,7 +151,11 @@ func (l *Ledger) BeginDetach(key string) (Attachment, bool, error) {
 	c := cloneAtt(*att)
 	l.mu.Unlock()
 	if err := l.persist(id); err != nil {
-		l.CancelDetach(key) // not recorded: not begun
+		// Not recorded: not begun. The record on disk may still say Ending
+		// if only its directory's sync failed; the caller hears of both.
+		if cerr := l.CancelDetach(key); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
 		return Attachment{}, true, err
 	}
 	return c, true, nil

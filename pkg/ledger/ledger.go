@@ -232,7 +232,9 @@ func Open(o Options) (*Ledger, error) {
 	}
 	for _, a := range recs {
 		if gone[a.ID] {
-			st.remove(a.ID)
+			// Left on disk, it loses to its successor again at the next
+			// Open, which retries the removal.
+			_ = st.remove(a.ID)
 			continue
 		}
 		if err := l.conflictLocked(a); err != nil {

@@ -52,7 +52,9 @@ func (s *store) loadAll() ([]*Allocation, map[string]error, error) {
 	for _, e := range ents {
 		name := e.Name()
 		if atomicfile.IsTemp(name) {
-			os.Remove(filepath.Join(s.dir, name))
+			// Never read as a record; one not removed is retried at the
+			// next load.
+			_ = os.Remove(filepath.Join(s.dir, name))
 			continue
 		}
 		id, ok := strings.CutSuffix(name, ".json")
