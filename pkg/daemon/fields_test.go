@@ -342,9 +342,9 @@ func TestFieldLinger(t *testing.T) {
 			if took < tc.want || took > tc.want+slack {
 				t.Errorf("detached %v after the last socket closed, want the linger %v (to %v)", took, tc.want, tc.want+slack)
 			}
-			if n := r.netdev(); n.State != string(agent.StateNone) {
-				t.Errorf("after the linger: %+v", n)
-			}
+			// Status follows once the agent's reconcile that detached
+			// ends: the kernel's notification may come before.
+			r.waitNetdev("None after the linger", func(n api.NetdevStatus) bool { return n.State == string(agent.StateNone) })
 		})
 	}
 	t.Run("reload shortens a running linger", func(t *testing.T) {
@@ -491,12 +491,14 @@ func TestFieldAttach(t *testing.T) {
 	isOurs := func(att *xdp.Attached) bool { return att != nil && att.Ours && att.Kind == xdp.Filter }
 	check := func(t *testing.T, r *fieldRig, when string, on bool) {
 		t.Helper()
-		n := r.netdev()
 		want := agent.StateNone
 		if on {
 			want = agent.StateFilter
 		}
-		if n.State != string(want) || len(n.Sockets) != 0 {
+		// Status follows once the agent's reconcile ends: the kernel's
+		// notification of the attach or detach may come before.
+		n := r.waitNetdev(string(want)+" "+when, func(n api.NetdevStatus) bool { return n.State == string(want) })
+		if len(n.Sockets) != 0 {
 			t.Errorf("%s: xa %+v, want %s with no socket", when, n, want)
 		}
 		if att := attached(t, r.p); isOurs(att) != on {

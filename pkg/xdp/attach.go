@@ -168,7 +168,7 @@ func Query(netns string, ifindex int) (*Attached, error) {
 	if err != nil {
 		return nil, fmt.Errorf("query xdp on ifindex %d: program %d: %w", ifindex, a.ID, err)
 	}
-	defer prog.Close()
+	defer func() { _ = prog.Close() }() // a handle on a kernel object: closing drops our reference only
 	info, err := prog.Info()
 	if err != nil {
 		return nil, fmt.Errorf("query xdp on ifindex %d: program %d info: %w", ifindex, a.ID, err)
@@ -199,7 +199,7 @@ var ourTags = sync.OnceValues(func() (map[Kind]progID, error) {
 			return nil, fmt.Errorf("learn the tag of the %v program: %w", k, err)
 		}
 		info, err := p.prog.Info()
-		p.Close()
+		_ = p.Close() // a copy loaded for its tag, never attached or pinned
 		if err != nil {
 			return nil, fmt.Errorf("learn the tag of the %v program: %w", k, err)
 		}

@@ -70,7 +70,7 @@ var haveFrags = sync.OnceValue(func() bool {
 	if err != nil {
 		return !errors.Is(err, unix.EINVAL) // another error (EPERM) is the real load's to report
 	}
-	p.Close()
+	_ = p.Close() // a probe, never attached or pinned
 	return true
 })
 
@@ -121,7 +121,7 @@ func LoadPinned(kind Kind, dir string, opts LoadOptions) (*Program, error) {
 	pinned := map[string]*ebpf.Map{}
 	defer func() {
 		for _, m := range pinned {
-			m.Close() // the program holds its own references
+			_ = m.Close() // the program holds its own references; this drops ours only
 		}
 	}()
 	for _, n := range names {
@@ -137,7 +137,7 @@ func LoadPinned(kind Kind, dir string, opts LoadOptions) (*Program, error) {
 	if kind == Direct || pinned["flows"] == nil || pinned["counters"] == nil {
 		for _, n := range []string{"flows", "counters"} {
 			if m := pinned[n]; m != nil {
-				m.Close()
+				_ = m.Close() // a handle on a kernel object: closing drops our reference only; its pin is removed next
 				delete(pinned, n)
 				if err := os.Remove(filepath.Join(dir, n)); err != nil {
 					return nil, fmt.Errorf("remove the pin of the unused %s map: %w", n, err)
@@ -153,7 +153,7 @@ func LoadPinned(kind Kind, dir string, opts LoadOptions) (*Program, error) {
 		return nil, err
 	}
 	if err := p.Pin(dir); err != nil {
-		p.Close()
+		_ = p.Close() // never attached; the pin's error is the one to tell
 		return nil, err
 	}
 	return p, nil
@@ -191,7 +191,7 @@ func Open(id ebpf.ProgramID) (*Program, error) {
 	ok := false
 	defer func() {
 		if !ok {
-			p.Close()
+			_ = p.Close() // our handles on a program attached elsewhere: it lives on
 		}
 	}()
 	info, err := prog.Info()
@@ -223,12 +223,12 @@ func Open(id ebpf.ProgramID) (*Program, error) {
 		}
 		mi, err := m.Info()
 		if err != nil {
-			m.Close()
+			_ = m.Close() // a handle on a kernel object: closing drops our reference only
 			return nil, fmt.Errorf("open program %d: map %d info: %w", id, mid, err)
 		}
 		slot := map[string]**ebpf.Map{"xsks": &p.xsks, "flows": &p.flows, "counters": &p.counters}[mi.Name]
 		if slot == nil || *slot != nil {
-			m.Close() // not one of the program's named maps (.rodata, say)
+			_ = m.Close() // not one of the program's named maps (.rodata, say); the program keeps it
 			continue
 		}
 		*slot = m
@@ -464,7 +464,7 @@ func samePin(path string, m *ebpf.Map) error {
 	if err != nil {
 		return err
 	}
-	defer pinned.Close()
+	defer func() { _ = pinned.Close() }() // a handle on a kernel object: closing drops our reference only; the pin stays
 	a, err := mapID(pinned)
 	if err != nil {
 		return err

@@ -135,9 +135,7 @@ func Bind(dev Netdev, memfd int, queues []uint32, cfg Config) ([]Bound, error) {
 	ok := false
 	defer func() {
 		if !ok {
-			for _, fd := range fds {
-				unix.Close(fd)
-			}
+			closeFDs(fds...)
 		}
 	}()
 
@@ -202,9 +200,7 @@ func sockets(nsPath string, n int) ([]int, error) {
 		err = ns.WithNetNSPath(nsPath, create)
 	}
 	if err != nil {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
+		closeFDs(fds...)
 		return nil, err
 	}
 	return fds, nil
@@ -216,7 +212,7 @@ func registerUMEM(fd, memfd int, size int64, cfg UMEMConfig) error {
 		return fmt.Errorf("mmap memfd: %w", err)
 	}
 	// The kernel pins the pages at registration; the mapping is not needed after.
-	defer unix.Munmap(mem)
+	defer func() { _ = unix.Munmap(mem) }() // fails only for a bad address; the pages stay pinned by the UMEM either way
 	reg := unix.XDPUmemReg{
 		Addr:     uint64(uintptr(unsafe.Pointer(&mem[0]))),
 		Len:      uint64(size),
@@ -281,27 +277,29 @@ func Open(dev Netdev, queues []uint32, frames int, cfg Config) (*UMEM, []*Socket
 	if err != nil {
 		return nil, nil, fmt.Errorf("open xsk %s: %w", dev, err)
 	}
-	defer mf.Close()
+	defer func() { _ = mf.Close() }() // the UMEM's mapping and the sockets hold the memory
 	umem, err := MapUMEM(int(mf.Fd()), cfg.UMEM)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open xsk %s: %w", dev, err)
 	}
 	bound, err := Bind(dev, int(mf.Fd()), queues, cfg)
 	if err != nil {
-		umem.Close()
+		_ = umem.Close() // an unmap that fails leaks address space only; err says what failed
 		return nil, nil, err
 	}
 	socks := make([]*Socket, 0, len(bound))
 	for i, b := range bound {
 		s, err := Adopt(b.FD, umem, cfg.Rings)
 		if err != nil {
+			// Given up: closing frees the descriptors and mappings even on
+			// an error, and err is what the caller must hear.
 			for _, s := range socks {
-				s.Close()
+				_ = s.Close()
 			}
 			for _, b := range bound[i:] {
-				unix.Close(b.FD)
+				closeFDs(b.FD)
 			}
-			umem.Close()
+			_ = umem.Close()
 			return nil, nil, fmt.Errorf("open xsk %s/q%d: %w", dev, b.Queue, err)
 		}
 		socks = append(socks, s)
@@ -331,7 +329,7 @@ func BusyQueues(dev Netdev, queues []uint32) (map[uint32]bool, error) {
 	if err != nil {
 		return busy, err
 	}
-	defer mf.Close()
+	defer func() { _ = mf.Close() }() // a probe's memfd, never written
 	fds, err := sockets(dev.NetNS, len(queues))
 	if err != nil {
 		return busy, fmt.Errorf("probe %s: %w", dev, err)
@@ -339,7 +337,7 @@ func BusyQueues(dev Netdev, queues []uint32) (map[uint32]bool, error) {
 	defer func() {
 		var wg sync.WaitGroup
 		for _, fd := range fds {
-			wg.Go(func() { unix.Close(fd) })
+			wg.Go(func() { closeFDs(fd) })
 		}
 		wg.Wait()
 	}()

@@ -55,9 +55,7 @@ func RecvFDs(c *net.UnixConn, b []byte, maxFDs int) (int, []int, error) {
 		perr = fmt.Errorf("%w (flags %#x)", ErrTruncated, flags)
 	}
 	if perr != nil {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
+		closeFDs(fds...)
 		return 0, nil, fmt.Errorf("receive fds: %w", perr)
 	}
 	return n, fds, nil
@@ -86,9 +84,7 @@ func parseRights(oob []byte) ([]int, error) {
 		fds = append(fds, r...)
 	}
 	if bad != nil {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
+		closeFDs(fds...)
 		return nil, bad
 	}
 	return fds, nil

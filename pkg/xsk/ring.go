@@ -74,7 +74,7 @@ func mapRing[T uint64 | Desc](fd int, pgoff int64, off unix.XDPRingOffset, n uin
 		return nil, err
 	}
 	if off.Producer+4 > length || off.Consumer+4 > length || off.Flags+4 > length {
-		unix.Munmap(mem)
+		_ = unix.Munmap(mem) // fails only for a bad address; the error below is the one to tell
 		return nil, fmt.Errorf("ring offsets %+v outside the %d-byte mapping", off, length)
 	}
 	r := &ring[T]{
@@ -96,7 +96,7 @@ func mapRing[T uint64 | Desc](fd int, pgoff int64, off unix.XDPRingOffset, n uin
 
 func (r *ring[T]) unmap() {
 	if r != nil && r.mem != nil {
-		unix.Munmap(r.mem)
+		_ = unix.Munmap(r.mem) // fails only for a bad address, and the socket's close frees the ring
 		r.mem = nil
 	}
 }

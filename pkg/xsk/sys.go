@@ -41,6 +41,16 @@ func mmapOffsets(fd int) (unix.XDPMmapOffsets, error) {
 // kickTX wakes the kernel to transmit what the TX ring holds (sendto).
 func kickTX(fd int) error { return wakeup(unix.SYS_SENDTO, fd) }
 
+// closeFDs closes the descriptors of sockets or memfds given up on an
+// error path. Linux frees a descriptor even when close reports an error,
+// and nothing was written through these that could be lost: there is
+// nothing to retry or report beyond the error that led here.
+func closeFDs(fds ...int) {
+	for _, fd := range fds {
+		_ = unix.Close(fd)
+	}
+}
+
 // kickRX wakes the kernel to process the fill ring (recvfrom).
 func kickRX(fd int) error { return wakeup(unix.SYS_RECVFROM, fd) }
 

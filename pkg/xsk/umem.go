@@ -36,11 +36,11 @@ func NewMemfd(name string, size int64, hugetlb bool) (*os.File, error) {
 	}
 	f := os.NewFile(uintptr(fd), "memfd:"+name)
 	if err := unix.Ftruncate(fd, size); err != nil {
-		f.Close()
+		_ = f.Close() // a memfd never used: nothing to lose
 		return nil, fmt.Errorf("memfd %q: set size %d: %w", name, size, err)
 	}
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, requiredSeals); err != nil {
-		f.Close()
+		_ = f.Close() // a memfd never used: nothing to lose
 		return nil, fmt.Errorf("memfd %q: seal: %w", name, err)
 	}
 	return f, nil
