@@ -83,11 +83,11 @@ func New(cfg Config) (*Mover, error) {
 	if err != nil && defaultInit {
 		init, initErr = netns.None(), fmt.Errorf("initial netns %s: %w; netdevs returned there are not looked for", cfg.Init, err)
 	} else if err != nil {
-		node.Close()
+		_ = node.Close() // a namespace handle only read: closing it loses nothing
 		return nil, fmt.Errorf("initial netns %s: %w", cfg.Init, err)
 	}
 	if init.IsOpen() && init.Equal(node) {
-		init.Close()
+		_ = init.Close() // a duplicate handle on the node's namespace, only read
 		init = netns.None()
 	}
 	return &Mover{node: node, init: init, initErr: initErr, wait: cfg.ReturnWait}, nil

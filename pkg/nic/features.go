@@ -74,14 +74,14 @@ func XDPFeatures(netnsPath string, ifindex int) (Features, error) {
 		if err != nil {
 			return 0, fmt.Errorf("xdp features: %w", err)
 		}
-		defer f.Close()
+		defer func() { _ = f.Close() }() // a namespace handle only read
 		cfg.NetNS = int(f.Fd())
 	}
 	c, err := genetlink.Dial(cfg)
 	if err != nil {
 		return 0, fmt.Errorf("xdp features: %w", err)
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }() // a netlink socket whose every request was answered or failed
 	fam, err := c.GetFamily(netdevFamilyName)
 	if err != nil {
 		return 0, fmt.Errorf("%w: %v", ErrNoFeatures, err)

@@ -42,7 +42,7 @@ func MountSysfs(netns string) (*Sysfs, error) {
 		if err != nil {
 			return -1, fmt.Errorf("fsopen: %w", err)
 		}
-		defer unix.Close(fs)
+		defer func() { _ = unix.Close(fs) }() // the fs context; the mount holds what it made
 		if err := unix.FsconfigCreate(fs); err != nil {
 			return -1, fmt.Errorf("fsconfig: %w", err)
 		}
@@ -101,7 +101,7 @@ func (s *Sysfs) readUint(ifname, attr string) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only
 	b := make([]byte, 64)
 	n, err := f.Read(b)
 	if err != nil {
