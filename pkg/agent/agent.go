@@ -499,7 +499,8 @@ func (a *Agent) Kick() {
 func (a *Agent) Listening() <-chan struct{} { return a.listening }
 
 // Run follows link notifications of the netdevs' namespace and reconciles
-// on each, on kicks and on every resync period, until ctx ends.
+// on each, on kicks and on every resync period, until ctx ends. Its
+// errors do not say "agent": its caller names what ran it.
 func (a *Agent) Run(ctx context.Context) error {
 	ch := make(chan netlink.LinkUpdate, 64)
 	done := make(chan struct{})
@@ -514,13 +515,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.cfg.NetNS != "" {
 		h, err := netns.GetFromPath(a.cfg.NetNS)
 		if err != nil {
-			return fmt.Errorf("agent: netns %s: %w", a.cfg.NetNS, err)
+			return fmt.Errorf("netns %s: %w", a.cfg.NetNS, err)
 		}
 		defer h.Close()
 		opts.Namespace = &h
 	}
 	if err := netlink.LinkSubscribeWithOptions(ch, done, opts); err != nil {
-		return fmt.Errorf("agent: subscribe to link notifications: %w", err)
+		return fmt.Errorf("subscribe to link notifications: %w", err)
 	}
 	// Whatever changed before the subscription is caught by this pass.
 	a.reconcileAll(false)
@@ -533,7 +534,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return nil
 		case u, ok := <-ch:
 			if !ok {
-				return errors.New("agent: link notifications ended")
+				return errors.New("link notifications ended")
 			}
 			a.onLink(u)
 		case <-a.kick:
