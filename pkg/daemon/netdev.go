@@ -15,7 +15,6 @@ import (
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/mover"
-	"github.com/xdpq/xdpq/pkg/nic"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
 
@@ -28,17 +27,6 @@ import (
 // mount), and the broker binds the allocation's sockets there. The node
 // agent lets it go before the move and takes it back after the return
 // (the reconciler leaves out netdevs that have a netdev attachment).
-
-// movedRecord is what the daemon records of a netdev in a pod, in its
-// attachment, before it moves it: the mover's record (enough to find it
-// wherever a crash left it and put it back as it was), and what the
-// daemon needs of it while it is away.
-type movedRecord struct {
-	Mover  mover.Record `json:"mover"`
-	Netns  string       `json:"netns"`
-	Device nic.Netdev   `json:"device"` // as discovered on the node
-	Policy agent.Policy `json:"policy"` // its pod agent's
-}
 
 func (m movedRecord) netdev() string { return m.Mover.Name }
 func (m movedRecord) ifName() string { return m.Mover.IfName }
