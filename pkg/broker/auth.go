@@ -52,7 +52,7 @@ func peerOf(c *net.UnixConn, procRoot string) (Peer, error) {
 	if err != nil {
 		return p, fmt.Errorf("peer pid %d: %w", cred.Pid, err)
 	}
-	defer unix.Close(pidfd)
+	defer func() { _ = unix.Close(pidfd) }() // a pidfd only held, never written
 	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(int(cred.Pid)), "cgroup"))
 	if err != nil {
 		return p, fmt.Errorf("peer pid %d: cgroup: %w", cred.Pid, err)

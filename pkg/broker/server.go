@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"net"
@@ -308,7 +309,9 @@ func (s *Server) Add(a Allocation) error {
 	delete(s.adding, a.ID)
 	if err == nil && s.closed {
 		err = fmt.Errorf("broker: allocation %s: the server is closed", a.ID)
-		al.unlisten()
+		if uerr := al.unlisten(); uerr != nil {
+			err = errors.Join(err, uerr)
+		}
 	}
 	if err != nil {
 		s.mu.Unlock()
@@ -364,9 +367,9 @@ func (s *Server) listen(a Allocation) (*allocation, error) {
 	names := append([]string{a.SocketPath()}, a.Links...)
 	var staged []string
 	undo := func(err error) (*allocation, error) {
-		ln.Close()
+		_ = ln.Close() // never served; the names below are what could stay behind
 		for _, p := range append(staged, tmp) {
-			os.Remove(p)
+			err = joinRemove(err, p)
 		}
 		return fail(err)
 	}
@@ -385,7 +388,9 @@ func (s *Server) listen(a Allocation) (*allocation, error) {
 	}
 	for i := range a.Links {
 		l := fmt.Sprintf("%s.%d", tmp, i+1)
-		os.Remove(l)
+		if err := joinRemove(nil, l); err != nil { // a stale one, or Link fails
+			return undo(err)
+		}
 		if err := os.Link(tmp, l); err != nil {
 			return undo(err)
 		}
@@ -396,14 +401,14 @@ func (s *Server) listen(a Allocation) (*allocation, error) {
 	for i, l := range staged {
 		if err := os.Rename(l, a.Links[i]); err != nil {
 			for _, done := range a.Links[:i] {
-				os.Remove(done)
+				err = joinRemove(err, done)
 			}
 			return undo(err)
 		}
 	}
 	if err := os.Rename(tmp, names[0]); err != nil {
 		for _, l := range a.Links {
-			os.Remove(l)
+			err = joinRemove(err, l)
 		}
 		return undo(err)
 	}
@@ -451,12 +456,27 @@ func restrictDir(dir string, o Owner) error {
 }
 
 // unlisten closes the allocation's socket and removes its names (unlink
-// follows no link: whatever the owner put there goes, nothing else).
-func (al *allocation) unlisten() {
-	al.ln.Close()
+// follows no link: whatever the owner put there goes, nothing else). A
+// name it could not remove is returned: it stays behind, a socket nobody
+// answers.
+func (al *allocation) unlisten() error {
+	// Closing frees the listening socket even when it reports an error;
+	// its names are what could stay.
+	_ = al.ln.Close()
+	var err error
 	for _, n := range al.names {
-		os.Remove(n)
+		err = joinRemove(err, n)
 	}
+	return err
+}
+
+// joinRemove removes path and adds to err the failure to, when path was
+// there: what it leaves behind.
+func joinRemove(err error, path string) error {
+	if rerr := os.Remove(path); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+		return errors.Join(err, rerr)
+	}
+	return err
 }
 
 // checkResumable checks a recorded lease against the allocation's queues.
@@ -559,7 +579,7 @@ func (s *Server) Retarget(id string, dev xsk.Netdev, own PodDatapath) error {
 		s.log.Info("connections end: the allocation's netdev moves", "allocation", id, "netdev", dev.Name, "connections", len(conns))
 	}
 	for _, c := range conns {
-		c.Close()
+		_ = c.Close() // ended on purpose: its goroutine sees the close and cleans up
 	}
 	if ended != nil {
 		s.log.Info("recorded lease forgotten: the allocation's netdev moved", "allocation", id, "netdev", dev.Name)
@@ -658,9 +678,11 @@ func (s *Server) stop(al *allocation, detach bool) {
 		al.dropFDs(active)
 	}
 	al.stopOnce.Do(func() { close(al.done) })
-	al.unlisten()
+	if err := al.unlisten(); err != nil {
+		s.log.Warn("allocation's socket names left behind", "allocation", al.id, "err", err)
+	}
 	for _, c := range conns {
-		c.Close()
+		_ = c.Close() // ended on purpose: its goroutine sees the close and cleans up
 	}
 }
 
@@ -699,7 +721,7 @@ func (s *Server) accept(al *allocation) {
 func (s *Server) admit(c *net.UnixConn, al *allocation) {
 	peer, err := peerOf(c, s.cfg.ProcRoot)
 	if err != nil {
-		c.Close()
+		_ = c.Close() // refused; the reason is logged next
 		s.warn(al, "peer not identified; connection closed", "err", err)
 		return
 	}
@@ -712,7 +734,7 @@ func (s *Server) admit(c *net.UnixConn, al *allocation) {
 	}
 	s.mu.Unlock()
 	if full {
-		c.Close()
+		_ = c.Close() // refused; the reason is logged next
 		s.warn(al, "too many connections in a handshake across the daemon; closed", "peer", peer.String(), "limit", s.cfg.MaxConnections)
 		return
 	}
@@ -734,7 +756,7 @@ func (s *Server) admit(c *net.UnixConn, al *allocation) {
 	al.mu.Unlock()
 	if !admitted {
 		s.closeSlot()
-		c.Close()
+		_ = c.Close() // refused; the reason is logged next
 		if why != nil {
 			s.refused(al, peer, wire.CodeForbidden, why.Error())
 			s.warn(al, "refused", "peer", peer.String(), "reason", why, "answered", false)
@@ -767,7 +789,7 @@ func (s *Server) admit(c *net.UnixConn, al *allocation) {
 				s.fail(c, al, peer, err)
 			}
 		}
-		c.Close()
+		_ = c.Close() // the handshake or lease is over; its outcome was logged
 		al.mu.Lock()
 		delete(al.conns, c)
 		if why != nil {
@@ -843,18 +865,21 @@ func (s *Server) refuseForeign(c *net.UnixConn, al *allocation, peer Peer, why e
 	if err != nil {
 		return
 	}
-	c.SetWriteDeadline(time.Now().Add(s.cfg.StepTimeout))
+	// The answer to a refused peer is a courtesy: the refusal is logged
+	// above, and a peer that cannot be told has gone.
 	if first[0] == '/' {
-		xsk.SendFDs(c, []byte(dpdkHostNak), nil)
+		_ = s.sendDPDK(c, dpdkHostNak)
 		return
 	}
 	pe := refuse(wire.CodeForbidden, "%v", why)
-	s.send(c, wire.Message{Type: wire.TypeError, Code: pe.Code, Reason: pe.Reason})
+	_ = s.send(c, wire.Message{Type: wire.TypeError, Code: pe.Code, Reason: pe.Reason})
 }
 
 // recv reads one message with at most maxFDs descriptors within the step timeout.
 func (s *Server) recv(c *net.UnixConn, maxFDs int, timeout time.Duration) ([]byte, []int, error) {
-	c.SetReadDeadline(time.Now().Add(timeout))
+	if err := c.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+		return nil, nil, err
+	}
 	buf := make([]byte, wire.MaxMessage+1)
 	n, fds, err := xsk.RecvFDs(c, buf, maxFDs)
 	if errors.Is(err, xsk.ErrTruncated) {
@@ -893,8 +918,7 @@ func (s *Server) serve(c *net.UnixConn, al *allocation, peer Peer, release func(
 		if first[0] == '/' { // told in the protocol it speaks
 			s.refused(al, peer, wire.CodeForbidden, err.Error())
 			s.warn(al, "refused", "peer", peer.String(), "reason", err)
-			c.SetWriteDeadline(time.Now().Add(s.cfg.StepTimeout))
-			xsk.SendFDs(c, []byte(dpdkHostNak), nil)
+			_ = s.sendDPDK(c, dpdkHostNak) // refused and logged; a peer not told has gone
 			return nil, nil
 		}
 		return nil, err
@@ -935,7 +959,7 @@ func (s *Server) fail(c *net.UnixConn, al *allocation, peer Peer, err error) {
 	}
 	s.refused(al, peer, pe.Code, pe.Reason)
 	s.log.Warn("refused", "allocation", al.id, "peer", peer.String(), "code", pe.Code, "reason", pe.Reason)
-	s.send(c, wire.Message{Type: wire.TypeError, Code: pe.Code, Reason: pe.Reason})
+	_ = s.send(c, wire.Message{Type: wire.TypeError, Code: pe.Code, Reason: pe.Reason}) // logged above; a peer not told has gone
 }
 
 func (s *Server) send(c *net.UnixConn, m wire.Message, fds ...int) error {
@@ -943,8 +967,18 @@ func (s *Server) send(c *net.UnixConn, m wire.Message, fds ...int) error {
 	if err != nil {
 		return err
 	}
-	c.SetWriteDeadline(time.Now().Add(s.cfg.StepTimeout))
+	if err := c.SetWriteDeadline(time.Now().Add(s.cfg.StepTimeout)); err != nil {
+		return err
+	}
 	return xsk.SendFDs(c, b, fds)
+}
+
+// sendDPDK sends a line of the DPDK protocol, with fds.
+func (s *Server) sendDPDK(c *net.UnixConn, text string, fds ...int) error {
+	if err := c.SetWriteDeadline(time.Now().Add(s.cfg.StepTimeout)); err != nil {
+		return err
+	}
+	return xsk.SendFDs(c, []byte(text), fds)
 }
 
 // native runs the native handshake. A lease it returns is active (its
@@ -1011,12 +1045,12 @@ func (s *Server) request(c *net.UnixConn, al *allocation, peer Peer, p policy, r
 		err = checkMemfd(memfd, cfg.UMEM, p.limits)
 	}
 	if err != nil {
-		unix.Close(memfd)
+		closeFDs([]int{memfd})
 		return nil, err
 	}
 	cfg.Mode = al.mode
 	bound, err := xsk.Bind(p.dev, memfd, req.Queues, cfg)
-	unix.Close(memfd)
+	closeFDs([]int{memfd}) // the bound sockets' UMEM holds the pages
 	if errors.Is(err, unix.EBUSY) {
 		// A socket of the queue's previous holder is still bound: its
 		// process has not exited yet (a pod deleted and its queues given
@@ -1126,7 +1160,9 @@ func (s *Server) activate(c *net.UnixConn, al *allocation, peer Peer, p policy, 
 	for i, ls := range socks {
 		if err := p.dp.AddSocket(p.dev.Name, ls.Queue, fds[i]); err != nil {
 			for _, done := range socks[:i] {
-				p.dp.RemoveSocket(p.dev.Name, done.Queue, done.Inode)
+				if rerr := p.dp.RemoveSocket(p.dev.Name, done.Queue, done.Inode); rerr != nil {
+					s.log.Warn("remove socket", "allocation", al.id, "queue", done.Queue, "err", rerr)
+				}
 			}
 			return nil, refuse(wire.CodeInternal, "%v", err)
 		}
@@ -1190,8 +1226,7 @@ func (s *Server) end(al *allocation, l *lease) {
 func (s *Server) dpdk(c *net.UnixConn, al *allocation, peer Peer, msg []byte, fds []int) {
 	connected := false
 	reply := func(text string, fds ...int) bool {
-		c.SetWriteDeadline(time.Now().Add(s.cfg.StepTimeout))
-		return xsk.SendFDs(c, []byte(text), fds) == nil
+		return s.sendDPDK(c, text, fds...) == nil
 	}
 	for {
 		cmd, err := parseDPDKCommand(msg)
@@ -1213,7 +1248,7 @@ func (s *Server) dpdk(c *net.UnixConn, al *allocation, peer Peer, msg []byte, fd
 				break
 			}
 			ok = reply(dpdkFDAck, fd)
-			unix.Close(fd)
+			closeFDs([]int{fd}) // the peer has its own copy, or is gone
 		case cmd.name == dpdkBusyPoll:
 			ans, why := s.busyPoll(connected, cmd, fds, al.policy().busyPoll)
 			if why != nil {
@@ -1334,9 +1369,12 @@ func xdpSocketInode(fd int) (uint64, error) {
 	return ino, nil
 }
 
+// closeFDs closes descriptors received from a peer, or our copies of
+// ones sent: Linux frees a descriptor even when close reports an error,
+// and nothing was written through them here.
 func closeFDs(fds []int) {
 	for _, fd := range fds {
-		unix.Close(fd)
+		_ = unix.Close(fd)
 	}
 }
 

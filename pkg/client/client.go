@@ -279,16 +279,21 @@ func connect(path string, o Options, deadline time.Time) (*Lease, error) {
 	ok := false
 	defer func() {
 		if !ok {
+			// Given up: closing frees the sockets, mapping and connection
+			// even on an error, and the handshake's error is the one to
+			// tell.
 			for _, s := range l.Sockets {
-				s.Close()
+				_ = s.Close()
 			}
 			if l.UMEM != nil {
-				l.UMEM.Close()
+				_ = l.UMEM.Close()
 			}
-			c.Close()
+			_ = c.Close()
 		}
 	}()
-	c.SetDeadline(deadline)
+	if err := c.SetDeadline(deadline); err != nil {
+		return nil, fmt.Errorf("xdpq: %w", err)
+	}
 
 	w, err := hello(c, o.Name)
 	if err != nil {
@@ -322,7 +327,7 @@ func connect(path string, o Options, deadline time.Time) (*Lease, error) {
 	if err != nil {
 		return nil, fmt.Errorf("xdpq: %w", err)
 	}
-	defer mf.Close()
+	defer func() { _ = mf.Close() }() // the mapping and the daemon's copy hold the memory
 	l.UMEM, err = xsk.MapUMEM(int(mf.Fd()), xsk.UMEMConfig{FrameSize: o.FrameSize, Headroom: o.Headroom})
 	if err != nil {
 		return nil, fmt.Errorf("xdpq: %w", err)
@@ -374,7 +379,9 @@ func connect(path string, o Options, deadline time.Time) (*Lease, error) {
 	if _, _, err := expect(c, wire.TypeActive, 0); err != nil {
 		return nil, err
 	}
-	c.SetDeadline(time.Time{})
+	if err := c.SetDeadline(time.Time{}); err != nil {
+		return nil, fmt.Errorf("xdpq: %w", err)
+	}
 	ok = true
 	return l, nil
 }
@@ -403,7 +410,7 @@ func (l *Lease) watch() {
 		if !l.setConn(nil) {
 			return // Close closed it
 		}
-		c.Close()
+		_ = c.Close() // the daemon's end is gone already; why says how
 		l.emit(Event{Kind: EventLost, Err: why})
 		if !l.redial() {
 			return
@@ -473,16 +480,18 @@ func (l *Lease) resume() error {
 		return err
 	}
 	if !l.setConn(c) {
-		c.Close()
+		_ = c.Close() // never used: the lease is closed
 		return net.ErrClosed
 	}
 	ok := false
 	defer func() {
 		if !ok && l.setConn(nil) {
-			c.Close()
+			_ = c.Close() // the resume failed; its error is the one to tell
 		}
 	}()
-	c.SetDeadline(time.Now().Add(l.opts.Timeout))
+	if err := c.SetDeadline(time.Now().Add(l.opts.Timeout)); err != nil {
+		return fmt.Errorf("xdpq: %w", err)
+	}
 	w, err := hello(c, l.opts.Name)
 	if err != nil {
 		return err
@@ -500,7 +509,9 @@ func (l *Lease) resume() error {
 	if _, _, err := expect(c, wire.TypeActive, 0); err != nil {
 		return err
 	}
-	c.SetDeadline(time.Time{})
+	if err := c.SetDeadline(time.Time{}); err != nil {
+		return fmt.Errorf("xdpq: %w", err)
+	}
 	ok = true
 	return nil
 }
@@ -583,8 +594,11 @@ func expect(c *net.UnixConn, want string, maxFDs int) (*wire.Message, []int, err
 	return &m, fds, nil
 }
 
+// closeFDs closes descriptors received and not kept: Linux frees a
+// descriptor even when close reports an error, and nothing was written
+// through them.
 func closeFDs(fds []int) {
 	for _, fd := range fds {
-		unix.Close(fd)
+		_ = unix.Close(fd)
 	}
 }

@@ -272,7 +272,7 @@ func pollable(fd int) (*os.File, error) {
 		return nil, fmt.Errorf("xdpq: receiver: dup socket: %w", err)
 	}
 	if err := unix.SetNonblock(dup, true); err != nil {
-		unix.Close(dup)
+		_ = unix.Close(dup) // a duplicate never used; the socket stays open
 		return nil, fmt.Errorf("xdpq: receiver: socket non-blocking: %w", err)
 	}
 	return os.NewFile(uintptr(dup), "xsk"), nil
@@ -297,7 +297,8 @@ func (r *Receiver) close() error {
 // run between batches).
 func napNow() {
 	ts := unix.NsecToTimespec(nap.Nanoseconds())
-	unix.RawSyscall(unix.SYS_NANOSLEEP, uintptr(unsafe.Pointer(&ts)), 0, 0)
+	// EINTR, its one error here, only shortens the nap.
+	_, _, _ = unix.RawSyscall(unix.SYS_NANOSLEEP, uintptr(unsafe.Pointer(&ts)), 0, 0)
 }
 
 // While frames came less than idleAfter ago, a Receiver with nothing to

@@ -101,14 +101,16 @@ func (p Plugin) Add(args *skel.CmdArgs) (err error) {
 		}
 	}
 	// What DEL needs, before anything else happens; gone again if ADD
-	// fails or has nothing to do.
+	// fails or has nothing to do. Best effort: without it DEL works from
+	// the configuration the runtime gives it, as it did before the cache.
 	cache := p.cachePath(args)
 	if err := os.MkdirAll(p.cacheDir(), 0o700); err == nil {
-		atomicfile.WriteFile(cache, args.StdinData, 0o600)
+		_ = atomicfile.WriteFile(cache, args.StdinData, 0o600)
 	}
 	defer func() {
 		if err != nil {
-			atomicfile.Remove(cache)
+			// The runtime's DEL after a failed ADD removes it again.
+			_ = atomicfile.Remove(cache)
 		}
 	}()
 	result := &current.Result{CNIVersion: current.ImplementedSpecVersion}
@@ -121,8 +123,7 @@ func (p Plugin) Add(args *skel.CmdArgs) (err error) {
 			return &types.Error{Code: ErrIPAM, Msg: "ipam " + c.IPAM.Type, Details: err.Error()}
 		}
 		if result, err = current.NewResultFromResult(r); err != nil {
-			ipam.ExecDel(c.IPAM.Type, args.StdinData)
-			return &types.Error{Code: ErrIPAM, Msg: "ipam result", Details: err.Error()}
+			return undone(&types.Error{Code: ErrIPAM, Msg: "ipam result", Details: err.Error()}, undoIPAM(c, args))
 		}
 	}
 	req := api.CNIAddRequest{ContainerID: args.ContainerID, IfName: args.IfName,
@@ -137,17 +138,17 @@ func (p Plugin) Add(args *skel.CmdArgs) (err error) {
 	}
 	req.Addresses = ips
 	if req.Flows, err = resolveFlows(flows, ips); err != nil {
-		undoIPAM(c, args)
-		return err
+		return undone(err, undoIPAM(c, args))
 	}
 	att, err := client(c).CNIAdd(req)
 	if prev != nil && errors.Is(err, api.ErrNoDevices) {
-		atomicfile.Remove(cache) // nothing for DEL to undo
+		// Nothing for DEL to undo; a cache left behind only repeats the
+		// configuration DEL is given.
+		_ = atomicfile.Remove(cache)
 		return types.PrintResult(prev, c.CNIVersion)
 	}
 	if err != nil {
-		undoIPAM(c, args)
-		return &types.Error{Code: ErrDaemon, Msg: "xdpq daemon", Details: err.Error()}
+		return undone(&types.Error{Code: ErrDaemon, Msg: "xdpq daemon", Details: err.Error()}, undoIPAM(c, args))
 	}
 	if att.Mode == api.ModeNetdev {
 		// The daemon moved the netdev in as IfName: it carries the
@@ -157,9 +158,12 @@ func (p Plugin) Add(args *skel.CmdArgs) (err error) {
 			ip.Interface = current.Int(0)
 		}
 		if err := ns.WithNetNSPath(args.Netns, func(ns.NetNS) error { return ipam.ConfigureIface(args.IfName, result) }); err != nil {
-			client(c).CNIDel(args.ContainerID, args.IfName)
-			undoIPAM(c, args)
-			return &types.Error{Code: ErrIPAM, Msg: "configure " + args.IfName, Details: err.Error()}
+			var undo error
+			if derr := client(c).CNIDel(args.ContainerID, args.IfName); derr != nil {
+				undo = fmt.Errorf("xdpq daemon DEL: %w", derr)
+			}
+			undo = errors.Join(undo, undoIPAM(c, args))
+			return undone(&types.Error{Code: ErrIPAM, Msg: "configure " + args.IfName, Details: err.Error()}, undo)
 		}
 	}
 	return types.PrintResult(result, c.CNIVersion)
@@ -171,10 +175,28 @@ func resolveFlows(flows []ParsedFlow, ips []netip.Addr) ([]api.CNIFlow, error) {
 	return out, cniError(err)
 }
 
-func undoIPAM(c *NetConf, args *skel.CmdArgs) {
-	if c.IPAM.Type != "" {
-		ipam.ExecDel(c.IPAM.Type, args.StdinData)
+// undoIPAM releases what IPAM gave a failed ADD.
+func undoIPAM(c *NetConf, args *skel.CmdArgs) error {
+	if c.IPAM.Type == "" {
+		return nil
 	}
+	if err := ipam.ExecDel(c.IPAM.Type, args.StdinData); err != nil {
+		return fmt.Errorf("ipam %s DEL: %w", c.IPAM.Type, err)
+	}
+	return nil
+}
+
+// undone adds to the error of a failed ADD what undoing it left behind,
+// for the runtime's log: the runtime's DEL after a failed ADD retries it.
+func undone(err, undo error) error {
+	if undo == nil {
+		return err
+	}
+	if te, ok := errors.AsType[*types.Error](err); ok {
+		te.Details += "; undoing the ADD failed too: " + undo.Error()
+		return err
+	}
+	return errors.Join(err, undo)
 }
 
 // Del detaches: idempotent, and fine when the netns is gone or the
