@@ -291,7 +291,9 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler, log *slog.Logge
 	// Shutdown closes the listener and waits until each has answered.
 	cancelReqs()
 	err := srv.Shutdown(context.Background())
-	_ = <-served // http.ErrServerClosed after Shutdown: nothing to report
+	if serr := <-served; !errors.Is(serr, http.ErrServerClosed) { // what Serve returns after Shutdown
+		err = errors.Join(err, serr)
+	}
 	if err != nil {
 		return fmt.Errorf("stop the local api on %s: %w", ln.Addr(), err)
 	}
