@@ -34,7 +34,7 @@ func TestFlowsOnlyThePodsOwn(t *testing.T) {
 		return err
 	}
 	// Pod A takes 10.77.0.2, the first address of the range.
-	if err := add("pod-a", `[{"protocol":"udp","destinationPort":"5001"}]`); err != nil {
+	if err := add("ctr-a", `[{"protocol":"udp","destinationPort":"5001"}]`); err != nil {
 		t.Fatal(err)
 	}
 	base := n.flows(t)
@@ -46,14 +46,14 @@ func TestFlowsOnlyThePodsOwn(t *testing.T) {
 		{"a port range to another's address", `[{"protocol":"udp","destination":"10.77.0.2","destinationPort":"6000-6003"}]`, "udp 10.77.0.2:6000"},
 		{"an own flow beside a stolen one", `[{"protocol":"udp","destinationPort":"7000"},{"protocol":"udp","destination":"10.77.0.2","destinationPort":"7000"}]`, "udp 10.77.0.2:7000"},
 	} {
-		err := add("pod-b", c.flows)
+		err := add("ctr-b", c.flows)
 		if err == nil || !strings.Contains(err.Error(), "flow "+c.refused+": destination") || !strings.Contains(err.Error(), "not an address of the pod") {
 			t.Errorf("%s: ADD answered %v; want a refusal naming flow %q", c.name, err, c.refused)
 		}
 		if got := n.flows(t); got != base {
 			t.Errorf("%s: %d flows after the refusal, want %d", c.name, got, base)
 		}
-		if _, err := api.NewClient(n.socket).CNICheck("pod-b", "net1"); err == nil {
+		if _, err := api.NewClient(n.socket).CNICheck("ctr-b", "net1"); err == nil {
 			t.Errorf("%s: the refused ADD left an attachment", c.name)
 		}
 	}
@@ -64,10 +64,10 @@ func TestFlowsOnlyThePodsOwn(t *testing.T) {
 	}
 	// Its own address, a port range of it, and what the pool grants are
 	// steered.
-	if err := add("pod-b", `[{"protocol":"udp","destination":"ipam","destinationPort":"6000-6003"},{"protocol":"udp","destination":"10.88.0.7","destinationPort":"53"},{"protocol":"tcp","destination":"10.78.0.5","destinationPort":"80"}]`); err != nil {
+	if err := add("ctr-b", `[{"protocol":"udp","destination":"ipam","destinationPort":"6000-6003"},{"protocol":"udp","destination":"10.88.0.7","destinationPort":"53"},{"protocol":"tcp","destination":"10.78.0.5","destinationPort":"80"}]`); err != nil {
 		t.Fatalf("own and granted flows: %v", err)
 	}
-	att, err := api.NewClient(n.socket).CNICheck("pod-b", "net1")
+	att, err := api.NewClient(n.socket).CNICheck("ctr-b", "net1")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,15 @@ import (
 // a netdev pool, moves the allocation's netdev into the pod) and, given
 // the pod UID, binds the allocation's socket to that pod.
 func (d *Daemon) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attachment, error) {
+	if err := checkCNIContainer(req.ContainerID); err != nil {
+		return nil, err
+	}
+	return d.add(ctx, req)
+}
+
+// add is CNIAdd for the CNI plugin's attachments and the daemon's own
+// (a pod's annotated flows).
+func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachment, error) {
 	if req.ContainerID == "" || req.IfName == "" {
 		return nil, api.Errorf(api.ErrInvalid, "container id and interface name are required")
 	}
@@ -106,7 +115,7 @@ func (d *Daemon) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attach
 		return nil, err
 	}
 	d.log.Info("attached", "container", req.ContainerID, "ifname", req.IfName, "allocation", a.ID, "mode", got.Mode, "flows", len(flows))
-	if req.PodUID != "" && d.opts.Pods != nil && !strings.HasPrefix(req.ContainerID, "pod-") {
+	if req.PodUID != "" && d.opts.Pods != nil && !isPodFlows(req.ContainerID) {
 		d.opts.Pods.Touch(req.PodUID) // bound to its pod: its flows annotation applies now
 	}
 	return &got.Attachment, nil
@@ -229,6 +238,14 @@ func agentFlows(fs []api.CNIFlow, queues []uint32) ([]agent.Flow, error) {
 // allocation) or still making is waited for: DEL then answers as the
 // attachment is after it.
 func (d *Daemon) CNIDel(ctx context.Context, ref api.AttachmentRef) error {
+	if err := checkCNIContainer(ref.ContainerID); err != nil {
+		return err
+	}
+	return d.del(ctx, ref)
+}
+
+// del is CNIDel for the CNI plugin's attachments and the daemon's own.
+func (d *Daemon) del(ctx context.Context, ref api.AttachmentRef) error {
 	key := ledger.Key(ref.ContainerID, ref.IfName)
 	var att ledger.Attachment
 	var found bool
@@ -308,21 +325,41 @@ func (d *Daemon) CNICheck(ctx context.Context, ref api.AttachmentRef) (*api.Atta
 	return &att.Attachment, fmt.Errorf("netdev %s is not managed", att.Netdev)
 }
 
-// CNIGC removes every attachment not in valid ("containerID/ifName").
+// CNIGC removes every CNI attachment not in valid ("containerID/ifName");
+// a pod's annotated flows are not the runtime's, and go with their
+// allocation.
 func (d *Daemon) CNIGC(ctx context.Context, req api.GCRequest) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, att := range d.ledger.Attachments() {
-		if slices.Contains(req.Valid, att.Key()) {
+		if slices.Contains(req.Valid, att.Key()) || isPodFlows(att.ContainerID) {
 			continue
 		}
-		if err := d.CNIDel(ctx, api.AttachmentRef{ContainerID: att.ContainerID, IfName: att.IfName}); err != nil {
+		if err := d.del(ctx, api.AttachmentRef{ContainerID: att.ContainerID, IfName: att.IfName}); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		removed = append(removed, att.Key())
 	}
 	return removed, errors.Join(errs...)
+}
+
+// podFlowsPrefix begins the container id of the attachments that hold a
+// pod's annotated flows (podFlowsRef): the daemon's own, never a
+// runtime's (whose ids are hex), so the CNI verbs refuse it.
+const podFlowsPrefix = "pod-"
+
+func isPodFlows(containerID string) bool { return strings.HasPrefix(containerID, podFlowsPrefix) }
+
+// checkCNIContainer refuses a CNI verb on a container id that names the
+// daemon's own attachments: a runtime (or anyone with the API socket)
+// must not add or remove a pod's annotated flows.
+func checkCNIContainer(id string) error {
+	if isPodFlows(id) {
+		return api.Errorf(api.ErrInvalid, "container id %q: ids that begin with %q name the attachments of pods' annotated flows (%s), not a runtime's",
+			id, podFlowsPrefix, FlowsAnnotation)
+	}
+	return nil
 }
 
 // whenIdle calls try until it is not refused for an operation in

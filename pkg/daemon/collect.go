@@ -35,7 +35,7 @@ func (d *Daemon) collect(ctx context.Context, grace time.Duration) (atts, allocs
 		if !netnsGone(att.Attachment) {
 			continue
 		}
-		if err := d.CNIDel(ctx, api.AttachmentRef{ContainerID: att.ContainerID, IfName: att.IfName}); err != nil {
+		if err := d.del(ctx, api.AttachmentRef{ContainerID: att.ContainerID, IfName: att.IfName}); err != nil {
 			d.log.Warn("detach of a gone pod", "attachment", att.Key(), "err", err)
 			continue
 		}

@@ -26,7 +26,7 @@ const FlowsAnnotation = "xdpq.io/flows"
 // allocation of pool: not a CNI attachment, it has no netns and goes with
 // its allocation.
 func podFlowsRef(podUID, pool string) api.AttachmentRef {
-	return api.AttachmentRef{ContainerID: "pod-" + podUID, IfName: "flows." + pool}
+	return api.AttachmentRef{ContainerID: podFlowsPrefix + podUID, IfName: "flows." + pool}
 }
 
 // podFlowsLoop applies the flows annotations of the node's pods whenever
@@ -67,13 +67,13 @@ func (d *Daemon) syncPodFlows(ctx context.Context, uid string) {
 			continue
 		}
 		if has {
-			if err := d.CNIDel(ctx, key); err != nil {
+			if err := d.del(ctx, key); err != nil {
 				d.log.Warn("the pod's annotated flows could not be removed", "pod", pod.Namespace+"/"+pod.Name, "allocation", a.ID, "err", err)
 				continue
 			}
 		}
 		if refused == "" && len(want) > 0 {
-			if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: key.ContainerID, IfName: key.IfName, Allocation: a.ID,
+			if _, err := d.add(ctx, api.CNIAddRequest{ContainerID: key.ContainerID, IfName: key.IfName, Allocation: a.ID,
 				PodUID: uid, PodNamespace: pod.Namespace, PodName: pod.Name, Flows: want, Addresses: pod.IPs}); err != nil {
 				refused = err.Error()
 			}
@@ -113,6 +113,15 @@ func (d *Daemon) podFlowsSaid(key api.AttachmentRef, flows []api.CNIFlow, refuse
 	}
 	d.flowsSaid[key] = said
 	return false
+}
+
+// forgetPodFlows forgets what was told of the annotated flows of key,
+// whose allocation is gone: flowsSaid holds the pods that hold
+// allocations, not every pod the node ever ran.
+func (d *Daemon) forgetPodFlows(key api.AttachmentRef) {
+	d.mu.Lock()
+	delete(d.flowsSaid, key)
+	d.mu.Unlock()
 }
 
 // annotatedFlows are the flows the pod's annotations give allocation a

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -396,6 +397,21 @@ func TestPodFlowsAnnotation(t *testing.T) {
 	if err != nil || len(l.Attachments) != 1 || l.Attachments[0].ContainerID != "pod-"+podA || l.Attachments[0].PodName != "dns-0" {
 		t.Errorf("attachments %+v %v", l, err)
 	}
+	// The annotated flows are the daemon's, not a runtime's: a CNI GC
+	// that lists no attachment leaves them, and the CNI verbs cannot
+	// name them.
+	c := api.NewClient(apiSock)
+	if _, err := c.CNIGC(nil); err != nil {
+		t.Fatal(err)
+	}
+	flows(1)
+	if err := c.CNIDel("pod-"+podA, "flows.dns"); !errors.Is(err, api.ErrInvalid) {
+		t.Errorf("a CNI DEL of the pod's annotated flows: %v", err)
+	}
+	if _, err := c.CNIAdd(api.CNIAddRequest{ContainerID: "pod-" + podA, IfName: "net9", PodNamespace: "default", PodName: "dns-0"}); !errors.Is(err, api.ErrInvalid) {
+		t.Errorf("a CNI ADD as the pod's annotated flows: %v", err)
+	}
+	flows(1)
 
 	// Another pod's address: refused, and the flow goes.
 	pod.Annotations = map[string]string{FlowsAnnotation: `[{"protocol": "udp", "destination": "10.99.0.2", "destinationPort": "5000"}]`}
@@ -408,4 +424,16 @@ func TestPodFlowsAnnotation(t *testing.T) {
 	pod.Annotations = nil
 	pods.set(pod)
 	flows(0)
+	// What was told of the pod's flows goes with its allocation.
+	for _, a := range e.d.ledger.Allocations() {
+		if err := e.d.Free(context.Background(), a.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.d.mu.Lock()
+	said := len(e.d.flowsSaid)
+	e.d.mu.Unlock()
+	if said != 0 {
+		t.Errorf("%d pods' flows still remembered after their allocations went", said)
+	}
 }
