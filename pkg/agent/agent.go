@@ -470,7 +470,8 @@ func (a *Agent) Close() error {
 		if d.link != nil {
 			errs = append(errs, d.link.Close())
 		}
-		errs = append(errs, d.setRunning(nil), d.prog.Close())
+		d.setRunning(nil)
+		errs = append(errs, d.prog.Close())
 	}
 	if own != nil {
 		errs = append(errs, own.Close())
@@ -517,7 +518,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("netns %s: %w", a.cfg.NetNS, err)
 		}
-		defer h.Close()
+		defer func() { _ = h.Close() }() // a namespace handle only read
 		opts.Namespace = &h
 	}
 	if err := netlink.LinkSubscribeWithOptions(ch, done, opts); err != nil {
@@ -755,7 +756,7 @@ func (a *Agent) recreated(d *netdev, ifindex int) {
 		if err := d.link.Unpin(); err != nil {
 			a.log.Warn("unpin the old netdev's link", "netdev", d.name, "err", err)
 		}
-		d.link.Close()
+		_ = d.link.Close() // the netdev it held went with its link
 		d.link = nil
 	}
 	d.setRunning(nil)
@@ -794,7 +795,11 @@ func (a *Agent) attach(d *netdev) (xdp.Mode, error) {
 		return xdp.ModeNone, err
 	}
 	if err := l.Pin(filepath.Join(d.pins, "link")); err != nil {
-		l.Close()
+		// Unpinned, closing the link detaches the program: the attach
+		// is undone, and reconcile tries again.
+		if cerr := l.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("detach: %w", cerr))
+		}
 		return xdp.ModeNone, fmt.Errorf("pin link: %w", err)
 	}
 	d.link = l
@@ -820,7 +825,7 @@ func (a *Agent) isOurs(d *netdev, att *xdp.Attached) bool {
 		return false
 	}
 	if uses, err := xdp.UsesMap(prog, d.prog.XSKMap()); err != nil || !uses {
-		prog.Close()
+		_ = prog.Close() // a reference only read
 		return false
 	}
 	d.setRunning(prog)
@@ -847,7 +852,7 @@ func (a *Agent) inNetNS(f func(*netlink.Handle) error) error {
 		if ns, err = netns.GetFromPath(a.cfg.NetNS); err != nil {
 			return err
 		}
-		defer ns.Close()
+		defer func() { _ = ns.Close() }() // a namespace handle only read
 	}
 	var h *netlink.Handle
 	var err error
@@ -865,11 +870,11 @@ func (a *Agent) inNetNS(f func(*netlink.Handle) error) error {
 
 // setRunning records what runs on the netdev, closing an adopted
 // predecessor's program it replaces (never the agent's own).
-func (d *netdev) setRunning(p *ebpf.Program) error {
-	var err error
+func (d *netdev) setRunning(p *ebpf.Program) {
 	if d.running != nil && d.running != d.prog.Prog() && d.running != p {
-		err = d.running.Close()
+		// The agent's reference to a program the kernel keeps while it is
+		// attached: closing it can only fail for a bad descriptor.
+		_ = d.running.Close()
 	}
 	d.running = p
-	return err
 }

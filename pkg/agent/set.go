@@ -175,7 +175,7 @@ func (a *Agent) manage(name string, p Policy) (*netdev, error) {
 	ok := false
 	defer func() {
 		if !ok {
-			d.prog.Close()
+			_ = d.prog.Close() // not managed: its pinned maps stay for the next try
 		}
 	}()
 	d.steer = &steering{mode: steer, dev: a.nic, ifname: name, rules: p.Rules, prog: d.prog, queues: queues,
@@ -252,7 +252,9 @@ func (a *Agent) loadProgram(d *netdev) (predecessor bool, err error) {
 		// in them, so start afresh.
 		a.log.Warn("replacing incompatible pinned maps", "netdev", d.name, "err", err)
 		for _, n := range []string{"xsks", "flows", "counters"} {
-			os.Remove(filepath.Join(d.pins, n))
+			if err := os.Remove(filepath.Join(d.pins, n)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return false, fmt.Errorf("replace incompatible pins: %w", err)
+			}
 		}
 	} else if att, err := a.cfg.Hook.Query(a.cfg.NetNS, d.ifindex); err == nil && att != nil && att.Ours {
 		err := a.adoptAttached(d, att, opts)
@@ -274,26 +276,25 @@ func (a *Agent) adoptAttached(d *netdev, att *xdp.Attached, opts xdp.LoadOptions
 	}
 	info, err := prev.XSKMap().Info()
 	if err != nil {
-		prev.Close()
+		_ = prev.Close() // references to what stays attached
 		return fmt.Errorf("xskmap info: %w", err)
 	}
 	if int(info.MaxEntries) != d.queues {
-		prev.Close()
+		_ = prev.Close() // references to what stays attached
 		return fmt.Errorf("its xskmap has %d entries, the netdev %d queues", info.MaxEntries, d.queues)
 	}
 	p := prev
 	if prev.Kind() != d.kind {
 		// settleAttached replaces the attached program with this one.
 		p, err = xdp.LoadWith(d.kind, opts, map[string]*ebpf.Map{"xsks": prev.XSKMap()})
-		prev.Close()
+		_ = prev.Close() // p holds the XSKMAP now; the rest stays attached
 		if err != nil {
 			return err
 		}
 	}
 	if err := p.Pin(d.pins); err != nil {
-		p.Unpin()
-		p.Close()
-		return err
+		// What was pinned goes, or loadProgram's next try finds it.
+		return errors.Join(err, p.Unpin(), p.Close())
 	}
 	d.prog = p
 	a.log.Info("took back the attached xdpq program without pins: its maps are pinned again", "netdev", d.name,
@@ -314,7 +315,7 @@ func (a *Agent) settleAttached(d *netdev) {
 	if err != nil {
 		return
 	}
-	defer prog.Close()
+	defer func() { _ = prog.Close() }() // a reference only read, or replaced
 	if uses, err := xdp.UsesMap(prog, d.prog.XSKMap()); err != nil || !uses {
 		return // another agent's, or a foreign copy: reconcile reports it
 	}
@@ -360,7 +361,8 @@ func (d *netdev) detachOurs(h Hook, netns string, mode xdp.Mode) error {
 			err = nil
 		}
 	}
-	return errors.Join(err, d.setRunning(nil))
+	d.setRunning(nil)
+	return err
 }
 
 // chooseMode settles an auto mode from the driver's XDP features: native
@@ -532,16 +534,22 @@ func (a *Agent) switchSteering(d *netdev, to Steering, p Policy) error {
 	err = np.Pin(d.pins)
 	next := &steering{mode: to, dev: a.nic, ifname: d.name, rules: p.Rules, prog: np, queues: d.queues,
 		owners: map[string][]installed{}}
+	// What the undo could not undo is said with the error: the steering
+	// in force stays the old one, and status says the policy's error.
 	undo := func(err error) error {
+		errs := []error{err}
 		for o := range next.owners {
-			next.removeOwner(o)
+			errs = append(errs, next.removeOwner(o))
 		}
 		if kind == xdp.Filter {
-			os.Remove(filepath.Join(d.pins, "flows"))
-			os.Remove(filepath.Join(d.pins, "counters"))
+			for _, n := range []string{"flows", "counters"} {
+				if err := os.Remove(filepath.Join(d.pins, n)); err != nil && !errors.Is(err, os.ErrNotExist) {
+					errs = append(errs, fmt.Errorf("undo: %w", err))
+				}
+			}
 		}
-		np.Close()
-		return err
+		_ = np.Close() // unpinned or removed above: nothing else holds it
+		return errors.Join(errs...)
 	}
 	if err != nil {
 		return undo(err)
@@ -579,7 +587,9 @@ func (a *Agent) switchSteering(d *netdev, to Steering, p Policy) error {
 	}
 	if err != nil {
 		if to == SteerHardware {
-			restoreRSS(a.nic, d.name, a.rssFile(d.name))
+			if rerr := restoreRSS(a.nic, d.name, a.rssFile(d.name)); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("undo: %w", rerr))
+			}
 		}
 		return undo(fmt.Errorf("swap the program: %w", err))
 	}
@@ -605,10 +615,10 @@ func (a *Agent) switchSteering(d *netdev, to Steering, p Policy) error {
 	if oldRunning != nil {
 		d.running = np.Prog()
 		if oldRunning != oldProg.Prog() {
-			oldRunning.Close()
+			_ = oldRunning.Close() // an adopted predecessor's reference; np runs
 		}
 	}
-	oldProg.Close()
+	_ = oldProg.Close() // replaced by np, which holds the XSKMAP
 	a.log.Info("steering changed in place", "netdev", d.name, "from", from.mode, "to", to, "program", kind,
 		"flows", next.count())
 	return nil

@@ -212,7 +212,17 @@ var (
 )
 
 // add installs the owner's flows, all or none.
-func (s *steering) add(owner string, flows []Flow) error {
+//
+// A rollback that cannot remove what it installed says so with the error,
+// and keeps what is left as flows of no owner (unknown): they hold their
+// places until a SyncSteering settles them.
+func (s *steering) add(owner string, flows []Flow) (err error) {
+	var undoErrs []error
+	defer func() {
+		if len(undoErrs) > 0 {
+			err = errors.Join(err, fmt.Errorf("and undoing it: %w", errors.Join(undoErrs...)))
+		}
+	}()
 	if owner == "" {
 		return errors.New("steer: no owner")
 	}
@@ -249,7 +259,10 @@ func (s *steering) add(owner string, flows []Flow) error {
 	var done []installed
 	rollback := func() {
 		for _, in := range done {
-			s.remove(in)
+			if err := s.remove(in); err != nil {
+				s.unknown = append(s.unknown, in)
+				undoErrs = append(undoErrs, err)
+			}
 		}
 	}
 	used := s.usedLocs()
@@ -282,7 +295,9 @@ func (s *steering) add(owner string, flows []Flow) error {
 			}
 			if err != nil {
 				if in.ctx != 0 {
-					s.dev.DeleteRSSContext(s.ifname, in.ctx)
+					if err := s.dev.DeleteRSSContext(s.ifname, in.ctx); err != nil {
+						undoErrs = append(undoErrs, fmt.Errorf("rss context %d: %w", in.ctx, err))
+					}
 				}
 				rollback()
 				if errors.Is(err, ethtool.ErrNotSupported) {
@@ -297,7 +312,9 @@ func (s *steering) add(owner string, flows []Flow) error {
 			for i, sf := range sfs {
 				if err = s.prog.AddFlow(sf, 1); err != nil {
 					for _, undo := range sfs[:i] {
-						s.prog.DeleteFlow(undo)
+						if err := s.prog.DeleteFlow(undo); err != nil {
+							undoErrs = append(undoErrs, err)
+						}
 					}
 					break
 				}
@@ -573,7 +590,9 @@ func (s *steering) setRange(r RuleRange) error {
 		}
 		if err != nil {
 			for _, undo := range moves[:i] {
-				s.dev.DeleteRule(s.ifname, undo.loc)
+				if uerr := s.dev.DeleteRule(s.ifname, undo.loc); uerr != nil {
+					err = errors.Join(err, fmt.Errorf("and the copy at location %d stays: %w", undo.loc, uerr))
+				}
 			}
 			return fmt.Errorf("move %s's flow %v to location %d on %s: %w", m.owner, in.flow, m.loc, s.ifname, err)
 		}

@@ -76,7 +76,9 @@ func (d *Daemon) serveNew(a ledger.Allocation) error {
 	p, _ := d.ledger.Meta(a.Pool)
 	if err := d.broker.Add(d.brokerAllocation(a, p.Config)); err != nil {
 		d.ledger.Abort(a.ID)
-		os.RemoveAll(d.allocDir(a.ID))
+		if rerr := os.RemoveAll(d.allocDir(a.ID)); rerr != nil {
+			d.log.Warn("directory of an allocation not served left; removed at the next start", "allocation", a.ID, "err", rerr)
+		}
 		return err
 	}
 	return nil
@@ -164,7 +166,7 @@ func (d *Daemon) retryUndone(ctx context.Context) {
 		delete(d.retry, key)
 		d.mu.Unlock()
 		if a, ok := d.ledger.Get(key); ok && a.State == ledger.Ending {
-			d.finishFree(ctx, a, "retried after a failed undo")
+			_ = d.finishFree(ctx, a, "retried after a failed undo") // logged, and retried again, by finishFree
 			continue
 		}
 		att, ok := d.ledger.Attachment(key)
@@ -187,12 +189,16 @@ func (d *Daemon) retryUndone(ctx context.Context) {
 // unserve stops serving an allocation: its lease ends, its directory and
 // device-info files go.
 func (d *Daemon) unserve(a ledger.Allocation) {
-	d.broker.Remove(a.ID) // an allocation not served is fine
-	os.RemoveAll(d.allocDir(a.ID))
+	_ = d.broker.Remove(a.ID) // its only error: an allocation not served, which is what is wanted
+	if err := os.RemoveAll(d.allocDir(a.ID)); err != nil {
+		d.log.Warn("directory of a freed allocation left; removed at the next start", "allocation", a.ID, "err", err)
+	}
 	if !d.opts.Standalone {
 		if p, ok := d.ledger.Meta(a.Pool); ok {
 			for _, dev := range a.Devices {
-				deviceplugin.RemoveDeviceInfo(d.devInfoDir(), p.Resource, dev)
+				if err := deviceplugin.RemoveDeviceInfo(d.devInfoDir(), p.Resource, dev); err != nil {
+					d.log.Warn("device-info file of a freed device left", "device", dev, "err", err)
+				}
 			}
 		}
 	}

@@ -93,7 +93,7 @@ func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachmen
 			err = d.ledger.UpdateAttachment(got)
 		}
 		if err != nil {
-			d.ledger.EndAttach(got, false)
+			d.dropAttach(got)
 			return nil, err
 		}
 	}
@@ -105,9 +105,12 @@ func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachmen
 			d.retryLater(got.Key(), err)
 			return nil, err
 		}
-		d.ledger.EndAttach(got, false)
+		d.dropAttach(got)
 		if got.Mode == api.ModeNetdev {
-			d.syncNetdevs(ctx)
+			// Back on the node: its agent takes it again.
+			if serr := d.syncNetdevs(ctx); serr != nil {
+				d.log.Warn("netdevs", "err", serr)
+			}
 		}
 		return nil, flowRefusal(err)
 	}
@@ -119,6 +122,15 @@ func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachmen
 		d.opts.Pods.Touch(req.PodUID) // bound to its pod: its flows annotation applies now
 	}
 	return &got.Attachment, nil
+}
+
+// dropAttach ends a pending attachment whose kernel work was undone or
+// never done. A record not rewritten is rolled back again by a restarted
+// daemon, which finds nothing left to undo.
+func (d *Daemon) dropAttach(att ledger.Attachment) {
+	if err := d.ledger.EndAttach(att, false); err != nil {
+		d.log.Warn("a failed attachment's record not yet removed", "attachment", att.Key(), "err", err)
+	}
 }
 
 // attach does a pending attachment's kernel work, all or nothing.
@@ -257,7 +269,11 @@ func (d *Daemon) del(ctx context.Context, ref api.AttachmentRef) error {
 		return err
 	}
 	if err := d.undoAttachment(ctx, att); err != nil {
-		d.ledger.CancelDetach(key)
+		if cerr := d.ledger.CancelDetach(key); cerr != nil {
+			// Active in memory for the runtime's retry; a restarted
+			// daemon finishes the ending its record says.
+			err = errors.Join(err, cerr)
+		}
 		return fmt.Errorf("detach %s: %w", key, err)
 	}
 	if err := d.ledger.EndDetach(key); err != nil {
@@ -397,7 +413,7 @@ func netnsInode(path string) (uint64, error) {
 	if err != nil {
 		return 0, nil
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only
 	var st unix.Stat_t
 	var fs unix.Statfs_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {

@@ -356,8 +356,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	if err := d.start(gctx); err != nil {
 		d.log.Error("the daemon could not start", "err", err)
-		cancel() // the reconciler
-		g.Wait()
+		cancel()     // the reconciler
+		_ = g.Wait() // the parts end for the cancel: start's error is the one to tell
 		return fmt.Errorf("start: %w", err)
 	}
 	part("agent", d.agent.Run)
@@ -405,20 +405,26 @@ func (d *Daemon) close() {
 		d.broker.Close()
 	}
 	d.pods.release()
+	// Handles and listeners: what they held in the kernel stays for the
+	// next daemon, so a failure to close one loses nothing; it is said.
 	if d.agent != nil {
-		d.agent.Close()
+		if err := d.agent.Close(); err != nil {
+			d.log.Warn("close the node agent", "err", err)
+		}
 	}
 	if d.mover != nil {
-		d.mover.Close()
+		if err := d.mover.Close(); err != nil {
+			d.log.Warn("close the netdev mover", "err", err)
+		}
 	}
 	if d.unmount != nil {
 		d.unmount()
 	}
 	if d.apiLn != nil {
-		d.apiLn.Close()
+		_ = d.apiLn.Close() // served and closed by Run already, or never served
 	}
 	if d.metricsLn != nil {
-		d.metricsLn.Close() // if Run never served it
+		_ = d.metricsLn.Close() // if Run never served it; else closed already
 	}
 	d.mu.Lock()
 	uninstalled := d.uninstalled
@@ -442,7 +448,11 @@ func (d *Daemon) mountSysfs() error {
 		return fmt.Errorf("sysfs of %s: %w", d.opts.NetNS, err)
 	}
 	d.opts.SysRoot = fs.Path()
-	d.unmount = func() { fs.Close() }
+	d.unmount = func() {
+		if err := fs.Close(); err != nil {
+			d.log.Warn("release the netdevs' sysfs", "err", err)
+		}
+	}
 	return nil
 }
 

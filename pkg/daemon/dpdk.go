@@ -84,15 +84,18 @@ func (d *Daemon) pinDPDKMap(pn *podNetdev, alloc string) error {
 	if err != nil {
 		return err
 	}
-	defer m.Close()
+	defer func() { _ = m.Close() }() // a reference: the pin and the agent hold the map
 	path := dpdkMapPin(d.pinRoot(), pn.rec.netdev())
 	if old, err := ebpf.LoadPinnedMap(path, nil); err == nil {
 		same := sameMap(old, m)
-		old.Close()
+		_ = old.Close() // a reference only read
 		if same {
 			return nil
 		}
-		os.Remove(path)
+		// Another map's pin (a previous netdev of that name): replaced.
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("replace the pin %s: %w", path, err)
+		}
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err

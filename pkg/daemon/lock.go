@@ -30,8 +30,8 @@ func lockStateDir(dir string) (release func(), err error) {
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		b := make([]byte, 32)
-		n, _ := f.ReadAt(b, 0)
-		f.Close()
+		n, _ := f.ReadAt(b, 0) // the holder's pid, if it wrote one: only for the message
+		_ = f.Close()          // not locked by us: nothing to release
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			holder := "another process"
 			if pid, perr := strconv.Atoi(string(bytes.TrimSpace(b[:n]))); perr == nil {
@@ -41,10 +41,12 @@ func lockStateDir(dir string) (release func(), err error) {
 		}
 		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}
+	// The pid is for a second daemon's message only: the lock is the
+	// flock, whatever the file says.
 	if err := f.Truncate(0); err == nil {
-		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
-	return func() { f.Close() }, nil
+	return func() { _ = f.Close() }, nil // closing releases the flock; the process's end would too
 }
 
 // lockPinDir makes this daemon the only one on the pin directory, where
@@ -59,14 +61,14 @@ func lockPinDir(dir string) (release func(), err error) {
 		return nil, fmt.Errorf("pin directory lock: %w", err)
 	}
 	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		defer unix.Close(fd)
+		defer func() { _ = unix.Close(fd) }() // not locked by us
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return nil, fmt.Errorf("another xdpq daemon (%s) manages the pin directory %s, and with it the netdevs' programs and flows: "+
 				"stop it first, or give this one another --pin-dir", lockHolder(fd), dir)
 		}
 		return nil, fmt.Errorf("lock %s: %w", dir, err)
 	}
-	return func() { unix.Close(fd) }, nil
+	return func() { _ = unix.Close(fd) }, nil // closing releases the flock; the process's end would too
 }
 
 // lockHolder says which process holds the flock of the file fd is open

@@ -292,7 +292,7 @@ func (d *Daemon) serveMetrics(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
-		srv.Close() // a scrape still running
+		_ = srv.Close() // a scrape still running: cut, as the daemon stops
 	}
 	if err := <-done; !errors.Is(err, http.ErrServerClosed) {
 		return err

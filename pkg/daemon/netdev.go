@@ -82,20 +82,22 @@ func (d *Daemon) moveIn(ctx context.Context, att *ledger.Attachment, flows []age
 		return fmt.Errorf("netns %s: %w", att.Netns, err)
 	}
 	// The node agent lets the netdev go: the ledger has it in a pod now.
+	// podNS is a handle on the pod's namespace, kept while the netdev is
+	// there: closing it only lets the namespace go with its pod.
 	if err := d.syncNetdevs(ctx); err != nil {
-		podNS.Close()
+		_ = podNS.Close()
 		return err
 	}
 	l, err := d.mover.MoveIn(rec.Mover, podNS)
 	if err != nil {
-		podNS.Close()
+		_ = podNS.Close()
 		return err
 	}
 	att.Mac = l.MAC.String()
 	pn := &podNetdev{key: att.Key(), alloc: att.AllocationID, rec: rec, ns: podNS}
 	if err := d.pods.start(pn, flows); err != nil {
 		e := d.mover.MoveOut(ctx, rec.Mover, podNS)
-		podNS.Close()
+		_ = podNS.Close()
 		return undone(rec.netdev(), err, e)
 	}
 	d.pods.add(pn)
@@ -225,7 +227,7 @@ func (d *Daemon) moveOut(ctx context.Context, att ledger.Attachment) error {
 	}
 	errs = append(errs, err)
 	if pn.ns.IsOpen() {
-		pn.ns.Close()
+		_ = pn.ns.Close() // a namespace handle: the netdev is out of it, or its record kept
 	}
 	if _, ok := d.ledger.Get(att.AllocationID); ok {
 		if err := d.broker.Retarget(att.AllocationID, d.nodeNetdev(rec.netdev()), nil); err != nil {
@@ -302,7 +304,7 @@ func (d *Daemon) adoptPod(ctx context.Context, att ledger.Attachment) error {
 		}
 	}
 	if err != nil {
-		h.Close()
+		_ = h.Close() // a namespace handle; the record is kept, and adoption tried again
 		return err
 	}
 	d.pods.add(pn)

@@ -28,7 +28,7 @@ func (k kubelet) call(ctx context.Context, call func(context.Context, podresourc
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }() // a client whose one call was answered or failed
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := call(ctx, podresources.NewPodResourcesListerClient(conn)); err != nil {

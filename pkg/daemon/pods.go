@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -87,14 +88,13 @@ func (p *podNetdevs) start(pn *podNetdev, flows []agent.Flow) error {
 	}
 	pn.policy = pn.rec.Policy
 	if err := ag.Set(pn.rec.ifName(), pn.policy); err != nil {
-		ag.Close()
-		return err
+		return errors.Join(err, ag.Close())
 	}
 	if len(flows) > 0 {
 		if err := ag.Steer(pn.rec.ifName(), pn.key, flows); err != nil {
-			ag.Unmanage(pn.rec.ifName())
-			ag.Close()
-			return err
+			// What the undo leaves is said; the caller's undo (the
+			// netdev back to the node) goes on.
+			return errors.Join(err, ag.Unmanage(pn.rec.ifName()), ag.Close())
 		}
 	}
 	ctx, stop := context.WithCancel(context.Background())
@@ -118,15 +118,17 @@ func (p *podNetdevs) stop(pn *podNetdev, unmanage bool) error {
 		if unmanage {
 			err = pn.agent.Unmanage(pn.rec.ifName())
 		}
-		pn.agent.Close()
+		err = errors.Join(err, pn.agent.Close())
 	}
 	// Without an agent (not adopted: a netdev found half moved, or its
 	// pod gone at start) no agent of this daemon ran there, but a
 	// previous one's pins and state are left.
 	if unmanage {
-		os.RemoveAll(p.pinDir(pn.rec.netdev()))
-		os.RemoveAll(p.agentStateDir(pn.rec.netdev()))
-		os.RemoveAll(filepath.Dir(dpdkMapPin(p.pinRoot, pn.rec.netdev())))
+		for _, dir := range []string{p.pinDir(pn.rec.netdev()), p.agentStateDir(pn.rec.netdev()), filepath.Dir(dpdkMapPin(p.pinRoot, pn.rec.netdev()))} {
+			if rerr := os.RemoveAll(dir); rerr != nil {
+				p.log.Warn("the pins or state of a netdev back from its pod are left", "dir", dir, "err", rerr)
+			}
+		}
 	}
 	return err
 }
@@ -158,7 +160,9 @@ func (p *podNetdevs) release() {
 	p.pods = map[string]*podNetdev{}
 	p.mu.Unlock()
 	for _, pn := range pods {
-		p.stop(pn, false)
-		pn.ns.Close()
+		if err := p.stop(pn, false); err != nil {
+			p.log.Warn("release the agent of a netdev in a pod", "netdev", pn.rec.netdev(), "err", err)
+		}
+		_ = pn.ns.Close() // a namespace handle: the netdev stays in it, on record
 	}
 }

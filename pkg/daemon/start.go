@@ -63,7 +63,9 @@ func (d *Daemon) clearStaging() {
 	staging := filepath.Join(d.opts.AllocDir, broker.StagingDir)
 	left, _ := os.ReadDir(staging)
 	for _, e := range left {
-		os.Remove(filepath.Join(staging, e.Name()))
+		if err := os.Remove(filepath.Join(staging, e.Name())); err != nil {
+			d.log.Warn("a staged socket a previous daemon left", "file", e.Name(), "err", err)
+		}
 	}
 	if len(left) > 0 {
 		d.log.Info("removed what a previous daemon left in the staging directory", "dir", staging, "entries", len(left))
@@ -76,8 +78,8 @@ func (d *Daemon) clearStaging() {
 // allocation served.
 func (d *Daemon) recoverRescanned(ctx context.Context, a ledger.Allocation) {
 	if a.State == ledger.Ending {
-		d.serveRestored(ctx, a) // so that the free can stop serving it
-		d.finishFree(ctx, a, "a previous daemon began freeing it")
+		d.serveRestored(ctx, a)                                        // so that the free can stop serving it
+		_ = d.finishFree(ctx, a, "a previous daemon began freeing it") // logged, and retried, by finishFree
 		return
 	}
 	for _, att := range a.Attachments {
@@ -260,7 +262,9 @@ func (d *Daemon) removeStrayDirs() {
 	linked, _ := os.ReadDir(links)
 	for _, e := range linked {
 		if _, ok := d.ledger.Get(strings.TrimSuffix(e.Name(), ".sock")); !ok {
-			os.Remove(filepath.Join(links, e.Name()))
+			if err := os.Remove(filepath.Join(links, e.Name())); err != nil {
+				d.log.Warn("a DPDK link of an allocation no record names", "file", e.Name(), "err", err)
+			}
 		}
 	}
 	for _, e := range ents {
@@ -272,6 +276,8 @@ func (d *Daemon) removeStrayDirs() {
 			continue
 		}
 		d.log.Info("removing the directory of an allocation no record names", "dir", filepath.Join(d.opts.AllocDir, id))
-		os.RemoveAll(filepath.Join(d.opts.AllocDir, id))
+		if err := os.RemoveAll(filepath.Join(d.opts.AllocDir, id)); err != nil {
+			d.log.Warn("the directory of an allocation no record names", "dir", filepath.Join(d.opts.AllocDir, id), "err", err)
+		}
 	}
 }
