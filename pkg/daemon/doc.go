@@ -12,8 +12,11 @@
 // (allocations from kubelet or xdpqctl, free), cni.go (the CNI verbs),
 // netdev.go and pods.go (netdev-mode pools' netdevs moved into pods),
 // reconcile.go (a config put in force), collect.go (what no one else
-// ends), start.go (recovery), status.go, recreated.go (a netdev made
-// again under its name), lock.go (one daemon per node's datapath).
+// ends), start.go (recovery), status.go (status, netdevs' included),
+// policy.go (a pool's settings as a netdev's policy), serve.go (how the
+// broker serves allocations), plugins.go (kubelet's device plugins),
+// recreated.go (a netdev made again under its name), lock.go (one daemon
+// per node's datapath).
 // docs/architecture.md is the whole picture: the path of an allocation,
 // the ledger's two-phase records, and what each lock guards.
 package daemon

@@ -168,21 +168,3 @@ func (d *Daemon) devicesChanged() {
 	d.signalNetdevs()
 	d.plugins.changed()
 }
-
-// netdevStatus is every netdev's agent status, a netdev in a pod under
-// its node name.
-func (d *Daemon) netdevStatus() []agent.Status {
-	out := d.agent.Status()
-	for _, pn := range d.pods.all() {
-		ag := pn.agent
-		if ag == nil {
-			continue
-		}
-		for _, s := range ag.Status() {
-			s.Netdev = pn.rec.netdev()
-			s.Reason = fmt.Sprintf("in pod netns %s as %s. %s", pn.rec.Netns, pn.rec.ifName(), s.Reason)
-			out = append(out, s)
-		}
-	}
-	return out
-}

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/ledger"
 )
@@ -110,4 +111,22 @@ func (d *Daemon) Allocations(ctx context.Context, pool string) (*api.AllocationL
 		return a.ContainerID < b.ContainerID || a.ContainerID == b.ContainerID && a.IfName < b.IfName
 	})
 	return l, nil
+}
+
+// netdevStatus is every netdev's agent status, a netdev in a pod under
+// its node name.
+func (d *Daemon) netdevStatus() []agent.Status {
+	out := d.agent.Status()
+	for _, pn := range d.pods.all() {
+		ag := pn.agent
+		if ag == nil {
+			continue
+		}
+		for _, s := range ag.Status() {
+			s.Netdev = pn.rec.netdev()
+			s.Reason = fmt.Sprintf("in pod netns %s as %s. %s", pn.rec.Netns, pn.rec.ifName(), s.Reason)
+			out = append(out, s)
+		}
+	}
+	return out
 }
