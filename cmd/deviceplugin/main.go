@@ -90,7 +90,7 @@ func main() {
 	go func() {
 		for range hup {
 			o.Logger.Info("SIGHUP: reloading the config")
-			d.Reload(ctx) // the outcome is logged
+			_ = d.Reload(ctx) // the outcome is logged by Reload
 		}
 	}()
 	if err := d.Run(ctx); err != nil {

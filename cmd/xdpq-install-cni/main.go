@@ -54,7 +54,7 @@ func main() {
 	switch cmd {
 	case "install":
 		src := fs.String("src", "/opt/xdpq/cni/xdpq", "the plugin to install")
-		fs.Parse(args)
+		_ = fs.Parse(args) // ExitOnError: a bad flag exits with its usage
 		needArgs(fs, *dir != "")
 		changed, err := cniinstall.Install(*src, *dir, *name)
 		if err != nil {
@@ -65,7 +65,7 @@ func main() {
 	case "remove-on-uninstall":
 		ds := fs.String("daemonset", "", "the DaemonSet whose deletion means uninstalling")
 		ns := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "the DaemonSet's namespace")
-		fs.Parse(args)
+		_ = fs.Parse(args) // ExitOnError: a bad flag exits with its usage
 		needArgs(fs, *dir != "" && *ds != "" && *ns != "")
 		api, err := dsowner.InCluster()
 		if err != nil {

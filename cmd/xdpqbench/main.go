@@ -99,7 +99,11 @@ func run(cfg bench.Config, pods bool, cc string) error {
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(dir)
+		defer func() {
+			if err := os.RemoveAll(dir); err != nil {
+				fmt.Fprintln(os.Stderr, "xdpqbench: left behind:", err)
+			}
+		}()
 		if cfg.Pods, err = bench.BuildPods(dir, compiler); err != nil {
 			select {
 			case <-cfg.Stop: // the terminal's Ctrl-C ended the build too

@@ -64,7 +64,11 @@ func build(ctx context.Context, goTool, arch, version, revision, created, out st
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer func() {
+		if err := os.RemoveAll(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "xdpqimage: left behind:", err)
+		}
+	}()
 	files, err := image.Compile(ctx, goTool, ".", arch, dir, spec)
 	if err != nil {
 		return err

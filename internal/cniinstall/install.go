@@ -45,7 +45,7 @@ func Install(src, dir, name string) (changed bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("install CNI plugin: %w", err)
 	}
-	defer in.Close()
+	defer func() { _ = in.Close() }() // read-only
 	if st, err := in.Stat(); err != nil {
 		return false, fmt.Errorf("install CNI plugin: %w", err)
 	} else if !st.Mode().IsRegular() {
@@ -65,8 +65,10 @@ func Install(src, dir, name string) (changed bool, err error) {
 	}
 	defer func() {
 		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
+			// err is the one to tell; a temporary file left is harmless,
+			// and the next Install's removeTemps removes it.
+			_ = tmp.Close()
+			_ = os.Remove(tmp.Name())
 		}
 	}()
 	if _, err = io.Copy(tmp, in); err != nil {
@@ -143,7 +145,7 @@ func sameContent(in *os.File, dst string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	defer cur.Close()
+	defer func() { _ = cur.Close() }() // read-only
 	st, err := cur.Stat()
 	if err != nil {
 		return false, err
@@ -187,7 +189,7 @@ func removeTemps(dir, name string) {
 	}
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), "."+name+".tmp-") && atomicfile.IsTemp(e.Name()) {
-			os.Remove(filepath.Join(dir, e.Name()))
+			_ = os.Remove(filepath.Join(dir, e.Name())) // see above: harmless if left
 		}
 	}
 }

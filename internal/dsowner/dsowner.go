@@ -217,7 +217,7 @@ func (o *Owner) listAndWatch(ctx context.Context) (listed bool, err error) {
 	if err != nil {
 		return true, fmt.Errorf("watch: %w", err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read, or abandoned with ctx: nothing to lose
 	if resp.StatusCode != http.StatusOK {
 		return true, fmt.Errorf("watch: %w", statusError(resp))
 	}
@@ -247,7 +247,9 @@ func (o *Owner) listAndWatch(ctx context.Context) (listed bool, err error) {
 				Code    int    `json:"code"`
 				Message string `json:"message"`
 			}
-			json.Unmarshal(ev.Object, &st)
+			if err := json.Unmarshal(ev.Object, &st); err != nil {
+				return true, fmt.Errorf("watch: ERROR event: %w", err)
+			}
 			return true, fmt.Errorf("watch: %d %s", st.Code, st.Message)
 		}
 	}
@@ -255,7 +257,7 @@ func (o *Owner) listAndWatch(ctx context.Context) (listed bool, err error) {
 
 // decodeOK decodes a 200 response's JSON body into v and closes it.
 func decodeOK(resp *http.Response, v any) error {
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read, or its status is the answer
 	if resp.StatusCode != http.StatusOK {
 		return statusError(resp)
 	}
@@ -285,7 +287,7 @@ func (o *Owner) Uninstalling(ctx context.Context) (bool, string) {
 		return false, fmt.Sprintf("DaemonSet %s could not be asked for (%v): taken as staying", ds, err)
 	}
 	if resp.StatusCode == http.StatusNotFound {
-		resp.Body.Close()
+		_ = resp.Body.Close() // the status is the answer
 		return true, "DaemonSet " + ds + " does not exist"
 	}
 	var obj object

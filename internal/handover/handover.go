@@ -8,6 +8,7 @@ package handover
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -72,9 +73,7 @@ func Recv(c *net.UnixConn, maxFDs int) (Msg, []int, error) {
 		err = fmt.Errorf("decode %q: %w", buf[:n], err)
 	}
 	if err != nil {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
+		closeFDs(fds)
 		return m, nil, err
 	}
 	return m, fds, nil
@@ -87,12 +86,19 @@ func Expect(c *net.UnixConn, step string, maxFDs int) (Msg, []int, error) {
 		return m, nil, fmt.Errorf("waiting for %q: %w", step, err)
 	}
 	if m.Step != step {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
+		closeFDs(fds)
 		return m, nil, fmt.Errorf("got %q, want %q", m.Step, step)
 	}
 	return m, fds, nil
+}
+
+// closeFDs closes descriptors received and not kept: Linux frees a
+// descriptor even when close reports an error, and nothing was written
+// through them.
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		_ = unix.Close(fd)
+	}
 }
 
 // Pod is a running pod process and the parent's end of its connection.
@@ -132,21 +138,18 @@ func StartProgramIn(netns, path string, args, env []string, stdout, stderr io.Wr
 	p := &Pod{dir: dir}
 	exe, err := p.copy(path)
 	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
+		return nil, removeDir(dir, err)
 	}
 	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
+		return nil, removeDir(dir, err)
 	}
 	parent, child := os.NewFile(uintptr(sp[0]), "pod-conn"), os.NewFile(uintptr(sp[1]), "pod-conn")
-	defer child.Close()
+	defer func() { _ = child.Close() }() // the pod has its own copy once started
 	fc, err := net.FileConn(parent)
-	parent.Close()
+	_ = parent.Close() // FileConn holds a duplicate
 	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
+		return nil, removeDir(dir, err)
 	}
 	p.Conn = fc.(*net.UnixConn)
 	p.Cmd = exec.Command(exe, args...)
@@ -167,11 +170,19 @@ func StartProgramIn(netns, path string, args, env []string, stdout, stderr io.Wr
 		start = func() error { return ns.WithNetNSPath(netns, func(ns.NetNS) error { return p.Cmd.Start() }) }
 	}
 	if err := start(); err != nil {
-		p.Conn.Close()
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("start pod: %w", err)
+		_ = p.Conn.Close() // never used
+		return nil, removeDir(dir, fmt.Errorf("start pod: %w", err))
 	}
 	return p, nil
+}
+
+// removeDir removes the pod's directory after err, adding to err a
+// failure to.
+func removeDir(dir string, err error) error {
+	if rerr := os.RemoveAll(dir); rerr != nil {
+		return errors.Join(err, rerr)
+	}
+	return err
 }
 
 func (p *Pod) copy(path string) (string, error) {
@@ -182,14 +193,14 @@ func (p *Pod) copy(path string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer in.Close()
+	defer func() { _ = in.Close() }() // read-only
 	exe := filepath.Join(p.dir, filepath.Base(path))
 	out, err := os.OpenFile(exe, os.O_CREATE|os.O_WRONLY, 0o755)
 	if err != nil {
 		return "", err
 	}
 	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
+		_ = out.Close() // a copy that failed already
 		return "", err
 	}
 	return exe, out.Close()
@@ -198,30 +209,32 @@ func (p *Pod) copy(path string) (string, error) {
 // Wait waits for the pod to exit and cleans up.
 func (p *Pod) Wait() error {
 	err := p.Cmd.Wait()
-	p.Conn.Close()
-	os.RemoveAll(p.dir)
+	_ = p.Conn.Close() // the pod has exited: its end is gone
+	// A copy of a binary in the temporary directory: the pod's outcome is
+	// what the caller waits for.
+	_ = os.RemoveAll(p.dir)
 	return err
 }
 
 // Kill ends the pod if it still runs, and cleans up.
 func (p *Pod) Kill() {
 	if p.Cmd.ProcessState == nil {
-		p.Cmd.Process.Kill()
-		p.Wait()
+		_ = p.Cmd.Process.Kill() // it may have exited on its own: Wait reaps it either way
+		_ = p.Wait()             // killed: its exit status is the kill's
 	}
 }
 
 // PodConn returns the pod's end of the connection (fd 3).
 func PodConn() (*net.UnixConn, error) {
 	f := os.NewFile(3, "pod-conn")
-	defer f.Close()
+	defer func() { _ = f.Close() }() // FileConn holds a duplicate
 	c, err := net.FileConn(f)
 	if err != nil {
 		return nil, fmt.Errorf("pod connection on fd 3: %w", err)
 	}
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
-		c.Close()
+		_ = c.Close() // not ours to use
 		return nil, fmt.Errorf("fd 3 is not a unix socket")
 	}
 	return uc, nil
@@ -274,11 +287,14 @@ func RunPod(timeout time.Duration, pod func(*net.UnixConn) error) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(timeout))
+	defer func() { _ = conn.Close() }() // the process exits next
+	if err := conn.SetDeadline(time.Now().Add(timeout)); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
 	if err := pod(conn); err != nil {
 		fmt.Fprintln(os.Stderr, "pod:", err)
-		Send(conn, Msg{Error: err.Error()})
+		_ = Send(conn, Msg{Error: err.Error()}) // the exit code and stderr say it too
 		return 1
 	}
 	return 0
@@ -315,7 +331,9 @@ func PodCgroup(t testing.TB, container, podUID string) string {
 	}
 	t.Cleanup(func() {
 		for i := len(made) - 1; i >= 0; i-- {
-			os.Remove(made[i])
+			if err := os.Remove(made[i]); err != nil {
+				t.Logf("cgroup %s left behind: %v", made[i], err)
+			}
 		}
 	})
 	return filepath.Join(dir, "cgroup.procs")

@@ -10,6 +10,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -208,8 +209,10 @@ func WriteArchive(p string, tag name.Tag, img v1.Image) (err error) {
 	}
 	defer func() {
 		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
+			_ = f.Close() // discarded next
+			if rerr := os.Remove(f.Name()); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
 		}
 	}()
 	if err = tarball.Write(tag, img, f); err != nil {

@@ -107,7 +107,7 @@ func Describe(w io.Writer, n *v1alpha1.XdpqNode, events []corev1.Event, eventsEr
 		}
 	})
 
-	d.flush()
+	_ = d.flush() // its first error is kept and returned by the last flush
 	switch {
 	case eventsErr != nil:
 		d.field(0, "Events", "<cannot read: "+eventsErr.Error()+">")
@@ -150,7 +150,7 @@ func (d *describer) field(level int, name, value string) {
 
 func (d *describer) heading(level int, name string) {
 	if level == 0 {
-		d.flush()
+		_ = d.flush() // its first error is kept and returned by the last flush
 	}
 	d.row(level, name+":")
 }
@@ -160,7 +160,7 @@ func (d *describer) heading(level int, name string) {
 func (d *describer) section(level int, name string, n int, body func()) {
 	if n == 0 {
 		if level == 0 {
-			d.flush()
+			_ = d.flush() // its first error is kept and returned by the last flush
 		}
 		d.field(level, name, none)
 		return
