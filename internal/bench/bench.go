@@ -181,7 +181,11 @@ func Run(cfg Config) ([]*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer p.Close()
+	defer func() {
+		if err := p.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+		}
+	}()
 	if cfg.Jumbo() {
 		if err := p.SetMTU(cfg.FrameSize - 14); err != nil {
 			return nil, err
@@ -202,7 +206,13 @@ func Run(cfg Config) ([]*Result, error) {
 		if d, err = startDaemon(p, queues); err != nil {
 			return nil, err
 		}
-		defer d.close()
+		defer func() {
+			// The rates are measured by then: a daemon that stopped
+			// badly, or directories left, are said beside them.
+			if err := d.close(); err != nil {
+				fmt.Fprintln(os.Stderr, "bench: xdpq daemon:", err)
+			}
+		}()
 		receivers = append(receivers, d.receivers(cfg)...)
 	}
 	results := make([]*Result, len(receivers))
@@ -377,7 +387,7 @@ func cpuBusy(cpu int) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only
 	prefix := fmt.Sprintf("cpu%d ", cpu)
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
@@ -483,11 +493,13 @@ func newSender(p *testnet.Pair, queues int, cfg Config) (*sender, error) {
 	return s, nil
 }
 
+// close frees the sender's sockets and UMEM; Linux frees them even when
+// close or munmap reports an error, and nothing is written through them.
 func (s *sender) close() {
 	for _, k := range s.socks {
-		k.Close()
+		_ = k.Close()
 	}
-	s.umem.Close()
+	_ = s.umem.Close()
 }
 
 // run sends for d on the sender's core on queues 0..queues-1 and returns
@@ -521,18 +533,20 @@ func startDrop(p *testnet.Pair) (*running, error) {
 	}
 	// The kernel counts program runs only while someone holds stats enabled.
 	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	// Closing a program or the stats handle drops our reference only;
+	// the errors that matter are the ones returned.
 	if err != nil {
-		prog.Close()
+		_ = prog.Close()
 		return nil, fmt.Errorf("enable bpf stats: %w", err)
 	}
 	if _, err := xdp.Attach(p.NSPath(), p.A.Index, prog, xdp.ModeNative); err != nil {
-		stats.Close()
-		prog.Close()
+		_ = stats.Close()
+		_ = prog.Close()
 		return nil, err
 	}
 	return &running{finish: func() (outcome, error) {
-		defer prog.Close()
-		defer stats.Close()
+		defer func() { _ = prog.Close() }() // detached below
+		defer func() { _ = stats.Close() }()
 		st, err := prog.Stats()
 		if err != nil {
 			return outcome{}, err
@@ -550,7 +564,7 @@ func startXSK(kind xdp.Kind, cfg Config) func(p *testnet.Pair) (*running, error)
 		}
 		if kind == xdp.Filter {
 			if err := prog.AddFlow(xdp.Flow{Queue: 0, Protocol: xdp.UDP, Dst: p.A.Addr, Port: 5000}, 1); err != nil {
-				prog.Close()
+				_ = prog.Close() // never attached
 				return nil, err
 			}
 		}
@@ -558,14 +572,12 @@ func startXSK(kind xdp.Kind, cfg Config) func(p *testnet.Pair) (*running, error)
 		rings := xsk.Rings{Fill: 4096, Completion: 64, RX: 4096}
 		umem, socks, err := xsk.Open(dev, []uint32{0}, 8192, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: rings, MultiBuffer: cfg.Jumbo()})
 		if err != nil {
-			prog.Close()
+			_ = prog.Close() // never attached
 			return nil, err
 		}
 		sock := socks[0]
 		cleanup := func() error {
-			sock.Close()
-			umem.Close()
-			return prog.Close()
+			return errors.Join(sock.Close(), umem.Close(), prog.Close())
 		}
 		addrs := make([]uint64, 4096)
 		for i := range addrs {
@@ -573,12 +585,10 @@ func startXSK(kind xdp.Kind, cfg Config) func(p *testnet.Pair) (*running, error)
 		}
 		sock.Fill(addrs)
 		if err := prog.SetSocket(0, sock.FD()); err != nil {
-			cleanup()
-			return nil, err
+			return nil, errors.Join(err, cleanup())
 		}
 		if _, err := xdp.Attach(p.NSPath(), p.A.Index, prog.Prog(), xdp.ModeNative); err != nil {
-			cleanup()
-			return nil, err
+			return nil, errors.Join(err, cleanup())
 		}
 		var received atomic.Uint64
 		var stopFlag atomic.Bool
@@ -711,9 +721,10 @@ func startTestpmd(cfg Config) func(p *testnet.Pair) (*running, error) {
 		defer cancel()
 		for !strings.Contains(out.String(), "Press enter to exit") {
 			if ctx.Err() != nil || cmd.ProcessState != nil {
-				stdin.Close()
-				cmd.Process.Kill()
-				cmd.Wait()
+				// Given up: killed and reaped; its output says why.
+				_ = stdin.Close()
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
 				return nil, fmt.Errorf("testpmd did not start:\n%s", out.String())
 			}
 			time.Sleep(50 * time.Millisecond)
@@ -721,7 +732,7 @@ func startTestpmd(cfg Config) func(p *testnet.Pair) (*running, error) {
 		// ip netns exec and stdbuf exec testpmd: the pid is testpmd's.
 		threads := fmt.Sprintf("/proc/%d/task/*/schedstat", cmd.Process.Pid)
 		return &running{cpu: func() (time.Duration, error) { return schedstat(threads) }, finish: func() (outcome, error) {
-			stdin.Close()
+			_ = stdin.Close() // "enter" to exit: Wait says how it went
 			if err := cmd.Wait(); err != nil {
 				return outcome{}, fmt.Errorf("testpmd: %w\n%s", err, out.String())
 			}

@@ -97,30 +97,25 @@ func startDaemon(p *testnet.Pair, queues int) (*podDaemon, error) {
 	}
 	// uid 65534 reaches its allocation's socket in here.
 	if err := os.Chmod(work, 0o755); err != nil {
-		os.RemoveAll(work)
-		return nil, err
+		return nil, errors.Join(err, os.RemoveAll(work))
 	}
 	if err := xdp.MountBPFFS(xdp.DefaultBPFFS); err != nil {
-		os.RemoveAll(work)
-		return nil, err
+		return nil, errors.Join(err, os.RemoveAll(work))
 	}
 	pins, err := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-bench-")
 	if err != nil {
-		os.RemoveAll(work)
-		return nil, err
+		return nil, errors.Join(err, os.RemoveAll(work))
 	}
 	pd := &podDaemon{pair: p, queues: queues, work: work, pins: pins, config: filepath.Join(work, "config.yaml")}
 	if err := pd.writeConfig("pools: []\n"); err != nil {
-		pd.removeDirs()
-		return nil, err
+		return nil, errors.Join(err, pd.removeDirs())
 	}
 	d, err := daemon.New(daemon.Options{ConfigPath: pd.config, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
 		StateDir: filepath.Join(work, "state"), AllocDir: filepath.Join(work, "alloc"), Standalone: true,
 		APISocket: filepath.Join(work, "api.sock"), MetricsAddr: "127.0.0.1:0",
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
-		pd.removeDirs()
-		return nil, fmt.Errorf("xdpq daemon: %w", err)
+		return nil, errors.Join(fmt.Errorf("xdpq daemon: %w", err), pd.removeDirs())
 	}
 	pd.d = d
 	pd.metrics = "http://" + d.MetricsAddr().String() + "/metrics"
@@ -132,21 +127,18 @@ func startDaemon(p *testnet.Pair, queues int) (*podDaemon, error) {
 		return pd, nil
 	case err := <-pd.stopped:
 		cancel()
-		pd.removeDirs()
-		return nil, fmt.Errorf("xdpq daemon stopped: %w", err)
+		return nil, errors.Join(fmt.Errorf("xdpq daemon stopped: %w", err), pd.removeDirs())
 	}
 }
 
-func (pd *podDaemon) removeDirs() {
-	os.RemoveAll(pd.pins)
-	os.RemoveAll(pd.work)
+func (pd *podDaemon) removeDirs() error {
+	return errors.Join(os.RemoveAll(pd.pins), os.RemoveAll(pd.work))
 }
 
 func (pd *podDaemon) close() error {
 	pd.cancel()
 	err := <-pd.stopped
-	pd.removeDirs()
-	return err
+	return errors.Join(err, pd.removeDirs())
 }
 
 // writeConfig replaces the config file at once (a rename), so that the
@@ -286,15 +278,13 @@ func (pd *podDaemon) startPod(k podKind, n int, cfg Config) func(*testnet.Pair) 
 		case err := <-exited:
 			return nil, fmt.Errorf("pod exited before it was ready (%v):\n%s", err, out.String())
 		case <-time.After(30 * time.Second):
-			pod.Cmd.Process.Kill()
-			<-exited
-			return nil, fmt.Errorf("pod not ready within 30 s:\n%s", out.String())
+			_ = pod.Cmd.Process.Kill() // given up; a pod that exited meanwhile says so next
+			return nil, fmt.Errorf("pod not ready within 30 s (%v):\n%s", <-exited, out.String())
 		}
 		pid := pod.Cmd.Process.Pid
 		if err := checkPod(pid, cfg.RxCPU); err != nil {
-			pod.Cmd.Process.Kill()
-			<-exited
-			return nil, err
+			_ = pod.Cmd.Process.Kill() // given up; a pod that exited meanwhile says so next
+			return nil, fmt.Errorf("%w (pod: %v)", err, <-exited)
 		}
 		return &running{
 			// The process's, not its threads' now: a Go pod makes and
@@ -302,14 +292,15 @@ func (pd *podDaemon) startPod(k podKind, n int, cfg Config) func(*testnet.Pair) 
 			cpu: func() (time.Duration, error) { return processCPU(pid) },
 			finish: func() (outcome, error) {
 				drops, errDrops := pd.drops(n)
-				pod.Cmd.Process.Signal(syscall.SIGTERM)
+				// A pod that exited already fails the signal, and its exit
+				// below says how it went.
+				_ = pod.Cmd.Process.Signal(syscall.SIGTERM)
 				var errExit error
 				select {
 				case errExit = <-exited:
 				case <-time.After(10 * time.Second):
-					pod.Cmd.Process.Kill()
-					<-exited
-					errExit = errors.New("did not exit within 10 s of SIGTERM")
+					_ = pod.Cmd.Process.Kill() // a pod that exited meanwhile says so next
+					errExit = fmt.Errorf("did not exit within 10 s of SIGTERM (%v)", <-exited)
 				}
 				if errExit != nil {
 					errExit = fmt.Errorf("pod: %w\n%s", errExit, out.String())
@@ -382,7 +373,7 @@ func (pd *podDaemon) drops(n int) (Drops, error) {
 	if err != nil {
 		return d, fmt.Errorf("daemon metrics: %w", err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read to its end, or its status is the answer
 	if resp.StatusCode != http.StatusOK {
 		return d, fmt.Errorf("daemon metrics: %s", resp.Status)
 	}

@@ -81,22 +81,35 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 		fmt.Fprintf(out, format+"\n", args...)
 	}
 	var uname unix.Utsname
-	unix.Uname(&uname)
+	if err := unix.Uname(&uname); err != nil {
+		return fmt.Errorf("uname: %w", err)
+	}
 	say("xdpq demo on Linux %s", unix.ByteSliceToString(uname.Release[:]))
 
-	// Everything the demo creates, removed in reverse order.
-	var cleanups []func()
-	defer func() {
+	// Everything the demo creates, removed in reverse order; what could
+	// not be is told with the demo's outcome.
+	var cleanups []func() error
+	runCleanups := func() error {
+		var errs []error
 		for i := len(cleanups) - 1; i >= 0; i-- {
-			cleanups[i]()
+			errs = append(errs, cleanups[i]())
+		}
+		cleanups = nil
+		return errors.Join(errs...)
+	}
+	defer func() {
+		if cerr := runCleanups(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("clean up: %w", cerr))
 		}
 	}()
 	work, err := os.MkdirTemp("", "xdpq-demo-")
 	if err != nil {
 		return err
 	}
-	os.Chmod(work, 0o755) // the pod reaches its allocation's socket in here
-	cleanups = append(cleanups, func() { os.RemoveAll(work) })
+	cleanups = append(cleanups, func() error { return os.RemoveAll(work) })
+	if err := os.Chmod(work, 0o755); err != nil { // the pod reaches its allocation's socket in here
+		return err
+	}
 	if err := xdp.MountBPFFS(xdp.DefaultBPFFS); err != nil {
 		return err
 	}
@@ -104,7 +117,7 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 	if err != nil {
 		return err
 	}
-	cleanups = append(cleanups, func() { os.RemoveAll(pins) })
+	cleanups = append(cleanups, func() error { return os.RemoveAll(pins) })
 
 	pair, err := testnet.Create(4)
 	if err != nil {
@@ -115,7 +128,9 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 	say("[1/8] netns %s: veth %q (the NIC, 4 queues) <-> %q (the traffic source)", nsPath, "xa", "xb")
 
 	cfg := filepath.Join(work, "config.yaml")
-	os.WriteFile(cfg, []byte("pools: [{name: demo, steering: software, devices: {netdevs: ['xa#0-1']}}]\n"), 0o644)
+	if err := os.WriteFile(cfg, []byte("pools: [{name: demo, steering: software, devices: {netdevs: ['xa#0-1']}}]\n"), 0o644); err != nil {
+		return err
+	}
 	apiSock := filepath.Join(work, "api.sock")
 	d, err := daemon.New(daemon.Options{ConfigPath: cfg, NetNS: nsPath, PinDir: filepath.Join(pins, "xdpq"),
 		StateDir: filepath.Join(work, "state"), AllocDir: filepath.Join(work, "alloc"), Standalone: true,
@@ -135,7 +150,7 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 		cancel()
 		return <-stopped
 	}
-	cleanups = append(cleanups, func() { stopDaemon() })
+	cleanups = append(cleanups, stopDaemon)
 	select {
 	case <-d.Ready():
 	case err := <-stopped:
@@ -157,7 +172,7 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 	if err != nil {
 		return err
 	}
-	cleanups = append(cleanups, pod.Kill)
+	cleanups = append(cleanups, func() error { pod.Kill(); return nil })
 	copied := make(chan struct{})
 	var received uint64 // from xdpqperf's "total qN: rx M tx K" lines
 	go func() {
@@ -185,8 +200,12 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 		"ipam":{"type":"host-local","subnet":"10.77.0.0/24","dataDir":%q},
 		"flows":[{"protocol":"udp","destination":"ipam","destinationPort":"5000"}]}`, network, apiSock, filepath.Join(work, "ipam"))
 	netdir := filepath.Join(work, "net.d")
-	os.MkdirAll(netdir, 0o755)
-	os.WriteFile(filepath.Join(netdir, network+".conf"), []byte(conf), 0o644)
+	if err := os.MkdirAll(netdir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(netdir, network+".conf"), []byte(conf), 0o644); err != nil {
+		return err
+	}
 	cni := func(verb string) ([]byte, time.Duration, error) {
 		cmd := exec.Command(bin.CNITool, verb, network, podNS)
 		cmd.Env = append(os.Environ(), "CNI_PATH="+bin.CNIDir, "NETCONFPATH="+netdir, "CNI_IFNAME=net1",
@@ -202,11 +221,13 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 	}
 	// libcni keeps the result under /var/lib/cni until DEL; a failed demo
 	// must not leave it.
-	cleanups = append(cleanups, func() {
-		stale, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", network+"-*"))
+	cleanups = append(cleanups, func() error {
+		stale, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", network+"-*")) // a constant, valid pattern
+		var errs []error
 		for _, f := range stale {
-			os.Remove(f)
+			errs = append(errs, os.Remove(f))
 		}
+		return errors.Join(errs...)
 	})
 	b, took, err := cni("add")
 	if err != nil {
@@ -259,7 +280,7 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 				wg.Wait()
 				return err
 			}
-			cleanups = append(cleanups, func() { operator.Close() })
+			cleanups = append(cleanups, operator.Close)
 			// The agent sees it on the netlink notification and steps aside.
 			if err := waitNetdev(d, func(n api.NetdevStatus) bool { return n.State == string(agent.StateOverridden) }); err != nil {
 				stop.Store(true)
@@ -288,7 +309,7 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 		return err
 	}
 	err = pod.Wait()
-	pw.Close()
+	_ = pw.Close() // an io.PipeWriter's Close always returns nil
 	<-copied
 	if err != nil {
 		return fmt.Errorf("pod: %w\n%s", err, podErr.String())
@@ -313,10 +334,9 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 	if err := stopDaemon(); err != nil {
 		return err
 	}
-	for i := len(cleanups) - 1; i >= 0; i-- {
-		cleanups[i]()
+	if err := runCleanups(); err != nil {
+		return fmt.Errorf("clean up: %w", err)
 	}
-	cleanups = nil
 	for _, p := range []string{nsPath, pins, work} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			return fmt.Errorf("%s still there after cleanup: %v", p, err)
@@ -374,7 +394,7 @@ func attachOperator(nsPath string, ifindex int) (*ebpf.Program, error) {
 		return nil, fmt.Errorf("operator program: %w", err)
 	}
 	if err := setXDP(nsPath, ifindex, prog.FD()); err != nil {
-		prog.Close()
+		_ = prog.Close() // never attached
 		return nil, err
 	}
 	return prog, nil
@@ -430,9 +450,11 @@ func newSource(p *testnet.Pair, dst netip.Addr) (*source, error) {
 	return s, nil
 }
 
+// close frees the source's sockets and UMEM; Linux frees them even when
+// close or munmap reports an error, and nothing is written through them.
 func (s *source) close() {
 	for _, k := range s.socks {
-		k.Close()
+		_ = k.Close()
 	}
-	s.umem.Close()
+	_ = s.umem.Close()
 }

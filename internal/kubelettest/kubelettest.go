@@ -44,7 +44,9 @@ func StartWith(tb testing.TB, dir string, ch chan *pluginapi.RegisterRequest) *R
 	}
 	r := &Registry{srv: grpc.NewServer(), Registrations: ch}
 	pluginapi.RegisterRegistrationServer(r.srv, r)
-	go r.srv.Serve(ln)
+	// nil after Stop; a Serve that fails leaves the registration
+	// unanswered, which the test waiting for it reports.
+	go func() { _ = r.srv.Serve(ln) }()
 	tb.Cleanup(r.Stop)
 	return r
 }
@@ -60,6 +62,10 @@ func Dial(tb testing.TB, socket string) pluginapi.DevicePluginClient {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { conn.Close() })
+	tb.Cleanup(func() {
+		if err := conn.Close(); err != nil {
+			tb.Error(err)
+		}
+	})
 	return pluginapi.NewDevicePluginClient(conn)
 }

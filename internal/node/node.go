@@ -49,7 +49,7 @@ type Node struct {
 	Alloc  broker.Allocation
 
 	cancel  context.CancelFunc
-	closers []func()
+	closers []func() error
 	wg      sync.WaitGroup
 	pinBase string
 	state   string
@@ -64,10 +64,13 @@ func Start(cfg Config) (n *Node, err error) {
 	if cfg.Linger == 0 {
 		cfg.Linger = 50 * time.Millisecond
 	}
-	n = &Node{}
+	// Not n in the deferred function: `return nil, err` has set it to nil
+	// by the time it runs.
+	node := &Node{}
+	n = node
 	defer func() {
 		if err != nil {
-			n.Close()
+			err = errors.Join(err, node.Close())
 		}
 	}()
 	if n.Pair, err = testnet.Create(cfg.Queues); err != nil {
@@ -148,11 +151,11 @@ func (n *Node) WaitSockets(count int, timeout time.Duration) error {
 func (n *Node) Close() error {
 	var errs []error
 	for _, c := range n.closers {
-		c()
+		errs = append(errs, c())
 	}
 	if n.Broker != nil {
 		n.Broker.Close()
-		os.RemoveAll(n.Alloc.Dir)
+		errs = append(errs, os.RemoveAll(n.Alloc.Dir))
 	}
 	if n.cancel != nil {
 		n.cancel()
@@ -171,7 +174,7 @@ func (n *Node) Close() error {
 		errs = append(errs, os.RemoveAll(n.state))
 	}
 	if n.Pair != nil {
-		n.Pair.Close()
+		errs = append(errs, n.Pair.Close())
 	}
 	return errors.Join(errs...)
 }
@@ -193,7 +196,7 @@ func (n *Node) Peer(queues []uint32) (*Peer, error) {
 		return nil, err
 	}
 	if _, err := xdp.Attach(n.Pair.NSPath(), n.Pair.B.Index, prog.Prog(), xdp.ModeNative); err != nil {
-		prog.Close()
+		_ = prog.Close() // never attached
 		return nil, err
 	}
 	dev := xsk.Netdev{Name: "xb", Ifindex: n.Pair.B.Index, NetNS: n.Pair.NSPath()}
@@ -201,16 +204,15 @@ func (n *Node) Peer(queues []uint32) (*Peer, error) {
 	umem, socks, err := xsk.Open(dev, queues, 2*per*len(queues), xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048},
 		Rings: xsk.Rings{Fill: per, Completion: per, RX: per, TX: per}, MultiBuffer: true})
 	if err != nil {
-		prog.Close()
-		return nil, err
+		return nil, errors.Join(err, xdp.Detach(n.Pair.NSPath(), n.Pair.B.Index, xdp.ModeNative, prog.Prog()), prog.Close())
 	}
-	n.closers = append(n.closers, func() {
+	n.closers = append(n.closers, func() error {
+		var errs []error
 		for _, s := range socks {
-			s.Close()
+			errs = append(errs, s.Close())
 		}
-		umem.Close()
-		xdp.Detach(n.Pair.NSPath(), n.Pair.B.Index, xdp.ModeNative, prog.Prog())
-		prog.Close()
+		errs = append(errs, umem.Close(), xdp.Detach(n.Pair.NSPath(), n.Pair.B.Index, xdp.ModeNative, prog.Prog()), prog.Close())
+		return errors.Join(errs...)
 	})
 	p := &Peer{}
 	for i, s := range socks {

@@ -42,7 +42,11 @@ func StartTB(tb testing.TB, cfg Config) (*Node, *Peer) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { n.Close() })
+	tb.Cleanup(func() {
+		if err := n.Close(); err != nil {
+			tb.Error(err)
+		}
+	})
 	p, err := n.Peer([]uint32{0})
 	if err != nil {
 		tb.Fatal(err)

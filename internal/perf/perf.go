@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -82,7 +83,13 @@ func Run(ctx context.Context, cfg Config) (Totals, error) {
 	if err != nil {
 		return Totals{}, err
 	}
-	defer l.Close()
+	defer func() {
+		// The totals are counted by then: a lease that did not close
+		// cleanly is said beside them.
+		if err := l.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "xdpqperf: close the lease:", err)
+		}
+	}()
 	var txFrame []byte
 	if cfg.Mode == TXPush {
 		if txFrame, err = (frame.Spec{SrcMAC: cfg.SrcMAC, DstMAC: cfg.DstMAC, Src: cfg.Src, Dst: cfg.Dst, Protocol: 17,

@@ -255,7 +255,9 @@ func FloodAll(socks []*xsk.Socket, addrs [][]uint64, size uint32, batch int, sto
 	}
 	for _, q := range qs {
 		for end := time.Now().Add(time.Second); q.inflight > 0 && time.Now().Before(end); {
-			q.s.Kick()
+			if err := q.s.Kick(); err != nil { // as while sending: no completion comes without it
+				return sent, err
+			}
 			sent += q.complete()
 		}
 	}
