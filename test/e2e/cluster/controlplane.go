@@ -115,7 +115,11 @@ func StartControlPlane(ctx context.Context, dir string, opts Options) (cp *Contr
 		log:      opts.Log,
 		tokens:   map[string]string{},
 	}
-	cp.cancel = onSignal(func() { cp.Stop() })
+	cp.cancel = onSignal(func() {
+		if err := cp.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e:", err)
+		}
+	})
 	started := cp
 	defer func() {
 		if err != nil {
@@ -156,8 +160,7 @@ func StartControlPlaneForTest(tb testing.TB, opts Options) *ControlPlane {
 	defer cancel()
 	cp, err := StartControlPlane(ctx, dir, opts)
 	if err != nil {
-		os.RemoveAll(dir)
-		tb.Fatal(err)
+		tb.Fatal(errors.Join(err, os.RemoveAll(dir)))
 	}
 	tb.Cleanup(func() {
 		if err := cp.Stop(); err != nil {
@@ -247,7 +250,7 @@ func (cp *ControlPlane) startEtcd(ctx context.Context, clientPort, peerPort int)
 		if err != nil {
 			return err
 		}
-		defer resp.Body.Close()
+		defer func() { _ = resp.Body.Close() }() // read, or its decoding failed: nothing to lose
 		var h struct{ Health string }
 		if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
 			return fmt.Errorf("/health: %w", err)

@@ -63,7 +63,9 @@ func (n *Node) cleanHost(atStart bool) error {
 	}
 	if m, err := filepath.Glob(filepath.Join(cniCacheDir, CNINetwork+"-*")); err == nil {
 		for _, p := range m {
-			os.Remove(p)
+			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+			}
 		}
 	}
 	errs = append(errs, removeLogLinks(n.path("pod-logs")))
@@ -108,7 +110,7 @@ func killShims(socket string) error {
 		}
 	}
 	for _, pid := range pids {
-		syscall.Kill(pid, syscall.SIGKILL)
+		_ = syscall.Kill(pid, syscall.SIGKILL) // gone already is fine; waitGone checks
 	}
 	return waitGone(pids)
 }
@@ -138,7 +140,9 @@ func removePodCgroups() error {
 	}
 	var dirs []string
 	for _, r := range roots {
-		filepath.WalkDir(r, func(p string, d fs.DirEntry, err error) error {
+		// The function answers every error itself (a directory that went
+		// is skipped), so WalkDir returns nil.
+		_ = filepath.WalkDir(r, func(p string, d fs.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
 				dirs = append(dirs, p)
 			}
@@ -158,7 +162,7 @@ func removePodCgroups() error {
 		}
 	}
 	for _, pid := range pids {
-		syscall.Kill(pid, syscall.SIGKILL)
+		_ = syscall.Kill(pid, syscall.SIGKILL) // gone already is fine; waitGone checks
 	}
 	if err := waitGone(pids); err != nil {
 		return fmt.Errorf("pod cgroups: %w", err)
@@ -196,7 +200,7 @@ func mountsUnder(dir string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only
 	var mps []string
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -249,7 +253,7 @@ func unmountUnder(dir string) error {
 		}
 		for _, mp := range mps {
 			if err := syscall.Unmount(mp, 0); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
-				syscall.Unmount(mp, syscall.MNT_DETACH)
+				_ = syscall.Unmount(mp, syscall.MNT_DETACH) // what stays, mountsUnder below reports
 			}
 		}
 	}
@@ -292,6 +296,7 @@ func (n *Node) removeKubeletFiles() error {
 // removeLogLinks removes the kubelet's links in /var/log/containers to
 // logs under podLogs, and the directory if that empties it.
 func removeLogLinks(podLogs string) error {
+	var errs []error
 	entries, err := os.ReadDir(legacyContainerLogs)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -303,15 +308,19 @@ func removeLogLinks(podLogs string) error {
 	for _, e := range entries {
 		p := filepath.Join(legacyContainerLogs, e.Name())
 		if t, err := os.Readlink(p); err == nil && strings.HasPrefix(t, podLogs+"/") {
-			os.Remove(p)
+			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+			}
 			continue
 		}
 		left++
 	}
 	if left == 0 {
-		os.Remove(legacyContainerLogs)
+		if err := os.Remove(legacyContainerLogs); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // saveSysctls writes the values of kubeletSysctls to path.

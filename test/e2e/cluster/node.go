@@ -157,7 +157,11 @@ func StartNode(ctx context.Context, cp *ControlPlane, opts NodeOptions) (n *Node
 	if n.lock, err = lockDir(ctx, n.Dir, opts.Log); err != nil {
 		return nil, err
 	}
-	n.cancel = onSignal(func() { n.Stop() })
+	n.cancel = onSignal(func() {
+		if err := n.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e:", err)
+		}
+	})
 	started := n
 	defer func() {
 		if err != nil {
@@ -284,7 +288,7 @@ func lockDir(ctx context.Context, dir string, log io.Writer) (*os.File, error) {
 			return f, nil
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
+			_ = f.Close() // a lock file, never written
 			return nil, fmt.Errorf("node: lock %s: %w", dir, err)
 		}
 		if !said {
@@ -293,7 +297,7 @@ func lockDir(ctx context.Context, dir string, log io.Writer) (*os.File, error) {
 		}
 		select {
 		case <-ctx.Done():
-			f.Close()
+			_ = f.Close() // a lock file, never written
 			return nil, fmt.Errorf("node: another e2e node runs in %s (one at a time on a machine): %w", dir, ctx.Err())
 		case <-time.After(500 * time.Millisecond): // no notification of another process's unlock to wait on
 		}
@@ -702,7 +706,9 @@ func (n *Node) Stop() error {
 		stop("containerd")
 		errs = append(errs, n.cleanHost(false))
 		if n.lock != nil {
-			n.lock.Close()
+			// Closing frees the descriptor, and with it the lock, even
+			// when it reports an error.
+			_ = n.lock.Close()
 		}
 		n.stopErr = errors.Join(errs...)
 	})
@@ -719,6 +725,6 @@ func (n *Node) removePods() error {
 	if err != nil {
 		return fmt.Errorf("node: remove pods: %w", err)
 	}
-	defer rt.Close()
+	defer func() { _ = rt.Close() }() // a connection whose calls were answered or failed
 	return rt.removeAllPods(ctx)
 }

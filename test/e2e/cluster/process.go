@@ -72,7 +72,7 @@ func start(name, dir, path string, args []string, env []string) (*process, error
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	defer f.Close() // the child has its own copy
+	defer func() { _ = f.Close() }() // the child has its own copy; ours is never written
 	cmd := exec.Command(path, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = append(os.Environ(), env...)
@@ -117,7 +117,8 @@ func (p *process) stop() error {
 func (p *process) killGroup(sig syscall.Signal) {
 	// The group's id is the leader's pid, which no other group takes
 	// while the group has a member.
-	syscall.Kill(-p.cmd.Process.Pid, sig)
+	// A group gone already (ESRCH) is what the caller waits for.
+	_ = syscall.Kill(-p.cmd.Process.Pid, sig)
 }
 
 // exitError describes the exit of a process that should still run, with
@@ -158,7 +159,8 @@ func onSignal(stop func()) (cancel func()) {
 			fmt.Fprintf(os.Stderr, "e2e: %v: tearing the cluster down\n", sig)
 			stop()
 			signal.Stop(ch)
-			syscall.Kill(os.Getpid(), sig.(syscall.Signal))
+			// To ourselves, with a signal just received: it cannot fail.
+			_ = syscall.Kill(os.Getpid(), sig.(syscall.Signal))
 		case <-quit:
 			signal.Stop(ch)
 		}
@@ -175,7 +177,7 @@ func freePorts(n int) ([]int, error) {
 	var ls []io.Closer
 	defer func() {
 		for _, l := range ls {
-			l.Close()
+			_ = l.Close() // held only to keep the ports distinct, never accepted on
 		}
 	}()
 	for range n {

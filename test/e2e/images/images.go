@@ -6,6 +6,7 @@ package images
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -36,7 +37,7 @@ func Hello() Image { return Image{Package: "./images/hello", Ref: "xdpq.io/e2e/h
 
 // Build compiles img's program static for the host's architecture and
 // writes its image as a docker-archive into dir, returning its path.
-func Build(ctx context.Context, img Image, dir string) (string, error) {
+func Build(ctx context.Context, img Image, dir string) (_ string, err error) {
 	mod, err := moduleDir(ctx)
 	if err != nil {
 		return "", err
@@ -55,7 +56,7 @@ func Build(ctx context.Context, img Image, dir string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("image %s: %w", img.Ref, err)
 	}
-	defer os.RemoveAll(work)
+	defer func() { err = errors.Join(err, os.RemoveAll(work)) }()
 	files, err := image.Compile(ctx, "go", mod, runtime.GOARCH, work, spec)
 	if err != nil {
 		return "", fmt.Errorf("image %s: %w", img.Ref, err)
@@ -96,7 +97,7 @@ func Xdpq(ctx context.Context, version, dir string) (archive, ref string, err er
 	if err != nil {
 		return "", "", fmt.Errorf("xdpq image: %w", err)
 	}
-	defer os.RemoveAll(work)
+	defer func() { err = errors.Join(err, os.RemoveAll(work)) }()
 	spec := image.Xdpq(version, "e2e")
 	files, err := image.Compile(ctx, "go", root, runtime.GOARCH, work, spec)
 	if err != nil {

@@ -257,8 +257,10 @@ func build(ctx context.Context, opts Options, name, pkg, version string, ldflags
 	if err != nil {
 		return fmt.Errorf("kubebin: build %s: %w", name, err)
 	}
-	tmp.Close()
-	defer os.Remove(tmp.Name()) // a no-op once renamed
+	_ = tmp.Close() // only its name is used: go build writes the file
+	// Once renamed there is nothing to remove; a file a failed build
+	// left, the next build's removeTemps removes.
+	defer func() { _ = os.Remove(tmp.Name()) }()
 
 	fmt.Fprintf(opts.Progress, "kubebin: building %s %s (%s) into %s\n", name, version, pkg, filepath.Dir(dst))
 	start := time.Now()
@@ -320,7 +322,7 @@ func commit(tmp, dst string) error {
 	if err != nil {
 		return err
 	}
-	defer d.Close()
+	defer func() { _ = d.Close() }() // read-only; its sync is checked
 	return d.Sync()
 }
 
@@ -338,7 +340,9 @@ func lock(ctx context.Context, opts Options, name string) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubebin: lock cache: %w", err)
 	}
-	release := func() { f.Close() } // closing the last descriptor drops the lock
+	// Closing the last descriptor drops the lock; Linux frees it even when
+	// close reports an error, and the file is never written.
+	release := func() { _ = f.Close() }
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err == nil {
 		return release, nil
 	} else if !errors.Is(err, syscall.EWOULDBLOCK) {
@@ -360,7 +364,12 @@ func lock(ctx context.Context, opts Options, name string) (func(), error) {
 	case <-ctx.Done():
 		// The goroutine still blocks in flock on f: it takes the lock
 		// once the other build ends and drops it when it is closed.
-		go func() { <-got; release() }()
+		go func() {
+			if err := <-got; err != nil {
+				fmt.Fprintf(opts.Progress, "kubebin: cache lock of %s, after giving up on it: %v\n", name, err)
+			}
+			release()
+		}()
 		return nil, fmt.Errorf("kubebin: waiting for the cache lock: %w", ctx.Err())
 	}
 }
@@ -370,7 +379,7 @@ func lock(ctx context.Context, opts Options, name string) (func(), error) {
 func removeTemps(dir, name string) {
 	m, _ := filepath.Glob(filepath.Join(dir, tempPrefix+name+".*"))
 	for _, p := range m {
-		os.Remove(p)
+		_ = os.Remove(p) // a file left is retried at the next build and never run
 	}
 }
 
