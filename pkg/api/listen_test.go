@@ -74,7 +74,9 @@ func TestListen(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "run", "api.sock")
-			os.Mkdir(filepath.Dir(path), 0o700)
+			if err := os.Mkdir(filepath.Dir(path), 0o700); err != nil {
+				t.Fatal(err)
+			}
 			tt.before(t, path)
 			ln, err := Listen(path)
 			if err != nil {
@@ -117,7 +119,9 @@ func TestListenRefuses(t *testing.T) {
 		says   string
 	}{
 		{"file", "api.sock", func(t *testing.T, path string) func() {
-			os.WriteFile(path, []byte("keep"), 0o644)
+			if err := os.WriteFile(path, []byte("keep"), 0o644); err != nil {
+				t.Fatal(err)
+			}
 			return func() {
 				if b, err := os.ReadFile(path); string(b) != "keep" {
 					t.Errorf("file now %q, %v", b, err)
@@ -125,7 +129,9 @@ func TestListenRefuses(t *testing.T) {
 			}
 		}, "a regular file (4 bytes) is there"},
 		{"empty directory", "api.sock", func(t *testing.T, path string) func() {
-			os.Mkdir(path, 0o755)
+			if err := os.Mkdir(path, 0o755); err != nil {
+				t.Fatal(err)
+			}
 			return func() {
 				if fi, err := os.Stat(path); err != nil || !fi.IsDir() {
 					t.Errorf("directory gone: %v", err)
@@ -133,8 +139,12 @@ func TestListenRefuses(t *testing.T) {
 			}
 		}, "an empty directory is there"},
 		{"directory", "api.sock", func(t *testing.T, path string) func() {
-			os.MkdirAll(filepath.Join(path, "sub"), 0o755)
-			os.WriteFile(filepath.Join(path, "f"), nil, 0o644)
+			if err := os.MkdirAll(filepath.Join(path, "sub"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(path, "f"), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
 			return func() {
 				if ents, err := os.ReadDir(path); len(ents) != 2 {
 					t.Errorf("directory now %v, %v", ents, err)
@@ -142,7 +152,9 @@ func TestListenRefuses(t *testing.T) {
 			}
 		}, "a directory of 2 entries is there"},
 		{"symlink", "api.sock", func(t *testing.T, path string) func() {
-			os.Symlink("/run/elsewhere.sock", path)
+			if err := os.Symlink("/run/elsewhere.sock", path); err != nil {
+				t.Fatal(err)
+			}
 			return func() {
 				if to, err := os.Readlink(path); to != "/run/elsewhere.sock" {
 					t.Errorf("symlink now %q, %v", to, err)
@@ -188,11 +200,15 @@ func TestListenRefuses(t *testing.T) {
 			}
 		}, "a socket is there and probing it failed (connect: protocol wrong type for socket)"},
 		{"parent is a file", "file/api.sock", func(t *testing.T, path string) func() {
-			os.WriteFile(filepath.Dir(path), []byte("x"), 0o644)
+			if err := os.WriteFile(filepath.Dir(path), []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
 			return func() {}
 		}, "its directory BASE/file is a regular file (1 bytes)"},
 		{"grandparent is a file", "file/sub/api.sock", func(t *testing.T, path string) func() {
-			os.WriteFile(filepath.Dir(filepath.Dir(path)), []byte("x"), 0o644)
+			if err := os.WriteFile(filepath.Dir(filepath.Dir(path)), []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
 			return func() {}
 		}, "its directory BASE/file/sub cannot be made: BASE/file is a regular file (1 bytes)"},
 		{"path too long", long, func(*testing.T, string) func() { return func() {} },
@@ -201,7 +217,9 @@ func TestListenRefuses(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			base := filepath.Join(dir, strings.ReplaceAll(tt.name, " ", "-"))
-			os.Mkdir(base, 0o755)
+			if err := os.Mkdir(base, 0o755); err != nil {
+				t.Fatal(err)
+			}
 			path := tt.path
 			if path != "" && !filepath.IsAbs(path) {
 				path = filepath.Join(base, path)

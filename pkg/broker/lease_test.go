@@ -112,7 +112,9 @@ func TestRefusals(t *testing.T) {
 			return fd
 		}
 		fd, _ := unix.MemfdCreate("t", unix.MFD_ALLOW_SEALING)
-		unix.Ftruncate(fd, size)
+		if err := unix.Ftruncate(fd, size); err != nil {
+			t.Fatal(err)
+		}
 		return fd
 	}
 	request := func(queues string, rings string) string {
@@ -199,7 +201,9 @@ func TestRefusals(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				json.Unmarshal(buf[:n], got)
+				if err := json.Unmarshal(buf[:n], got); err != nil {
+					t.Fatal(err)
+				}
 			}
 			if got.Type != wire.TypeError || got.Code != c.code || !strings.Contains(got.Reason, c.reason) {
 				t.Fatalf("got %+v, want %s %q", got, c.code, c.reason)

@@ -78,14 +78,18 @@ func startNodeWith(t testing.TB, uid uint32, config, pool string, count int) *no
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
 	testPlugin = Plugin{CacheDir: filepath.Join(dir, "cache")}
 	cfg := filepath.Join(dir, "config.yaml")
-	os.WriteFile(cfg, []byte(config), 0o644)
+	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	xdp.MountBPFFS(xdp.DefaultBPFFS)
 	pins, _ := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-test-")
 	t.Cleanup(func() { os.RemoveAll(pins) })
 	sock := filepath.Join(dir, "api.sock")
 	// The pod (uid 65534) must reach its allocation's socket.
 	allocDir, _ := os.MkdirTemp("", "xdpq-alloc-")
-	os.Chmod(allocDir, 0o755)
+	if err := os.Chmod(allocDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { os.RemoveAll(allocDir) })
 	opts := daemon.Options{ConfigPath: cfg, NetNS: p.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
 		StateDir: filepath.Join(dir, "state"), AllocDir: allocDir, Standalone: true, APISocket: sock,
@@ -404,7 +408,9 @@ func TestAttachmentsSurviveRestart(t *testing.T) {
 		atts = slices.DeleteFunc(atts, func(a map[string]any) bool { return a["containerID"] == "forgotten" })
 		rec["attachments"], _ = json.Marshal(atts)
 		b, _ = json.Marshal(rec)
-		os.WriteFile(path, b, 0o600)
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	})
 	if got := n.flows(t); got != 3 {
 		t.Errorf("after a restart without forgotten's record: %d flows, want 3", got)

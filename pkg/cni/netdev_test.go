@@ -123,7 +123,9 @@ func TestNetdevPool(t *testing.T) {
 				}
 			}
 			var addrs []netlink.Addr
-			ns.WithNetNSPath(pod.Path(), func(ns.NetNS) error { addrs, err = netlink.AddrList(l, netlink.FAMILY_V4); return err })
+			if nerr := ns.WithNetNSPath(pod.Path(), func(ns.NetNS) error { addrs, err = netlink.AddrList(l, netlink.FAMILY_V4); return err }); nerr != nil {
+				t.Fatal(nerr)
+			}
 			if len(res.IPs) != 1 || len(addrs) != 1 || !addrs[0].IP.Equal(res.IPs[0].Address.IP) {
 				t.Errorf("net1 has %v, IPAM gave %v", addrs, res.IPs)
 			}
@@ -132,7 +134,9 @@ func TestNetdevPool(t *testing.T) {
 			if err := testutils.CmdCheckWithArgs(check, func() error { return CmdCheck(check) }); err != nil {
 				t.Errorf("CHECK: %v", err)
 			}
-			ns.WithNetNSPath(pod.Path(), func(ns.NetNS) error { return netlink.LinkSetMTU(l, 1300) })
+			if err := ns.WithNetNSPath(pod.Path(), func(ns.NetNS) error { return netlink.LinkSetMTU(l, 1300) }); err != nil {
+				t.Fatal(err)
+			}
 			err = testutils.CmdCheckWithArgs(check, func() error { return CmdCheck(check) })
 			if err == nil || !strings.Contains(err.Error(), "mtu 1300, configured 1400") {
 				t.Errorf("CHECK with the MTU changed in the pod: %v", err)

@@ -94,17 +94,29 @@ func TestWatcher(t *testing.T) {
 
 	// A ConfigMap volume: config.yaml -> ..data/config.yaml, ..data a symlink swapped atomically.
 	os.Remove(path)
-	os.MkdirAll(filepath.Join(dir, "v1"), 0o755)
-	os.WriteFile(filepath.Join(dir, "v1", "config.yaml"), []byte("pools: [{name: c, devices: {netdevs: [eth3#1]}}]"), 0o644)
-	os.Symlink("v1", filepath.Join(dir, "..data_tmp"))
-	os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data"))
-	os.Symlink("..data/config.yaml", path)
+	if err := os.MkdirAll(filepath.Join(dir, "v1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "v1", "config.yaml"), []byte("pools: [{name: c, devices: {netdevs: [eth3#1]}}]"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("v1", filepath.Join(dir, "..data_tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("..data/config.yaml", path); err != nil {
+		t.Fatal(err)
+	}
 	waitFor("symlink swap", func() bool { return lastApplied() == "c" })
 
 	// Reload (what SIGHUP does in cmd/deviceplugin) reads the file even
 	// without a file event: change the target behind a directory the
 	// watcher does not see. It applies an unchanged file too.
-	os.WriteFile(filepath.Join(dir, "v1", "config.yaml"), []byte("pools: [{name: d, devices: {netdevs: [eth4#1]}}]"), 0o644)
+	if err := os.WriteFile(filepath.Join(dir, "v1", "config.yaml"), []byte("pools: [{name: d, devices: {netdevs: [eth4#1]}}]"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := w.Reload(ctx); err != nil || lastApplied() != "d" || w.LastError() != nil {
 		t.Fatalf("reload: %v, applied %s, last error %v", err, lastApplied(), w.LastError())
 	}

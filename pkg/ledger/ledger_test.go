@@ -295,7 +295,9 @@ func TestReplaceCrash(t *testing.T) {
 	if err := l.store.write(&succ); err != nil {
 		t.Fatal(err)
 	}
-	os.WriteFile(filepath.Join(dir, old.ID+".json"), oldRec, 0o600)
+	if err := os.WriteFile(filepath.Join(dir, old.ID+".json"), oldRec, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	l2 := open(t, dir)
 	if _, ok := l2.Get(old.ID); ok || l2.Holder("upf", "eth1-q0") != n.ID || len(l2.Broken()) != 0 {
 		t.Errorf("after the crash: holder %s, broken %v", l2.Holder("upf", "eth1-q0"), l2.Broken())
@@ -367,7 +369,9 @@ func TestAttachments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.EndAttach(f, false)
+	if err := l.EndAttach(f, false); err != nil {
+		t.Fatal(err)
+	}
 	if _, ok := l.Attachment("c1/net2"); ok {
 		t.Error("a failed ADD stays")
 	}
@@ -398,7 +402,9 @@ func TestAttachments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.EndAttach(nd1, true)
+	if err := l.EndAttach(nd1, true); err != nil {
+		t.Fatal(err)
+	}
 	nd.ContainerID = "c3"
 	if _, _, err := l.BeginAttach(v.ID, nd); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "netdev vf0 is in use by attachment c2/net1") {
 		t.Errorf("a second netdev attachment: %v", err)
@@ -426,7 +432,9 @@ func TestBrokenRecord(t *testing.T) {
 			path := filepath.Join(dir, a.ID+".json")
 			b, _ := os.ReadFile(path)
 			damaged := damage(b)
-			os.WriteFile(path, damaged, 0o600)
+			if err := os.WriteFile(path, damaged, 0o600); err != nil {
+				t.Fatal(err)
+			}
 
 			l2 := open(t, dir)
 			l2.SetPools(pools)
@@ -448,7 +456,9 @@ func TestBrokenRecord(t *testing.T) {
 				t.Error("the broken record was changed")
 			}
 			// Repaired: it is back.
-			os.WriteFile(path, b, 0o600)
+			if err := os.WriteFile(path, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
 			back := l2.Rescan()
 			if len(back) != 1 || back[0].ID != a.ID || l2.Holder("upf", "eth1-q0") != a.ID || len(l2.Broken()) != 0 {
 				t.Errorf("after repair: %+v, broken %v", back, l2.Broken())
@@ -460,7 +470,9 @@ func TestBrokenRecord(t *testing.T) {
 		l := open(t, dir)
 		l.SetPools([]Pool{queuePool("upf", []string{"eth1"}, 0)})
 		a := alloc(t, l, "upf", "eth1-q0")
-		os.WriteFile(filepath.Join(dir, a.ID+".json"), []byte("{"), 0o600)
+		if err := os.WriteFile(filepath.Join(dir, a.ID+".json"), []byte("{"), 0o600); err != nil {
+			t.Fatal(err)
+		}
 		l2 := open(t, dir)
 		l2.SetPools([]Pool{queuePool("upf", []string{"eth1"}, 0)})
 		os.Remove(filepath.Join(dir, a.ID+".json"))
@@ -507,7 +519,9 @@ func TestConcurrent(t *testing.T) {
 				if err != nil {
 					t.Error(err)
 				}
-				l.EndAttach(att, true)
+				if err := l.EndAttach(att, true); err != nil {
+					t.Error(err)
+				}
 				l.Usage("upf")
 				l.Allocations()
 				mu.Lock()
@@ -598,7 +612,9 @@ func FuzzRecord(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		dir := t.TempDir()
 		s := &store{dir: dir}
-		os.WriteFile(s.path("upf-0123456789ab"), b, 0o600)
+		if err := os.WriteFile(s.path("upf-0123456789ab"), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
 		a, err := s.read("upf-0123456789ab")
 		if err != nil {
 			return

@@ -30,7 +30,9 @@ func fakeSysfs(t *testing.T) string {
 	link := func(target, path string) {
 		t.Helper()
 		p := filepath.Join(root, path)
-		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
 		if err := os.Symlink(target, p); err != nil {
 			t.Fatal(err)
 		}
@@ -39,7 +41,9 @@ func fakeSysfs(t *testing.T) string {
 	write(pci+"/vendor", "0x8086\n")
 	write(pci+"/device", "0x1592\n")
 	write(pci+"/numa_node", "1\n")
-	os.MkdirAll(filepath.Join(root, "bus/pci/drivers/ice"), 0o755)
+	if err := os.MkdirAll(filepath.Join(root, "bus/pci/drivers/ice"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	link("../../../../bus/pci/drivers/ice", pci+"/driver")
 	link("../../../../bus/pci", pci+"/subsystem")
 	write("class/net/eth1/ifindex", "7\n")
@@ -47,13 +51,21 @@ func fakeSysfs(t *testing.T) string {
 	write("class/net/eth1/operstate", "up\n")
 	link("../../../"+pci, "class/net/eth1/device")
 	for i := range 8 {
-		os.MkdirAll(filepath.Join(root, "class/net/eth1/queues", "rx-"+string(rune('0'+i))), 0o755)
-		os.MkdirAll(filepath.Join(root, "class/net/eth1/queues", "tx-"+string(rune('0'+i))), 0o755)
+		if err := os.MkdirAll(filepath.Join(root, "class/net/eth1/queues", "rx-"+string(rune('0'+i))), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(root, "class/net/eth1/queues", "tx-"+string(rune('0'+i))), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	write("class/net/veth0/ifindex", "9\n")
 	write("class/net/veth0/operstate", "down\n")
-	os.MkdirAll(filepath.Join(root, "class/net/veth0/queues/rx-0"), 0o755)
-	os.MkdirAll(filepath.Join(root, "class/net/veth0/queues/tx-0"), 0o755)
+	if err := os.MkdirAll(filepath.Join(root, "class/net/veth0/queues/rx-0"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(root, "class/net/veth0/queues/tx-0"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	// A netdev without ifindex is broken, not skipped.
 	return root
 }

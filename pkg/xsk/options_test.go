@@ -122,7 +122,11 @@ func TestHugeTLB(t *testing.T) {
 	if err := os.WriteFile(path, []byte(strconv.Itoa(n+4)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	defer os.WriteFile(path, old, 0o644)
+	defer func() {
+		if err := os.WriteFile(path, old, 0o644); err != nil {
+			t.Errorf("restore %s: %v", path, err)
+		}
+	}()
 	size := int64(2 << 20) // one default (2 MiB) huge page
 	mf, err := xsk.NewMemfd("huge", size, true)
 	if err != nil {

@@ -36,7 +36,9 @@ func TestMemfd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(unsealed)
-	unix.Ftruncate(unsealed, 1<<20)
+	if err := unix.Ftruncate(unsealed, 1<<20); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := xsk.CheckMemfd(unsealed); err == nil || !strings.Contains(err.Error(), "not sealed") {
 		t.Errorf("unsealed memfd: %v", err)
 	}
@@ -143,8 +145,12 @@ func TestFDPassing(t *testing.T) {
 	}
 	for i := range got {
 		var want, have unix.Stat_t
-		unix.Fstat(fds[i], &want)
-		unix.Fstat(got[i], &have)
+		if err := unix.Fstat(fds[i], &want); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Fstat(got[i], &have); err != nil {
+			t.Fatal(err)
+		}
 		if want.Ino != have.Ino {
 			t.Errorf("fd %d: inode %d, want %d", i, have.Ino, want.Ino)
 		}
@@ -185,7 +191,9 @@ func TestBindRefuses(t *testing.T) {
 	defer mf.Close()
 	unsealed, _ := unix.MemfdCreate("unsealed", unix.MFD_CLOEXEC)
 	defer unix.Close(unsealed)
-	unix.Ftruncate(unsealed, 1<<20)
+	if err := unix.Ftruncate(unsealed, 1<<20); err != nil {
+		t.Fatal(err)
+	}
 
 	for _, c := range []struct {
 		name   string
