@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/xdpq/xdpq/pkg/flow"
 )
 
 // Config is the whole file.
@@ -155,28 +157,11 @@ func (o NodeOverride) matches(name string, labels map[string]string) bool {
 func (p Pool) SharedPrefixes() []netip.Prefix {
 	var out []netip.Prefix
 	for _, s := range p.SharedDestinations {
-		if pf, err := parseDestination(s); err == nil {
+		if pf, err := flow.ParseDestination(s); err == nil {
 			out = append(out, pf)
 		}
 	}
 	return out
-}
-
-// parseDestination reads an address (a prefix of its full length) or a
-// prefix.
-func parseDestination(s string) (netip.Prefix, error) {
-	if strings.Contains(s, "/") {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return p, fmt.Errorf("%q is not an address or prefix", s)
-		}
-		return p.Masked(), nil
-	}
-	a, err := netip.ParseAddr(s)
-	if err != nil || a.Zone() != "" {
-		return netip.Prefix{}, fmt.Errorf("%q is not an address or prefix", s)
-	}
-	return netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()), nil
 }
 
 func (p *Pool) fillDefaults() {

@@ -51,6 +51,8 @@ func TestValidation(t *testing.T) {
 		{"duplicate name", "pools: [{name: a, devices: {netdevs: [eth1#1]}}, {name: a, devices: {netdevs: [eth2#1]}}]", []string{"pools[1].name: \"a\" is also the name of pools[0]"}},
 		{"bad mode", "pools: [{name: a, mode: shared, devices: {netdevs: [eth1#1]}}]", []string{"pools[0].mode: \"shared\"; allowed: queue, netdev"}},
 		{"bad steering", "pools: [{name: a, steering: magic, devices: {netdevs: [eth1#1]}}]", []string{"pools[0].steering"}},
+		{"bad shared destination", "pools: [{name: a, sharedDestinations: [192.0.2.10, 10.0.0.0/33, vip], devices: {netdevs: [eth1#1]}}]",
+			[]string{"pools[0].sharedDestinations[1]", "pools[0].sharedDestinations[2]"}},
 		{"selects nothing", "pools: [{name: a, queues: '1', devices: {}}]", []string{"pools[0].devices: selects nothing"}},
 		{"queues needed", "pools: [{name: a, devices: {drivers: [ice]}}]", []string{"pools[0].queues: required"}},
 		{"bad range", "pools: [{name: a, devices: {netdevs: [eth1#9-3]}}]", []string{"pools[0].devices.netdevs[0]: netdev eth1: queue range \"9-3\" runs backwards"}},

@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/xdpq/xdpq/pkg/flow"
 )
 
 // FieldError is one problem with the file, at a field path such as
@@ -287,7 +289,7 @@ func validatePools(pools []Pool, base string, add func(string, string, ...any)) 
 			add(p+".steering", "%q; allowed: %s", pool.Steering, allowedList("auto", "hardware", "software"))
 		}
 		for j, dst := range pool.SharedDestinations {
-			if _, err := parseDestination(dst); err != nil {
+			if _, err := flow.ParseDestination(dst); err != nil {
 				add(fmt.Sprintf("%s.sharedDestinations[%d]", p, j), "%v", err)
 			}
 		}

@@ -94,14 +94,14 @@ func Parse(f Flow, field string) (Parsed, error) {
 		return pf, fieldError(field+".protocol", "%q: udp or tcp", f.Protocol)
 	}
 	if d := f.Destination; d != "" && d != "ipam" {
-		p, err := prefix(d)
+		p, err := ParseDestination(d)
 		if err != nil {
 			return pf, fieldError(field+".destination", "%v", err)
 		}
 		pf.Dst = p
 	}
 	if f.Source != "" {
-		p, err := prefix(f.Source)
+		p, err := ParseDestination(f.Source)
 		if err != nil {
 			return pf, fieldError(field+".source", "%v", err)
 		}
@@ -164,7 +164,10 @@ func Resolve(flows []Parsed, ips []netip.Addr) ([]api.CNIFlow, error) {
 	return out, nil
 }
 
-func prefix(s string) (netip.Prefix, error) {
+// ParseDestination reads an address (a prefix of its full length) or a
+// prefix, as a flow's destination or source and a pool's
+// sharedDestinations write them.
+func ParseDestination(s string) (netip.Prefix, error) {
 	if strings.Contains(s, "/") {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
