@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -10,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/xdpq/xdpq/internal/fieldtest"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
 
@@ -83,7 +83,8 @@ func TestMovedVersion(t *testing.T) {
 // mover.Record, whose format pkg/mover owns, fails here and in pkg/mover.
 func TestMovedCarriesEveryField(t *testing.T) {
 	var want movedRecord
-	fillMoved(t, reflect.ValueOf(&want).Elem(), "movedRecord", new(int))
+	// A mode version 1 has a number for: the others are refused.
+	fieldtest.Fill(t, &want, fieldtest.Value(func(int) xdp.Mode { return xdp.ModeGeneric }))
 	b, err := json.Marshal(want)
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +97,7 @@ func TestMovedCarriesEveryField(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if lost := lostMovedFields(reflect.ValueOf(want), reflect.ValueOf(got), "movedRecord"); len(lost) != 0 {
+	if lost := fieldtest.Lost(want, got); len(lost) != 0 {
 		t.Errorf("fields lost by the record: %s\nwritten: %s", strings.Join(lost, ", "), b)
 	}
 
@@ -104,74 +105,10 @@ func TestMovedCarriesEveryField(t *testing.T) {
 	got.Policy.Linger = 0
 	got.Device.XDP = 0
 	got.Policy.Reserved = got.Policy.Reserved[:1]
-	lost := lostMovedFields(reflect.ValueOf(want), reflect.ValueOf(got), "movedRecord")
+	lost := fieldtest.Lost(want, got)
 	for _, f := range []string{"movedRecord.Policy.Linger", "movedRecord.Device.XDP", "movedRecord.Policy.Reserved"} {
 		if !slices.Contains(lost, f) {
 			t.Errorf("%s dropped, not named: %v", f, lost)
 		}
 	}
-}
-
-// fillMoved gives every exported field of v a value that is not zero,
-// and distinct from the others' where its type allows, so that a field
-// converted into another is seen too. n counts the fields filled.
-func fillMoved(t *testing.T, v reflect.Value, path string, n *int) {
-	t.Helper()
-	*n++
-	if v.Type() == reflect.TypeFor[xdp.Mode]() {
-		v.Set(reflect.ValueOf(xdp.ModeGeneric)) // one that has a number
-		return
-	}
-	switch v.Kind() {
-	case reflect.String:
-		v.SetString(path)
-	case reflect.Bool:
-		v.SetBool(true)
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		v.SetInt(int64(*n))
-	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		v.SetUint(uint64(*n))
-	case reflect.Slice:
-		v.Set(reflect.MakeSlice(v.Type(), 2, 2))
-		for i := range 2 {
-			fillMoved(t, v.Index(i), fmt.Sprintf("%s[%d]", path, i), n)
-		}
-	case reflect.Struct:
-		for i := range v.NumField() {
-			if f := v.Type().Field(i); f.IsExported() {
-				fillMoved(t, v.Field(i), path+"."+f.Name, n)
-			}
-		}
-		if v.IsZero() {
-			t.Fatalf("%s: this test cannot fill a %s (no exported field) yet; teach fillMoved", path, v.Type())
-		}
-	default:
-		t.Fatalf("%s: this test cannot fill a %s yet; teach fillMoved", path, v.Type())
-	}
-}
-
-// lostMovedFields lists the exported fields of want that got does not
-// hold.
-func lostMovedFields(want, got reflect.Value, path string) []string {
-	var lost []string
-	switch want.Kind() {
-	case reflect.Struct:
-		for i := range want.NumField() {
-			if f := want.Type().Field(i); f.IsExported() {
-				lost = append(lost, lostMovedFields(want.Field(i), got.Field(i), path+"."+f.Name)...)
-			}
-		}
-	case reflect.Slice:
-		if want.Len() != got.Len() {
-			return []string{path}
-		}
-		for i := range want.Len() {
-			lost = append(lost, lostMovedFields(want.Index(i), got.Index(i), fmt.Sprintf("%s[%d]", path, i))...)
-		}
-	default:
-		if !reflect.DeepEqual(want.Interface(), got.Interface()) {
-			return []string{path}
-		}
-	}
-	return lost
 }

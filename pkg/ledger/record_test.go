@@ -2,17 +2,16 @@ package ledger
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/xdpq/xdpq/internal/fieldtest"
 )
 
 // cmpAlloc compares allocations: times as instants, prefixes by value.
@@ -148,8 +147,7 @@ func TestRecordVersion(t *testing.T) {
 // (in a new record version if an older daemon must not misread it).
 func TestRecordCarriesEveryField(t *testing.T) {
 	var want Allocation
-	n := 0
-	fill(t, reflect.ValueOf(&want).Elem(), "Allocation", &n)
+	fieldtest.Fill(t, &want)
 	b, err := encodeRecord(&want)
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +157,7 @@ func TestRecordCarriesEveryField(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := r.allocation()
-	if lost := lostFields(reflect.ValueOf(want), reflect.ValueOf(*got), "Allocation"); len(lost) != 0 {
+	if lost := fieldtest.Lost(want, *got); len(lost) != 0 {
 		t.Errorf("fields lost by the record: %s\nwritten: %s", strings.Join(lost, ", "), b)
 	}
 	if d := cmp.Diff(&want, got, cmpAlloc...); d != "" {
@@ -169,103 +167,10 @@ func TestRecordCarriesEveryField(t *testing.T) {
 	// The test can fail: a field the record would drop is named.
 	got.Attachments[0].Flows[0].VLAN = 0
 	got.Owner.UID = nil
-	lost := lostFields(reflect.ValueOf(want), reflect.ValueOf(*got), "Allocation")
+	lost := fieldtest.Lost(want, *got)
 	for _, f := range []string{"Allocation.Owner.UID", "Allocation.Attachments[0].Attachment.CNIAddRequest.Flows[0].VLAN"} {
 		if !slices.Contains(lost, f) {
 			t.Errorf("%s dropped, not named: %v", f, lost)
 		}
 	}
-}
-
-// fill gives every exported field of v a value that is not zero, and
-// distinct from the others' where its type allows, so that a field
-// converted into another is seen too. n counts the fields filled.
-func fill(t *testing.T, v reflect.Value, path string, n *int) {
-	t.Helper()
-	*n++
-	switch v.Type() {
-	case reflect.TypeFor[time.Time]():
-		v.Set(reflect.ValueOf(time.Date(2026, 1, 2, 3, 4, 5, *n, time.UTC)))
-		return
-	case reflect.TypeFor[netip.Prefix]():
-		v.Set(reflect.ValueOf(netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(*n >> 8), byte(*n)}), 32)))
-		return
-	case reflect.TypeFor[netip.Addr]():
-		v.Set(reflect.ValueOf(netip.AddrFrom4([4]byte{10, 1, byte(*n >> 8), byte(*n)})))
-		return
-	}
-	switch v.Kind() {
-	case reflect.String:
-		v.SetString(path)
-	case reflect.Bool:
-		v.SetBool(true)
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		v.SetInt(int64(*n))
-	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		v.SetUint(uint64(*n))
-	case reflect.Pointer:
-		v.Set(reflect.New(v.Type().Elem()))
-		fill(t, v.Elem(), path, n)
-	case reflect.Slice:
-		v.Set(reflect.MakeSlice(v.Type(), 2, 2))
-		for i := range 2 {
-			fill(t, v.Index(i), fmt.Sprintf("%s[%d]", path, i), n)
-		}
-	case reflect.Struct:
-		for i := range v.NumField() {
-			if f := v.Type().Field(i); f.IsExported() {
-				fill(t, v.Field(i), path+"."+f.Name, n)
-			}
-		}
-		if v.IsZero() {
-			t.Fatalf("%s: this test cannot fill a %s (no exported field) yet; teach fill", path, v.Type())
-		}
-	default:
-		t.Fatalf("%s: this test cannot fill a %s yet; teach fill", path, v.Type())
-	}
-}
-
-// lostFields lists the exported fields of want that got does not hold.
-func lostFields(want, got reflect.Value, path string) []string {
-	switch want.Type() {
-	case reflect.TypeFor[time.Time]():
-		if !want.Interface().(time.Time).Equal(got.Interface().(time.Time)) {
-			return []string{path}
-		}
-		return nil
-	case reflect.TypeFor[netip.Prefix](), reflect.TypeFor[netip.Addr]():
-		if want.Interface() != got.Interface() {
-			return []string{path}
-		}
-		return nil
-	}
-	var lost []string
-	switch want.Kind() {
-	case reflect.Struct:
-		for i := range want.NumField() {
-			if f := want.Type().Field(i); f.IsExported() {
-				lost = append(lost, lostFields(want.Field(i), got.Field(i), path+"."+f.Name)...)
-			}
-		}
-	case reflect.Pointer:
-		if want.IsNil() || got.IsNil() {
-			if want.IsNil() != got.IsNil() {
-				return []string{path}
-			}
-			return nil
-		}
-		return lostFields(want.Elem(), got.Elem(), path)
-	case reflect.Slice:
-		if want.Len() != got.Len() {
-			return []string{path}
-		}
-		for i := range want.Len() {
-			lost = append(lost, lostFields(want.Index(i), got.Index(i), fmt.Sprintf("%s[%d]", path, i))...)
-		}
-	default:
-		if !reflect.DeepEqual(want.Interface(), got.Interface()) {
-			return []string{path}
-		}
-	}
-	return lost
 }

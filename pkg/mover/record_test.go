@@ -2,7 +2,6 @@ package mover
 
 import (
 	"encoding/json"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -12,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/xdpq/xdpq/internal/fieldtest"
 )
 
 func validRecord() Record {
@@ -211,8 +212,7 @@ func TestRecordVersion(t *testing.T) {
 // must not misread it).
 func TestRecordCarriesEveryField(t *testing.T) {
 	var want Record
-	n := 0
-	fill(t, reflect.ValueOf(&want).Elem(), "Record", &n)
+	fieldtest.Fill(t, &want)
 	b, err := json.Marshal(want)
 	if err != nil {
 		t.Fatal(err)
@@ -221,72 +221,13 @@ func TestRecordCarriesEveryField(t *testing.T) {
 	if err := json.Unmarshal(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	if lost := lostFields(reflect.ValueOf(want), reflect.ValueOf(got), "Record"); len(lost) != 0 {
+	if lost := fieldtest.Lost(want, got); len(lost) != 0 {
 		t.Errorf("fields lost by the record: %s\nwritten: %s", strings.Join(lost, ", "), b)
 	}
 
 	// The test can fail: a field the record would drop is named.
 	got.Node.Multicast = false
-	if lost := lostFields(reflect.ValueOf(want), reflect.ValueOf(got), "Record"); !slices.Contains(lost, "Record.Node.Multicast") {
+	if lost := fieldtest.Lost(want, got); !slices.Contains(lost, "Record.Node.Multicast") {
 		t.Errorf("Node.Multicast dropped, not named: %v", lost)
 	}
-}
-
-// fill gives every field of v a value that is not zero, and distinct from
-// the others' where its type allows, so that a field converted into
-// another is seen too. n counts the fields filled.
-func fill(t *testing.T, v reflect.Value, path string, n *int) {
-	t.Helper()
-	*n++
-	switch v.Kind() {
-	case reflect.String:
-		v.SetString(path)
-	case reflect.Bool:
-		v.SetBool(true)
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		v.SetInt(int64(*n))
-	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		v.SetUint(uint64(*n))
-	case reflect.Slice:
-		v.Set(reflect.MakeSlice(v.Type(), 2, 2))
-		for i := range 2 {
-			fill(t, v.Index(i), fmt.Sprintf("%s[%d]", path, i), n)
-		}
-	case reflect.Struct:
-		for i := range v.NumField() {
-			if f := v.Type().Field(i); f.IsExported() {
-				fill(t, v.Field(i), path+"."+f.Name, n)
-			}
-		}
-		if v.IsZero() {
-			t.Fatalf("%s: this test cannot fill a %s (no exported field) yet; teach fill", path, v.Type())
-		}
-	default:
-		t.Fatalf("%s: this test cannot fill a %s yet; teach fill", path, v.Type())
-	}
-}
-
-// lostFields lists the fields of want that got does not hold.
-func lostFields(want, got reflect.Value, path string) []string {
-	var lost []string
-	switch want.Kind() {
-	case reflect.Struct:
-		for i := range want.NumField() {
-			if f := want.Type().Field(i); f.IsExported() {
-				lost = append(lost, lostFields(want.Field(i), got.Field(i), path+"."+f.Name)...)
-			}
-		}
-	case reflect.Slice:
-		if want.Len() != got.Len() {
-			return []string{path}
-		}
-		for i := range want.Len() {
-			lost = append(lost, lostFields(want.Index(i), got.Index(i), fmt.Sprintf("%s[%d]", path, i))...)
-		}
-	default:
-		if !reflect.DeepEqual(want.Interface(), got.Interface()) {
-			return []string{path}
-		}
-	}
-	return lost
 }
