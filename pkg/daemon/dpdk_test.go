@@ -407,7 +407,21 @@ func TestTestpmdInPod(t *testing.T) {
 	const frames = 1000
 	// Queue 0 gets the frames sent on it, and perhaps a few the node's
 	// stack sends on its own (IPv6 neighbour discovery).
-	if n, out := run(need, frames); n < frames || n > frames+20 {
+	// Debian's testpmd loads its program through libxdp, which finds no
+	// bpffs in the pod and detaches and attaches it again; under a busy
+	// machine (make test runs the packages side by side) its PMD now and
+	// then receives none or part of the frames while xdpq keeps its hands
+	// off the hook (Overridden, then None: the pod agent attaches nothing
+	// while no socket of its own is bound). Up to three runs, each told.
+	var n uint64
+	var out string
+	for try := 1; try <= 3; try++ {
+		if n, out = run(need, frames); n >= frames && n <= frames+20 {
+			break
+		}
+		t.Logf("run %d: testpmd received %d of %d frames", try, n, frames)
+	}
+	if n < frames || n > frames+20 {
 		t.Errorf("testpmd with %v received %d frames, want %d:\n%s", need, n, frames, out)
 	}
 	for i, c := range need {
