@@ -174,9 +174,10 @@ type Agent struct {
 // the agent's lock. The event loop skips a busy netdev (marking it
 // stale: the holder reconciles it before giving the token back); the
 // other calls wait for the token. The token holder alone writes the
-// netdev's fields; those that Status and the metrics read (status,
-// sockets, ifindex, the steering counts, policy and its errors, prog,
-// kind, reattach) it writes under the agent's lock too.
+// netdev's fields; those that Status and the metrics read (status, with
+// the sockets as of the reconcile that published it; ifindex, the
+// steering counts, policy and its errors, prog, kind, reattach) it
+// writes under the agent's lock too.
 type netdev struct {
 	name    string
 	ifindex int
@@ -435,9 +436,7 @@ func (a *Agent) Status() []Status {
 	for _, name := range names {
 		d := a.netdevs[name]
 		s := d.status
-		if len(d.sockets) > 0 {
-			s.Sockets = slices.Sorted(maps.Keys(d.sockets))
-		}
+		s.Sockets = slices.Clone(s.Sockets)
 		s.Steering, s.Flows, s.UnknownFlows = d.steerMode, d.flows, d.unknown
 		s.Policy = d.policy
 		s.Policy.Reserved = slices.Clone(d.policy.Reserved)
@@ -627,7 +626,12 @@ func (a *Agent) reconcile(d *netdev) {
 	failed := false     // the kernel refused what the netdev needs: a warning, not news
 	reattached := false // xdpq's program is back after a foreign one left
 	defer func() {
-		// What it found is published at once, for Status and the metrics.
+		// What it found is published at once, for Status and the metrics:
+		// the sockets with the state they brought about, so that a socket
+		// reported means its program attached (or why not).
+		if len(d.sockets) > 0 {
+			st.Sockets = slices.Sorted(maps.Keys(d.sockets))
+		}
 		a.mu.Lock()
 		d.status = st
 		if reattached {
@@ -653,8 +657,12 @@ func (a *Agent) reconcile(d *netdev) {
 	if err != nil {
 		// Gone; one of its name in its place is it re-created (a driver
 		// reload, a VF re-made, an SR-IOV reset): managed from now on.
+		// A lookup that failed for another reason finds it under its
+		// own ifindex: nothing to forget.
 		if nl, nerr := a.linkByName(d.name); nerr == nil {
-			a.recreated(d, nl.Attrs().Index)
+			if nl.Attrs().Index != d.ifindex {
+				a.recreated(d, nl.Attrs().Index)
+			}
 			l, err = nl, nil
 		}
 	}

@@ -116,7 +116,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		for _, m := range allModes {
 			out = append(out, prometheus.MustNewConstMetric(modeDesc, prometheus.GaugeValue, b2f(d.status.Mode == m), name, m.String()))
 		}
-		out = append(out, prometheus.MustNewConstMetric(socketsDesc, prometheus.GaugeValue, float64(len(d.sockets)), name),
+		out = append(out, prometheus.MustNewConstMetric(socketsDesc, prometheus.GaugeValue, float64(len(d.status.Sockets)), name),
 			prometheus.MustNewConstMetric(flowsDesc, prometheus.GaugeValue, float64(d.flows), name, string(d.steerMode)),
 			prometheus.MustNewConstHistogram(reattachDesc, d.reattach.count, d.reattach.sum, d.reattach.cumulative(), name))
 		if d.kind == xdp.Filter {
