@@ -39,11 +39,7 @@ func netdevInPod(t *testing.T, d *Daemon, pool string) (*api.Allocation, ns.NetN
 	if err != nil {
 		t.Fatal(err)
 	}
-	pod, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pod.Close(); testutils.UnmountNS(pod) })
+	pod := newPodNS(t)
 	ref := api.AttachmentRef{ContainerID: "c1", IfName: "net1"}
 	if _, err := d.CNIAdd(context.Background(), api.CNIAddRequest{ContainerID: ref.ContainerID, IfName: ref.IfName, Netns: pod.Path(), Allocation: a.ID}); err != nil {
 		t.Fatal(err)

@@ -7,6 +7,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
 
@@ -61,4 +64,22 @@ func runDaemon(t testing.TB, opts Options, prep ...func(*Daemon)) (*Daemon, func
 		t.Fatalf("the daemon stopped: %v", err)
 	}
 	return d, stop
+}
+
+// newPodNS makes a pod's network namespace, gone when the test ends.
+func newPodNS(t testing.TB) ns.NetNS {
+	t.Helper()
+	pod, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := pod.Close(); err != nil {
+			t.Error(err)
+		}
+		if err := testutils.UnmountNS(pod); err != nil {
+			t.Error(err)
+		}
+	})
+	return pod
 }

@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netns"
 
 	"github.com/xdpq/xdpq/internal/testnet"
@@ -67,11 +66,7 @@ func TestFailedUndoKeepsTheRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pod, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pod.Close(); testutils.UnmountNS(pod) })
+	pod := newPodNS(t)
 	_, err = d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), Allocation: a.ID, PodUID: "u1"})
 	if err == nil || !strings.Contains(err.Error(), "kept on record") {
 		t.Fatalf("ADD: %v; want the failure and the failed undo", err)
