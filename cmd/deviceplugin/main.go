@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -40,6 +41,10 @@ func main() {
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig of the API server, where the daemon keeps its node's XdpqNode and records Events (default: the in-cluster config when KUBERNETES_SERVICE_HOST is set, else no API server)")
 	daemonSet := flag.String("daemonset", "", "the DaemonSet that runs this daemon, in -namespace: when it is deleted (helm uninstall) the daemon removes everything it put on the node as it stops; on any other stop (a restart, an update) everything stays. Needs an API server")
 	namespace := flag.String("namespace", os.Getenv("POD_NAMESPACE"), "the namespace of -daemonset")
+	draOn := flag.Bool("dra", false, "run the DRA driver xdpq.io for the pools served by DRA (needs an API server and kubelet 1.34+)")
+	flag.StringVar(&o.ServedBy, "served-by", "", `how a pool whose config does not say is served: "dra" or "devicePlugin" (default)`)
+	draPluginDir := flag.String("dra-plugin-dir", "", "the DRA driver's socket directory (default /var/lib/kubelet/plugins/xdpq.io)")
+	cdiDir := flag.String("cdi-dir", "", "where the DRA driver writes the claims' CDI specs (default /var/run/cdi)")
 	debug := flag.Bool("debug", false, "log at debug level")
 	flag.Parse()
 	level := slog.LevelInfo
@@ -62,6 +67,21 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "deviceplugin:", err)
 		os.Exit(1)
+	}
+	if *draOn {
+		if restCfg == nil {
+			fmt.Fprintln(os.Stderr, "deviceplugin: -dra needs an API server (-kubeconfig, or in a pod)")
+			os.Exit(2)
+		}
+		// The kubeletplugin helper takes client-go's clientset.
+		cs, err := kubernetes.NewForConfig(restCfg)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "deviceplugin:", err)
+			os.Exit(1)
+		}
+		// POD_UID (the downward API) lets a new daemon register beside
+		// the old one in a rolling update with maxSurge.
+		o.DRA = &daemon.DRA{Kube: cs, RegistryDir: o.RegistryDir, PluginDir: *draPluginDir, CDIDir: *cdiDir, RollingUpdate: os.Getenv("POD_UID")}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -27,7 +27,11 @@ type Pool struct {
 	Name string `json:"name" desc:"The pool's name; the resource is <resourcePrefix>/<name>. Lower case letters, digits and '-', at most 63."`
 	// Mode is queue (queues shared among pods, default) or netdev (the
 	// whole netdev to one pod).
-	Mode     string   `json:"mode,omitempty" desc:"queue (default): queues of a netdev shared among pods; netdev: the whole netdev to one pod, moved into its network namespace." enum:"queue,netdev"`
+	Mode string `json:"mode,omitempty" desc:"queue (default): queues of a netdev shared among pods; netdev: the whole netdev to one pod, moved into its network namespace." enum:"queue,netdev"`
+	// ServedBy is how kubelet hands the pool's devices to pods: dra
+	// (a ResourceClaim) or devicePlugin (an extended resource); empty
+	// is the daemon's default (its --served-by).
+	ServedBy string   `json:"servedBy,omitempty" desc:"How pods get the pool's devices: dra (ResourceClaims of driver xdpq.io, and the extended resource through a DeviceClass) or devicePlugin (the extended resource through a device plugin). Empty: the daemon's --served-by. A pool changes only once no allocation of the other holds its devices." enum:"dra,devicePlugin"`
 	Steering string   `json:"steering,omitempty" desc:"How flows reach a pod's queues: hardware (ntuple rules, direct program), software (filter program) or auto (default: hardware where the NIC has ntuple filters)." enum:"auto,hardware,software"`
 	Devices  Selector `json:"devices" desc:"Which netdevs the pool takes queues of."`
 	// Queues is the queues reserved on every matched netdev that names no

@@ -285,6 +285,9 @@ func validatePools(pools []Pool, base string, add func(string, string, ...any)) 
 		if !oneOf(pool.Mode, "queue", "netdev") {
 			add(p+".mode", "%q; allowed: %s", pool.Mode, allowedList("queue", "netdev"))
 		}
+		if pool.ServedBy != "" && !oneOf(pool.ServedBy, "dra", "devicePlugin") {
+			add(p+".servedBy", "%q; allowed: %s", pool.ServedBy, allowedList("dra", "devicePlugin"))
+		}
 		if !oneOf(pool.Steering, "auto", "hardware", "software") {
 			add(p+".steering", "%q; allowed: %s", pool.Steering, allowedList("auto", "hardware", "software"))
 		}

@@ -293,21 +293,28 @@ func (d *Daemon) allocate(ctx context.Context, pool string, ids []string) (*plug
 		}
 	}
 	d.log.Info("allocated", "allocation", a.ID, "pool", pool, "netdev", a.Netdev, "queues", a.Queues, "replaces", a.Replaces)
-	env := strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(pool))
+	env, mounts := d.containerEdits(a)
+	return &pluginapi.ContainerAllocateResponse{Envs: env, Mounts: mounts}, nil
+}
+
+// containerEdits are what a container holding allocation a gets, from
+// the device plugin's Allocate or in a DRA claim's CDI spec: the
+// allocation's directory at /run/xdpq (its broker socket), the
+// environment that names it, and a DPDK pool's mounts.
+func (d *Daemon) containerEdits(a ledger.Allocation) (map[string]string, []*pluginapi.Mount) {
+	env := strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(a.Pool))
 	var qs []string
 	for _, q := range a.Queues {
 		qs = append(qs, fmt.Sprintf("%s:%d", a.Netdev, q))
 	}
-	meta, _ := d.ledger.Meta(pool)
-	return &pluginapi.ContainerAllocateResponse{
-		Envs: map[string]string{
+	meta, _ := d.ledger.Meta(a.Pool)
+	return map[string]string{
 			"XDPQ_SOCKET":        "/run/xdpq/" + broker.SocketName,
 			"XDPQ_QUEUES_" + env: strings.Join(qs, ","),
 			"XDPQ_NETDEV_" + env: a.Netdev,
 			"XDPQ_ALLOCATION":    a.ID,
 		},
-		Mounts: append([]*pluginapi.Mount{{ContainerPath: "/run/xdpq", HostPath: d.allocDir(a.ID)}}, d.dpdkMounts(a, meta.Config)...),
-	}, nil
+		append([]*pluginapi.Mount{{ContainerPath: "/run/xdpq", HostPath: d.allocDir(a.ID)}}, d.dpdkMounts(a, meta.Config)...)
 }
 
 // carry says whether a restarted container's new allocation a keeps an

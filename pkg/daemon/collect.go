@@ -52,7 +52,9 @@ func (d *Daemon) collect(ctx context.Context, grace time.Duration) (atts, allocs
 	}
 	for _, a := range d.ledger.Allocations() {
 		p, ok := d.ledger.Meta(a.Pool)
-		if !ok || time.Since(a.Created) < grace || heldBy(held, resourceOf(a, p), a.Devices) {
+		// A claim's allocation goes with its claim: kubelet unprepares
+		// it (again after a restart of its own, from its checkpoint).
+		if !ok || a.Claim != nil || time.Since(a.Created) < grace || heldBy(held, resourceOf(a, p), a.Devices) {
 			continue
 		}
 		if err := d.free(ctx, a.ID, "no running container holds its devices"); err != nil {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -97,7 +98,14 @@ type Options struct {
 	// and without it, all of that stays for the next daemon to adopt. It
 	// must return when its context ends.
 	Uninstalling func(context.Context) (bool, string)
-	Logger       *slog.Logger
+	// DRA, with Kube (Kubernetes mode), runs the DRA driver xdpq.io for
+	// the pools served by DRA; nil: every pool is served by the device
+	// plugin.
+	DRA *DRA
+	// ServedBy is how a pool whose config does not say is served:
+	// ServedByDRA or ServedByDevicePlugin ("", the default).
+	ServedBy string
+	Logger   *slog.Logger
 }
 
 // DefaultAPISocket is where the daemon serves its local API.
@@ -133,6 +141,8 @@ type Daemon struct {
 	node nodeReporter
 	// netdevsChanged wakes reportNetdevs; capacity 1.
 	netdevsChanged chan struct{}
+	// draChanged wakes draLoop to publish; capacity 1.
+	draChanged chan struct{}
 	// fdNeed and fdProblem are the reconciler's own: the descriptors the
 	// pools needed at the last fitFDLimit, and what it found.
 	fdNeed    uint64
@@ -184,12 +194,21 @@ func New(opts Options) (_ *Daemon, err error) {
 	}
 	d := &Daemon{opts: opts, log: opts.Logger, kubelet: kubelet{opts.PodResourcesSocket}, ready: make(chan struct{}), reqs: make(chan reconcileRequest),
 		found: map[string]nic.Netdev{}, managed: map[string]agent.Policy{}, retry: map[string]error{}, ifindexes: map[string]int{},
-		health: health{running: map[string]bool{}}, netdevsChanged: make(chan struct{}, 1)}
+		health: health{running: map[string]bool{}}, netdevsChanged: make(chan struct{}, 1), draChanged: make(chan struct{}, 1)}
 	d.pods = newPodNetdevs(d.log, d.pinRoot(), opts.StateDir, d.devicesChanged)
 	d.plugins = &devicePlugins{dir: opts.PluginDir, registry: opts.RegistryDir, log: d.log, devices: d.devices, allocate: d.allocate,
 		running: map[string]*plugin{}}
 	if opts.Kube != nil && (opts.NodeName == "" || opts.Kube.Pods == nil || opts.Kube.Nodes == nil || opts.Kube.Events == nil || opts.Kube.Dynamic == nil) {
 		return nil, errors.New("with an API server the daemon needs its node's name (--node-name, or NODE_NAME) and every client of Options.Kube")
+	}
+	if opts.DRA != nil && (opts.NodeName == "" || opts.DRA.Kube == nil) {
+		return nil, errors.New("the DRA driver needs its node's name (--node-name, or NODE_NAME) and a client of the API server")
+	}
+	if !slices.Contains([]string{"", ServedByDRA, ServedByDevicePlugin}, opts.ServedBy) {
+		return nil, fmt.Errorf("served by %q: %s or %s", opts.ServedBy, ServedByDRA, ServedByDevicePlugin)
+	}
+	if opts.ServedBy == ServedByDRA && opts.DRA == nil {
+		return nil, errors.New("pools are to be served by DRA, but the DRA driver is off")
 	}
 	d.node = d.newNodeReporter()
 	if opts.Pods == nil && opts.Kube != nil && !opts.Standalone {
@@ -372,6 +391,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if gctx.Err() == nil {
 		if d.opts.Pods != nil && !d.opts.Standalone {
 			part("pod flows", d.podFlowsLoop)
+		}
+		if d.opts.DRA != nil && !d.opts.Standalone {
+			part("dra", d.draLoop)
 		}
 		part("config watcher", func(ctx context.Context) error { return d.watcher.Run(ctx, d.applier(ctx)) })
 		part("local api", func(ctx context.Context) error {

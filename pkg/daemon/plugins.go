@@ -167,4 +167,5 @@ func (d *Daemon) devicesChanged() {
 	d.retargetRecreated()
 	d.signalNetdevs()
 	d.plugins.changed()
+	d.signalDRA()
 }

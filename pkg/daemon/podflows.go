@@ -129,8 +129,14 @@ func (d *Daemon) forgetPodFlows(key api.AttachmentRef) {
 // pod's addresses and it has none yet.
 func (d *Daemon) annotatedFlows(pod kubepods.Pod, a ledger.Allocation, n int) (flows []api.CNIFlow, refused string, wait bool) {
 	name := FlowsAnnotation + "." + a.Pool
-	val, ok := pod.Annotations[name]
-	if !ok {
+	var val string
+	var ok bool
+	if a.Claim != nil {
+		// A claim's flows are its configuration's; annotations are the
+		// device plugin's way.
+		name = fmt.Sprintf("claim %s/%s: flows", a.Claim.Namespace, a.Claim.Name)
+		val, ok = string(a.Claim.Flows), a.Claim.Flows != nil
+	} else if val, ok = pod.Annotations[name]; !ok {
 		if val, ok = pod.Annotations[FlowsAnnotation]; ok && n > 1 {
 			return nil, fmt.Sprintf("the pod holds allocations of %d pools: annotate each pool's flows as %s.<pool>", n, FlowsAnnotation), false
 		}

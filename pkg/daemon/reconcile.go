@@ -171,6 +171,11 @@ func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
 	if p := d.fitFDLimit(lpools); p != "" {
 		problems = append(problems, p)
 	}
+	for _, p := range d.ledger.Metas() {
+		if _, why := d.servedBy(p); why != "" {
+			problems = append(problems, why)
+		}
+	}
 	for _, p := range changes.Lingering {
 		d.log.Info("pool removed from the config; it goes once its allocations are freed", "pool", p)
 	}
@@ -344,9 +349,13 @@ func (d *Daemon) syncPlugins() {
 	}
 	want := map[string]string{}
 	for _, p := range d.ledger.Metas() {
-		if p.Resource != "" { // a pool of records only, gone from the config before this daemon started
+		if p.Resource == "" { // a pool of records only, gone from the config before this daemon started
+			continue
+		}
+		if by, _ := d.servedBy(p); by == ServedByDevicePlugin {
 			want[p.Name] = p.Resource
 		}
 	}
 	d.plugins.sync(want)
+	d.signalDRA()
 }

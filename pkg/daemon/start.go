@@ -207,7 +207,7 @@ func (d *Daemon) restoreAllocations(ctx context.Context, recorded map[string]boo
 	}
 	for _, a := range allocs {
 		p, _ := d.ledger.Meta(a.Pool)
-		if held != nil && !heldBy(held, resourceOf(a, p), a.Devices) {
+		if held != nil && a.Claim == nil && !heldBy(held, resourceOf(a, p), a.Devices) {
 			d.serveRestored(ctx, a) // served, so that free can stop serving it
 			if err := d.free(ctx, a.ID, "kubelet says no running container holds its devices"); err != nil {
 				d.log.Warn("free", "allocation", a.ID, "err", err)

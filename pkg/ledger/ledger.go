@@ -3,6 +3,7 @@ package ledger
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -103,6 +104,9 @@ type Allocation struct {
 	Replaces    []string
 	Attachments []Attachment
 	Lease       []LeaseSocket
+	// Claim is the DRA ResourceClaim the allocation was prepared for;
+	// nil for an allocation of the device plugin or the local API.
+	Claim *Claim
 	// replacedBy is the pending allocation that succeeds this one
 	// (Reserve with Replace), until Commit or Abort; never persisted.
 	replacedBy string
@@ -129,6 +133,19 @@ type Attachment struct {
 	// long as the attachment lives, restarts included. Recorded before
 	// the map leaves the daemon.
 	MapOut bool
+}
+
+// Claim is the ResourceClaim an allocation serves (DRA): kubelet's
+// Prepare names it by UID, Unprepare by UID again, and the claim's own
+// configuration says which flows to steer to it.
+type Claim struct {
+	UID       string
+	Namespace string
+	Name      string
+	// Flows is the claim's configured flows as the configuration gave
+	// them (the CNI configuration's "flows" schema, not yet resolved to
+	// the pod's addresses); nil when it gives none.
+	Flows json.RawMessage
 }
 
 // Key is the attachment's name: "containerID/ifName".
@@ -578,6 +595,27 @@ func (l *Ledger) Get(id string) (Allocation, bool) {
 	return cloneAlloc(a), true
 }
 
+// ByClaim returns the allocation of the ResourceClaim with uid, in
+// whatever state it is.
+func (l *Ledger) ByClaim(uid string) (Allocation, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if a := l.claimLocked(uid); a != nil {
+		return cloneAlloc(a), true
+	}
+	return Allocation{}, false
+}
+
+// claimLocked is the allocation of claim uid, or nil.
+func (l *Ledger) claimLocked(uid string) *Allocation {
+	for _, a := range l.allocs {
+		if a.Claim != nil && a.Claim.UID == uid {
+			return a
+		}
+	}
+	return nil
+}
+
 // Allocations returns every allocation but those being made, by id.
 func (l *Ledger) Allocations() []Allocation {
 	l.mu.Lock()
@@ -639,6 +677,11 @@ func cloneAlloc(a *Allocation) Allocation {
 	c.Devices = slices.Clone(a.Devices)
 	c.Replaces = slices.Clone(a.Replaces)
 	c.Lease = slices.Clone(a.Lease)
+	if a.Claim != nil {
+		cl := *a.Claim
+		cl.Flows = slices.Clone(a.Claim.Flows)
+		c.Claim = &cl
+	}
 	c.Attachments = make([]Attachment, len(a.Attachments))
 	for i, att := range a.Attachments {
 		c.Attachments[i] = cloneAtt(att)
@@ -670,6 +713,9 @@ type Reservation struct {
 	// Allocate for a restarted container). Without it a held device is
 	// ErrConflict.
 	Replace bool
+	// Claim is the ResourceClaim the allocation is prepared for (DRA):
+	// one claim holds at most one allocation.
+	Claim *Claim
 }
 
 // Reserve makes a pending allocation of the devices: they are held from
@@ -695,6 +741,17 @@ func (l *Ledger) Reserve(r Reservation) (Allocation, error) {
 		return Allocation{}, api.Errorf(api.ErrInvalid, "pool %s: %d queues asked; its limits.maxQueuesPerPod is %d", r.Pool, len(r.Devices), max)
 	}
 	a := &Allocation{Pool: r.Pool, Resource: p.Resource, Owner: r.Owner, Created: l.clock.Now(), State: Pending}
+	if r.Claim != nil {
+		if r.Claim.UID == "" {
+			return Allocation{}, api.Errorf(api.ErrInvalid, "pool %s: a claim without a UID", r.Pool)
+		}
+		if h := l.claimLocked(r.Claim.UID); h != nil {
+			return Allocation{}, api.Errorf(api.ErrConflict, "claim %s/%s (%s) already holds allocation %s (%s)", r.Claim.Namespace, r.Claim.Name, r.Claim.UID, h.ID, h.state())
+		}
+		cl := *r.Claim
+		cl.Flows = slices.Clone(r.Claim.Flows)
+		a.Claim = &cl
+	}
 	replaces := map[string]bool{}
 	for _, id := range r.Devices {
 		i, ok := p.index[id]

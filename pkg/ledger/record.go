@@ -41,6 +41,19 @@ type recordV1 struct {
 	Replaces    []string        `json:"replaces,omitempty"`
 	Attachments []attachmentV1  `json:"attachments,omitempty"`
 	Lease       []leaseSocketV1 `json:"lease,omitempty"`
+	// Claim was added in version 1 without a new version: a daemon
+	// without it reads a claim's allocation as one of the device
+	// plugin's (and frees it when kubelet says no container holds its
+	// devices, which is then the case).
+	Claim *claimV1 `json:"claim,omitempty"`
+}
+
+// claimV1 is the DRA ResourceClaim an allocation serves.
+type claimV1 struct {
+	UID       string          `json:"uid"`
+	Namespace string          `json:"namespace"`
+	Name      string          `json:"name"`
+	Flows     json.RawMessage `json:"flows,omitempty"`
 }
 
 type ownerV1 struct {
@@ -163,6 +176,9 @@ func toRecord(a *Allocation) recordV1 {
 		State:    string(a.State),
 		Replaces: a.Replaces,
 	}
+	if a.Claim != nil {
+		r.Claim = &claimV1{UID: a.Claim.UID, Namespace: a.Claim.Namespace, Name: a.Claim.Name, Flows: a.Claim.Flows}
+	}
 	if a.Attachments != nil {
 		r.Attachments = make([]attachmentV1, len(a.Attachments))
 		for i, att := range a.Attachments {
@@ -225,6 +241,9 @@ func (r recordV1) allocation() *Allocation {
 		Created:  r.Created,
 		State:    State(r.State),
 		Replaces: r.Replaces,
+	}
+	if r.Claim != nil {
+		a.Claim = &Claim{UID: r.Claim.UID, Namespace: r.Claim.Namespace, Name: r.Claim.Name, Flows: slices.Clone(r.Claim.Flows)}
 	}
 	if r.Attachments != nil {
 		a.Attachments = make([]Attachment, len(r.Attachments))

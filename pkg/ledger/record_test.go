@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -147,7 +148,7 @@ func TestRecordVersion(t *testing.T) {
 // (in a new record version if an older daemon must not misread it).
 func TestRecordCarriesEveryField(t *testing.T) {
 	var want Allocation
-	fieldtest.Fill(t, &want)
+	fieldtest.Fill(t, &want, fieldtest.Value(func(n int) json.RawMessage { return json.RawMessage(fmt.Sprintf(`[{"port":%d}]`, n)) }))
 	b, err := encodeRecord(&want)
 	if err != nil {
 		t.Fatal(err)

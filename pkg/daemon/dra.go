@@ -1,0 +1,292 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+
+	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/dra"
+	"github.com/xdpq/xdpq/pkg/ledger"
+	"github.com/xdpq/xdpq/pkg/nic"
+)
+
+// How a pool is served to pods (config.Pool.ServedBy).
+const (
+	ServedByDRA          = "dra"
+	ServedByDevicePlugin = "devicePlugin"
+)
+
+// DRA configures the daemon's DRA driver (Kubernetes mode): it serves
+// the pools whose servedBy is dra.
+type DRA struct {
+	// Kube is the API server as the kubeletplugin helper needs it: it
+	// reads claims and writes the node's ResourceSlices.
+	Kube kubernetes.Interface
+	// RegistryDir, PluginDir, CDIDir and RollingUpdate are
+	// dra.Options'.
+	RegistryDir   string
+	PluginDir     string
+	CDIDir        string
+	RollingUpdate string
+}
+
+// servedBy is how pool p is served now: as its config (or the daemon's
+// default) says, unless allocations of the other way still hold its
+// devices: then the other way, until they end (a pool is served one way
+// at a time, so that the scheduler's view and kubelet's never both hand
+// out a device).
+func (d *Daemon) servedBy(p ledger.Pool) (string, string) {
+	want := p.Config.ServedBy
+	if want == "" {
+		want = d.opts.ServedBy
+	}
+	if want == "" || d.opts.DRA == nil {
+		want = ServedByDevicePlugin
+	}
+	other := ServedByDRA
+	if want == ServedByDRA {
+		other = ServedByDevicePlugin
+	}
+	allocs, _ := d.ledger.AllocationsOf(p.Name)
+	n := 0
+	for _, a := range allocs {
+		if (a.Claim != nil) == (other == ServedByDRA) {
+			n++
+		}
+	}
+	if n > 0 {
+		return other, fmt.Sprintf("pool %s: served by %s until its %d allocations of %s end (its config says %s)", p.Name, other, n, other, want)
+	}
+	return want, ""
+}
+
+// draPools are the names of the pools DRA serves now.
+func (d *Daemon) draPools() []string {
+	var out []string
+	for _, p := range d.ledger.Metas() {
+		if p.Resource == "" {
+			continue
+		}
+		if by, _ := d.servedBy(p); by == ServedByDRA {
+			out = append(out, p.Name)
+		}
+	}
+	return out
+}
+
+// draLoop runs the DRA driver: registered with kubelet, it publishes the
+// devices of the pools DRA serves whenever they (or their health) change.
+func (d *Daemon) draLoop(ctx context.Context) error {
+	o := d.opts.DRA
+	drv, err := dra.Start(ctx, dra.Options{NodeName: d.opts.NodeName, Kube: o.Kube, Node: draNode{d}, RegistryDir: o.RegistryDir,
+		PluginDir: o.PluginDir, CDIDir: o.CDIDir, RollingUpdate: o.RollingUpdate, Logger: d.log})
+	if err != nil {
+		return err
+	}
+	defer drv.Stop()
+	keep := map[string]bool{}
+	for _, a := range d.ledger.Allocations() {
+		if a.Claim != nil {
+			keep[a.Claim.UID] = true
+		}
+	}
+	if err := drv.RemoveSpecsExcept(keep); err != nil {
+		d.log.Warn("CDI specs of claims no longer prepared are left", "err", err)
+	}
+	d.log.Info("DRA driver registered", "driver", dra.DriverName, "pools", d.draPools())
+	for {
+		select {
+		case <-ctx.Done():
+			if d.isUninstalling() {
+				d.removeSlices(drv)
+			}
+			return nil
+		case <-d.draChanged:
+		}
+		if err := drv.Publish(ctx); err != nil {
+			d.log.Warn("ResourceSlices not published; again at the next change", "err", err)
+		}
+	}
+}
+
+// removeSlices withdraws the node's ResourceSlices (uninstall).
+func (d *Daemon) removeSlices(drv *dra.Driver) {
+	ctx, cancel := context.WithTimeout(context.Background(), api.RequestTimeout)
+	defer cancel()
+	if err := drv.Withdraw(ctx); err != nil {
+		d.log.Warn("uninstall: the node's ResourceSlices stay", "err", err)
+	}
+}
+
+// signalDRA has draLoop publish again.
+func (d *Daemon) signalDRA() {
+	select {
+	case d.draChanged <- struct{}{}:
+	default:
+	}
+}
+
+// draNode is the daemon as the DRA driver sees it (dra.Node).
+type draNode struct{ d *Daemon }
+
+// PrepareClaim makes the allocation of a claim the scheduler allocated
+// devices of an xdpq pool on this node, or finds the one made before.
+func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (dra.Edits, error) {
+	d := n.d
+	if d.isUninstalling() {
+		return dra.Edits{}, errUninstalling
+	}
+	if a, ok := d.ledger.ByClaim(c.UID); ok {
+		if a.State != ledger.Active {
+			return dra.Edits{}, api.Errorf(api.ErrConflict, "allocation %s of the claim is %s: %w", a.ID, a.State, ledger.ErrBusy)
+		}
+		return d.claimEdits(a), nil
+	}
+	p, ok := d.ledger.Pool(c.Pool)
+	if !ok {
+		return dra.Edits{}, api.Errorf(api.ErrNotFound, "no pool %s on this node", c.Pool)
+	}
+	if by, why := d.servedBy(p); by != ServedByDRA {
+		if why == "" {
+			why = fmt.Sprintf("pool %s is served by the device plugin on this node (servedBy)", c.Pool)
+		}
+		return dra.Edits{}, api.Errorf(api.ErrConflict, "%s", why)
+	}
+	if p.Mode() == api.ModeNetdev {
+		return dra.Edits{}, api.Errorf(api.ErrNotSupported, "pool %s hands out whole netdevs, which DRA does not serve yet: serve it by the device plugin (servedBy: devicePlugin)", c.Pool)
+	}
+	byName := map[string]string{}
+	for _, dv := range p.Devices {
+		byName[dra.DeviceName(dv.Netdev, deviceQueue(dv))] = dv.ID
+	}
+	var ids []string
+	for _, name := range c.Devices {
+		id, ok := byName[name]
+		if !ok {
+			return dra.Edits{}, api.Errorf(api.ErrNotFound, "device %s is no longer in pool %s", name, c.Pool)
+		}
+		ids = append(ids, id)
+	}
+	owner := ledger.Owner{AnyPod: true}
+	if len(c.Pods) == 1 {
+		owner = ledger.Owner{PodUID: c.Pods[0]}
+	} else if c.Flows != nil {
+		return dra.Edits{}, api.Errorf(api.ErrInvalid, "the claim is reserved for %d pods: flows steer to one pod's addresses; give each pod a claim of its own (a ResourceClaimTemplate)", len(c.Pods))
+	}
+	a, err := d.ledger.Reserve(ledger.Reservation{Pool: c.Pool, Devices: ids, Owner: owner,
+		Claim: &ledger.Claim{UID: c.UID, Namespace: c.Namespace, Name: c.Name, Flows: c.Flows}})
+	if err != nil {
+		return dra.Edits{}, err
+	}
+	if err := d.serveNew(a); err != nil {
+		return dra.Edits{}, err
+	}
+	if err := d.ledger.Commit(a.ID, nil); err != nil {
+		d.unserve(a)
+		return dra.Edits{}, fmt.Errorf("pool %s: the allocation could not be recorded, and was not made: %w", c.Pool, err)
+	}
+	d.log.Info("allocated", "allocation", a.ID, "pool", a.Pool, "netdev", a.Netdev, "queues", a.Queues,
+		"claim", c.Namespace+"/"+c.Name, "pods", c.Pods)
+	if owner.PodUID != "" && d.opts.Pods != nil {
+		d.opts.Pods.Touch(owner.PodUID) // its claim's flows apply once it has an address
+	}
+	return d.claimEdits(a), nil
+}
+
+// UnprepareClaim frees the claim's allocation, if it has one.
+func (n draNode) UnprepareClaim(ctx context.Context, uid string) error {
+	a, ok := n.d.ledger.ByClaim(uid)
+	if !ok {
+		return nil
+	}
+	return n.d.free(ctx, a.ID, "its claim was unprepared")
+}
+
+// Devices are the devices of the pools DRA serves, with what discovery
+// and the agent know of their netdevs.
+func (n draNode) Devices() map[string][]dra.Device {
+	d := n.d
+	status := map[string]agent.Status{}
+	for _, s := range d.agent.Status() {
+		status[s.Netdev] = s
+	}
+	d.mu.Lock()
+	found := make(map[string]nic.Netdev, len(d.found))
+	for k, v := range d.found {
+		found[k] = v
+	}
+	d.mu.Unlock()
+	out := map[string][]dra.Device{}
+	for _, name := range d.draPools() {
+		p, ok := d.ledger.Pool(name)
+		if !ok {
+			continue
+		}
+		devs := make([]dra.Device, 0, len(p.Devices))
+		for _, dv := range p.Devices {
+			nd := found[dv.Netdev]
+			st := status[dv.Netdev]
+			x := dra.Device{ID: dv.ID, Netdev: dv.Netdev, Queue: deviceQueue(dv), Queues: len(dv.Queues), Driver: nd.Driver,
+				PCI: dv.PCI, NUMA: dv.NUMA, Native: nd.XDP&nic.XDPRedirect != 0, ZeroCopy: nd.XDP&nic.XSKZeroCopy != 0}
+			if x.Queue >= 0 {
+				x.Steering = map[agent.Steering]string{agent.SteerHardware: "ntuple", agent.SteerSoftware: "filter"}[st.Steering]
+			}
+			if dv.PCI != "" {
+				x.PCIeRoot = pcieRoot(dv.PCI)
+			}
+			switch {
+			case st.State == agent.StateMissing || st.Netdev == "":
+				x.Unavailable, x.Reason = "netdev "+dv.Netdev+" is missing", "Missing"
+			case st.State == agent.StateOverridden:
+				x.Unavailable, x.Reason = fmt.Sprintf("a foreign XDP program (%s) holds netdev %s's hook", st.Foreign, dv.Netdev), "Overridden"
+			case !st.LinkUp:
+				x.Unavailable, x.Reason = "netdev "+dv.Netdev+"'s link is down", "LinkDown"
+			case dv.Queues[len(dv.Queues)-1] >= uint32(st.RXQueues):
+				x.Unavailable, x.Reason = fmt.Sprintf("netdev %s has %d rx queues now", dv.Netdev, st.RXQueues), "QueueGone"
+			}
+			devs = append(devs, x)
+		}
+		out[name] = devs
+	}
+	return out
+}
+
+// deviceQueue is a ledger device's queue, -1 for a whole netdev.
+func deviceQueue(dv ledger.Device) int {
+	if dv.ID == dv.Netdev {
+		return -1
+	}
+	return int(dv.Queues[0])
+}
+
+// pcieRoot is the PCIe root complex of a PCI device, "" when sysfs does
+// not say.
+func pcieRoot(pci string) string {
+	a, err := deviceattribute.GetPCIeRootAttributeByPCIBusID(pci)
+	if err != nil || a.Value.StringValue == nil {
+		return ""
+	}
+	return *a.Value.StringValue
+}
+
+// claimEdits are the CDI edits of a claim's allocation: what the device
+// plugin's Allocate gives a container.
+func (d *Daemon) claimEdits(a ledger.Allocation) dra.Edits {
+	env, mounts := d.containerEdits(a)
+	e := dra.Edits{Env: env}
+	for _, m := range mounts {
+		e.Mounts = append(e.Mounts, dra.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, ReadOnly: m.ReadOnly})
+	}
+	return e
+}
+
+var _ = errors.Is
+var _ = slices.Contains[[]string]
+var _ = strings.Cut
