@@ -7,6 +7,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
@@ -20,6 +21,9 @@ import (
 	"k8s.io/kubernetes/pkg/apis/rbac"
 	_ "k8s.io/kubernetes/pkg/apis/rbac/install"
 	rbacvalidation "k8s.io/kubernetes/pkg/apis/rbac/validation"
+	"k8s.io/kubernetes/pkg/apis/resource"
+	_ "k8s.io/kubernetes/pkg/apis/resource/install"
+	resourcevalidation "k8s.io/kubernetes/pkg/apis/resource/validation"
 	"sigs.k8s.io/yaml"
 )
 
@@ -48,6 +52,8 @@ func validate(t *testing.T, o object, edit func(runtime.Object)) (errs field.Err
 		ext, in = &rbacv1.Role{}, &rbac.Role{}
 	case "RoleBinding":
 		ext, in = &rbacv1.RoleBinding{}, &rbac.RoleBinding{}
+	case "DeviceClass":
+		ext, in = &resourcev1.DeviceClass{}, &resource.DeviceClass{}
 	default:
 		return nil, false
 	}
@@ -78,6 +84,8 @@ func validate(t *testing.T, o object, edit func(runtime.Object)) (errs field.Err
 		return rbacvalidation.ValidateRole(x), true
 	case *rbac.RoleBinding:
 		return rbacvalidation.ValidateRoleBinding(x), true
+	case *resource.DeviceClass:
+		return resourcevalidation.ValidateDeviceClass(x), true
 	}
 	panic("unreachable")
 }

@@ -93,3 +93,32 @@ puts in every container's environment.
   value: {{ .Values.apiServer.port | quote }}
 {{- end }}
 {{- end }}
+
+{{/*
+Whether the daemon is also the DRA driver xdpq.io: dra.enabled true, or
+auto where the API server serves resource.k8s.io/v1 (Kubernetes 1.34+).
+*/}}
+{{- define "xdpq.draEnabled" -}}
+{{- $on := .Values.dra.enabled }}
+{{- if or (eq (toString $on) "true") (and (eq (toString $on) "auto") (.Capabilities.APIVersions.Has "resource.k8s.io/v1/DeviceClass")) }}true{{ end }}
+{{- end }}
+
+{{/*
+The names of the pools DRA serves (a DeviceClass each): those of
+config.pools and of the per-node overrides, once each, whose servedBy is
+dra, or empty while dra.servedBy is dra. A JSON list.
+*/}}
+{{- define "xdpq.draPools" -}}
+{{- $names := list }}
+{{- $pools := .Values.config.pools | default list }}
+{{- range .Values.config.nodes | default list }}
+{{- $pools = concat $pools (.pools | default list) }}
+{{- end }}
+{{- range $pools }}
+{{- $by := default $.Values.dra.servedBy .servedBy }}
+{{- if and (eq $by "dra") (not (has .name $names)) }}
+{{- $names = append $names .name }}
+{{- end }}
+{{- end }}
+{{- toJson $names }}
+{{- end }}

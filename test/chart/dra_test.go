@@ -1,0 +1,113 @@
+package chart
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	resourceapi "k8s.io/api/resource/v1"
+)
+
+// draAPI is what a cluster of Kubernetes 1.34+ serves.
+const draAPI = "resource.k8s.io/v1/DeviceClass"
+
+// draPools are pools served each way: by the default (dra), by DRA
+// explicitly in a per-node override, and by the device plugin.
+var draPools = map[string]any{"config": map[string]any{
+	"resourcePrefix": "example.com",
+	"pools": []any{
+		map[string]any{"name": "upf", "devices": map[string]any{"netdevs": []any{"ens1f0#8-15"}}},
+		map[string]any{"name": "dns", "servedBy": "devicePlugin", "devices": map[string]any{"netdevs": []any{"ens1f0#4-7"}}},
+	},
+	"nodes": []any{map[string]any{"names": []any{"n1"}, "pools": []any{
+		map[string]any{"name": "upf", "devices": map[string]any{"netdevs": []any{"ens2f0#8-15"}}},
+		map[string]any{"name": "lb", "servedBy": "dra", "devices": map[string]any{"netdevs": []any{"ens2f0#0-3"}}},
+	}}},
+}}
+
+// TestDRA: where the cluster serves resource.k8s.io/v1 the daemon is also
+// the DRA driver (its flags, its socket and CDI directories at their host
+// paths, its pod's UID for rolling updates, the RBAC it needs), and each
+// pool DRA serves has a DeviceClass selecting its devices, with the
+// pool's extended resource name; a pool the device plugin serves has
+// none. Where the API is not served, or DRA is turned off, none of it.
+func TestDRA(t *testing.T) {
+	objs := objects(t, render(t, Options{APIVersions: []string{draAPI}, Values: draPools}))
+	var classes []string
+	for _, o := range find(objs, "DeviceClass") {
+		dc := decode[resourceapi.DeviceClass](t, o)
+		classes = append(classes, dc.Name)
+		pool := strings.TrimSuffix(dc.Name, ".xdpq.io")
+		if dc.Spec.ExtendedResourceName == nil || *dc.Spec.ExtendedResourceName != "example.com/"+pool {
+			t.Errorf("DeviceClass %s: extendedResourceName %v", dc.Name, dc.Spec.ExtendedResourceName)
+		}
+		want := `device.driver == "xdpq.io" && device.attributes["xdpq.io"].pool == "` + pool + `"`
+		if len(dc.Spec.Selectors) != 1 || dc.Spec.Selectors[0].CEL == nil || dc.Spec.Selectors[0].CEL.Expression != want {
+			t.Errorf("DeviceClass %s: selectors %+v", dc.Name, dc.Spec.Selectors)
+		}
+		if errs, ok := validate(t, o, nil); !ok || len(errs) > 0 {
+			t.Errorf("DeviceClass %s is not valid: %v", dc.Name, errs)
+		}
+	}
+	if strings.Join(classes, " ") != "upf.xdpq.io lb.xdpq.io" {
+		t.Errorf("DeviceClasses %v, want upf and lb (dns is the device plugin's)", classes)
+	}
+	ds := daemonSet(t, objs)
+	c := ds.Spec.Template.Spec.Containers[0]
+	for _, arg := range []string{"--dra", "--served-by=dra", "--dra-plugin-dir=/var/lib/kubelet/plugins/xdpq.io", "--cdi-dir=/var/run/cdi"} {
+		if !slices.Contains(c.Args, arg) {
+			t.Errorf("args %v lack %s", c.Args, arg)
+		}
+	}
+	if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+		return e.Name == "POD_UID" && e.ValueFrom != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.uid"
+	}) {
+		t.Errorf("no POD_UID in %+v", c.Env)
+	}
+	mounts := map[string]string{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.Name] = m.MountPath
+	}
+	hosts := map[string]string{}
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		if v.HostPath != nil {
+			hosts[v.Name] = v.HostPath.Path
+		}
+	}
+	for _, v := range []string{"dra-plugin", "cdi"} {
+		if mounts[v] == "" || mounts[v] != hosts[v] {
+			t.Errorf("volume %s: mounted at %q from host path %q; the same path is needed", v, mounts[v], hosts[v])
+		}
+	}
+	cr := decode[rbacv1.ClusterRole](t, find(objs, "ClusterRole")[0])
+	for _, want := range []rbacv1.PolicyRule{
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch", "create", "update", "delete", "deletecollection"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
+	} {
+		if !slices.ContainsFunc(cr.Rules, func(r rbacv1.PolicyRule) bool {
+			return slices.Equal(r.Resources, want.Resources) && slices.Equal(r.Verbs, want.Verbs)
+		}) {
+			t.Errorf("ClusterRole lacks %+v", want)
+		}
+	}
+
+	for name, o := range map[string]Options{
+		"no resource.k8s.io/v1": {Values: draPools},
+		"dra.enabled false":     {APIVersions: []string{draAPI}, Values: map[string]any{"config": draPools["config"], "dra": map[string]any{"enabled": false}}},
+	} {
+		objs := objects(t, render(t, o))
+		if n := len(find(objs, "DeviceClass")); n != 0 {
+			t.Errorf("%s: %d DeviceClasses", name, n)
+		}
+		if args := daemonSet(t, objs).Spec.Template.Spec.Containers[0].Args; slices.Contains(args, "--dra") {
+			t.Errorf("%s: args %v", name, args)
+		}
+	}
+	// servedBy devicePlugin by default: only the pool that says dra.
+	objs = objects(t, render(t, Options{APIVersions: []string{draAPI}, Values: map[string]any{"config": draPools["config"], "dra": map[string]any{"servedBy": "devicePlugin"}}}))
+	if dcs := find(objs, "DeviceClass"); len(dcs) != 1 || dcs[0].Name != "lb.xdpq.io" {
+		t.Errorf("with servedBy devicePlugin: DeviceClasses %v", dcs)
+	}
+}
