@@ -153,7 +153,8 @@ func (e *draEnv) cdiEdits(t *testing.T, uid string) cdispec.ContainerEdits {
 // byte, on its queues; Prepare again is the same allocation; another
 // claim of the same queues is refused; Unprepare frees the queues,
 // removes the flow and the spec; a claim whose config is invalid is
-// refused naming the field and leaves nothing.
+// refused naming the field and leaves nothing; a claim without flows
+// steers its pod's flows annotation.
 func TestDRAClaim(t *testing.T) {
 	const uid, pod = "6f1c0c52-3b1e-4b8a-9b0e-5d2f8e1a7c10", podA
 	good := allocatedClaim("dns-0-queues", uid, pod, []string{"xa-q2", "xa-q3"},
@@ -271,8 +272,14 @@ func TestDRAClaim(t *testing.T) {
 	if msg := e.unprepare(t, good); msg != "" {
 		t.Errorf("unprepare again: %s", msg)
 	}
-	// Now the other claim gets the queue.
+	// Now the other claim gets the queue. It has no config (as the
+	// claim the scheduler makes for a pod asking for the extended
+	// resource): its pod's flows annotation is steered, as with the
+	// device plugin.
+	pods.set(kubepods.Pod{UID: podB, Namespace: "default", Name: "dns-1", IPs: []netip.Addr{netip.MustParseAddr("10.99.0.1")},
+		Annotations: map[string]string{FlowsAnnotation: `[{"protocol": "udp", "destinationPort": "5001"}]`}})
 	if r := e.prepare(t, thief); r.Error != "" {
 		t.Errorf("the other claim, once the queue is free: %+v", r)
 	}
+	waitStatus(t, e.opts.APISocket, func(s *api.Status) bool { return len(s.Netdevs) == 1 && s.Netdevs[0].Flows == 1 })
 }

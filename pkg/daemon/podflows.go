@@ -131,11 +131,13 @@ func (d *Daemon) annotatedFlows(pod kubepods.Pod, a ledger.Allocation, n int) (f
 	name := FlowsAnnotation + "." + a.Pool
 	var val string
 	var ok bool
-	if a.Claim != nil {
-		// A claim's flows are its configuration's; annotations are the
-		// device plugin's way.
+	if a.Claim != nil && a.Claim.Flows != nil {
+		// A claim's flows are its configuration's. A claim without (the
+		// one the scheduler makes for a pod that asks for the extended
+		// resource) leaves them to the pod's annotations, as with the
+		// device plugin.
 		name = fmt.Sprintf("claim %s/%s: flows", a.Claim.Namespace, a.Claim.Name)
-		val, ok = string(a.Claim.Flows), a.Claim.Flows != nil
+		val, ok = string(a.Claim.Flows), true
 	} else if val, ok = pod.Annotations[name]; !ok {
 		if val, ok = pod.Annotations[FlowsAnnotation]; ok && n > 1 {
 			return nil, fmt.Sprintf("the pod holds allocations of %d pools: annotate each pool's flows as %s.<pool>", n, FlowsAnnotation), false

@@ -30,7 +30,7 @@ func BenchmarkPodStartupXdpq(b *testing.B) {
 	testnet.RequireRoot(b)
 	ctx := context.Background()
 	e := newScenarioEnv(ctx, b)
-	e.install(ctx, b)
+	e.install(ctx, b, "--set", "dra.servedBy=devicePlugin")
 	waitAllocatable(ctx, b, e.cp, e.node.Name, scenarioQueues)
 	const ns = "bench"
 	if err := e.cp.CreateNamespace(ctx, ns, map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}); err != nil {

@@ -65,7 +65,9 @@ func TestScenario(t *testing.T) {
 	// 1. helm install: the DaemonSet Ready, the node advertising the
 	// pool's 4 queues, the XdpqNode showing the netdev and the pool.
 	installed := time.Now()
-	e.install(ctx, t)
+	// The device plugin's scenario: the pool served by the device
+	// plugin although the cluster serves DRA (TestDRAScenario is DRA's).
+	e.install(ctx, t, "--set", "dra.servedBy=devicePlugin")
 	t.Logf("helm install to DaemonSet Ready: %s", time.Since(installed).Round(time.Millisecond))
 	waitAllocatable(ctx, t, cp, node.Name, scenarioQueues)
 	out, err := cp.Kubectl(ctx, "get", "xdpqnodes", "-o", "wide")
@@ -376,14 +378,14 @@ func newScenarioEnv(ctx context.Context, tb testing.TB) *scenarioEnv {
 // install runs helm install of the chart with the scenario's pool (4 of
 // the NIC's queues, software steering) and waits for the DaemonSet. On
 // failure the test's end shows the daemon's pods and logs.
-func (e *scenarioEnv) install(ctx context.Context, tb testing.TB) {
+func (e *scenarioEnv) install(ctx context.Context, tb testing.TB, extra ...string) {
 	tb.Helper()
 	repo, tag, _ := strings.Cut(e.ref, ":")
 	api, err := url.Parse(e.cp.URL)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	out, err := e.cp.Helm(ctx, "install", "xdpq", repoRoot+"/charts/xdpq", "-n", "kube-system",
+	args := append([]string{}, "install", "xdpq", repoRoot+"/charts/xdpq", "-n", "kube-system",
 		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
 		"--set", "cni.binDir="+e.node.CNIBinDir,
 		"--set", "kubelet.rootDir="+e.node.KubeletRootDir,
@@ -399,6 +401,8 @@ func (e *scenarioEnv) install(ctx context.Context, tb testing.TB) {
 		"--set", "config.pools[0].linger=5s",
 		"--set", "config.pools[0].steering=software",
 		"--set", "debug=true")
+	args = append(args, extra...)
+	out, err := e.cp.Helm(ctx, args...)
 	if err != nil {
 		tb.Fatalf("%v\n%s", err, out)
 	}

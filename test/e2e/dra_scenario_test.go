@@ -1,0 +1,205 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/test/e2e/cluster"
+)
+
+// scenarioClass is the DeviceClass the chart makes for the scenario's
+// pool.
+const scenarioClass = scenarioPool + ".xdpq.io"
+
+// TestDRAScenario is xdpq as a DRA driver on the real node (containerd 2,
+// CDI): helm install with the pool served by DRA (the chart's default
+// where the cluster serves resource.k8s.io/v1); the node's
+// ResourceSlice shows the pool's queues with their attributes; a
+// restricted pod whose ResourceClaimTemplate asks for 2 queues on one
+// netdev, with flows in its config, receives exactly what is sent to its
+// flow; a pod whose claim's config is invalid is refused, the field
+// named in its events, leaving nothing; a pod that asks for the
+// extended resource, as for the device plugin, is served by DRA; the
+// pods gone, the queues are free; helm uninstall removes the slices and
+// the class.
+func TestDRAScenario(t *testing.T) {
+	testnet.RequireRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute) // a fresh build included
+	defer cancel()
+	e := newScenarioEnv(ctx, t)
+	cp, node, nic, ref := e.cp, e.node, e.nic, e.ref
+	e.install(ctx, t)
+
+	// 1. The ResourceSlice: the pool's 4 queues.
+	var slice resourceapi.ResourceSlice
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := cp.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil || len(l.Items) != 1 {
+			return false, err
+		}
+		slice = l.Items[0]
+		return len(slice.Spec.Devices) == scenarioQueues, nil
+	})
+	if err != nil {
+		out, _ := cp.Kubectl(ctx, "get", "resourceslices", "-o", "yaml")
+		t.Fatalf("no ResourceSlice of the pool's %d queues: %v\n%s", scenarioQueues, err, out)
+	}
+	if slice.Spec.Driver != "xdpq.io" || slice.Spec.Pool.Name != node.Name+"/"+scenarioPool || ptr.Deref(slice.Spec.NodeName, "") != node.Name {
+		t.Errorf("slice %+v", slice.Spec)
+	}
+	for i, d := range slice.Spec.Devices {
+		want := fmt.Sprintf("%s-q%d", scenarioNIC, i)
+		nd, q := d.Attributes["netdev"], d.Attributes["queue"]
+		if d.Name != want || ptr.Deref(nd.StringValue, "") != scenarioNIC || ptr.Deref(q.IntValue, -1) != int64(i) || len(d.Taints) != 0 {
+			t.Errorf("device %d: %+v, want %s (netdev %s, queue %d, untainted)", i, d, want, scenarioNIC, i)
+		}
+	}
+	out, _ := cp.Kubectl(ctx, "get", "resourceslices")
+	t.Logf("kubectl get resourceslices:\n%s", out)
+
+	const ns = "telco"
+	if err := cp.CreateNamespace(ctx, ns, map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}); err != nil {
+		t.Fatal(err)
+	}
+	// 2. A claim with an invalid config: its pod is refused before its
+	// containers start, the field named; nothing is left of it.
+	claimTemplate(ctx, t, cp, ns, "bad", `[{"protocol": "udp", "destinationPort": "70000"}]`)
+	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, draPerfPod(ns, "rx-bad", ref, 5009, "bad"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPodEvent(ctx, t, cp, ns, "rx-bad", "flows[0].destinationPort")
+	if err := cp.Client.CoreV1().Pods(ns).Delete(ctx, "rx-bad", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := cp.Kubectl(ctx, "-n", ns, "wait", "--for=delete", "pod/rx-bad", "--timeout=60s"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	waitFreed(ctx, t, cp, node.Name)
+
+	// 3. A pod with a claim of 2 queues on one netdev, flows in its
+	// config, receives its flow.
+	claimTemplate(ctx, t, cp, ns, "rx-a", `[{"protocol": "udp", "destinationPort": "5000"}]`)
+	created := time.Now()
+	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, draPerfPod(ns, "rx-a", ref, 5000, "rx-a"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a := followPerfPod(ctx, t, cp, ns, "rx-a", 5000)
+	t.Logf("DRA pod created to its sockets: %s", a.ready.Sub(created).Round(time.Millisecond))
+	// 4. A pod that asks for the extended resource, unchanged: DRA
+	// serves it through the class's extendedResourceName.
+	b := startPerfPod(ctx, t, cp, ns, "rx-b", ref, 5001)
+	if len(a.queues) != 2 || len(b.queues) != 2 || !distinct(append(append([]int(nil), a.queues...), b.queues...), scenarioQueues) {
+		t.Fatalf("queues: rx-a %v, rx-b %v; want two each, all four distinct", a.queues, b.queues)
+	}
+	pb, err := cp.Client.CoreV1().Pods(ns).Get(ctx, "rx-b", metav1.GetOptions{})
+	if err != nil || pb.Status.ExtendedResourceClaimStatus == nil {
+		t.Errorf("pod rx-b (extended resource %s) was not served by DRA: %v, %+v", scenarioResource, err, pb.Status.ExtendedResourceClaimStatus)
+	}
+	for _, p := range []*perfRun{a, b} {
+		waitFlowsApplied(ctx, t, cp, ns, p.name)
+	}
+	sa, sb := openPeerSender(t, nic, a), openPeerSender(t, nic, b)
+	for _, s := range []*peerSender{sa, sb} {
+		if err := s.send(1000, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, _ = cp.Kubectl(ctx, "-n", ns, "get", "resourceclaims")
+	t.Logf("kubectl get resourceclaims:\n%s", out)
+	checkTotals(ctx, t, cp, ns, sa, sb)
+
+	// 5. The pods gone: the queues free, no CDI spec left.
+	for _, p := range []string{a.name, b.name} {
+		if out, err := cp.Kubectl(ctx, "-n", ns, "wait", "--for=delete", "pod/"+p, "--timeout=60s"); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+	}
+	waitFreed(ctx, t, cp, node.Name)
+	if specs, _ := filepath.Glob("/var/run/cdi/xdpq.io-claim_*"); len(specs) != 0 {
+		t.Errorf("CDI specs left: %v", specs)
+	}
+
+	// 6. helm uninstall: no slice, no class.
+	if out, err := cp.Helm(ctx, "uninstall", "xdpq", "-n", "kube-system", "--wait", "--timeout=2m"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if out, err := cp.Kubectl(ctx, "-n", "kube-system", "wait", "--for=delete", "pod", "-l", "app.kubernetes.io/name=xdpq", "--timeout=2m"); err != nil {
+		t.Errorf("the daemon's pod after helm uninstall: %v\n%s", err, out)
+	}
+	if l, err := cp.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{}); err != nil || len(l.Items) != 0 {
+		t.Errorf("helm uninstall left ResourceSlices: %v %v", l, err)
+	}
+	if l, err := cp.Client.ResourceV1().DeviceClasses().List(ctx, metav1.ListOptions{}); err != nil || len(l.Items) != 0 {
+		t.Errorf("helm uninstall left DeviceClasses: %v %v", l, err)
+	}
+	if _, err := os.Stat(pinDir); !os.IsNotExist(err) {
+		t.Errorf("helm uninstall left %s: %v", pinDir, err)
+	}
+}
+
+// claimTemplate makes ResourceClaimTemplate name: 2 queues of the pool
+// on one netdev, with the flows (JSON) in its config.
+func claimTemplate(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, ns, name, flows string) {
+	t.Helper()
+	params := fmt.Sprintf(`{"apiVersion": "xdpq.io/v1alpha1", "kind": "QueueConfig", "flows": %s}`, flows)
+	tpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "queues", Exactly: &resourceapi.ExactDeviceRequest{
+				DeviceClassName: scenarioClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 2}}},
+			Constraints: []resourceapi.DeviceConstraint{{Requests: []string{"queues"}, MatchAttribute: ptr.To(resourceapi.FullyQualifiedName("xdpq.io/netdev"))}},
+			Config: []resourceapi.DeviceClaimConfiguration{{Requests: []string{"queues"}, DeviceConfiguration: resourceapi.DeviceConfiguration{
+				Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: "xdpq.io", Parameters: runtime.RawExtension{Raw: []byte(params)}}}}},
+		}}}}
+	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tpl, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create ResourceClaimTemplate %s: %v", name, err)
+	}
+}
+
+// draPerfPod is perfPod with its queues from a claim of template
+// instead of the extended resource, and its flows in the claim.
+func draPerfPod(ns, name, image string, port int, template string) *corev1.Pod {
+	p := perfPod(ns, name, image, port)
+	p.Annotations = nil
+	p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "queues", ResourceClaimTemplateName: ptr.To(template)}}
+	c := &p.Spec.Containers[0]
+	c.Resources = corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "queues"}}}
+	return p
+}
+
+// waitPodEvent waits for an Event of the pod whose note contains text.
+func waitPodEvent(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, ns, pod, text string) {
+	t.Helper()
+	var notes []string
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		evs, err := cp.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		notes = notes[:0]
+		for _, e := range evs.Items {
+			if e.InvolvedObject.Name == pod {
+				notes = append(notes, e.Reason+": "+e.Message)
+				if strings.Contains(e.Message, text) {
+					return true, nil
+				}
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no event of pod %s says %q: %v; its events:\n%s", pod, text, err, strings.Join(notes, "\n"))
+	}
+}
