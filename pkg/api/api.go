@@ -37,6 +37,10 @@ type Allocation struct {
 	PodUID string `json:"podUID,omitempty"`
 	// Pod is that pod's "namespace/name", as its CNI attachment named it.
 	Pod string `json:"pod,omitempty"`
+	// Claim is the DRA ResourceClaim the allocation was prepared for,
+	// "namespace/name"; empty for the device plugin's and the local
+	// API's.
+	Claim string `json:"claim,omitempty"`
 	// Lease lists the queues whose bound sockets a client of the broker
 	// holds, as the daemon last recorded the lease; empty when none does.
 	// A lease outlives a daemon restart: its client resumes it.

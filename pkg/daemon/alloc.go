@@ -19,8 +19,12 @@ import (
 
 // apiAllocation is how the API shows an allocation.
 func (d *Daemon) apiAllocation(a ledger.Allocation) *api.Allocation {
-	return &api.Allocation{ID: a.ID, Pool: a.Pool, Netdev: a.Netdev, Queues: a.Queues, Socket: d.brokerSocket(a.ID),
+	out := &api.Allocation{ID: a.ID, Pool: a.Pool, Netdev: a.Netdev, Queues: a.Queues, Socket: d.brokerSocket(a.ID),
 		UID: a.Owner.UID, Created: a.Created, Devices: a.Devices}
+	if a.Claim != nil {
+		out.Claim = a.Claim.Namespace + "/" + a.Claim.Name
+	}
+	return out
 }
 
 func (d *Daemon) brokerSocket(id string) string {

@@ -236,6 +236,13 @@ func TestDRAClaim(t *testing.T) {
 		}
 	}
 
+	// The local API (and so the XdpqNode and kubectl xdpq) names the
+	// claim and its pod.
+	if l, err := api.NewClient(e.opts.APISocket).Allocations(""); err != nil || len(l.Allocations) != 1 ||
+		l.Allocations[0].Claim != "default/dns-0-queues" || l.Allocations[0].Pod != "default/dns-0" {
+		t.Errorf("allocations %+v (%v), want the claim default/dns-0-queues of pod default/dns-0", l, err)
+	}
+
 	// kubelet asks again (its restart): the same allocation.
 	if r := e.prepare(t, good); r.Error != "" || len(e.d.ledger.Allocations()) != 1 {
 		t.Errorf("prepare again: %+v, %d allocations", r, len(e.d.ledger.Allocations()))

@@ -104,6 +104,13 @@ func (d *Daemon) Allocations(ctx context.Context, pool string) (*api.AllocationL
 			}
 			l.Attachments = append(l.Attachments, api.AttachmentStatus{Attachment: att.Attachment, State: string(att.State)})
 		}
+		if al.Pod == "" && al.PodUID != "" && d.opts.Pods != nil {
+			// A claim's pod, or one bound by its first connection: named
+			// by the pods the daemon follows.
+			if p, ok := d.opts.Pods.Cached(al.PodUID); ok {
+				al.Pod = p.Namespace + "/" + p.Name
+			}
+		}
 		l.Allocations = append(l.Allocations, *al)
 	}
 	sort.Slice(l.Attachments, func(i, j int) bool {

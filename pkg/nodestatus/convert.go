@@ -108,7 +108,7 @@ func Convert(s *api.Status, l *api.AllocationList, serving bool, prev []metav1.C
 		}
 	}
 	for _, a := range l.Allocations {
-		al := v1alpha1.Allocation{ID: a.ID, Pool: a.Pool, Netdev: a.Netdev, Queues: []int32{}, LeaseConnected: len(a.Lease) > 0}
+		al := v1alpha1.Allocation{ID: a.ID, Pool: a.Pool, Netdev: a.Netdev, Queues: []int32{}, LeaseConnected: len(a.Lease) > 0, Claim: a.Claim}
 		for _, q := range a.Queues {
 			al.Queues = append(al.Queues, int32(q))
 		}

@@ -187,6 +187,10 @@ type Allocation struct {
 	// Pod is the pod it is bound to, once known.
 	// +optional
 	Pod *PodRef `json:"pod,omitempty"`
+	// Claim is the DRA ResourceClaim it was prepared for ("namespace/name");
+	// empty for the device plugin's.
+	// +optional
+	Claim string `json:"claim,omitempty"`
 	// Flows are the flows steered to its queues, as "proto dst[:port]
 	// [src[:port]] [vlan N]".
 	// +optional
