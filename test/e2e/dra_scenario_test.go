@@ -119,9 +119,30 @@ func TestDRAScenario(t *testing.T) {
 	}
 	out, _ = cp.Kubectl(ctx, "-n", ns, "get", "resourceclaims")
 	t.Logf("kubectl get resourceclaims:\n%s", out)
+
+	// 5. An operator's program takes the NIC's hook: its devices are
+	// tainted in the slice (new claims avoid them); what is sent
+	// meanwhile is the operator's. Removed: untainted, and the pods
+	// receive again.
+	if err := cluster.OperatorXDP("", scenarioNIC, operatorObj); err != nil {
+		t.Fatal(err)
+	}
+	waitTainted(ctx, t, cp, "Overridden")
+	if err := sa.send(100, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.OperatorXDP("", scenarioNIC, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitTainted(ctx, t, cp, "")
+	for _, s := range []*peerSender{sa, sb} {
+		if err := s.send(1000, true); err != nil {
+			t.Fatal(err)
+		}
+	}
 	checkTotals(ctx, t, cp, ns, sa, sb)
 
-	// 5. The pods gone: the queues free, no CDI spec left.
+	// 6. The pods gone: the queues free, no CDI spec left.
 	for _, p := range []string{a.name, b.name} {
 		if out, err := cp.Kubectl(ctx, "-n", ns, "wait", "--for=delete", "pod/"+p, "--timeout=60s"); err != nil {
 			t.Fatalf("%v\n%s", err, out)
@@ -132,7 +153,7 @@ func TestDRAScenario(t *testing.T) {
 		t.Errorf("CDI specs left: %v", specs)
 	}
 
-	// 6. helm uninstall: no slice, no class.
+	// 7. helm uninstall: no slice, no class.
 	if out, err := cp.Helm(ctx, "uninstall", "xdpq", "-n", "kube-system", "--wait", "--timeout=2m"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
@@ -201,5 +222,32 @@ func waitPodEvent(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, n
 	})
 	if err != nil {
 		t.Fatalf("no event of pod %s says %q: %v; its events:\n%s", pod, text, err, strings.Join(notes, "\n"))
+	}
+}
+
+// waitTainted waits until every device of the node's slice has the
+// taint xdpq.io/unavailable=reason, or none when reason is "".
+func waitTainted(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, reason string) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := cp.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil || len(l.Items) != 1 {
+			return false, err
+		}
+		last = ""
+		for _, d := range l.Items[0].Spec.Devices {
+			switch {
+			case reason == "" && len(d.Taints) != 0:
+				last += fmt.Sprintf("%s: %v; ", d.Name, d.Taints)
+			case reason != "" && (len(d.Taints) != 1 || d.Taints[0].Key != "xdpq.io/unavailable" || d.Taints[0].Value != reason ||
+				d.Taints[0].Effect != resourceapi.DeviceTaintEffectNoSchedule):
+				last += fmt.Sprintf("%s: %v; ", d.Name, d.Taints)
+			}
+		}
+		return last == "", nil
+	})
+	if err != nil {
+		t.Fatalf("the slice's devices, want taint %q: %s (%v)", reason, last, err)
 	}
 }
