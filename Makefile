@@ -72,7 +72,8 @@ e2e:
 # ADD/DEL, its CPU time and RSS against the goals, 3 rounds in two CPU
 # layouts (XDPQ_SCALE_BASELINE=<a deviceplugin binary of another tree>
 # runs it beside this tree's; for profiles: -bench Scale64x64InProcess
-# -cpuprofile cpu.out), and
+# -cpuprofile cpu.out), DRA's Prepare beside the device plugin's Allocate
+# on the same 64x64 daemon (300 claims of two queues, p50/p99), and
 # probing 16 queues for sockets one by one and at once, and CNI ADD/DEL
 # latency through cnitool (100 attachments, p50/p99).
 bench:
@@ -82,6 +83,7 @@ bench:
 	$(GO) test -run '^$$' -bench Reattach -benchtime 100x ./pkg/agent
 	$(GO) test -run '^$$' -bench SlowAttach -benchtime 200x ./pkg/agent
 	$(GO) test -run '^$$' -bench 'Scale64x64$$' -benchtime 1x -timeout 60m ./pkg/daemon
+	$(GO) test -run '^$$' -bench 'Prepare64x64$$' -benchtime 300x ./pkg/daemon
 	$(GO) test -run '^$$' -bench BusyQueues -benchtime 10x ./pkg/xsk
 	$(GO) test -run '^$$' -bench CNIToolAddDel -benchtime 100x ./pkg/cni
 

@@ -2,16 +2,14 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"slices"
-	"strings"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/dra"
 	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/nic"
@@ -54,12 +52,10 @@ func (d *Daemon) servedBy(p ledger.Pool) (string, string) {
 	if want == ServedByDRA {
 		other = ServedByDevicePlugin
 	}
-	allocs, _ := d.ledger.AllocationsOf(p.Name)
-	n := 0
-	for _, a := range allocs {
-		if (a.Claim != nil) == (other == ServedByDRA) {
-			n++
-		}
+	claims, others := d.ledger.ClaimsHeld(p.Name)
+	n := others
+	if other == ServedByDRA {
+		n = claims
 	}
 	if n > 0 {
 		return other, fmt.Sprintf("pool %s: served by %s until its %d allocations of %s end (its config says %s)", p.Name, other, n, other, want)
@@ -149,7 +145,7 @@ func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (dra.Edits, erro
 		}
 		return d.claimEdits(a), nil
 	}
-	p, ok := d.ledger.Pool(c.Pool)
+	p, ok := d.ledger.Meta(c.Pool)
 	if !ok {
 		return dra.Edits{}, api.Errorf(api.ErrNotFound, "no pool %s on this node", c.Pool)
 	}
@@ -162,17 +158,9 @@ func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (dra.Edits, erro
 	if p.Mode() == api.ModeNetdev {
 		return dra.Edits{}, api.Errorf(api.ErrNotSupported, "pool %s hands out whole netdevs, which DRA does not serve yet: serve it by the device plugin (servedBy: devicePlugin)", c.Pool)
 	}
-	byName := map[string]string{}
-	for _, dv := range p.Devices {
-		byName[dra.DeviceName(dv.Netdev, deviceQueue(dv))] = dv.ID
-	}
-	var ids []string
-	for _, name := range c.Devices {
-		id, ok := byName[name]
-		if !ok {
-			return dra.Edits{}, api.Errorf(api.ErrNotFound, "device %s is no longer in pool %s", name, c.Pool)
-		}
-		ids = append(ids, id)
+	ids, err := d.deviceIDs(c.Pool, c.Devices)
+	if err != nil {
+		return dra.Edits{}, err
 	}
 	owner := ledger.Owner{AnyPod: true}
 	if len(c.Pods) == 1 {
@@ -198,6 +186,34 @@ func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (dra.Edits, erro
 		d.opts.Pods.Touch(owner.PodUID) // its claim's flows apply once it has an address
 	}
 	return d.claimEdits(a), nil
+}
+
+// deviceIDs are the ledger's ids of a pool's devices named as in its
+// ResourceSlice. A queue of a netdev whose name is a DNS label has the
+// same name in both ("eth1-q3"): looked up directly; any other (a
+// netdev name made into a label) by the names of every device.
+func (d *Daemon) deviceIDs(pool string, names []string) ([]string, error) {
+	ids := make([]string, 0, len(names))
+	var byName map[string]string
+	for _, name := range names {
+		if dv, ok := d.ledger.Device(pool, name); ok && dra.DeviceName(dv.Netdev, deviceQueue(dv)) == name {
+			ids = append(ids, name)
+			continue
+		}
+		if byName == nil {
+			p, _ := d.ledger.Pool(pool)
+			byName = make(map[string]string, len(p.Devices))
+			for _, dv := range p.Devices {
+				byName[dra.DeviceName(dv.Netdev, deviceQueue(dv))] = dv.ID
+			}
+		}
+		id, ok := byName[name]
+		if !ok {
+			return nil, api.Errorf(api.ErrNotFound, "device %s is no longer in pool %s", name, pool)
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
 }
 
 // UnprepareClaim frees the claim's allocation, if it has one.
@@ -258,6 +274,40 @@ func (n draNode) Devices() map[string][]dra.Device {
 	return out
 }
 
+// Prepared are the claims with an allocation on this node, for their
+// status (dra.PreparedClaims).
+func (n draNode) Prepared() []dra.PreparedClaim {
+	d := n.d
+	var out []dra.PreparedClaim
+	pools := map[string]map[string]ledger.Device{}
+	for _, a := range d.ledger.Allocations() {
+		if a.Claim == nil || a.State != ledger.Active {
+			continue
+		}
+		devs, ok := pools[a.Pool]
+		if !ok {
+			devs = map[string]ledger.Device{}
+			if p, ok := d.ledger.Pool(a.Pool); ok {
+				for _, dv := range p.Devices {
+					devs[dv.ID] = dv
+				}
+			}
+			pools[a.Pool] = devs
+		}
+		c := dra.PreparedClaim{UID: a.Claim.UID, Namespace: a.Claim.Namespace, Name: a.Claim.Name, Pool: a.Pool,
+			Data: dra.ClaimData{Allocation: a.ID, Netdev: a.Netdev, Queues: a.Queues, Socket: "/run/xdpq/" + broker.SocketName}}
+		for _, id := range a.Devices {
+			dv, ok := devs[id]
+			if !ok { // a device gone from the pool: named as it was
+				dv = ledger.Device{ID: id, Netdev: a.Netdev, Queues: []uint32{0}}
+			}
+			c.Devices = append(c.Devices, dra.DeviceName(dv.Netdev, deviceQueue(dv)))
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
 // deviceQueue is a ledger device's queue, -1 for a whole netdev.
 func deviceQueue(dv ledger.Device) int {
 	if dv.ID == dv.Netdev {
@@ -286,7 +336,3 @@ func (d *Daemon) claimEdits(a ledger.Allocation) dra.Edits {
 	}
 	return e
 }
-
-var _ = errors.Is
-var _ = slices.Contains[[]string]
-var _ = strings.Cut

@@ -79,7 +79,7 @@ func newDRAEnv(t *testing.T, pods PodDirectory, objs ...runtime.Object) *draEnv 
 
 // waitFor waits up to 10 s for cond, polling: what it waits for (a file,
 // an object in a fake API server) has no event to wait on.
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); !cond(); {
 		if time.Now().After(deadline) {

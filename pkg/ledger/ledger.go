@@ -424,6 +424,40 @@ func (l *Ledger) Pool(name string) (Pool, bool) {
 	return clonePool(p), true
 }
 
+// Device returns a device of a pool by its id.
+func (l *Ledger) Device(pool, id string) (Device, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p := l.pools[pool]
+	if p == nil {
+		return Device{}, false
+	}
+	i, ok := p.index[id]
+	if !ok {
+		return Device{}, false
+	}
+	d := p.Devices[i]
+	d.Queues = slices.Clone(d.Queues)
+	return d, true
+}
+
+// ClaimsHeld counts the allocations of a pool that serve DRA claims and
+// those that do not.
+func (l *Ledger) ClaimsHeld(pool string) (claims, others int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, a := range l.allocs {
+		switch {
+		case a.Pool != pool:
+		case a.Claim != nil:
+			claims++
+		default:
+			others++
+		}
+	}
+	return claims, others
+}
+
 // Meta returns a pool without its devices: what a call that needs its
 // settings, not its thousands of queues, reads.
 func (l *Ledger) Meta(name string) (Pool, bool) {
