@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -236,11 +237,56 @@ func TestDRAClaim(t *testing.T) {
 		}
 	}
 
+	// The claim's status: each device Ready, with what the claim holds.
+	cs, err := e.kube.ResourceV1().ResourceClaims("default").Get(ctx, good.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs.Status.Devices) != 2 {
+		t.Fatalf("claim status devices %+v", cs.Status.Devices)
+	}
+	for _, dv := range cs.Status.Devices {
+		var data dra.ClaimData
+		if err := json.Unmarshal(dv.Data.Raw, &data); err != nil || data.Netdev != "xa" || data.Allocation != allocs[0].ID ||
+			len(dv.Conditions) != 1 || dv.Conditions[0].Type != "Ready" || dv.Conditions[0].Status != metav1.ConditionTrue {
+			t.Errorf("claim status of device %s: %+v (data %s, %v)", dv.Device, dv, dv.Data.Raw, err)
+		}
+	}
+
 	// The local API (and so the XdpqNode and kubectl xdpq) names the
 	// claim and its pod.
 	if l, err := api.NewClient(e.opts.APISocket).Allocations(""); err != nil || len(l.Allocations) != 1 ||
 		l.Allocations[0].Claim != "default/dns-0-queues" || l.Allocations[0].Pod != "default/dns-0" {
 		t.Errorf("allocations %+v (%v), want the claim default/dns-0-queues of pod default/dns-0", l, err)
+	}
+
+	// The link goes down: the devices are tainted in the slice and the
+	// claim's devices not Ready, saying why; up again, both undone.
+	for _, st := range []struct{ updown, ready, taint string }{{"down", "False", "LinkDown"}, {"up", "True", ""}} {
+		if out, err := exec.Command("ip", "-n", filepath.Base(e.pair.NSPath()), "link", "set", "xa", st.updown).CombinedOutput(); err != nil {
+			t.Fatalf("%v %s", err, out)
+		}
+		waitFor(t, "the slice and the claim's status with the link "+st.updown, func() bool {
+			l, err := e.kube.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+			if err != nil || len(l.Items) != 1 {
+				return false
+			}
+			for _, d := range l.Items[0].Spec.Devices {
+				if st.taint == "" && len(d.Taints) != 0 || st.taint != "" && (len(d.Taints) != 1 || d.Taints[0].Value != st.taint) {
+					return false
+				}
+			}
+			c, err := e.kube.ResourceV1().ResourceClaims("default").Get(ctx, good.Name, metav1.GetOptions{})
+			if err != nil || len(c.Status.Devices) != 2 {
+				return false
+			}
+			for _, d := range c.Status.Devices {
+				if len(d.Conditions) != 1 || string(d.Conditions[0].Status) != st.ready {
+					return false
+				}
+			}
+			return true
+		})
 	}
 
 	// kubelet asks again (its restart): the same allocation.

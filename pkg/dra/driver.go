@@ -104,6 +104,9 @@ type Driver struct {
 
 	mu        sync.Mutex // guards published
 	published map[string][]Device
+
+	statusMu sync.Mutex             // guards status; never held across a call out
+	status   map[string]claimStatus // by claim UID: what was last applied
 }
 
 // Start registers the driver with kubelet and publishes the devices.
@@ -118,7 +121,7 @@ func Start(ctx context.Context, o Options) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dra: CDI spec directory %s: %w", o.CDIDir, err)
 	}
-	d := &Driver{opts: o, log: o.Logger, cdi: cache, changed: make(chan struct{}, 1)}
+	d := &Driver{opts: o, log: o.Logger, cdi: cache, changed: make(chan struct{}, 1), status: map[string]claimStatus{}}
 	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(DriverName),
 		kubeletplugin.NodeName(o.NodeName),
@@ -158,15 +161,19 @@ func (d *Driver) Publish(ctx context.Context) error {
 	same := equalDevices(d.published, devs)
 	d.published = devs
 	d.mu.Unlock()
-	if same {
-		return nil
+	if !same {
+		if err := d.helper.PublishResources(ctx, Resources(d.opts.NodeName, devs)); err != nil {
+			return fmt.Errorf("dra: publish: %w", err)
+		}
+		select {
+		case d.changed <- struct{}{}:
+		default:
+		}
 	}
-	if err := d.helper.PublishResources(ctx, Resources(d.opts.NodeName, devs)); err != nil {
-		return fmt.Errorf("dra: publish: %w", err)
-	}
-	select {
-	case d.changed <- struct{}{}:
-	default:
+	// The prepared claims' status follows their devices (and one whose
+	// last apply failed is tried again).
+	if err := d.syncStatus(ctx, devs); err != nil {
+		return fmt.Errorf("dra: %w", err)
 	}
 	return nil
 }
@@ -227,6 +234,13 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) kube
 		devs = append(devs, kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, CDIDeviceIDs: []string{id}})
 	}
 	d.log.Info("claim prepared", "claim", name, "uid", c.UID, "pool", cl.Pool, "devices", cl.Devices)
+	d.mu.Lock()
+	devices := d.published
+	d.mu.Unlock()
+	if err := d.syncStatus(ctx, devices); err != nil {
+		// Its pods start all the same; the next publish tries again.
+		d.log.Warn("claim status not written", "claim", name, "err", err)
+	}
 	return kubeletplugin.PrepareResult{Devices: devs}
 }
 
