@@ -119,6 +119,7 @@ func TestDRAScenario(t *testing.T) {
 	}
 	out, _ = cp.Kubectl(ctx, "-n", ns, "get", "resourceclaims")
 	t.Logf("kubectl get resourceclaims:\n%s", out)
+	waitClaimsReady(ctx, t, cp, ns, "True")
 
 	// 5. An operator's program takes the NIC's hook: its devices are
 	// tainted in the slice (new claims avoid them); what is sent
@@ -128,6 +129,7 @@ func TestDRAScenario(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitTainted(ctx, t, cp, "Overridden")
+	waitClaimsReady(ctx, t, cp, ns, "False")
 	if err := sa.send(100, false); err != nil {
 		t.Fatal(err)
 	}
@@ -135,6 +137,7 @@ func TestDRAScenario(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitTainted(ctx, t, cp, "")
+	waitClaimsReady(ctx, t, cp, ns, "True")
 	for _, s := range []*peerSender{sa, sb} {
 		if err := s.send(1000, true); err != nil {
 			t.Fatal(err)
@@ -249,5 +252,33 @@ func waitTainted(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, re
 	})
 	if err != nil {
 		t.Fatalf("the slice's devices, want taint %q: %s (%v)", reason, last, err)
+	}
+}
+
+// waitClaimsReady waits until every device of every claim of namespace
+// ns has the Ready condition with status.
+func waitClaimsReady(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, ns, status string) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := cp.Client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		last = ""
+		for _, c := range l.Items {
+			if len(c.Status.Devices) == 0 {
+				last += c.Name + ": no device status; "
+			}
+			for _, d := range c.Status.Devices {
+				if len(d.Conditions) != 1 || d.Conditions[0].Type != "Ready" || string(d.Conditions[0].Status) != status {
+					last += fmt.Sprintf("%s/%s: %+v; ", c.Name, d.Device, d.Conditions)
+				}
+			}
+		}
+		return last == "" && len(l.Items) > 0, nil
+	})
+	if err != nil {
+		t.Fatalf("claims of %s, want every device Ready %s: %s (%v)", ns, status, last, err)
 	}
 }
