@@ -18,8 +18,10 @@
 //
 // The control plane listens on 127.0.0.1 only, with a certificate
 // authority of its own, static tokens (an admin in system:masters, the
-// controllers, the node) and Node,RBAC authorization. The node needs
-// root, Debian's containerd, runc and containernetworking-plugins; its
+// controllers, the node) and Node,RBAC authorization. The node runs
+// containerd 2 (with CDI, which DRA drivers need, and NRI), built from
+// its Go module by kubebin in a module of its own (kubebin/containerd),
+// with Debian's runc; it needs root, runc and containernetworking-plugins; its
 // pods are on a bridge with host-local addresses (DefaultPodCIDR) and no
 // route out. One node runs at a time on a machine (a lock file says so);
 // tests that run one should hold the kernel lock of the project's

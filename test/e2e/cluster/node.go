@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -98,7 +99,8 @@ type Node struct {
 	log         io.Writer
 	lock        *os.File // Dir's lock, held until Stop
 	containerd  *process
-	mu          sync.Mutex // guards procs and stopped: Stop may run during a start (Ctrl-C)
+	bins        kubebin.Paths // the node's programs, kubebin's
+	mu          sync.Mutex    // guards procs and stopped: Stop may run during a start (Ctrl-C)
 	procs       []*process
 	stopped     bool
 	stopOnce    sync.Once
@@ -109,8 +111,9 @@ type Node struct {
 // StartNode starts the node's containerd, imports the pause image,
 // starts kube-controller-manager and kube-scheduler against cp, then the
 // kubelet, and waits until the Node is Ready. First it removes what a
-// killed run left in the node's directories. It needs root, containerd,
-// ctr and runc, and the bridge, host-local and loopback CNI plugins. On
+// killed run left in the node's directories. It needs root and runc
+// (containerd 2, its shim and ctr are kubebin's, built from their Go
+// module), and the bridge, host-local and loopback CNI plugins. On
 // error nothing it started is left running.
 func StartNode(ctx context.Context, cp *ControlPlane, opts NodeOptions) (n *Node, err error) {
 	t0 := time.Now()
@@ -147,6 +150,7 @@ func StartNode(ctx context.Context, cp *ControlPlane, opts NodeOptions) (n *Node
 		CNIBinDir:        filepath.Join(opts.Dir, "cni", "bin"),
 		CNIConfDir:       filepath.Join(opts.Dir, "cni", "net.d"),
 		cp:               cp,
+		bins:             bins,
 		podCIDR:          opts.PodCIDR,
 		log:              opts.Log,
 	}
@@ -220,16 +224,29 @@ func StartNodeForTest(tb testing.TB, cp *ControlPlane, opts NodeOptions) *Node {
 
 func (n *Node) path(elem ...string) string { return filepath.Join(append([]string{n.Dir}, elem...)...) }
 
+// CDISpecDirs are where the node's containerd reads CDI specs: a DRA
+// driver writes a claim's into the second (containerd's defaults).
+var CDISpecDirs = []string{"/etc/cdi", "/var/run/cdi"}
+
+// quoteList is a TOML list of strings.
+func quoteList(ss []string) string {
+	q := make([]string, len(ss))
+	for i, s := range ss {
+		q[i] = strconv.Quote(s)
+	}
+	return strings.Join(q, ", ")
+}
+
 // checkTools says which of the programs the node runs are missing.
 func checkTools(cniDir string) error {
 	var missing []string
-	for _, t := range []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc"} {
+	for _, t := range []string{"runc"} {
 		if _, err := exec.LookPath(t); err != nil {
 			missing = append(missing, t)
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("node: no %s on PATH (Debian: apt-get install containerd runc)", strings.Join(missing, ", "))
+		return fmt.Errorf("node: no %s on PATH (Debian: apt-get install runc)", strings.Join(missing, ", "))
 	}
 	for _, p := range []string{"bridge", "host-local", "loopback"} {
 		if _, err := os.Stat(filepath.Join(cniDir, p)); err != nil {
@@ -254,7 +271,7 @@ func checkResolves(name string) error {
 func nodeBinaries(ctx context.Context, cp *ControlPlane) (kubebin.Paths, error) {
 	bins := kubebin.Paths{}
 	var missing []string
-	for _, b := range []string{kubebin.Kubelet, kubebin.KubeControllerManager, kubebin.KubeScheduler} {
+	for _, b := range []string{kubebin.Kubelet, kubebin.KubeControllerManager, kubebin.KubeScheduler, kubebin.Containerd, kubebin.ContainerdShim, kubebin.Ctr} {
 		if p, ok := cp.Binaries[b]; ok {
 			bins[b] = p
 		} else {
@@ -353,7 +370,10 @@ func copyFile(src, dst string, mode os.FileMode) error {
 // socket and runc root in Dir, the CRI plugin with the node's CNI
 // directories and the e2e pause image) and waits until its CRI answers.
 func (n *Node) startContainerd(ctx context.Context) error {
-	config := fmt.Sprintf(`version = 2
+	// containerd 2's configuration, version 3: the CRI plugin is split
+	// into images and runtime. CDI is always on in containerd 2; NRI too,
+	// its socket in the node's directory.
+	config := fmt.Sprintf(`version = 3
 root = %[1]q
 state = %[2]q
 
@@ -362,28 +382,38 @@ state = %[2]q
 [ttrpc]
   address = %[4]q
 
-[plugins."io.containerd.internal.v1.opt"]
+[plugins.'io.containerd.internal.v1.opt']
   path = %[5]q
 
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = %[6]q
+[plugins.'io.containerd.nri.v1.nri']
+  socket_path = %[12]q
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = %[6]q
+
+[plugins.'io.containerd.cri.v1.runtime']
   # root cannot lower its oom_score_adj here: without this runc fails
   # "can't get final child's PID from pipe: EOF".
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  cdi_spec_dirs = [%[11]s]
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      # The shim built with this containerd, not one on PATH.
+      runtime_path = %[10]q
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         SystemdCgroup = false
         Root = %[7]q
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = %[8]q
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = [%[8]q]
     conf_dir = %[9]q
 `, n.path("containerd", "root"), n.path("containerd", "state"), n.ContainerdSocket, n.ContainerdSocket+".ttrpc",
-		n.path("containerd", "opt"), images.Pause().Ref, n.path("containerd", "runc"), n.CNIBinDir, n.CNIConfDir)
+		n.path("containerd", "opt"), images.Pause().Ref, n.path("containerd", "runc"), n.CNIBinDir, n.CNIConfDir,
+		n.bins[kubebin.ContainerdShim], quoteList(CDISpecDirs), n.path("run", "nri.sock"))
 	if err := os.MkdirAll(filepath.Dir(n.ContainerdSocket), 0o755); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
@@ -391,7 +421,7 @@ state = %[2]q
 	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
-	p, err := n.start("containerd", "containerd", []string{"--config", cfg})
+	p, err := n.start("containerd", n.bins[kubebin.Containerd], []string{"--config", cfg})
 	if err != nil {
 		return err
 	}
@@ -405,7 +435,7 @@ state = %[2]q
 // Ctr runs ctr against the node's containerd in the CRI namespace and
 // returns its output; an error includes it.
 func (n *Node) Ctr(ctx context.Context, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, "ctr", append([]string{"--address", n.ContainerdSocket, "--namespace", CRINamespace}, args...)...)
+	cmd := exec.CommandContext(ctx, n.bins[kubebin.Ctr], append([]string{"--address", n.ContainerdSocket, "--namespace", CRINamespace}, args...)...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return out, fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))

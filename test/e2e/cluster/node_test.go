@@ -30,9 +30,7 @@ import (
 // the sysctls the kubelet changed back at their values.
 func TestNodeRunsPod(t *testing.T) {
 	testnet.RequireRoot(t)
-	for _, tool := range []string{"containerd", "ctr", "runc"} {
-		testnet.RequireTool(t, "containerd runc", tool)
-	}
+	testnet.RequireTool(t, "runc", "runc")
 	testnet.RequireTool(t, "containernetworking-plugins", filepath.Join(DefaultCNIPluginDir, "bridge"))
 	sysctls := readSysctls(t)
 

@@ -43,6 +43,12 @@ const (
 	Kubelet               = "kubelet"
 	Kubectl               = "kubectl"
 	Helm                  = "helm"
+	// The node's container runtime: containerd 2 (CDI, which DRA
+	// drivers need, and the runtime kubelet 1.36+ supports), its runc
+	// shim and its CLI.
+	Containerd     = "containerd"
+	ContainerdShim = "containerd-shim-runc-v2"
+	Ctr            = "ctr"
 )
 
 // DefaultCacheDir is where binaries are cached unless XDPQ_E2E_CACHE
@@ -59,6 +65,11 @@ const progressEvery = 30 * time.Second
 type binary struct {
 	pkg    string // its main package
 	module string // the module whose version keys the cache
+	// dir is the module it is built in, relative to the e2e module's
+	// directory; "" is the e2e module.
+	dir string
+	// tags are its build tags.
+	tags []string
 	// ldflags: -X settings of the version a program reports (an ad-hoc
 	// go build leaves the Kubernetes components at v0.0.0-master).
 	ldflags func(version string) []string
@@ -80,7 +91,21 @@ func binaries() map[string]binary {
 		Helm: {pkg: "helm.sh/helm/v4/cmd/helm", module: "helm.sh/helm/v4", ldflags: func(v string) []string {
 			return []string{"-X", "helm.sh/helm/v4/internal/version.version=" + v}
 		}},
+		Containerd:     containerd("github.com/containerd/containerd/v2/cmd/containerd"),
+		ContainerdShim: containerd("github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"),
+		Ctr:            containerd("github.com/containerd/containerd/v2/cmd/ctr"),
 	}
+}
+
+// containerd is how a program of containerd's module is built: in a
+// module of its own (kubebin/containerd), so that its dependencies do not
+// change the Kubernetes binaries', without the snapshotters the node
+// does not use (their C libraries), and reporting its version.
+func containerd(pkg string) binary {
+	return binary{pkg: pkg, module: "github.com/containerd/containerd/v2", dir: "kubebin/containerd",
+		tags: []string{"no_btrfs", "no_devmapper", "no_zfs"}, ldflags: func(v string) []string {
+			return []string{"-X", "github.com/containerd/containerd/v2/version.Version=" + v}
+		}}
 }
 
 // kubeVersion returns the -X settings of k8s.io/component-base/version
@@ -99,7 +124,7 @@ func kubeVersion(v string) []string {
 
 // All returns the names of every binary Ensure can build.
 func All() []string {
-	return []string{Etcd, KubeAPIServer, KubeControllerManager, KubeScheduler, Kubelet, Kubectl, Helm}
+	return []string{Etcd, KubeAPIServer, KubeControllerManager, KubeScheduler, Kubelet, Kubectl, Helm, Containerd, ContainerdShim, Ctr}
 }
 
 // Options configure Ensure. The zero value builds with the go command
@@ -201,30 +226,46 @@ func moduleVersions(ctx context.Context, opts Options, names []string, all map[s
 	if !strings.HasSuffix(filepath.ToSlash(gomod), "test/e2e/go.mod") {
 		return "", nil, fmt.Errorf("kubebin: run in the e2e module (test/e2e), not in %q", gomod)
 	}
-	seen := map[string]bool{}
-	args := []string{"list", "-m", "-f", "{{.Path}} {{.Version}}"}
-	for _, n := range names {
-		if m := all[n].module; !seen[m] {
-			seen[m] = true
-			args = append(args, m)
+	// A binary built in a module of its own is built in its directory,
+	// found from the e2e module's (the caller may be in a package's).
+	for n, b := range all {
+		if b.dir != "" && !filepath.IsAbs(b.dir) {
+			b.dir = filepath.Join(filepath.Dir(gomod), b.dir)
+			all[n] = b
 		}
 	}
-	out, err = goCmd(ctx, opts, args...).Output()
-	if err != nil {
-		return "", nil, fmt.Errorf("kubebin: go list -m: %w", exitDetail(err))
+	// Each module directory says the versions of the modules built in it.
+	byDir := map[string][]string{}
+	seen := map[string]bool{}
+	for _, n := range names {
+		b := all[n]
+		if !seen[b.dir+" "+b.module] {
+			seen[b.dir+" "+b.module] = true
+			byDir[b.dir] = append(byDir[b.dir], b.module)
+		}
 	}
 	versions := map[string]string{}
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		path, version, ok := strings.Cut(sc.Text(), " ")
-		if !ok || version == "" {
-			return "", nil, fmt.Errorf("kubebin: go list -m printed %q: is the module in test/e2e/go.mod?", sc.Text())
+	for _, dir := range slices.Sorted(maps.Keys(byDir)) {
+		cmd := goCmd(ctx, opts, append([]string{"list", "-m", "-f", "{{.Path}} {{.Version}}"}, byDir[dir]...)...)
+		if dir != "" {
+			cmd.Dir = dir
 		}
-		versions[path] = version
-	}
-	for m := range seen {
-		if versions[m] == "" {
-			return "", nil, fmt.Errorf("kubebin: no version of %s in the e2e module", m)
+		out, err = cmd.Output()
+		if err != nil {
+			return "", nil, fmt.Errorf("kubebin: go list -m in %s: %w", cmd.Dir, exitDetail(err))
+		}
+		sc := bufio.NewScanner(bytes.NewReader(out))
+		for sc.Scan() {
+			path, version, ok := strings.Cut(sc.Text(), " ")
+			if !ok || version == "" {
+				return "", nil, fmt.Errorf("kubebin: go list -m printed %q: is the module in test/e2e/%s/go.mod?", sc.Text(), dir)
+			}
+			versions[path] = version
+		}
+		for _, m := range byDir[dir] {
+			if versions[m] == "" {
+				return "", nil, fmt.Errorf("kubebin: no version of %s in the module test/e2e/%s", m, dir)
+			}
 		}
 	}
 	return goVersion, versions, nil
@@ -247,12 +288,13 @@ func buildLocked(ctx context.Context, opts Options, name string, b binary, versi
 	if b.ldflags != nil {
 		ldflags = b.ldflags(version)
 	}
-	return true, build(ctx, opts, name, b.pkg, version, ldflags, dst)
+	return true, build(ctx, opts, name, b, version, ldflags, dst)
 }
 
 // build builds pkg into dst through a temporary file in dst's directory,
 // reporting progress.
-func build(ctx context.Context, opts Options, name, pkg, version string, ldflags []string, dst string) error {
+func build(ctx context.Context, opts Options, name string, b binary, version string, ldflags []string, dst string) error {
+	pkg := b.pkg
 	tmp, err := os.CreateTemp(filepath.Dir(dst), tempPrefix+name+".")
 	if err != nil {
 		return fmt.Errorf("kubebin: build %s: %w", name, err)
@@ -264,8 +306,15 @@ func build(ctx context.Context, opts Options, name, pkg, version string, ldflags
 
 	fmt.Fprintf(opts.Progress, "kubebin: building %s %s (%s) into %s\n", name, version, pkg, filepath.Dir(dst))
 	start := time.Now()
-	args := []string{"build", "-trimpath", "-o", tmp.Name(), "-ldflags", strings.Join(append([]string{"-s", "-w"}, ldflags...), " "), pkg}
+	args := []string{"build", "-trimpath", "-o", tmp.Name(), "-ldflags", strings.Join(append([]string{"-s", "-w"}, ldflags...), " ")}
+	if len(b.tags) > 0 {
+		args = append(args, "-tags", strings.Join(b.tags, ","))
+	}
+	args = append(args, pkg)
 	cmd := goCmd(ctx, opts, args...)
+	if b.dir != "" {
+		cmd.Dir = b.dir
+	}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
