@@ -27,4 +27,3 @@ type ClaimData struct {
 	// Socket is where the container finds its broker ($XDPQ_SOCKET).
 	Socket string `json:"socket"`
 }
-

@@ -9,10 +9,10 @@ import (
 	"slices"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
-	resourceac "k8s.io/client-go/applyconfigurations/resource/v1"
+	"k8s.io/client-go/util/retry"
 )
 
 // ConditionReady is the condition of a claim's device in its status:
@@ -20,8 +20,8 @@ import (
 // device's taint value) when not.
 const ConditionReady = "Ready"
 
-// fieldManager is the driver's name as the owner of a claim's device
-// status (server-side apply).
+// fieldManager is the driver's name as the writer of a claim's device
+// status.
 const fieldManager = DriverName
 
 // claimStatus is what was last applied to a claim's status.
@@ -31,11 +31,33 @@ type claimStatus struct {
 	since metav1.Time
 }
 
-// statusApply is a claim's status to apply.
+// statusApply is a claim's status to write: its devices' entries.
 type statusApply struct {
-	claim PreparedClaim
-	st    claimStatus
-	ac    *resourceac.ResourceClaimStatusApplyConfiguration
+	claim   PreparedClaim
+	st      claimStatus
+	devices []resourceapi.AllocatedDeviceStatus
+}
+
+// writeStatus replaces the driver's entries in the claim's
+// status.devices, leaving the rest of its status as it is (an update
+// of the claim read, again on a conflict). Server-side apply would be
+// shorter, but the API server then takes the status's other fields as
+// changed by the driver (allocation, reservedFor), which it may not.
+func (d *Driver) writeStatus(ctx context.Context, t statusApply) error {
+	claims := d.opts.Kube.ResourceV1().ResourceClaims(t.claim.Namespace)
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		c, err := claims.Get(ctx, t.claim.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if string(c.UID) != t.claim.UID {
+			return fmt.Errorf("the claim was replaced (UID %s, prepared %s)", c.UID, t.claim.UID)
+		}
+		devs := slices.DeleteFunc(slices.Clone(c.Status.Devices), func(s resourceapi.AllocatedDeviceStatus) bool { return s.Driver == DriverName })
+		c.Status.Devices = append(devs, t.devices...)
+		_, err = claims.UpdateStatus(ctx, c, metav1.UpdateOptions{FieldManager: fieldManager})
+		return err
+	})
 }
 
 // syncStatus applies the status of every prepared claim whose devices'
@@ -56,13 +78,13 @@ func (d *Driver) syncStatus(ctx context.Context, devs map[string][]Device) error
 	seen := map[string]bool{}
 	for _, c := range claims {
 		seen[c.UID] = true
-		st, ac, err := d.claimStatus(c, devs)
+		st, devices, err := d.claimStatus(c, devs)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		if st != nil {
-			todo = append(todo, statusApply{c, *st, ac})
+			todo = append(todo, statusApply{c, *st, devices})
 		}
 	}
 	for _, uid := range slices.Collect(maps.Keys(d.status)) {
@@ -72,9 +94,7 @@ func (d *Driver) syncStatus(ctx context.Context, devs map[string][]Device) error
 	}
 	d.statusMu.Unlock()
 	for _, t := range todo {
-		_, err := d.opts.Kube.ResourceV1().ResourceClaims(t.claim.Namespace).ApplyStatus(ctx,
-			resourceac.ResourceClaim(t.claim.Name, t.claim.Namespace).WithStatus(t.ac), metav1.ApplyOptions{FieldManager: fieldManager, Force: true})
-		if err != nil {
+		if err := d.writeStatus(ctx, t); err != nil {
 			errs = append(errs, fmt.Errorf("claim %s/%s: status: %w", t.claim.Namespace, t.claim.Name, err))
 			continue
 		}
@@ -87,7 +107,7 @@ func (d *Driver) syncStatus(ctx context.Context, devs map[string][]Device) error
 
 // claimStatus is the status claim c should have with the devices devs,
 // or nil when it was applied already. Called with statusMu held.
-func (d *Driver) claimStatus(c PreparedClaim, devs map[string][]Device) (*claimStatus, *resourceac.ResourceClaimStatusApplyConfiguration, error) {
+func (d *Driver) claimStatus(c PreparedClaim, devs map[string][]Device) (*claimStatus, []resourceapi.AllocatedDeviceStatus, error) {
 	ready, reason, msg := "True", "Prepared", "its queues are xdpq's"
 	byName := map[string]Device{}
 	for _, dv := range devs[c.Pool] {
@@ -117,12 +137,11 @@ func (d *Driver) claimStatus(c PreparedClaim, devs map[string][]Device) (*claimS
 	if had && last.ready == ready { // the same Ready status: its transition stands
 		st.since = last.since
 	}
-	ac := resourceac.ResourceClaimStatus()
+	var devices []resourceapi.AllocatedDeviceStatus
 	for _, name := range c.Devices {
-		ac.WithDevices(resourceac.AllocatedDeviceStatus().WithDriver(DriverName).WithPool(PoolName(d.opts.NodeName, c.Pool)).WithDevice(name).
-			WithConditions(metav1ac.Condition().WithType(ConditionReady).WithStatus(metav1.ConditionStatus(ready)).
-				WithReason(reason).WithMessage(msg).WithLastTransitionTime(st.since)).
-			WithData(runtime.RawExtension{Raw: data}))
+		devices = append(devices, resourceapi.AllocatedDeviceStatus{Driver: DriverName, Pool: PoolName(d.opts.NodeName, c.Pool), Device: name,
+			Conditions: []metav1.Condition{{Type: ConditionReady, Status: metav1.ConditionStatus(ready), Reason: reason, Message: msg, LastTransitionTime: st.since}},
+			Data:       &runtime.RawExtension{Raw: data}})
 	}
-	return &st, ac, nil
+	return &st, devices, nil
 }

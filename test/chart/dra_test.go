@@ -85,7 +85,8 @@ func TestDRA(t *testing.T) {
 	for _, want := range []rbacv1.PolicyRule{
 		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceslices"}, Verbs: []string{"get", "list", "watch", "create", "update", "delete", "deletecollection"}},
 		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims"}, Verbs: []string{"get"}},
-		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/status"}, Verbs: []string{"patch"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/status"}, Verbs: []string{"update"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims/driver"}, Verbs: []string{"associated-node:update"}},
 	} {
 		if !slices.ContainsFunc(cr.Rules, func(r rbacv1.PolicyRule) bool {
 			return slices.Equal(r.Resources, want.Resources) && slices.Equal(r.Verbs, want.Verbs)
