@@ -1,8 +1,9 @@
 package dra
 
 import (
-	"fmt"
-	"hash/fnv"
+	"crypto/sha256"
+	"encoding/base32"
+	"strconv"
 	"strings"
 )
 
@@ -25,48 +26,73 @@ func xdpqPool(node, poolName string) (string, bool) {
 // maxLabel is the length of a DNS label.
 const maxLabel = 63
 
+// maxNetdev is the longest netdev name, in bytes (IFNAMSIZ-1).
+const maxNetdev = 15
+
+// b32 spells a netdev's name in a device name: lower case letters and
+// digits 2-7, no '-'.
+var b32 = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// hashLen is the length of the b32 of a name too long to be a netdev's:
+// longer than that of any name of maxNetdev bytes, so that the two never
+// meet.
+const hashLen = 26
+
 // DeviceName is the name of a ledger device in its ResourceSlice: a DNS
 // label (lower case letters, digits and '-', at most 63, starting and
-// ending with a letter or digit), whatever its netdev is called. A
-// netdev name that is already one (eth1, ens1f0np0) is kept, so that
-// "eth1-q3" reads as eth1's queue 3; any other (ens1f0.100, eth_1,
-// Eth1) is lower-cased with every other character made '-', and a hash
-// of the real name appended so that two netdevs never share a name.
-// queue < 0 names the whole netdev (netdev pools).
+// ending with a letter or digit), whatever its netdev is called, and
+// never the same for two netdevs. A netdev name that is already one
+// (eth1, ens1f0np0) and has no "--" is kept, so that "eth1-q3" reads as
+// eth1's queue 3; any other (ens1f0.100, eth_1, Eth1) is lower-cased
+// with every run of other characters made one '-', then "--" and the
+// real name in base32 ("eth-1--mv2gox3r"): the part after the "--" gives
+// the name back, so that two netdevs never share a name (a name longer
+// than a netdev's has a hash of it there instead). queue < 0 names the
+// whole netdev (netdev pools); a queue's name is its netdev's and
+// "-q<queue>".
 func DeviceName(netdev string, queue int) string {
 	suffix := ""
 	if queue >= 0 {
-		suffix = fmt.Sprintf("-q%d", queue)
+		suffix = "-q" + strconv.Itoa(queue)
 	}
-	base := netdev
-	if !isLabel(netdev) {
-		var b strings.Builder
-		for _, r := range strings.ToLower(netdev) {
-			if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
-				b.WriteRune(r)
-			} else {
+	if isLabel(netdev) && !strings.Contains(netdev, "--") && len(netdev)+len(suffix) <= maxLabel {
+		return netdev + suffix
+	}
+	var tail string
+	if n := len(netdev); n > 0 && n <= maxNetdev {
+		tail = b32.EncodeToString([]byte(netdev))
+	} else {
+		h := sha256.Sum256([]byte(netdev))
+		tail = b32.EncodeToString(h[:])[:hashLen]
+	}
+	// What reads as the netdev: its letters and digits, each run of
+	// anything else one '-', so that it holds no "--".
+	var b strings.Builder
+	dash := false
+	for _, r := range strings.ToLower(netdev) {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			if dash && b.Len() > 0 {
 				b.WriteByte('-')
 			}
-		}
-		h := fnv.New32a()
-		_, _ = h.Write([]byte(netdev)) // a hash never fails
-		tag := fmt.Sprintf("-%08x", h.Sum32())
-		base = strings.Trim(b.String(), "-")
-		if len(base)+len(tag)+len(suffix) > maxLabel {
-			base = base[:maxLabel-len(tag)-len(suffix)]
-		}
-		base = strings.TrimRight(base, "-") + tag
-		if base[0] == '-' {
-			base = "x" + base
+			b.WriteRune(r)
+			dash = false
+		} else {
+			dash = true
 		}
 	}
-	return base + suffix
+	base := b.String()
+	if n := maxLabel - len("--") - len(tail) - len(suffix); len(base) > n {
+		base = strings.TrimRight(base[:max(n, 0)], "-")
+	}
+	if base == "" {
+		base = "x"
+	}
+	return base + "--" + tail + suffix
 }
 
-// isLabel says whether s is a DNS label short enough to take a queue
-// suffix ("-q" and up to 5 digits).
+// isLabel says whether s is a DNS label.
 func isLabel(s string) bool {
-	if s == "" || len(s) > maxLabel-7 {
+	if s == "" || len(s) > maxLabel {
 		return false
 	}
 	for i, r := range s {
