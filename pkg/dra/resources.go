@@ -96,7 +96,9 @@ func Resources(node string, pools map[string][]Device) resourceslice.DriverResou
 // apiDevice is a device of pool as its ResourceSlice shows it.
 func apiDevice(pool string, d Device) resourceapi.Device {
 	str := func(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: ptr.To(s)} }
-	num := func(n int) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{IntValue: ptr.To(int64(n))} }
+	num := func(n int) resourceapi.DeviceAttribute {
+		return resourceapi.DeviceAttribute{IntValue: ptr.To(int64(n))}
+	}
 	flag := func(b bool) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{BoolValue: ptr.To(b)} }
 	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 		AttrPool:     str(pool),
