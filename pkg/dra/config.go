@@ -92,7 +92,7 @@ func fieldOf(err error) string {
 	if errors.As(err, &te) && te.Field != "" {
 		return te.Field
 	}
-	if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+	if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok && strings.Trim(f, `"`) != "" {
 		return strings.Trim(f, `"`)
 	}
 	return "parameters"
