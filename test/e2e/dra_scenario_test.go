@@ -163,8 +163,26 @@ func TestDRAScenario(t *testing.T) {
 	if out, err := cp.Kubectl(ctx, "-n", "kube-system", "wait", "--for=delete", "pod", "-l", "app.kubernetes.io/name=xdpq", "--timeout=2m"); err != nil {
 		t.Errorf("the daemon's pod after helm uninstall: %v\n%s", err, out)
 	}
-	if l, err := cp.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{}); err != nil || len(l.Items) != 0 {
-		t.Errorf("helm uninstall left ResourceSlices: %v %v", l, err)
+	// The daemon deletes its node's slices as it stops, if its RBAC is
+	// still there (helm deletes it at the same moment); kubelet deletes
+	// them 30 s after the driver's registration went, if not.
+	gone := time.Now()
+	var left []string
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := cp.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		left = left[:0]
+		for _, s := range l.Items {
+			left = append(left, s.Name)
+		}
+		return len(left) == 0, nil
+	})
+	if err != nil {
+		t.Errorf("helm uninstall left ResourceSlices %v: %v", left, err)
+	} else {
+		t.Logf("the node's ResourceSlices gone %s after the daemon's pod", time.Since(gone).Round(time.Millisecond))
 	}
 	if l, err := cp.Client.ResourceV1().DeviceClasses().List(ctx, metav1.ListOptions{}); err != nil || len(l.Items) != 0 {
 		t.Errorf("helm uninstall left DeviceClasses: %v %v", l, err)
