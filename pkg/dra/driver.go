@@ -96,14 +96,18 @@ type Options struct {
 
 // Driver is the node's DRA kubelet plugin.
 type Driver struct {
-	opts    Options
-	log     *slog.Logger
-	cdi     *cdiapi.Cache
-	helper  *kubeletplugin.Helper
-	changed chan struct{} // capacity 1: the devices changed
+	opts        Options
+	log         *slog.Logger
+	cdi         *cdiapi.Cache
+	helper      *kubeletplugin.Helper
+	healthEvery time.Duration // how often health is sent again: healthResend
 
-	mu        sync.Mutex // guards published
+	mu        sync.Mutex // guards published and changed
 	published map[string][]Device
+	// changed is closed, and replaced, when published changes: it wakes
+	// every health watcher, however many kubelet runs at once, and none
+	// for a change it reported already.
+	changed chan struct{}
 
 	statusMu sync.Mutex             // guards status; never held across a call out
 	status   map[string]claimStatus // by claim UID: what was last applied
@@ -111,17 +115,11 @@ type Driver struct {
 
 // Start registers the driver with kubelet and publishes the devices.
 func Start(ctx context.Context, o Options) (*Driver, error) {
-	if o.CDIDir == "" {
-		o.CDIDir = DefaultCDIDir
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(o.CDIDir), cdiapi.WithAutoRefresh(false))
+	d, err := newDriver(o)
 	if err != nil {
-		return nil, fmt.Errorf("dra: CDI spec directory %s: %w", o.CDIDir, err)
+		return nil, err
 	}
-	d := &Driver{opts: o, log: o.Logger, cdi: cache, changed: make(chan struct{}, 1), status: map[string]claimStatus{}}
+	o = d.opts
 	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(DriverName),
 		kubeletplugin.NodeName(o.NodeName),
@@ -148,8 +146,25 @@ func Start(ctx context.Context, o Options) (*Driver, error) {
 	return d, nil
 }
 
+// newDriver is the driver of o before it registers with kubelet: what
+// kubelet asks of it (prepare, unprepare) works, publishing does not.
+func newDriver(o Options) (*Driver, error) {
+	if o.CDIDir == "" {
+		o.CDIDir = DefaultCDIDir
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(o.CDIDir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, fmt.Errorf("dra: CDI spec directory %s: %w", o.CDIDir, err)
+	}
+	return &Driver{opts: o, log: o.Logger, cdi: cache, changed: make(chan struct{}), status: map[string]claimStatus{},
+		healthEvery: healthResend}, nil
+}
+
 // Stop unregisters the driver; its ResourceSlices stay (a restarting
-// daemon publishes the same) until RemoveSlices.
+// daemon publishes the same) until Withdraw.
 func (d *Driver) Stop() { d.helper.Stop() }
 
 // Publish publishes the node's devices as they are now, if they changed
@@ -159,15 +174,15 @@ func (d *Driver) Publish(ctx context.Context) error {
 	devs := d.opts.Node.Devices()
 	d.mu.Lock()
 	same := equalDevices(d.published, devs)
-	d.published = devs
+	if !same {
+		d.published = devs
+		close(d.changed)
+		d.changed = make(chan struct{})
+	}
 	d.mu.Unlock()
 	if !same {
 		if err := d.helper.PublishResources(ctx, Resources(d.opts.NodeName, devs)); err != nil {
 			return fmt.Errorf("dra: publish: %w", err)
-		}
-		select {
-		case d.changed <- struct{}{}:
-		default:
 		}
 	}
 	// The prepared claims' status follows their devices (and one whose
@@ -357,25 +372,27 @@ func (d *Driver) HandleError(_ context.Context, err error, msg string) {
 // WatchHealthStatus reports every device's health to kubelet, again when
 // it changes and every healthResend.
 func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
-	t := time.NewTicker(healthResend)
+	t := time.NewTicker(d.healthEvery)
 	defer t.Stop()
 	for {
+		r, changed := d.health()
 		select {
 		case <-ctx.Done():
 			return nil
-		case reports <- d.health():
+		case reports <- r:
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-		case <-d.changed:
+		case <-changed:
 		}
 	}
 }
 
-// health is every published device's health.
-func (d *Driver) health() kubeletplugin.DeviceHealthReport {
+// health is every published device's health, and what is closed when
+// it changes.
+func (d *Driver) health() (kubeletplugin.DeviceHealthReport, <-chan struct{}) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := time.Now()
@@ -383,14 +400,14 @@ func (d *Driver) health() kubeletplugin.DeviceHealthReport {
 	for _, pool := range slices.Sorted(maps.Keys(d.published)) {
 		for _, dv := range d.published[pool] {
 			h := kubeletplugin.DeviceHealth{PoolName: PoolName(d.opts.NodeName, pool), DeviceName: DeviceName(dv.Netdev, dv.Queue),
-				Health: kubeletplugin.HealthStatusHealthy, LastUpdated: now, HealthCheckTimeout: 3 * healthResend}
+				Health: kubeletplugin.HealthStatusHealthy, LastUpdated: now, HealthCheckTimeout: 3 * d.healthEvery}
 			if dv.Unavailable != "" {
 				h.Health, h.Message = kubeletplugin.HealthStatusUnhealthy, dv.Unavailable
 			}
 			r.Devices = append(r.Devices, h)
 		}
 	}
-	return r
+	return r, d.changed
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
