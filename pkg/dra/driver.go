@@ -172,6 +172,9 @@ func (d *Driver) Stop() { d.helper.Stop() }
 // that differ.
 func (d *Driver) Publish(ctx context.Context) error {
 	devs := d.opts.Node.Devices()
+	if devs == nil {
+		devs = map[string][]Device{} // published: none
+	}
 	d.mu.Lock()
 	same := equalDevices(d.published, devs)
 	if !same {
@@ -252,9 +255,14 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) kube
 	d.mu.Lock()
 	devices := d.published
 	d.mu.Unlock()
-	if err := d.syncStatus(ctx, devices); err != nil {
-		// Its pods start all the same; the next publish tries again.
-		d.log.Warn("claim status not written", "claim", name, "err", err)
+	// Before the first publish (kubelet may prepare as soon as the
+	// driver registers) the devices are not known: their claims are not
+	// "Gone", and the first publish writes their status.
+	if devices != nil {
+		if err := d.syncStatus(ctx, devices); err != nil {
+			// Its pods start all the same; the next publish tries again.
+			d.log.Warn("claim status not written", "claim", name, "err", err)
+		}
 	}
 	return kubeletplugin.PrepareResult{Devices: devs}
 }

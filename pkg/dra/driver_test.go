@@ -47,6 +47,19 @@ type fakeNode struct {
 	unprepareErr map[string]error // by claim UID
 	prepared     []Claim
 	unprepared   []string
+	claims       []PreparedClaim // what preparedNode says it holds
+}
+
+// preparedNode is a fakeNode that tells its prepared claims, whose
+// status the driver then writes.
+type preparedNode struct{ *fakeNode }
+
+var _ PreparedClaims = preparedNode{}
+
+func (n preparedNode) Prepared() []PreparedClaim {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.claims)
 }
 
 var _ Node = (*fakeNode)(nil)
@@ -483,15 +496,15 @@ var sliceGVR = resourceapi.SchemeGroupVersion.WithResource("resourceslices")
 // startDriver starts a driver of node testNode with devices.
 func startDriver(t *testing.T, devices map[string][]Device) *cluster {
 	t.Helper()
-	kube := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode, UID: "node-uid-1"}})
-	// The fake API server does not make names of generateName.
-	var n atomic.Int64
-	kube.PrependReactor("create", "resourceslices", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if s, ok := a.(k8stesting.CreateAction).GetObject().(*resourceapi.ResourceSlice); ok && s.Name == "" {
-			s.Name = fmt.Sprintf("%s%05d", s.GenerateName, n.Add(1))
-		}
-		return false, nil, nil
-	})
+	node := &fakeNode{devices: devices, edits: testEdits}
+	return startCluster(t, node, node, fakeClientset())
+}
+
+// startCluster starts a driver of node (which is fn, or wraps it) with
+// the API server kube, whose reactors are all set: the fake adds one
+// unlocked.
+func startCluster(t *testing.T, node Node, fn *fakeNode, kube *fake.Clientset) *cluster {
+	t.Helper()
 	// Unix socket paths are short: not under t.TempDir().
 	dir, err := os.MkdirTemp("", "xdpq-dra")
 	if err != nil {
@@ -503,10 +516,10 @@ func startDriver(t *testing.T, devices map[string][]Device) *cluster {
 			t.Fatal(err)
 		}
 	}
-	c := &cluster{kube: kube, node: &fakeNode{devices: devices, edits: testEdits}, log: &logRecorder{}}
+	c := &cluster{kube: kube, node: fn, log: &logRecorder{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.ctx = ctx
-	c.d, err = Start(ctx, Options{NodeName: testNode, Kube: kube, Node: c.node, RegistryDir: filepath.Join(dir, "registry"),
+	c.d, err = Start(ctx, Options{NodeName: testNode, Kube: kube, Node: node, RegistryDir: filepath.Join(dir, "registry"),
 		PluginDir: filepath.Join(dir, "plugin"), CDIDir: filepath.Join(dir, "cdi"), Logger: slog.New(c.log)})
 	if err != nil {
 		cancel()
@@ -524,6 +537,32 @@ func startDriver(t *testing.T, devices map[string][]Device) *cluster {
 	return c
 }
 
+// fakeClientset is an API server holding node testNode and objs.
+func fakeClientset(objs ...runtime.Object) *fake.Clientset {
+	kube := fake.NewClientset(append([]runtime.Object{&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode, UID: "node-uid-1"}}}, objs...)...)
+	// The fake API server makes no names of generateName, and keeps no
+	// resourceVersion in the objects it stores: without one the
+	// controller's mutation cache takes its own writes for older than
+	// its informer's copy, and writes again what it just wrote.
+	var n, rv atomic.Int64
+	kube.PrependReactor("*", "resourceslices", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		o, ok := a.(interface{ GetObject() runtime.Object })
+		if !ok || a.GetVerb() != "create" && a.GetVerb() != "update" {
+			return false, nil, nil
+		}
+		s, ok := o.GetObject().(*resourceapi.ResourceSlice)
+		if !ok {
+			return false, nil, nil
+		}
+		if s.Name == "" {
+			s.Name = fmt.Sprintf("%s%05d", s.GenerateName, n.Add(1))
+		}
+		s.ResourceVersion = strconv.FormatInt(rv.Add(1), 10)
+		return false, nil, nil
+	})
+	return kube
+}
+
 // slices are the ResourceSlices in the API server.
 func (c *cluster) slices(t *testing.T) []resourceapi.ResourceSlice {
 	t.Helper()
@@ -532,6 +571,25 @@ func (c *cluster) slices(t *testing.T) []resourceapi.ResourceSlice {
 		t.Fatal(err)
 	}
 	return l.Items
+}
+
+// describe is what actions did, one line each.
+func describe(actions []k8stesting.Action) string {
+	var b strings.Builder
+	for _, a := range actions {
+		fmt.Fprintf(&b, "\n\t%s %s", a.GetVerb(), a.GetResource().Resource)
+		switch a := a.(type) {
+		case k8stesting.CreateAction:
+			if s, ok := a.GetObject().(*resourceapi.ResourceSlice); ok {
+				fmt.Fprintf(&b, " %s%s pool %s", s.Name, s.GenerateName, s.Spec.Pool.Name)
+			}
+		case k8stesting.DeleteAction:
+			fmt.Fprintf(&b, " %s", a.GetName())
+		case k8stesting.DeleteCollectionAction:
+			fmt.Fprintf(&b, " %s", a.GetListRestrictions().Fields)
+		}
+	}
+	return b.String()
 }
 
 // writes are the writes of ResourceSlices the API server was asked.
@@ -638,7 +696,7 @@ func TestPublish(t *testing.T) {
 	}
 	w := c.writes()[base:]
 	if len(w) != 1 || w[0].GetVerb() != "update" || w[0].(k8stesting.UpdateAction).GetObject().(*resourceapi.ResourceSlice).Name != holding {
-		t.Errorf("writes %v, want an update of %s", w, holding)
+		t.Errorf("writes:%s\nwant an update of %s", describe(w), holding)
 	}
 
 	// A pool no longer served: its slice is deleted, the others stay.
@@ -651,14 +709,13 @@ func TestPublish(t *testing.T) {
 	}
 	c.waitSlices(t)
 	if w := c.writes()[base:]; len(w) != 1 || w[0].GetVerb() != "delete" {
-		t.Errorf("writes %v, want a delete", w)
+		t.Errorf("writes:%s\nwant a delete", describe(w))
 	}
 	c.log.noWarnings(t)
 }
 
 func TestWithdraw(t *testing.T) {
-	c := startDriver(t, testDevices())
-	c.waitSlices(t)
+	kube := fakeClientset()
 
 	// The fake API server deletes no collection: this does, by the
 	// field selector as the API server reads it.
@@ -667,21 +724,24 @@ func TestWithdraw(t *testing.T) {
 			resourceapi.ResourceSliceSelectorDriver: s.Spec.Driver, resourceapi.ResourceSliceSelectorPoolName: s.Spec.Pool.Name}
 	}
 	var sel fields.Selector
-	c.kube.PrependReactor("delete-collection", "resourceslices", func(a k8stesting.Action) (bool, runtime.Object, error) {
+	kube.PrependReactor("delete-collection", "resourceslices", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		sel = a.(k8stesting.DeleteCollectionAction).GetListRestrictions().Fields
-		l, err := c.kube.Tracker().List(sliceGVR, resourceapi.SchemeGroupVersion.WithKind("ResourceSlice"), "")
+		l, err := kube.Tracker().List(sliceGVR, resourceapi.SchemeGroupVersion.WithKind("ResourceSlice"), "")
 		if err != nil {
 			return true, nil, err
 		}
 		for _, s := range l.(*resourceapi.ResourceSliceList).Items {
 			if sel.Matches(sliceFields(&s)) {
-				if err := c.kube.Tracker().Delete(sliceGVR, "", s.Name); err != nil {
+				if err := kube.Tracker().Delete(sliceGVR, "", s.Name); err != nil {
 					return true, nil, err
 				}
 			}
 		}
 		return true, nil, nil
 	})
+	fn := &fakeNode{devices: testDevices(), edits: testEdits}
+	c := startCluster(t, fn, fn, kube)
+	c.waitSlices(t)
 	if err := c.d.Withdraw(context.Background()); err != nil {
 		t.Fatal(err)
 	}
