@@ -45,10 +45,10 @@ const hashLen = 26
 // (eth1, ens1f0np0) and has no "--" is kept, so that "eth1-q3" reads as
 // eth1's queue 3; any other (ens1f0.100, eth_1, Eth1) is lower-cased
 // with every run of other characters made one '-', then "--" and the
-// real name in base32 ("eth-1--mv2gox3r"): the part after the "--" gives
-// the name back, so that two netdevs never share a name (a name longer
-// than a netdev's has a hash of it there instead). queue < 0 names the
-// whole netdev (netdev pools); a queue's name is its netdev's and
+// real name in base32 (eth_1 is "eth-1--mv2gqxzr"): the part after the
+// "--" gives the name back, so that two netdevs never share a name (a
+// name longer than a netdev's has a hash of it there instead). queue < 0
+// names the whole netdev (netdev pools); a queue's name ends in
 // "-q<queue>".
 func DeviceName(netdev string, queue int) string {
 	suffix := ""
