@@ -143,9 +143,38 @@ func TestDRAScenario(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+
+	// 6. The daemon's pod is deleted while frames flow: the new one
+	// registers the driver again and adopts the claims' allocations;
+	// nothing is lost (the totals, below). Then kubelet restarts: the
+	// pods are untouched and still receive.
+	untouched := containerIDs(ctx, t, cp, ns, a.name, b.name)
+	old := daemonPod(ctx, t, cp)
+	stop := sendWhile(sa, sb)
+	if err := cp.Client.CoreV1().Pods("kube-system").Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	newPod := waitNewDaemonReady(ctx, t, cp, old.Name)
+	batches, err := stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("daemon pod %s replaced by %s while %d batches of frames flowed", old.Name, newPod.Name, batches)
+	waitClaimsReady(ctx, t, cp, ns, "True")
+	if err := node.RestartKubelet(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*peerSender{sa, sb} {
+		if err := s.send(1000, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := containerIDs(ctx, t, cp, ns, a.name, b.name); got != untouched {
+		t.Errorf("the pods' containers changed across the restarts:\nbefore %s\nafter  %s", untouched, got)
+	}
 	checkTotals(ctx, t, cp, ns, sa, sb)
 
-	// 6. The pods gone: the queues free, no CDI spec left.
+	// 7. The pods gone: the queues free, no CDI spec left.
 	for _, p := range []string{a.name, b.name} {
 		if out, err := cp.Kubectl(ctx, "-n", ns, "wait", "--for=delete", "pod/"+p, "--timeout=60s"); err != nil {
 			t.Fatalf("%v\n%s", err, out)
@@ -156,7 +185,7 @@ func TestDRAScenario(t *testing.T) {
 		t.Errorf("CDI specs left: %v", specs)
 	}
 
-	// 7. helm uninstall: no slice, no class.
+	// 8. helm uninstall: no slice, no class.
 	if out, err := cp.Helm(ctx, "uninstall", "xdpq", "-n", "kube-system", "--wait", "--timeout=2m"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}

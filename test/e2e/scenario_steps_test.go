@@ -115,6 +115,39 @@ func (s *peerSender) send(n int, counted bool) error {
 	return nil
 }
 
+// sendWhile sends batches of 100 frames of each sender's flow on each of
+// its queues, counted, every 5 ms (a rate) until the returned stop is
+// called; stop says how many batches were sent, or why sending failed.
+func sendWhile(senders ...*peerSender) (stop func() (int, error)) {
+	done := make(chan struct{})
+	result := make(chan error, 1)
+	var batches int
+	go func() {
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			for _, s := range senders {
+				if err := s.send(100, true); err != nil {
+					result <- err
+					return
+				}
+			}
+			batches++
+			select {
+			case <-done:
+				result <- nil
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() (int, error) {
+		close(done)
+		err := <-result
+		return batches, err
+	}
+}
+
 // checkTotals stops the pods and checks that each reports, on each of its
 // queues, exactly the frames of its flow sent while xdpq held the hook.
 func checkTotals(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, namespace string, senders ...*peerSender) {

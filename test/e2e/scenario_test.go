@@ -117,9 +117,14 @@ func TestScenario(t *testing.T) {
 
 	// 3. kubectl shows both pods' queues; /metrics their per-queue
 	// counters.
-	out, err = cp.Kubectl(ctx, "get", "xdpqnodes")
+	// The XdpqNode's status is written coalesced, a moment after the
+	// second pod's allocation: waited for.
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		out, err = cp.Kubectl(ctx, "get", "xdpqnodes")
+		return err == nil && strings.Contains(string(out), "4/4"), nil
+	})
 	t.Logf("kubectl get xdpqnodes:\n%s", out)
-	if err != nil || !strings.Contains(string(out), "4/4") {
+	if err != nil {
 		t.Errorf("kubectl get xdpqnodes, want 4/4 queues allocated: %v\n%s", err, out)
 	}
 	waitPodRows(ctx, t, k, node.Name, ns, a, b)
@@ -183,28 +188,7 @@ func TestScenario(t *testing.T) {
 	allocs := allocationIDs(ctx, t, cp, node.Name)
 	untouched := containerIDs(ctx, t, cp, ns, a.name, b.name)
 	old := daemonPod(ctx, t, cp)
-	stopSending := make(chan struct{})
-	sending := make(chan error, 1)
-	var batches int
-	go func() {
-		tick := time.NewTicker(5 * time.Millisecond) // a rate: 100 frames per queue and pod per tick
-		defer tick.Stop()
-		for {
-			for _, s := range []*peerSender{sa, sb} {
-				if err := s.send(100, true); err != nil {
-					sending <- err
-					return
-				}
-			}
-			batches++
-			select {
-			case <-stopSending:
-				sending <- nil
-				return
-			case <-tick.C:
-			}
-		}
-	}()
+	stop := sendWhile(sa, sb)
 	deleted := time.Now()
 	if err := cp.Client.CoreV1().Pods("kube-system").Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -212,8 +196,8 @@ func TestScenario(t *testing.T) {
 	newPod := waitNewDaemonReady(ctx, t, cp, old.Name)
 	t.Logf("daemon pod %s deleted; %s Ready %s later", old.Name, newPod.Name, time.Since(deleted).Round(time.Millisecond))
 	waitPodRows(ctx, t, k, node.Name, ns, a, b)
-	close(stopSending)
-	if err := <-sending; err != nil {
+	batches, err := stop()
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("sent %d batches of 100 frames per queue to each pod while the daemon was replaced", batches)
