@@ -138,6 +138,9 @@ func TestDRAScenario(t *testing.T) {
 	}
 	waitTainted(ctx, t, cp, "")
 	waitClaimsReady(ctx, t, cp, ns, "True")
+	// The devices are well once the operator's program is gone; xdpq's
+	// holds the hook again a moment later: what is sent counts from then.
+	waitNetdevState(ctx, t, cp, node.Name, scenarioNIC, "Filter")
 	for _, s := range []*peerSender{sa, sb} {
 		if err := s.send(1000, true); err != nil {
 			t.Fatal(err)
