@@ -1,6 +1,7 @@
 package chart
 
 import (
+	"github.com/xdpq/xdpq/internal/testnet"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -65,18 +66,11 @@ func readYAML(t *testing.T, path string, v any) {
 	}
 }
 
-// promtool returns promtool's path. CI installs it (Debian's prometheus
-// package); elsewhere its absence skips the test.
+// promtool returns promtool's path: CI installs it (Debian's prometheus
+// package) and fails without it; elsewhere its absence skips the test.
 func promtool(t *testing.T) string {
 	t.Helper()
-	bin, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("promtool is missing (Debian: apt-get install prometheus)")
-		}
-		t.Skip("promtool is missing (Debian: apt-get install prometheus): the alerts are not checked")
-	}
-	return bin
+	return testnet.RequireTool(t, "prometheus", "promtool")
 }
 
 // runPromtool runs promtool with args and fails the test with its output
