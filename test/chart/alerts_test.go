@@ -1,7 +1,6 @@
 package chart
 
 import (
-	"github.com/xdpq/xdpq/internal/testnet"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +10,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"sigs.k8s.io/yaml"
+
+	"github.com/xdpq/xdpq/internal/testnet"
 )
 
 const prometheusRuleAPI = "monitoring.coreos.com/v1/PrometheusRule"
