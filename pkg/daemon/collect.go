@@ -45,10 +45,11 @@ func (d *Daemon) collect(ctx context.Context, grace time.Duration) (atts, allocs
 	if d.opts.Standalone {
 		return atts, nil
 	}
+	allocs = d.collectClaims(ctx)
 	held, err := d.kubelet.heldDevices(ctx)
 	if err != nil {
-		d.log.Warn("cannot ask kubelet which devices are in use; collecting no allocation", "err", err)
-		return atts, nil
+		d.log.Warn("cannot ask kubelet which devices are in use; collecting no allocation of the device plugin", "err", err)
+		return atts, allocs
 	}
 	for _, a := range d.ledger.Allocations() {
 		p, ok := d.ledger.Meta(a.Pool)

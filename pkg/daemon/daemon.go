@@ -143,6 +143,8 @@ type Daemon struct {
 	netdevsChanged chan struct{}
 	// draChanged wakes draLoop to publish; capacity 1.
 	draChanged chan struct{}
+	// goneClaims are the claims the collector found gone (collectClaims).
+	goneClaims goneClaims
 	// fdNeed and fdProblem are the reconciler's own: the descriptors the
 	// pools needed at the last fitFDLimit, and what it found.
 	fdNeed    uint64

@@ -3,7 +3,10 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"sync"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 
@@ -335,4 +338,100 @@ func (d *Daemon) claimEdits(a ledger.Allocation) dra.Edits {
 		e.Mounts = append(e.Mounts, dra.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, ReadOnly: m.ReadOnly})
 	}
 	return e
+}
+
+// goneClaims are the claims whose allocations the collector found
+// without a claim to serve, by claim UID: freed when found so again at
+// the next collection.
+type goneClaims struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+// mark records what this collection found gone and says which of it
+// the last one found gone too.
+func (g *goneClaims) mark(gone []string) (twice []string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	next := make(map[string]bool, len(gone))
+	for _, uid := range gone {
+		if g.seen[uid] {
+			twice = append(twice, uid)
+		}
+		next[uid] = true
+	}
+	g.seen = next
+	return twice
+}
+
+// collectClaims frees the allocations of claims kubelet will never
+// unprepare: the claim was deleted (or replaced under its name) or is
+// no longer reserved for the allocation's pod, and that pod is gone
+// from this node; kubelet lost its checkpoint, or the claim went while
+// kubelet was down. Found so at two collections in a row, so that a
+// claim kubelet is unpreparing now is not freed under it. A claim whose
+// pod is still on the node is kubelet's to unprepare.
+func (d *Daemon) collectClaims(ctx context.Context) (freed []string) {
+	if d.opts.DRA == nil || d.opts.DRA.Kube == nil {
+		return nil
+	}
+	byUID := map[string]ledger.Allocation{}
+	var gone []string
+	for _, a := range d.ledger.Allocations() {
+		if a.Claim == nil || a.State != ledger.Active {
+			continue
+		}
+		if a.Owner.PodUID != "" && d.opts.Pods != nil {
+			if _, ok := d.opts.Pods.Cached(a.Owner.PodUID); ok {
+				continue
+			}
+		}
+		why, err := d.claimGone(ctx, a)
+		if err != nil {
+			d.log.Warn("cannot read the claim of an allocation whose pod is gone; kept", "allocation", a.ID,
+				"claim", a.Claim.Namespace+"/"+a.Claim.Name, "err", err)
+			continue
+		}
+		if why != "" {
+			byUID[a.Claim.UID] = a
+			gone = append(gone, a.Claim.UID)
+			d.log.Info("the claim of an allocation is gone; freed at the next collection unless kubelet unprepares it first",
+				"allocation", a.ID, "claim", a.Claim.Namespace+"/"+a.Claim.Name, "why", why)
+		}
+	}
+	for _, uid := range d.goneClaims.mark(gone) {
+		a := byUID[uid]
+		if err := d.free(ctx, a.ID, "its claim is gone and kubelet did not unprepare it"); err != nil {
+			d.log.Warn("free", "allocation", a.ID, "err", err)
+			continue
+		}
+		freed = append(freed, a.ID)
+	}
+	return freed
+}
+
+// claimGone says why allocation a's claim no longer needs it ("" if it
+// does): the claim is not in the API server under its UID, or is
+// reserved for none of the allocation's pods.
+func (d *Daemon) claimGone(ctx context.Context, a ledger.Allocation) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, api.RequestTimeout)
+	defer cancel()
+	c, err := d.opts.DRA.Kube.ResourceV1().ResourceClaims(a.Claim.Namespace).Get(ctx, a.Claim.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return "deleted", nil
+	case err != nil:
+		return "", err
+	case string(c.UID) != a.Claim.UID:
+		return "deleted and made again (UID " + string(c.UID) + ")", nil
+	}
+	for _, r := range c.Status.ReservedFor {
+		if a.Owner.AnyPod || string(r.UID) == a.Owner.PodUID {
+			return "", nil
+		}
+	}
+	if a.Owner.AnyPod {
+		return "reserved for no pod", nil
+	}
+	return "no longer reserved for pod " + a.Owner.PodUID, nil
 }
