@@ -240,11 +240,11 @@ func New(cfg Config) (*Agent, error) {
 		}
 	}
 	if err := os.MkdirAll(cfg.PinDir, 0o700); err != nil {
-		return nil, fmt.Errorf("agent: pin dir: %w", err)
+		return nil, fmt.Errorf("create pin dir: %w", err)
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(cfg.PinDir, &st); err != nil || st.Type != unix.BPF_FS_MAGIC {
-		return nil, fmt.Errorf("agent: pin dir %s is not on a bpffs (mount -t bpf bpf %s)", cfg.PinDir, xdp.DefaultBPFFS)
+		return nil, fmt.Errorf("pin dir %s is not on a bpffs (mount -t bpf bpf %s)", cfg.PinDir, xdp.DefaultBPFFS)
 	}
 	a := &Agent{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), netdevs: map[string]*netdev{}, nic: cfg.NIC,
 		now: time.Now, listening: make(chan struct{})}
@@ -265,7 +265,7 @@ func New(cfg Config) (*Agent, error) {
 	if a.nic == nil {
 		h, err := ethtool.Open(cfg.NetNS)
 		if err != nil {
-			return nil, fmt.Errorf("agent: %w", err)
+			return nil, err
 		}
 		a.nic, a.own = h, h
 	}
@@ -342,18 +342,18 @@ func (d *netdev) lingering(now time.Time) (bool, time.Duration) {
 func (a *Agent) AddSocket(name string, queue uint32, fd int) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return fmt.Errorf("agent: add socket: %w", err)
+		return fmt.Errorf("add socket to %s/q%d: %w", name, queue, err)
 	}
 	d := a.takeUnlocked(name)
 	if d == nil {
-		return fmt.Errorf("agent: add socket: %s is not managed", name)
+		return fmt.Errorf("add socket to %s/q%d: the netdev is not managed", name, queue)
 	}
 	defer a.release(d)
 	if int(queue) >= d.queues || int(queue) >= d.rxNow {
-		return fmt.Errorf("agent: add socket: %s has %d rx queues now, no queue %d", name, min(d.queues, d.rxNow), queue)
+		return fmt.Errorf("add socket to %s/q%d: the netdev has %d rx queues now", name, queue, min(d.queues, d.rxNow))
 	}
 	if err := d.prog.SetSocket(queue, fd); err != nil {
-		return fmt.Errorf("agent: %s: %w", name, err)
+		return fmt.Errorf("add socket to %s/q%d: %w", name, queue, err)
 	}
 	a.mu.Lock()
 	d.sockets[queue] = st.Ino
@@ -372,7 +372,7 @@ func (a *Agent) AddSocket(name string, queue uint32, fd int) error {
 func (a *Agent) RemoveSocket(name string, queue uint32, inode uint64) error {
 	d := a.takeUnlocked(name)
 	if d == nil {
-		return fmt.Errorf("agent: remove socket: %s is not managed", name)
+		return fmt.Errorf("remove socket from %s/q%d: the netdev is not managed", name, queue)
 	}
 	defer a.release(d)
 	if ino, ok := d.sockets[queue]; !ok || inode != 0 && ino != inode {
@@ -398,11 +398,11 @@ func (a *Agent) XSKMapFD(name string) (int, error) {
 	defer a.mu.Unlock()
 	d := a.idleNetdev(name)
 	if d == nil {
-		return -1, fmt.Errorf("agent: %s is not managed", name)
+		return -1, fmt.Errorf("dup xskmap of %s: it is not managed", name)
 	}
 	fd, err := unix.FcntlInt(uintptr(d.prog.XSKMap().FD()), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
-		return -1, fmt.Errorf("agent: dup xskmap of %s: %w", name, err)
+		return -1, fmt.Errorf("dup xskmap of %s: %w", name, err)
 	}
 	return fd, nil
 }
@@ -414,7 +414,7 @@ func (a *Agent) Program(name string) (*xdp.Program, error) {
 	defer a.mu.Unlock()
 	d := a.idleNetdev(name)
 	if d == nil {
-		return nil, fmt.Errorf("agent: %s is not managed", name)
+		return nil, fmt.Errorf("program of %s: it is not managed", name)
 	}
 	return d.prog, nil
 }

@@ -289,7 +289,7 @@ func TestProgramFollowsSockets(t *testing.T) {
 	if err := r1.Expect(send.UDP(100), time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.AddSocket(p.A.Name, 9, s1.FD()); err == nil || !strings.Contains(err.Error(), "no queue 9") {
+	if err := a.AddSocket(p.A.Name, 9, s1.FD()); err == nil || !strings.HasPrefix(err.Error(), "add socket to "+p.A.Name+"/q9: the netdev has ") {
 		t.Errorf("socket on a queue the netdev lacks: %v", err)
 	}
 	removed := time.Now()

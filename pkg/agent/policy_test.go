@@ -778,7 +778,7 @@ func TestSetRefusesBadPolicy(t *testing.T) {
 	if err := a.Manage("xa", agent.Policy{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Manage("xa", agent.Policy{}); err == nil || !strings.Contains(err.Error(), "managed already") {
+	if err := a.Manage("xa", agent.Policy{}); err == nil || err.Error() != "manage xa: it is managed already" {
 		t.Errorf("manage twice: %v", err)
 	}
 }

@@ -56,9 +56,13 @@ func (a *Agent) Manage(name string, p Policy) error {
 }
 
 func (a *Agent) set(name string, p Policy, fresh bool) error {
+	op := "set"
+	if fresh {
+		op = "manage"
+	}
 	p, err := a.normalize(p)
 	if err != nil {
-		return fmt.Errorf("agent: %s: %w", name, err)
+		return fmt.Errorf("%s %s: %w", op, name, err)
 	}
 	a.mu.Lock()
 	d := a.take(name)
@@ -69,9 +73,9 @@ func (a *Agent) set(name string, p Policy, fresh bool) error {
 			a.release(d)
 		}
 		if closed {
-			return fmt.Errorf("agent: %s: the agent is closed", name)
+			return fmt.Errorf("%s %s: the agent is closed", op, name)
 		}
-		return fmt.Errorf("agent: %s is managed already", name)
+		return fmt.Errorf("manage %s: it is managed already", name)
 	}
 	if d == nil {
 		placeholder := &netdev{name: name, busy: true}
@@ -83,7 +87,7 @@ func (a *Agent) set(name string, p Policy, fresh bool) error {
 			delete(a.netdevs, name)
 			a.idle.Broadcast()
 			a.mu.Unlock()
-			return fmt.Errorf("agent: manage %s: %w", name, err)
+			return fmt.Errorf("manage %s: %w", name, err)
 		}
 		nd.busy = true // the placeholder's token passes to it
 		a.netdevs[name] = nd
@@ -91,7 +95,7 @@ func (a *Agent) set(name string, p Policy, fresh bool) error {
 		a.reconcile(nd)
 		a.release(nd)
 		if err != nil {
-			return fmt.Errorf("agent: %s: %w", name, err)
+			return fmt.Errorf("manage %s: %w", name, err)
 		}
 		return nil
 	}
@@ -107,7 +111,7 @@ func (a *Agent) set(name string, p Policy, fresh bool) error {
 	a.reconcile(d)
 	a.release(d)
 	if err != nil {
-		return fmt.Errorf("agent: %s: %w", name, err)
+		return fmt.Errorf("set %s: %w", name, err)
 	}
 	return nil
 }
@@ -631,7 +635,7 @@ func (a *Agent) Unmanage(name string) error {
 	d := a.take(name)
 	if d == nil {
 		a.mu.Unlock()
-		return fmt.Errorf("agent: %s is not managed", name)
+		return fmt.Errorf("unmanage %s: it is not managed", name)
 	}
 	if d.lingerT != nil {
 		d.lingerT.Stop()
@@ -657,7 +661,7 @@ func (a *Agent) Unmanage(name string) error {
 	a.idle.Broadcast()
 	a.mu.Unlock()
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("agent: unmanage %s: %w", name, err)
+		return fmt.Errorf("unmanage %s: %w", name, err)
 	}
 	return nil
 }

@@ -704,7 +704,7 @@ func restoreRSS(dev NtupleDevice, ifname, stateFile string) error {
 func (a *Agent) withSteering(name, op string, f func(s *steering) error) error {
 	d := a.takeUnlocked(name)
 	if d == nil {
-		return fmt.Errorf("agent: %s: %s is not managed", op, name)
+		return fmt.Errorf("%s: %s is not managed", op, name)
 	}
 	err := f(d.steer)
 	a.mu.Lock()

@@ -50,7 +50,7 @@ func Open(path string) (*Handle, error) {
 		err = ns.WithNetNSPath(path, open)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("ethtool: socket: %w", err)
+		return nil, fmt.Errorf("open ethtool socket: %w", err)
 	}
 	return &Handle{fd: fd}, nil
 }
