@@ -887,7 +887,7 @@ func (l *Ledger) Commit(id string, carried []Attachment) error {
 		if rerr := l.store.remove(id); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
 			err = errors.Join(err, fmt.Errorf("and its record could not be removed: %w", rerr))
 		}
-		return fmt.Errorf("ledger: %w", err)
+		return fmt.Errorf("commit %s: %w", id, err)
 	}
 	l.mu.Lock()
 	a.Attachments = append(a.Attachments, atts...)

@@ -18,10 +18,10 @@ type store struct{ dir string }
 
 func openStore(dir string) (*store, error) {
 	if dir == "" {
-		return nil, errors.New("ledger: no directory")
+		return nil, errors.New("open ledger: no directory")
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("ledger: %w", err)
+		return nil, fmt.Errorf("open ledger: %w", err)
 	}
 	return &store{dir: dir}, nil
 }
@@ -46,7 +46,7 @@ func (s *store) loadAll() ([]*Allocation, map[string]error, error) {
 	broken := map[string]error{}
 	ents, err := os.ReadDir(s.dir)
 	if err != nil {
-		return nil, nil, fmt.Errorf("ledger: %w", err)
+		return nil, nil, fmt.Errorf("read allocation records: %w", err)
 	}
 	var out []*Allocation
 	for _, e := range ents {
@@ -141,12 +141,12 @@ func (l *Ledger) persist(id string) error {
 	switch {
 	case a == nil:
 		if err := l.store.remove(id); err != nil {
-			return fmt.Errorf("ledger: remove record %s: %w", id, err)
+			return fmt.Errorf("remove record of allocation %s: %w", id, err)
 		}
 	case snap.State == Pending:
 	default:
 		if err := l.store.write(&snap); err != nil {
-			return fmt.Errorf("ledger: %w", err)
+			return fmt.Errorf("persist allocation %s: %w", id, err)
 		}
 	}
 	return nil
