@@ -273,11 +273,11 @@ func NewServer(cfg Config, dp Datapath) *Server {
 // Add starts serving an allocation at its socket path.
 func (s *Server) Add(a Allocation) error {
 	if a.ID == "" || len(a.Queues) == 0 || a.Dir == "" {
-		return fmt.Errorf("broker: allocation %q needs an id, queues and a directory", a.ID)
+		return fmt.Errorf("allocation %q needs an id, queues and a directory", a.ID)
 	}
 	for _, l := range a.Links {
 		if !filepath.IsAbs(l) || filepath.Clean(l) != l || l == a.SocketPath() || filepath.Dir(l) == l {
-			return fmt.Errorf("broker: allocation %s: link %q is not another absolute path for its socket", a.ID, l)
+			return fmt.Errorf("allocation %s: link %q is not another absolute path for its socket", a.ID, l)
 		}
 	}
 	if a.Limits == (wire.Limits{}) {
@@ -285,21 +285,21 @@ func (s *Server) Add(a Allocation) error {
 	}
 	if a.BusyPoll != nil {
 		if err := a.BusyPoll.Validate(); err != nil {
-			return fmt.Errorf("broker: allocation %s: %w", a.ID, err)
+			return fmt.Errorf("allocation %s: %w", a.ID, err)
 		}
 	}
 	if err := checkResumable(a.Resumable, a.Queues); err != nil {
-		return fmt.Errorf("broker: allocation %s: resumable lease: %w", a.ID, err)
+		return fmt.Errorf("allocation %s: resumable lease: %w", a.ID, err)
 	}
 	s.mu.Lock()
 	_, exists := s.allocs[a.ID]
 	switch {
 	case s.closed:
 		s.mu.Unlock()
-		return fmt.Errorf("broker: allocation %s: the server is closed", a.ID)
+		return fmt.Errorf("allocation %s: the server is closed", a.ID)
 	case exists || s.adding[a.ID]:
 		s.mu.Unlock()
-		return fmt.Errorf("broker: allocation %s exists", a.ID)
+		return fmt.Errorf("allocation %s exists", a.ID)
 	}
 	s.adding[a.ID] = true
 	s.mu.Unlock()
@@ -308,7 +308,7 @@ func (s *Server) Add(a Allocation) error {
 	s.mu.Lock()
 	delete(s.adding, a.ID)
 	if err == nil && s.closed {
-		err = fmt.Errorf("broker: allocation %s: the server is closed", a.ID)
+		err = fmt.Errorf("allocation %s: the server is closed", a.ID)
 		if uerr := al.unlisten(); uerr != nil {
 			err = errors.Join(err, uerr)
 		}
@@ -337,7 +337,7 @@ func (s *Server) Add(a Allocation) error {
 // (rename replaces whatever is at the target and follows no link there).
 func (s *Server) listen(a Allocation) (*allocation, error) {
 	fail := func(err error) (*allocation, error) {
-		return nil, fmt.Errorf("broker: allocation %s: %w", a.ID, err)
+		return nil, fmt.Errorf("listen for allocation %s: %w", a.ID, err)
 	}
 	if err := os.MkdirAll(a.Dir, 0o755); err != nil {
 		return fail(err)
@@ -502,7 +502,7 @@ func (s *Server) lookup(id string) (*allocation, error) {
 	defer s.mu.Unlock()
 	al, ok := s.allocs[id]
 	if !ok {
-		return nil, fmt.Errorf("broker: no allocation %s", id)
+		return nil, fmt.Errorf("no allocation %s", id)
 	}
 	return al, nil
 }
@@ -533,7 +533,7 @@ func (s *Server) SetLimits(id string, lim wire.Limits, bp *wire.BusyPoll) error 
 	}
 	if bp != nil {
 		if err := bp.Validate(); err != nil {
-			return fmt.Errorf("broker: allocation %s: %w", id, err)
+			return fmt.Errorf("allocation %s: %w", id, err)
 		}
 		c := *bp
 		bp = &c
@@ -641,7 +641,7 @@ func (s *Server) Remove(id string) error {
 	delete(s.allocs, id)
 	s.mu.Unlock()
 	if !ok {
-		return fmt.Errorf("broker: no allocation %s", id)
+		return fmt.Errorf("no allocation %s", id)
 	}
 	s.stop(al, false)
 	return nil
