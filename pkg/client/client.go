@@ -198,7 +198,7 @@ func ConnectContext(ctx context.Context, path string, o Options) (*Lease, error)
 	if path == "" {
 		path = os.Getenv(EnvSocket)
 		if path == "" {
-			return nil, fmt.Errorf("xdpq: no socket path and %s is not set", EnvSocket)
+			return nil, fmt.Errorf("no socket path given and %s is not set", EnvSocket)
 		}
 	}
 	if o.FrameSize == 0 {
@@ -226,7 +226,7 @@ func ConnectContext(ctx context.Context, path string, o Options) (*Lease, error)
 			if busy != nil {
 				return nil, fmt.Errorf("%w; gave up: %w", busy, err)
 			}
-			return nil, fmt.Errorf("xdpq: connect %s: %w", path, err)
+			return nil, fmt.Errorf("connect %s: %w", path, err)
 		}
 		attempt := time.Now().Add(o.Timeout)
 		if d, ok := ctx.Deadline(); ok && d.Before(attempt) {
@@ -265,7 +265,7 @@ func ConnectContext(ctx context.Context, path string, o Options) (*Lease, error)
 func dial(path string) (*net.UnixConn, error) {
 	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
-		return nil, fmt.Errorf("xdpq: connect %s: %w", path, err)
+		return nil, fmt.Errorf("connect %s: %w", path, err)
 	}
 	return c, nil
 }
@@ -292,7 +292,7 @@ func connect(path string, o Options, deadline time.Time) (*Lease, error) {
 		}
 	}()
 	if err := c.SetDeadline(deadline); err != nil {
-		return nil, fmt.Errorf("xdpq: %w", err)
+		return nil, fmt.Errorf("set handshake deadline: %w", err)
 	}
 
 	w, err := hello(c, o.Name)
@@ -306,7 +306,7 @@ func connect(path string, o Options, deadline time.Time) (*Lease, error) {
 	if o.Queues != nil {
 		for _, q := range o.Queues {
 			if !slices.Contains(w.Queues, q) {
-				return nil, fmt.Errorf("xdpq: queue %d is not in allocation %s (it has %v)", q, w.Allocation, w.Queues)
+				return nil, fmt.Errorf("queue %d is not in allocation %s (it has %v)", q, w.Allocation, w.Queues)
 			}
 		}
 		l.Queues = o.Queues
@@ -325,12 +325,12 @@ func connect(path string, o Options, deadline time.Time) (*Lease, error) {
 	}
 	mf, err := xsk.NewMemfd("xdpq-umem", size, o.HugeTLB)
 	if err != nil {
-		return nil, fmt.Errorf("xdpq: %w", err)
+		return nil, err // names the memfd
 	}
 	defer func() { _ = mf.Close() }() // the mapping and the daemon's copy hold the memory
 	l.UMEM, err = xsk.MapUMEM(int(mf.Fd()), xsk.UMEMConfig{FrameSize: o.FrameSize, Headroom: o.Headroom})
 	if err != nil {
-		return nil, fmt.Errorf("xdpq: %w", err)
+		return nil, err // says "umem"
 	}
 	err = send(c, wire.Message{Type: wire.TypeRequest, FrameSize: o.FrameSize, Headroom: o.Headroom,
 		Rings: &rings, Queues: l.Queues, MultiBuffer: o.MultiBuffer}, int(mf.Fd()))
@@ -343,11 +343,11 @@ func connect(path string, o Options, deadline time.Time) (*Lease, error) {
 	}
 	if len(fds) != len(l.Queues) || m.Rings == nil {
 		closeFDs(fds)
-		return nil, fmt.Errorf("xdpq: the daemon sent %d sockets for %d queues", len(fds), len(l.Queues))
+		return nil, fmt.Errorf("the daemon sent %d sockets for %d queues", len(fds), len(l.Queues))
 	}
 	if m.MultiBuffer != o.MultiBuffer {
 		closeFDs(fds)
-		return nil, fmt.Errorf("xdpq: asked for multi-buffer %v, the daemon bound the sockets with %v", o.MultiBuffer, m.MultiBuffer)
+		return nil, fmt.Errorf("asked for multi-buffer %v, the daemon bound the sockets with %v", o.MultiBuffer, m.MultiBuffer)
 	}
 	got := xsk.Rings{Fill: m.Rings.Fill, Completion: m.Rings.Completion, RX: m.Rings.RX, TX: m.Rings.TX}
 	l.ZeroCopy, l.MultiBuffer = m.ZeroCopy, m.MultiBuffer
@@ -355,7 +355,7 @@ func connect(path string, o Options, deadline time.Time) (*Lease, error) {
 		s, err := xsk.Adopt(fd, l.UMEM, got)
 		if err != nil {
 			closeFDs(fds[i:])
-			return nil, fmt.Errorf("xdpq: queue %d: %w", l.Queues[i], err)
+			return nil, fmt.Errorf("queue %d: %w", l.Queues[i], err)
 		}
 		l.Sockets = append(l.Sockets, s)
 		next := i * per
@@ -370,7 +370,7 @@ func connect(path string, o Options, deadline time.Time) (*Lease, error) {
 		rx := take(rings.Fill)
 		l.rx, l.spare, l.tx = append(l.rx, rx), append(l.spare, take(rings.RX)), append(l.tx, take(rings.TX))
 		if n := s.Fill(rx); n != len(rx) {
-			return nil, fmt.Errorf("xdpq: queue %d: fill ring took %d of %d frames", l.Queues[i], n, len(rx))
+			return nil, fmt.Errorf("queue %d: fill ring took %d of %d frames", l.Queues[i], n, len(rx))
 		}
 	}
 	if err := send(c, wire.Message{Type: wire.TypeReady}); err != nil {
@@ -380,7 +380,7 @@ func connect(path string, o Options, deadline time.Time) (*Lease, error) {
 		return nil, err
 	}
 	if err := c.SetDeadline(time.Time{}); err != nil {
-		return nil, fmt.Errorf("xdpq: %w", err)
+		return nil, fmt.Errorf("clear handshake deadline: %w", err)
 	}
 	ok = true
 	return l, nil
@@ -428,10 +428,10 @@ func waitClosed(c *net.UnixConn) error {
 		closeFDs(fds)
 		switch {
 		case errors.Is(err, io.EOF) || (err == nil && n == 0):
-			return errors.New("xdpq: the daemon closed the connection")
+			return errors.New("the daemon closed the connection")
 		case errors.Is(err, xsk.ErrTruncated):
 		case err != nil:
-			return fmt.Errorf("xdpq: connection to the daemon: %w", err)
+			return fmt.Errorf("connection to the daemon: %w", err)
 		}
 	}
 }
@@ -490,14 +490,14 @@ func (l *Lease) resume() error {
 		}
 	}()
 	if err := c.SetDeadline(time.Now().Add(l.opts.Timeout)); err != nil {
-		return fmt.Errorf("xdpq: %w", err)
+		return fmt.Errorf("set handshake deadline: %w", err)
 	}
 	w, err := hello(c, l.opts.Name)
 	if err != nil {
 		return err
 	}
 	if w.Allocation != l.Allocation {
-		return fmt.Errorf("xdpq: %w: %s, not %s", errOther, w.Allocation, l.Allocation)
+		return fmt.Errorf("%w: %s, not %s", errOther, w.Allocation, l.Allocation)
 	}
 	fds := make([]int, len(l.Sockets))
 	for i, s := range l.Sockets {
@@ -510,7 +510,7 @@ func (l *Lease) resume() error {
 		return err
 	}
 	if err := c.SetDeadline(time.Time{}); err != nil {
-		return fmt.Errorf("xdpq: %w", err)
+		return fmt.Errorf("clear handshake deadline: %w", err)
 	}
 	ok = true
 	return nil
@@ -560,7 +560,7 @@ func send(c *net.UnixConn, m wire.Message, fds ...int) error {
 		return err
 	}
 	if err := xsk.SendFDs(c, b, fds); err != nil {
-		return fmt.Errorf("xdpq: send %s: %w", m.Type, err)
+		return fmt.Errorf("send %s: %w", m.Type, err)
 	}
 	return nil
 }
@@ -572,24 +572,24 @@ func expect(c *net.UnixConn, want string, maxFDs int) (*wire.Message, []int, err
 	buf := make([]byte, wire.MaxMessage)
 	n, fds, err := xsk.RecvFDs(c, buf, maxFDs)
 	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, nil, fmt.Errorf("xdpq: waiting for %s: %w", want, err)
+		return nil, nil, fmt.Errorf("waiting for %s: %w", want, err)
 	}
 	if n == 0 {
 		closeFDs(fds)
-		return nil, nil, fmt.Errorf("xdpq: the daemon closed the connection before %s", want)
+		return nil, nil, fmt.Errorf("the daemon closed the connection before %s", want)
 	}
 	var m wire.Message
 	if err := json.Unmarshal(buf[:n], &m); err != nil {
 		closeFDs(fds)
-		return nil, nil, fmt.Errorf("xdpq: waiting for %s: not a protocol message: %w", want, err)
+		return nil, nil, fmt.Errorf("waiting for %s: not a protocol message: %w", want, err)
 	}
 	if m.Type == wire.TypeError {
 		closeFDs(fds)
-		return nil, nil, fmt.Errorf("xdpq: refused: %w", &wire.ProtocolError{Code: m.Code, Reason: m.Reason})
+		return nil, nil, fmt.Errorf("the daemon refused: %w", &wire.ProtocolError{Code: m.Code, Reason: m.Reason})
 	}
 	if m.Type != want {
 		closeFDs(fds)
-		return nil, nil, fmt.Errorf("xdpq: got a %q message, want %q", m.Type, want)
+		return nil, nil, fmt.Errorf("got a %q message, want %q", m.Type, want)
 	}
 	return &m, fds, nil
 }

@@ -250,7 +250,7 @@ func (r *Receiver) sleep(d time.Duration) (int, error) {
 
 // ErrLeaseClosed is what a Receiver's wait returns once its lease is
 // closed.
-var ErrLeaseClosed = errors.New("xdpq: the lease is closed: its sockets are given back; end the receive loops before Lease.Close")
+var ErrLeaseClosed = errors.New("the lease is closed: its sockets are given back; end the receive loops before Lease.Close")
 
 // closedErr is err, or ErrLeaseClosed when the lease closed the
 // Receiver's file (the raw side's error for that is the runtime's "use
@@ -269,11 +269,11 @@ func (r *Receiver) closedErr(err error) error {
 func pollable(fd int) (*os.File, error) {
 	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("xdpq: receiver: dup socket: %w", err)
+		return nil, fmt.Errorf("dup socket for a receiver: %w", err)
 	}
 	if err := unix.SetNonblock(dup, true); err != nil {
 		_ = unix.Close(dup) // a duplicate never used; the socket stays open
-		return nil, fmt.Errorf("xdpq: receiver: socket non-blocking: %w", err)
+		return nil, fmt.Errorf("make a receiver's socket non-blocking: %w", err)
 	}
 	return os.NewFile(uintptr(dup), "xsk"), nil
 }
