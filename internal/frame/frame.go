@@ -30,11 +30,11 @@ func (s Spec) Build() ([]byte, error) {
 // Append appends the frame to b.
 func (s Spec) Append(b []byte) ([]byte, error) {
 	if len(s.SrcMAC) != 6 || len(s.DstMAC) != 6 {
-		return nil, fmt.Errorf("frame: MAC addresses must be 6 bytes")
+		return nil, fmt.Errorf("build frame: MAC addresses must be 6 bytes")
 	}
 	v4 := s.Dst.Is4()
 	if v4 != s.Src.Is4() || !s.Src.IsValid() || !s.Dst.IsValid() {
-		return nil, fmt.Errorf("frame: source %v and destination %v must both be IPv4 or IPv6", s.Src, s.Dst)
+		return nil, fmt.Errorf("build frame: source %v and destination %v must both be IPv4 or IPv6", s.Src, s.Dst)
 	}
 	var l4 []byte
 	switch s.Protocol {
@@ -48,7 +48,7 @@ func (s Spec) Append(b []byte) ([]byte, error) {
 		l4[13] = 0x18                         // PSH|ACK
 		binary.BigEndian.PutUint16(l4[14:], 65535)
 	default:
-		return nil, fmt.Errorf("frame: protocol %d: want 17 (udp) or 6 (tcp)", s.Protocol)
+		return nil, fmt.Errorf("build frame: protocol %d: want 17 (udp) or 6 (tcp)", s.Protocol)
 	}
 	binary.BigEndian.PutUint16(l4[0:], s.SrcPort)
 	binary.BigEndian.PutUint16(l4[2:], s.DstPort)

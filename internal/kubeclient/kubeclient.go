@@ -38,7 +38,7 @@ func NewForConfig(cfg *rest.Config) (*Client, error) {
 	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
 	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, eventsv1.AddToScheme} {
 		if err := add(scheme); err != nil {
-			return nil, fmt.Errorf("kubeclient: %w", err)
+			return nil, fmt.Errorf("register API types: %w", err)
 		}
 	}
 	c := *cfg
@@ -47,13 +47,13 @@ func NewForConfig(cfg *rest.Config) (*Client, error) {
 	}
 	if c.RateLimiter == nil && c.QPS > 0 {
 		if c.Burst <= 0 {
-			return nil, fmt.Errorf("kubeclient: burst is required to be greater than 0 when RateLimiter is not set and QPS is set to greater than 0")
+			return nil, fmt.Errorf("burst is required to be greater than 0 when RateLimiter is not set and QPS is set to greater than 0")
 		}
 		c.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(c.QPS, c.Burst)
 	}
 	hc, err := rest.HTTPClientFor(&c)
 	if err != nil {
-		return nil, fmt.Errorf("kubeclient: %w", err)
+		return nil, fmt.Errorf("make HTTP client: %w", err)
 	}
 	codecs := rest.CodecFactoryForGeneratedClient(scheme, serializer.NewCodecFactory(scheme)).WithoutConversion()
 	group := func(gv schema.GroupVersion, apiPath string) (rest.Interface, error) {
@@ -61,7 +61,7 @@ func NewForConfig(cfg *rest.Config) (*Client, error) {
 		gc.GroupVersion, gc.APIPath, gc.NegotiatedSerializer = &gv, apiPath, codecs
 		rc, err := rest.RESTClientForConfigAndClient(&gc, hc)
 		if err != nil {
-			return nil, fmt.Errorf("kubeclient: %s: %w", gv, err)
+			return nil, fmt.Errorf("make client of %s: %w", gv, err)
 		}
 		return rc, nil
 	}

@@ -30,7 +30,7 @@ type Error struct{ Errors []FieldError }
 
 func (e *Error) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "config: %d problem(s):", len(e.Errors))
+	fmt.Fprintf(&b, "invalid config, %d problem(s):", len(e.Errors))
 	for _, f := range e.Errors {
 		b.WriteString("\n  " + f.Error())
 	}

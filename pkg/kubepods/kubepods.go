@@ -8,6 +8,7 @@ package kubepods
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -52,7 +53,7 @@ type Directory struct {
 // New returns the directory of node's pods. It holds nothing until Run.
 func New(pods Pods, node string) (*Directory, error) {
 	if node == "" {
-		return nil, fmt.Errorf("kubepods: no node name")
+		return nil, errors.New("watch the node's pods: no node name")
 	}
 	// The informer client-go's informer factory would make
 	// (informers/core/v1.NewTypedPodInformerWithOptions), without
@@ -81,7 +82,7 @@ func New(pods Pods, node string) (*Directory, error) {
 		}
 		return []string{string(p.UID)}, nil
 	}}); err != nil {
-		return nil, fmt.Errorf("kubepods: %w", err)
+		return nil, fmt.Errorf("index pods by uid: %w", err)
 	}
 	d := &Directory{pods: pods, node: node, informer: inf, changed: workqueue.NewTyped[string]()}
 	add := func(obj any) {
@@ -93,7 +94,7 @@ func New(pods Pods, node string) (*Directory, error) {
 		}
 	}
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: add, UpdateFunc: func(_, obj any) { add(obj) }, DeleteFunc: add}); err != nil {
-		return nil, fmt.Errorf("kubepods: %w", err)
+		return nil, fmt.Errorf("follow pod events: %w", err)
 	}
 	return d, nil
 }
