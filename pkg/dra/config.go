@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -40,6 +41,50 @@ type QueueConfig struct {
 	APIVersion string          `json:"apiVersion"`
 	Kind       string          `json:"kind"`
 	Flows      json.RawMessage `json:"flows,omitempty"`
+	// Interface is how a netdev-mode pool's netdev is in the pod; a
+	// queue pool's claim may not give it (its netdev stays the node's).
+	Interface *InterfaceConfig `json:"interface,omitempty"`
+}
+
+// InterfaceConfig is a netdev-mode pool's netdev in the pod:
+//
+//	interface:
+//	  name: net1                  # default: the netdev's name on the node
+//	  mtu: 9000                   # default: as it is
+//	  addresses: [192.0.2.7/24]   # default: none
+type InterfaceConfig struct {
+	Name      string   `json:"name,omitempty"`
+	MTU       int      `json:"mtu,omitempty"`
+	Addresses []string `json:"addresses,omitempty"`
+}
+
+// check says which field of the interface is wrong, and why.
+func (c *InterfaceConfig) check() (string, error) {
+	if c.Name != "" {
+		if len(c.Name) > 15 || c.Name == "." || c.Name == ".." || strings.ContainsAny(c.Name, "/: \t\n\x00") {
+			return "interface.name", fmt.Errorf("%q is not a Linux interface name (at most 15 bytes, no '/', ':' or white space)", c.Name)
+		}
+	}
+	if c.MTU != 0 && (c.MTU < 68 || c.MTU > 65535) {
+		return "interface.mtu", fmt.Errorf("%d is outside 68-65535", c.MTU)
+	}
+	for i, a := range c.Addresses {
+		if _, err := netip.ParsePrefix(a); err != nil {
+			return fmt.Sprintf("interface.addresses[%d]", i), fmt.Errorf("%q is not an address with its prefix length (192.0.2.7/24, 2001:db8::7/64)", a)
+		}
+	}
+	return "", nil
+}
+
+// Prefixes are the interface's addresses.
+func (c *InterfaceConfig) Prefixes() []netip.Prefix {
+	var out []netip.Prefix
+	for _, a := range c.Addresses {
+		if p, err := netip.ParsePrefix(a); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // ConfigError is a configuration the driver refuses: Field names what
@@ -58,6 +103,11 @@ func (e *ConfigError) Error() string {
 // decodeConfig decodes and checks one opaque configuration.
 func decodeConfig(raw []byte) (QueueConfig, string, error) {
 	var c QueueConfig
+	// Go's decoder matches keys whatever their case; Kubernetes does
+	// not, and neither does the driver.
+	if field, err := exactKeys(raw, "", "apiVersion", "kind", "flows", "interface"); err != nil {
+		return c, field, err
+	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
@@ -83,7 +133,36 @@ func decodeConfig(raw []byte) (QueueConfig, string, error) {
 	} else {
 		c.Flows = nil
 	}
+	if c.Interface != nil {
+		if field, err := c.Interface.check(); err != nil {
+			return c, field, err
+		}
+	}
 	return c, "", nil
+}
+
+// exactKeys refuses a JSON object with a key not spelled as one of
+// keys (its "interface" too); raw that is no object is left to the
+// decoder to refuse.
+func exactKeys(raw []byte, prefix string, keys ...string) (string, error) {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) != nil {
+		return "", nil
+	}
+	for k, v := range m {
+		if !slices.Contains(keys, k) {
+			if k == "" {
+				k = `""`
+			}
+			return prefix + k, fmt.Errorf("unknown field (field names are case-sensitive: %s)", strings.Join(keys, ", "))
+		}
+		if prefix == "" && k == "interface" {
+			if field, err := exactKeys(v, "interface.", "name", "mtu", "addresses"); err != nil {
+				return field, err
+			}
+		}
+	}
+	return "", nil
 }
 
 // fieldOf names the field a JSON decoding error is about.
@@ -124,6 +203,9 @@ func ClaimConfig(claim *resourceapi.ResourceClaim, requests []string) (QueueConf
 		}
 		if qc.Flows != nil {
 			out.Flows = qc.Flows
+		}
+		if qc.Interface != nil {
+			out.Interface = qc.Interface
 		}
 	}
 	out.APIVersion, out.Kind = ConfigAPIVersion, ConfigKind

@@ -36,6 +36,11 @@ func params(flows string) string {
 	return `{"apiVersion":"xdpq.io/v1alpha1","kind":"QueueConfig","flows":` + flows + `}`
 }
 
+// iface are a QueueConfig's parameters with this interface.
+func iface(i string) string {
+	return `{"apiVersion":"xdpq.io/v1alpha1","kind":"QueueConfig","interface":` + i + `}`
+}
+
 func allocatedClaim(configs ...resourceapi.DeviceAllocationConfiguration) *resourceapi.ResourceClaim {
 	c := &resourceapi.ResourceClaim{}
 	c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Config: configs}}
@@ -99,6 +104,13 @@ func TestClaimConfig(t *testing.T) {
 			}
 		})
 	}
+	// The claim's interface replaces the class's whole; flows stay.
+	got, err := ClaimConfig(allocatedClaim(classConfig(params(gtpFlows)), classConfig(iface(`{"name":"upf0","mtu":9000}`)),
+		claimConfig(iface(`{"name":"net1","addresses":["192.0.2.7/24","2001:db8::7/64"]}`))), []string{"queues"})
+	if err != nil || got.Interface == nil || got.Interface.Name != "net1" || got.Interface.MTU != 0 || string(got.Flows) != gtpFlows ||
+		len(got.Interface.Prefixes()) != 2 || got.Interface.Prefixes()[1].String() != "2001:db8::7/64" {
+		t.Errorf("interface of the claim over the class's: %+v %v", got, err)
+	}
 	if got, err := ClaimConfig(&resourceapi.ResourceClaim{}, []string{"queues"}); err != nil || got.Flows != nil {
 		t.Errorf("a claim not allocated: %+v, %v", got, err)
 	}
@@ -121,6 +133,15 @@ func TestClaimConfigRefused(t *testing.T) {
 		{name: "not JSON", raw: `apiVersion: xdpq.io/v1alpha1`, field: "parameters"},
 		{name: "empty", raw: ``, field: "parameters"},
 		{name: "two values", raw: params("") + params(""), field: "parameters"},
+		{name: "a key in another case", raw: `{"apiVersion":"xdpq.io/v1alpha1","kind":"QueueConfig","Flows":[]}`, field: "Flows"},
+		{name: "interface name too long", raw: iface(`{"name":"abcdefghijklmnop"}`), field: "interface.name"},
+		{name: "interface name with a slash", raw: iface(`{"name":"a/b"}`), field: "interface.name"},
+		{name: "interface name dot", raw: iface(`{"name":".."}`), field: "interface.name"},
+		{name: "interface mtu", raw: iface(`{"mtu":40}`), field: "interface.mtu"},
+		{name: "interface mtu a string", raw: iface(`{"mtu":"9000"}`), field: "interface.mtu"},
+		{name: "interface address without prefix", raw: iface(`{"addresses":["192.0.2.7/24","192.0.2.8"]}`), field: "interface.addresses[1]"},
+		{name: "interface unknown field", raw: iface(`{"ips":["192.0.2.7/24"]}`), field: "interface.ips"},
+		{name: "interface key in another case", raw: iface(`{"Name":"net1"}`), field: "interface.Name"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			claim := allocatedClaim(classConfig(params(gtpFlows)), claimConfig(`{"not":"ours"}`, "gpu"), claimConfig(c.raw, "queues"))
@@ -152,7 +173,8 @@ func FuzzDecodeConfig(f *testing.F) {
 	for _, s := range []string{params(gtpFlows), params(dnsFlows), params(""), params("null"), params(`[]`),
 		params(`[{"protocol":"tcp","destination":"10.0.0.0/8","destinationPort":"80-81","source":"10.1.0.1","sourcePort":"5","vlan":7}]`),
 		params(`[{"protocol":"icmp"}]`), params(`{}`), `{"flowz":1}`, `null`, ``, `[]`, params("") + "{}",
-		`{"apiVersion":"xdpq.io/v1alpha1","kind":"QueueConfig","Flows":[{"protocol":"udp"}]}`} {
+		`{"apiVersion":"xdpq.io/v1alpha1","kind":"QueueConfig","Flows":[{"protocol":"udp"}]}`,
+		iface(`{"name":"net1","mtu":9000,"addresses":["192.0.2.7/24"]}`), iface(`{"Mtu":1}`), iface(`null`), iface(`[]`)} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
@@ -168,6 +190,14 @@ func FuzzDecodeConfig(f *testing.F) {
 		}
 		if c.APIVersion != ConfigAPIVersion || c.Kind != ConfigKind {
 			t.Errorf("%q: accepted as %s %s", raw, c.APIVersion, c.Kind)
+		}
+		if c.Interface != nil {
+			if field, err := c.Interface.check(); err != nil {
+				t.Errorf("%q: accepted an interface that is wrong: %s: %v", raw, field, err)
+			}
+			if len(c.Interface.Prefixes()) != len(c.Interface.Addresses) {
+				t.Errorf("%q: addresses %q, prefixes %v", raw, c.Interface.Addresses, c.Interface.Prefixes())
+			}
 		}
 		if c.Flows == nil {
 			return

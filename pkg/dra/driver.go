@@ -47,6 +47,9 @@ type Claim struct {
 	Devices []string
 	// Flows are the configured flows (QueueConfig.Flows), nil if none.
 	Flows json.RawMessage
+	// Interface is the configured interface (QueueConfig.Interface),
+	// nil if none.
+	Interface *InterfaceConfig
 }
 
 // Edits are what a claim's containers get: its CDI device's edits.
@@ -305,7 +308,7 @@ func (d *Driver) claimOf(c *resourceapi.ResourceClaim) (Claim, []resourceapi.Dev
 	if err != nil {
 		return cl, nil, err
 	}
-	cl.Flows = cfg.Flows
+	cl.Flows, cl.Interface = cfg.Flows, cfg.Interface
 	return cl, results, nil
 }
 

@@ -16,6 +16,18 @@ type PreparedClaim struct {
 	Pool    string
 	Devices []string
 	Data    ClaimData
+	// Network is a netdev-mode pool's netdev in its pod, nil while it
+	// is not there (or for queues): the devices' networkData.
+	Network *Network
+}
+
+// Network is a netdev in a pod, as a claim's status tells it
+// (status.devices[].networkData).
+type Network struct {
+	InterfaceName   string
+	HardwareAddress string
+	// IPs are its addresses with their prefix length ("192.0.2.7/24").
+	IPs []string
 }
 
 // ClaimData is the data of each of a claim's devices in its status

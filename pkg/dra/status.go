@@ -128,7 +128,13 @@ func (d *Driver) claimStatus(c PreparedClaim, devs map[string][]Device) (*claimS
 	if err != nil {
 		return nil, nil, err
 	}
-	st := claimStatus{ready: ready, key: fmt.Sprint(ready, reason, msg, string(data), c.Devices)}
+	var network *resourceapi.NetworkDeviceData
+	netKey := ""
+	if n := c.Network; n != nil {
+		network = &resourceapi.NetworkDeviceData{InterfaceName: n.InterfaceName, HardwareAddress: n.HardwareAddress, IPs: n.IPs}
+		netKey = fmt.Sprintf("%+v", *n)
+	}
+	st := claimStatus{ready: ready, key: fmt.Sprint(ready, reason, msg, string(data), c.Devices, netKey)}
 	last, had := d.status[c.UID]
 	if had && last.key == st.key {
 		return nil, nil, nil
@@ -141,7 +147,7 @@ func (d *Driver) claimStatus(c PreparedClaim, devs map[string][]Device) (*claimS
 	for _, name := range c.Devices {
 		devices = append(devices, resourceapi.AllocatedDeviceStatus{Driver: DriverName, Pool: PoolName(d.opts.NodeName, c.Pool), Device: name,
 			Conditions: []metav1.Condition{{Type: ConditionReady, Status: metav1.ConditionStatus(ready), Reason: reason, Message: msg, LastTransitionTime: st.since}},
-			Data:       &runtime.RawExtension{Raw: data}})
+			Data:       &runtime.RawExtension{Raw: data}, NetworkData: network})
 	}
 	return &st, devices, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -135,6 +136,34 @@ func TestClaimStatus(t *testing.T) {
 		}
 		if diff := cmp.Diff(step.uid1, c.readiness(t, "uid-1")); diff != "" {
 			t.Errorf("%s: uid-1 (-want +got):\n%s", step.name, diff)
+		}
+	}
+
+	// A netdev moved into its pod: the claim's networkData says where,
+	// written once.
+	for i, want := range []int{1, 0} {
+		base := c.statusUpdates()
+		c.node.mu.Lock()
+		c.node.claims[1].Network = &Network{InterfaceName: "net1", HardwareAddress: "02:00:00:00:00:01", IPs: []string{"192.0.2.7/24"}}
+		c.node.mu.Unlock()
+		if err := c.d.Publish(c.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := c.statusUpdates() - base; n != want {
+			t.Errorf("networkData, publish %d: %d status updates, want %d", i, n, want)
+		}
+	}
+	cl, err := c.kube.ResourceV1().ResourceClaims("ns").Get(c.ctx, "claim-uid-2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range cl.Status.Devices {
+		if s.Driver != DriverName {
+			continue
+		}
+		if nd := s.NetworkData; nd == nil || nd.InterfaceName != "net1" || nd.HardwareAddress != "02:00:00:00:00:01" ||
+			!slices.Equal(nd.IPs, []string{"192.0.2.7/24"}) {
+			t.Errorf("networkData of %s: %+v", s.Device, nd)
 		}
 	}
 

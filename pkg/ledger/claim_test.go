@@ -16,7 +16,8 @@ func TestClaimAllocation(t *testing.T) {
 	l := open(t, dir)
 	pools := []Pool{queuePool("upf", []string{"eth1"}, 0, 1, 2, 3)}
 	l.SetPools(pools)
-	claim := &Claim{UID: "c-1", Namespace: "telco", Name: "upf-0-queues", Flows: json.RawMessage(`[{"protocol":"udp"}]`)}
+	claim := &Claim{UID: "c-1", Namespace: "telco", Name: "upf-0-queues", Flows: json.RawMessage(`[{"protocol":"udp"}]`),
+		Interface: json.RawMessage(`{"name":"net1"}`)}
 	a, err := l.Reserve(Reservation{Pool: "upf", Devices: []string{"eth1-q0", "eth1-q1"}, Owner: Owner{PodUID: "p"}, Claim: claim})
 	if err != nil {
 		t.Fatal(err)
@@ -41,7 +42,8 @@ func TestClaimAllocation(t *testing.T) {
 	l2 := open(t, dir) // restarted
 	l2.SetPools(pools)
 	got, ok := l2.ByClaim("c-1")
-	if !ok || got.ID != a.ID || got.Claim == nil || got.Claim.Name != "upf-0-queues" || string(got.Claim.Flows) != `[{"protocol":"udp"}]` {
+	if !ok || got.ID != a.ID || got.Claim == nil || got.Claim.Name != "upf-0-queues" || string(got.Claim.Flows) != `[{"protocol":"udp"}]` ||
+		string(got.Claim.Interface) != `{"name":"net1"}` {
 		t.Fatalf("ByClaim after a restart: %+v %v", got, ok)
 	}
 	if _, ok := l2.ByClaim("c-2"); ok {

@@ -146,6 +146,9 @@ type Claim struct {
 	// them (the CNI configuration's "flows" schema, not yet resolved to
 	// the pod's addresses); nil when it gives none.
 	Flows json.RawMessage
+	// Interface is the claim's configuration of a netdev-mode pool's
+	// netdev in the pod (dra.InterfaceConfig), nil when it gives none.
+	Interface json.RawMessage
 }
 
 // Key is the attachment's name: "containerID/ifName".
@@ -713,7 +716,7 @@ func cloneAlloc(a *Allocation) Allocation {
 	c.Lease = slices.Clone(a.Lease)
 	if a.Claim != nil {
 		cl := *a.Claim
-		cl.Flows = slices.Clone(a.Claim.Flows)
+		cl.Flows, cl.Interface = slices.Clone(a.Claim.Flows), slices.Clone(a.Claim.Interface)
 		c.Claim = &cl
 	}
 	c.Attachments = make([]Attachment, len(a.Attachments))
@@ -783,7 +786,7 @@ func (l *Ledger) Reserve(r Reservation) (Allocation, error) {
 			return Allocation{}, api.Errorf(api.ErrConflict, "claim %s/%s (%s) already holds allocation %s (%s)", r.Claim.Namespace, r.Claim.Name, r.Claim.UID, h.ID, h.state())
 		}
 		cl := *r.Claim
-		cl.Flows = slices.Clone(r.Claim.Flows)
+		cl.Flows, cl.Interface = slices.Clone(r.Claim.Flows), slices.Clone(r.Claim.Interface)
 		a.Claim = &cl
 	}
 	replaces := map[string]bool{}

@@ -54,6 +54,9 @@ type claimV1 struct {
 	Namespace string          `json:"namespace"`
 	Name      string          `json:"name"`
 	Flows     json.RawMessage `json:"flows,omitempty"`
+	// Interface is the claim's interface configuration (a netdev-mode
+	// pool's netdev in the pod), nil when it gives none.
+	Interface json.RawMessage `json:"interface,omitempty"`
 }
 
 type ownerV1 struct {
@@ -177,7 +180,7 @@ func toRecord(a *Allocation) recordV1 {
 		Replaces: a.Replaces,
 	}
 	if a.Claim != nil {
-		r.Claim = &claimV1{UID: a.Claim.UID, Namespace: a.Claim.Namespace, Name: a.Claim.Name, Flows: a.Claim.Flows}
+		r.Claim = &claimV1{UID: a.Claim.UID, Namespace: a.Claim.Namespace, Name: a.Claim.Name, Flows: a.Claim.Flows, Interface: a.Claim.Interface}
 	}
 	if a.Attachments != nil {
 		r.Attachments = make([]attachmentV1, len(a.Attachments))
@@ -243,7 +246,8 @@ func (r recordV1) allocation() *Allocation {
 		Replaces: r.Replaces,
 	}
 	if r.Claim != nil {
-		a.Claim = &Claim{UID: r.Claim.UID, Namespace: r.Claim.Namespace, Name: r.Claim.Name, Flows: slices.Clone(r.Claim.Flows)}
+		a.Claim = &Claim{UID: r.Claim.UID, Namespace: r.Claim.Namespace, Name: r.Claim.Name, Flows: slices.Clone(r.Claim.Flows),
+			Interface: slices.Clone(r.Claim.Interface)}
 	}
 	if r.Attachments != nil {
 		a.Attachments = make([]Attachment, len(r.Attachments))
