@@ -22,6 +22,7 @@ import (
 	"github.com/xdpq/xdpq/internal/dsowner"
 	"github.com/xdpq/xdpq/internal/kubeclient"
 	"github.com/xdpq/xdpq/pkg/daemon"
+	"github.com/xdpq/xdpq/pkg/nri"
 )
 
 func main() {
@@ -45,6 +46,7 @@ func main() {
 	flag.StringVar(&o.ServedBy, "served-by", "", `how a pool whose config does not say is served: "dra" or "devicePlugin" (default)`)
 	draPluginDir := flag.String("dra-plugin-dir", "", "the DRA driver's socket directory (default /var/lib/kubelet/plugins/xdpq.io)")
 	cdiDir := flag.String("cdi-dir", "", "where the DRA driver writes the claims' CDI specs (default /var/run/cdi)")
+	nriSocket := flag.String("nri-socket", "", "the container runtime's NRI socket, through which DRA moves netdev-mode pools' netdevs into pods ("+nri.DefaultSocket+"; empty: DRA serves no netdev-mode pool)")
 	debug := flag.Bool("debug", false, "log at debug level")
 	flag.Parse()
 	level := slog.LevelInfo
@@ -81,7 +83,8 @@ func main() {
 		}
 		// POD_UID (the downward API) lets a new daemon register beside
 		// the old one in a rolling update with maxSurge.
-		o.DRA = &daemon.DRA{Kube: cs, RegistryDir: o.RegistryDir, PluginDir: *draPluginDir, CDIDir: *cdiDir, RollingUpdate: os.Getenv("POD_UID")}
+		o.DRA = &daemon.DRA{Kube: cs, RegistryDir: o.RegistryDir, PluginDir: *draPluginDir, CDIDir: *cdiDir, RollingUpdate: os.Getenv("POD_UID"),
+			NRISocket: *nriSocket}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

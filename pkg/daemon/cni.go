@@ -375,6 +375,10 @@ func checkCNIContainer(id string) error {
 		return api.Errorf(api.ErrInvalid, "container id %q: ids that begin with %q name the attachments of pods' annotated flows (%s), not a runtime's",
 			id, podFlowsPrefix, FlowsAnnotation)
 	}
+	if isSandbox(id) {
+		return api.Errorf(api.ErrInvalid, "container id %q: ids that begin with %q name the netdevs of DRA claims moved into pods' sandboxes, not a runtime's CNI attachments",
+			id, sandboxPrefix)
+	}
 	return nil
 }
 

@@ -396,6 +396,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		if d.opts.DRA != nil && !d.opts.Standalone {
 			part("dra", d.draLoop)
+			if d.opts.DRA.NRISocket != "" {
+				part("nri", d.nriLoop)
+			}
 		}
 		part("config watcher", func(ctx context.Context) error { return d.watcher.Run(ctx, d.applier(ctx)) })
 		part("local api", func(ctx context.Context) error {

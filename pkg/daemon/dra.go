@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 
@@ -36,6 +37,10 @@ type DRA struct {
 	PluginDir     string
 	CDIDir        string
 	RollingUpdate string
+	// NRISocket is the runtime's NRI socket (nri.DefaultSocket): netdev-
+	// mode pools move their netdevs into pods through it. Empty: DRA
+	// serves no netdev-mode pool.
+	NRISocket string
 }
 
 // servedBy is how pool p is served now: as its config (or the daemon's
@@ -158,8 +163,27 @@ func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (dra.Edits, erro
 		}
 		return dra.Edits{}, api.Errorf(api.ErrConflict, "%s", why)
 	}
+	claim := &ledger.Claim{UID: c.UID, Namespace: c.Namespace, Name: c.Name, Flows: c.Flows}
 	if p.Mode() == api.ModeNetdev {
-		return dra.Edits{}, api.Errorf(api.ErrNotSupported, "pool %s hands out whole netdevs, which DRA does not serve yet: serve it by the device plugin (servedBy: devicePlugin)", c.Pool)
+		if d.opts.DRA.NRISocket == "" {
+			return dra.Edits{}, api.Errorf(api.ErrNotSupported, "pool %s hands out whole netdevs, which DRA moves into pods through the runtime's NRI, and the daemon has no NRI socket (--nri-socket)", c.Pool)
+		}
+		if len(c.Pods) != 1 {
+			return dra.Edits{}, api.Errorf(api.ErrInvalid, "the claim is reserved for %d pods: a whole netdev moves into one pod's network namespace; give each pod a claim of its own (a ResourceClaimTemplate)", len(c.Pods))
+		}
+		if c.Interface != nil {
+			b, err := json.Marshal(c.Interface)
+			if err != nil {
+				return dra.Edits{}, err
+			}
+			claim.Interface = b
+		}
+		// Refused now, not when the pod's sandbox runs.
+		if _, _, err := claimNetdevFlows(ledger.Allocation{Claim: claim}, derefInterface(c.Interface)); err != nil {
+			return dra.Edits{}, api.Errorf(api.ErrInvalid, "claim config: %w", err)
+		}
+	} else if c.Interface != nil {
+		return dra.Edits{}, api.Errorf(api.ErrInvalid, "claim config: interface: pool %s shares queues of a netdev that stays the node's; interface applies to pools of mode netdev", c.Pool)
 	}
 	ids, err := d.deviceIDs(c.Pool, c.Devices)
 	if err != nil {
@@ -171,8 +195,7 @@ func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (dra.Edits, erro
 	} else if c.Flows != nil {
 		return dra.Edits{}, api.Errorf(api.ErrInvalid, "the claim is reserved for %d pods: flows steer to one pod's addresses; give each pod a claim of its own (a ResourceClaimTemplate)", len(c.Pods))
 	}
-	a, err := d.ledger.Reserve(ledger.Reservation{Pool: c.Pool, Devices: ids, Owner: owner,
-		Claim: &ledger.Claim{UID: c.UID, Namespace: c.Namespace, Name: c.Name, Flows: c.Flows}})
+	a, err := d.ledger.Reserve(ledger.Reservation{Pool: c.Pool, Devices: ids, Owner: owner, Claim: claim})
 	if err != nil {
 		return dra.Edits{}, err
 	}
@@ -298,7 +321,8 @@ func (n draNode) Prepared() []dra.PreparedClaim {
 			pools[a.Pool] = devs
 		}
 		c := dra.PreparedClaim{UID: a.Claim.UID, Namespace: a.Claim.Namespace, Name: a.Claim.Name, Pool: a.Pool,
-			Data: dra.ClaimData{Allocation: a.ID, Netdev: a.Netdev, Queues: a.Queues, Socket: "/run/xdpq/" + broker.SocketName}}
+			Data:    dra.ClaimData{Allocation: a.ID, Netdev: a.Netdev, Queues: a.Queues, Socket: "/run/xdpq/" + broker.SocketName},
+			Network: claimNetwork(a)}
 		for _, id := range a.Devices {
 			dv, ok := devs[id]
 			if !ok { // a device gone from the pool: named as it was
@@ -309,6 +333,14 @@ func (n draNode) Prepared() []dra.PreparedClaim {
 		out = append(out, c)
 	}
 	return out
+}
+
+// derefInterface is the interface configuration given, or none.
+func derefInterface(ic *dra.InterfaceConfig) dra.InterfaceConfig {
+	if ic == nil {
+		return dra.InterfaceConfig{}
+	}
+	return *ic
 }
 
 // deviceQueue is a ledger device's queue, -1 for a whole netdev.

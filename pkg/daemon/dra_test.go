@@ -48,11 +48,18 @@ type draEnv struct {
 
 func newDRAEnv(t *testing.T, pods PodDirectory, objs ...runtime.Object) *draEnv {
 	t.Helper()
+	return newDRAEnvWith(t, pods, "pools: [{name: dns, servedBy: dra, steering: software, devices: {netdevs: ['xa#2-3']}}]\n", nil, objs...)
+}
+
+// newDRAEnvWith is newDRAEnv with the daemon's config cfg, and its
+// options as mod leaves them.
+func newDRAEnvWith(t *testing.T, pods PodDirectory, cfgText string, mod func(*Options), objs ...runtime.Object) *draEnv {
+	t.Helper()
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: draNodeName, UID: "2b7e1516-28ae-4d2a-a6f7-15880924f1c3"}}
 	e := &draEnv{pair: testnet.NewPair(t, 4), kube: fake.NewClientset(append(objs, node)...)}
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(cfg, []byte("pools: [{name: dns, servedBy: dra, steering: software, devices: {netdevs: ['xa#2-3']}}]\n"), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(cfgText), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	e.cdiDir = filepath.Join(dir, "cdi")
@@ -65,6 +72,9 @@ func newDRAEnv(t *testing.T, pods PodDirectory, objs ...runtime.Object) *draEnv 
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if mod != nil {
+		mod(&e.opts)
 	}
 	e.d, e.stop = runDaemon(t, e.opts)
 	sock := filepath.Join(plugin, "dra.sock")
@@ -296,6 +306,15 @@ func TestDRAClaim(t *testing.T) {
 	// Another claim of a held queue: refused, nothing made.
 	if r := e.prepare(t, thief); !strings.Contains(r.Error, "in use by allocation") {
 		t.Errorf("a claim of a held queue: %+v", r)
+	}
+	// An interface for a pool of queues: refused, naming it.
+	ifaceClaim := allocatedClaim("iface", "5e6f7a8b-9c0d-4e1f-8a2b-3c4d5e6f7a8b", podB, []string{"xa-q3"},
+		`{"apiVersion": "xdpq.io/v1alpha1", "kind": "QueueConfig", "interface": {"name": "net1"}}`)
+	if _, err := e.kube.ResourceV1().ResourceClaims("default").Create(ctx, ifaceClaim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.prepare(t, ifaceClaim); !strings.Contains(r.Error, "interface applies to pools of mode netdev") {
+		t.Errorf("a queue pool's claim with an interface: %+v", r)
 	}
 	// An invalid config: refused naming the field, nothing made.
 	if r := e.prepare(t, bad); !strings.Contains(r.Error, "flows[0].destinationPort") {

@@ -148,6 +148,9 @@ func (d *Daemon) annotatedFlows(pod kubepods.Pod, a ledger.Allocation, n int) (f
 		return nil, "", false
 	}
 	p, _ := d.ledger.Meta(a.Pool)
+	if p.Mode() == api.ModeNetdev && a.Claim != nil {
+		return nil, "", false // its flows come with the move into the pod (nri.go)
+	}
 	if p.Mode() == api.ModeNetdev {
 		return nil, fmt.Sprintf("pool %s hands out whole netdevs: its flows come with its CNI attachment", a.Pool), false
 	}

@@ -63,12 +63,16 @@ type Handler interface {
 // connected, if not nil, is called each time the plugin has registered
 // and synchronized.
 func Run(ctx context.Context, socket string, h Handler, log *slog.Logger, retry time.Duration, connected func()) error {
+	said := ""
 	for {
 		err := runOnce(ctx, socket, h, log, connected)
 		if ctx.Err() != nil {
 			return nil
 		}
-		log.Warn("NRI: not connected to the runtime; trying again", "socket", socket, "in", retry, "err", err)
+		if err.Error() != said { // a runtime without NRI: said once
+			said = err.Error()
+			log.Warn("NRI: not connected to the runtime; trying again", "socket", socket, "every", retry, "err", err)
+		}
 		t := time.NewTimer(retry)
 		select {
 		case <-ctx.Done():

@@ -65,7 +65,9 @@ func runtime(t *testing.T, dir string, pods ...*adaptation.PodSandbox) *adaptati
 		_, err := cb(ctx, pods, nil)
 		return err
 	}
-	update := func(context.Context, []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) { return nil, nil }
+	update := func(context.Context, []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) {
+		return nil, nil
+	}
 	r, err := adaptation.New("test-runtime", "v0", sync, update, adaptation.WithSocketPath(filepath.Join(dir, "nri.sock")),
 		adaptation.WithPluginPath(filepath.Join(dir, "plugins")), adaptation.WithPluginConfigPath(filepath.Join(dir, "conf.d")))
 	if err != nil {
