@@ -145,6 +145,8 @@ type Daemon struct {
 	draChanged chan struct{}
 	// goneClaims are the claims the collector found gone (collectClaims).
 	goneClaims goneClaims
+	// pcieRoots are the pools' PCI devices' PCIe roots (draNode.Devices).
+	pcieRoots pcieRoots
 	// fdNeed and fdProblem are the reconciler's own: the descriptors the
 	// pools needed at the last fitFDLimit, and what it found.
 	fdNeed    uint64

@@ -281,7 +281,7 @@ func (n draNode) Devices() map[string][]dra.Device {
 				x.Steering = map[agent.Steering]string{agent.SteerHardware: "ntuple", agent.SteerSoftware: "filter"}[st.Steering]
 			}
 			if dv.PCI != "" {
-				x.PCIeRoot = pcieRoot(dv.PCI)
+				x.PCIeRoot = d.pcieRoots.get(dv.PCI)
 			}
 			switch {
 			case st.State == agent.StateMissing || st.Netdev == "":
@@ -349,6 +349,35 @@ func deviceQueue(dv ledger.Device) int {
 		return -1
 	}
 	return int(dv.Queues[0])
+}
+
+// pcieRoots are the PCIe roots of the PCI devices of the pools, read
+// from sysfs once per device, not at each publish.
+type pcieRoots struct {
+	read func(pci string) string // pcieRoot; a test's
+	mu   sync.Mutex
+	m    map[string]string
+}
+
+func (r *pcieRoots) get(pci string) string {
+	r.mu.Lock()
+	v, ok := r.m[pci]
+	r.mu.Unlock()
+	if ok {
+		return v
+	}
+	read := r.read
+	if read == nil {
+		read = pcieRoot
+	}
+	v = read(pci) // sysfs: not under the lock
+	r.mu.Lock()
+	if r.m == nil {
+		r.m = map[string]string{}
+	}
+	r.m[pci] = v
+	r.mu.Unlock()
+	return v
 }
 
 // pcieRoot is the PCIe root complex of a PCI device, "" when sysfs does

@@ -3,6 +3,7 @@ package dra
 import (
 	"crypto/sha256"
 	"encoding/base32"
+	"encoding/hex"
 	"strconv"
 	"strings"
 )
@@ -13,13 +14,33 @@ const DriverName = "xdpq.io"
 
 // PoolName is the ResourceSlice pool of an xdpq pool on a node. Pool
 // names are one namespace per driver across the cluster, so the node
-// is part of it.
-func PoolName(node, pool string) string { return node + "/" + pool }
+// is part of it: "<node>/<pool>", the node's name shortened when the
+// whole would be longer than the API's 253 (nodePart).
+func PoolName(node, pool string) string { return nodePart(node) + "/" + pool }
+
+// maxNodePart is the longest node part of a pool name: an xdpq pool's
+// name has at most 63 characters (a DNS label), and the API's limit
+// of a pool name is 253.
+const maxNodePart = 253 - 1 - 63
+
+// nodePart is the node's name in its pools' names: the name itself, or
+// for a name longer than maxNodePart its first characters and a label
+// of its hash, so that two long names alike in their first 179
+// characters still differ.
+func nodePart(node string) string {
+	if len(node) <= maxNodePart {
+		return node
+	}
+	h := sha256.Sum256([]byte(node))
+	tail := ".h" + hex.EncodeToString(h[:4])
+	head := strings.TrimRight(node[:maxNodePart-len(tail)], ".-")
+	return head + tail
+}
 
 // xdpqPool is the xdpq pool of a ResourceSlice pool of node, or false
 // when the pool is another node's.
 func xdpqPool(node, poolName string) (string, bool) {
-	p, ok := strings.CutPrefix(poolName, node+"/")
+	p, ok := strings.CutPrefix(poolName, nodePart(node)+"/")
 	return p, ok && p != "" && !strings.Contains(p, "/")
 }
 

@@ -152,3 +152,41 @@ func TestPoolName(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolNameFits: a pool name is at most 253 characters, each part a
+// DNS subdomain, whatever the node's name; two long node names alike
+// but at their end give two pool names; xdpqPool reads each back.
+func TestPoolNameFits(t *testing.T) {
+	label := strings.Repeat("a", 63)
+	long := strings.Join([]string{label, label, label, label[:61]}, ".") // 253
+	pool := strings.Repeat("p", 63)
+	nodes := []string{"node-1", long, long[:252] + "b", strings.Repeat("n-", 120) + "x", label[:60] + "." + strings.Repeat("b", 130)}
+	seen := map[string]string{}
+	for _, node := range nodes {
+		if errs := validation.IsDNS1123Subdomain(node); len(errs) > 0 && len(node) <= 253 {
+			t.Fatalf("test node name %q: %v", node, errs)
+		}
+		name := PoolName(node, pool)
+		if len(name) > 253 {
+			t.Errorf("node of %d: pool name of %d characters", len(node), len(name))
+		}
+		for _, part := range strings.Split(name, "/") {
+			if errs := validation.IsDNS1123Subdomain(part); len(errs) > 0 {
+				t.Errorf("node of %d: %q: %v", len(node), part, errs)
+			}
+		}
+		if other, ok := seen[name]; ok {
+			t.Errorf("nodes %q and %q have one pool name %q", other, node, name)
+		}
+		seen[name] = node
+		if p, ok := xdpqPool(node, name); !ok || p != pool {
+			t.Errorf("xdpqPool(%q) = %q, %v", name, p, ok)
+		}
+		if len(node) <= maxNodePart && name != node+"/"+pool {
+			t.Errorf("node %q: %q, want it whole", node, name)
+		}
+	}
+	if _, ok := xdpqPool(long[:252]+"b", PoolName(long, pool)); ok {
+		t.Error("another long node's pool read as this node's")
+	}
+}
