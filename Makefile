@@ -94,6 +94,7 @@ bench:
 bench-e2e:
 	cd test/e2e && $(GO) run ./cmd/kubebin >/dev/null
 	cd test/e2e && $(GO) test -run '^$$' -bench PodStartupXdpq -benchtime 20x -timeout 30m .
+	cd test/e2e && $(GO) test -run '^$$' -bench PodStartupDRA -benchtime 20x -timeout 30m .
 	cd test/e2e && $(GO) test -run '^$$' -bench XdpqNodeWrites -benchtime 1x -timeout 30m ./crd
 
 # The C client (clients/c): libxdpq.a and xdpq-rxdrop in bin/c (clang or

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"time"
 
@@ -71,6 +72,7 @@ func (h nriHandler) RunPod(ctx context.Context, p nri.Pod) error {
 		return api.Errorf(api.ErrInvalid, "the pod runs in the node's network namespace: the netdev of claim %s/%s cannot move into it",
 			allocs[0].Claim.Namespace, allocs[0].Claim.Name)
 	}
+	p.Netns = reachableNetns(p)
 	var errs []error
 	for _, a := range allocs {
 		if err := d.moveClaimNetdev(ctx, p, a); err != nil {
@@ -79,6 +81,18 @@ func (h nriHandler) RunPod(ctx context.Context, p nri.Pod) error {
 	}
 	d.signalDRA() // the claims' networkData
 	return errors.Join(errs...)
+}
+
+// reachableNetns is a path of the pod's network namespace that this
+// process can open: the runtime's, or else (a daemon in a pod that does
+// not see where the runtime mounts namespaces: containerd's
+// netns_mounts_under_state_dir) its sandbox process's, in the host's
+// /proc (the DaemonSet's hostPID).
+func reachableNetns(p nri.Pod) string {
+	if _, err := os.Stat(p.Netns); err != nil && p.Pid > 0 {
+		return fmt.Sprintf("/proc/%d/ns/net", p.Pid)
+	}
+	return p.Netns
 }
 
 // claimInterface is the interface configuration of a claim's allocation.

@@ -38,6 +38,8 @@ type Pod struct {
 	// Netns is the path of the pod's network namespace, "" for a pod
 	// in the host's.
 	Netns string
+	// Pid is the sandbox's process (0 if the runtime does not say).
+	Pid uint32
 }
 
 func (p Pod) String() string { return p.Namespace + "/" + p.Name }
@@ -146,7 +148,7 @@ func (p *plugin) RemovePodSandbox(ctx context.Context, s *nriapi.PodSandbox) err
 
 // podOf is the pod of a sandbox.
 func podOf(s *nriapi.PodSandbox) Pod {
-	p := Pod{UID: s.GetUid(), Namespace: s.GetNamespace(), Name: s.GetName(), Sandbox: s.GetId()}
+	p := Pod{UID: s.GetUid(), Namespace: s.GetNamespace(), Name: s.GetName(), Sandbox: s.GetId(), Pid: s.GetPid()}
 	for _, ns := range s.GetLinux().GetNamespaces() {
 		if ns.GetType() == "network" {
 			p.Netns = ns.GetPath()

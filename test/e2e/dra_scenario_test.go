@@ -3,8 +3,11 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +27,12 @@ import (
 // pool.
 const scenarioClass = scenarioPool + ".xdpq.io"
 
+// The DRA scenario's netdev-mode pool, of one NIC of 2 queues.
+const (
+	draNetdevPool = "vf"
+	draNetdevNIC  = "xdpqnic1"
+)
+
 // TestDRAScenario is xdpq as a DRA driver on the real node (containerd 2,
 // CDI): helm install with the pool served by DRA (the chart's default
 // where the cluster serves resource.k8s.io/v1); the node's
@@ -41,17 +50,29 @@ func TestDRAScenario(t *testing.T) {
 	defer cancel()
 	e := newScenarioEnv(ctx, t)
 	cp, node, nic, ref := e.cp, e.node, e.nic, e.ref
-	e.install(ctx, t)
+	// A netdev-mode pool too: a whole NIC per claim, moved into the pod
+	// through containerd's NRI.
+	vf := cluster.AddNICForTest(t, draNetdevNIC, 2)
+	e.install(ctx, t, "--set", "config.pools[1].name="+draNetdevPool, "--set", "config.pools[1].mode=netdev",
+		"--set", "config.pools[1].devices.netdevs[0]="+draNetdevNIC)
 
-	// 1. The ResourceSlice: the pool's 4 queues.
+	// 1. The ResourceSlices: the pool's 4 queues; the netdev pool's NIC.
 	var slice resourceapi.ResourceSlice
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		l, err := cp.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
-		if err != nil || len(l.Items) != 1 {
+		if err != nil || len(l.Items) != 2 {
 			return false, err
 		}
-		slice = l.Items[0]
-		return len(slice.Spec.Devices) == scenarioQueues, nil
+		var netdevs int
+		for _, it := range l.Items {
+			switch it.Spec.Pool.Name {
+			case node.Name + "/" + scenarioPool:
+				slice = it
+			case node.Name + "/" + draNetdevPool:
+				netdevs = len(it.Spec.Devices)
+			}
+		}
+		return len(slice.Spec.Devices) == scenarioQueues && netdevs == 1, nil
 	})
 	if err != nil {
 		out, _ := cp.Kubectl(ctx, "get", "resourceslices", "-o", "yaml")
@@ -120,6 +141,42 @@ func TestDRAScenario(t *testing.T) {
 	out, _ = cp.Kubectl(ctx, "-n", ns, "get", "resourceclaims")
 	t.Logf("kubectl get resourceclaims:\n%s", out)
 	waitClaimsReady(ctx, t, cp, ns, "True")
+
+	// 4b. A pod with a claim of the netdev pool: its NIC is in the pod
+	// (the claim's networkData says as what), it receives everything
+	// sent to the NIC's queues; the pod gone, the NIC is the node's
+	// again, under its own name.
+	netdevClaimTemplate(ctx, t, cp, ns, "rx-v", `{"name": "net1", "addresses": ["10.77.0.2/24"]}`,
+		`[{"protocol": "udp", "destinationPort": "5002"}]`)
+	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, draPerfPod(ns, "rx-v", ref, 5002, "rx-v"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	v := followPerfPodOn(ctx, t, cp, ns, "rx-v", 5002, "net1")
+	if len(v.queues) != 2 {
+		t.Errorf("rx-v's queues %v, want the NIC's 2", v.queues)
+	}
+	waitNetworkData(ctx, t, cp, ns, "rx-v", "net1", "10.77.0.2/24")
+	// Its flow is to its NIC's own address (the claim's empty
+	// destination); the rest goes up the pod's stack on net1.
+	v.ip = netip.MustParseAddr("10.77.0.2")
+	if _, err := net.InterfaceByName(draNetdevNIC); err == nil {
+		t.Errorf("%s is still on the node while its pod runs", draNetdevNIC)
+	}
+	sv := openPeerSender(t, vf, v)
+	if err := sv.send(1000, true); err != nil {
+		t.Fatal(err)
+	}
+	checkTotals(ctx, t, cp, ns, sv)
+	if out, err := cp.Kubectl(ctx, "-n", ns, "wait", "--for=delete", "pod/rx-v", "--timeout=60s"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		i, err := net.InterfaceByName(draNetdevNIC)
+		return err == nil && i.HardwareAddr.String() == vf.MAC.String(), nil
+	})
+	if err != nil {
+		t.Errorf("%s is not back on the node as it was: %v", draNetdevNIC, err)
+	}
 
 	// 5. An operator's program takes the NIC's hook: its devices are
 	// tainted in the slice (new claims avoid them); what is sent
@@ -242,6 +299,54 @@ func claimTemplate(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, 
 	}
 }
 
+// netdevClaimTemplate makes ResourceClaimTemplate name: a NIC of the
+// netdev pool, in the pod as the interface config (JSON) says, with
+// the flows (JSON) steered to its sockets.
+func netdevClaimTemplate(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, ns, name, iface, flows string) {
+	t.Helper()
+	params := fmt.Sprintf(`{"apiVersion": "xdpq.io/v1alpha1", "kind": "QueueConfig", "interface": %s, "flows": %s}`, iface, flows)
+	tpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "queues", Exactly: &resourceapi.ExactDeviceRequest{
+				DeviceClassName: draNetdevPool + ".xdpq.io", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}}},
+			Config: []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{
+				Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: "xdpq.io", Parameters: runtime.RawExtension{Raw: []byte(params)}}}}},
+		}}}}
+	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tpl, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create ResourceClaimTemplate %s: %v", name, err)
+	}
+}
+
+// waitNetworkData waits for the pod's claim to say its netdev is in the
+// pod as ifname with address addr.
+func waitNetworkData(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, ns, pod, ifname, addr string) {
+	t.Helper()
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := cp.Client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, c := range l.Items {
+			if !strings.HasPrefix(c.Name, pod+"-") {
+				continue
+			}
+			for _, d := range c.Status.Devices {
+				last = fmt.Sprintf("%+v", d.NetworkData)
+				if nd := d.NetworkData; nd != nil && nd.InterfaceName == ifname && len(nd.IPs) == 1 && nd.IPs[0] == addr && nd.HardwareAddress != "" {
+					return true, nil
+				}
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("the claim of pod %s never said its netdev is %s with %s (last: %s): %v", pod, ifname, addr, last, err)
+	}
+	out, _ := cp.Kubectl(ctx, "-n", ns, "get", "resourceclaims", "-o", "jsonpath={.items[*].status.devices[*].networkData}")
+	t.Logf("the netdev claim's networkData: %s", out)
+}
+
 // draPerfPod is perfPod with its queues from a claim of template
 // instead of the extended resource, and its flows in the claim.
 func draPerfPod(ns, name, image string, port int, template string) *corev1.Pod {
@@ -285,11 +390,18 @@ func waitTainted(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, re
 	var last string
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		l, err := cp.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
-		if err != nil || len(l.Items) != 1 {
+		if err != nil {
 			return false, err
 		}
+		// The scenario pool's slice: its NIC is the one the operator's
+		// program takes.
+		i := slices.IndexFunc(l.Items, func(s resourceapi.ResourceSlice) bool { return strings.HasSuffix(s.Spec.Pool.Name, "/"+scenarioPool) })
+		if i < 0 {
+			last = "no slice of pool " + scenarioPool
+			return false, nil
+		}
 		last = ""
-		for _, d := range l.Items[0].Spec.Devices {
+		for _, d := range l.Items[i].Spec.Devices {
 			switch {
 			case reason == "" && len(d.Taints) != 0:
 				last += fmt.Sprintf("%s: %v; ", d.Name, d.Taints)

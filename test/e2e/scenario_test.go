@@ -384,6 +384,8 @@ func (e *scenarioEnv) install(ctx context.Context, tb testing.TB, extra ...strin
 		"--set", "config.pools[0].devices.netdevs[0]="+scenarioNIC+"#0-3",
 		"--set", "config.pools[0].linger=5s",
 		"--set", "config.pools[0].steering=software",
+		// Where DRA's netdev-mode pools meet the node's containerd.
+		"--set", "dra.nriSocket="+e.node.NRISocket,
 		"--set", "debug=true")
 	args = append(args, extra...)
 	out, err := e.cp.Helm(ctx, args...)
@@ -510,6 +512,13 @@ func startPerfPod(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, n
 // and follows its log.
 func followPerfPod(ctx context.Context, t testing.TB, cp *cluster.ControlPlane, ns, name string, port int) *perfRun {
 	t.Helper()
+	return followPerfPodOn(ctx, t, cp, ns, name, port, scenarioNIC)
+}
+
+// followPerfPodOn is followPerfPod of a pod whose queues are netdev's
+// (as the pod names it).
+func followPerfPodOn(ctx context.Context, t testing.TB, cp *cluster.ControlPlane, ns, name string, port int, netdev string) *perfRun {
+	t.Helper()
 	pod, err := cp.WaitPod(ctx, ns, name, cluster.PodRunning)
 	if err != nil {
 		t.Fatal(err)
@@ -539,8 +548,8 @@ func followPerfPod(ctx context.Context, t testing.TB, cp *cluster.ControlPlane, 
 		q, _ := strconv.Atoi(f)
 		r.queues = append(r.queues, q)
 	}
-	if m[1] != scenarioNIC {
-		t.Errorf("pod %s's queues are on %s, want %s", name, m[1], scenarioNIC)
+	if m[1] != netdev {
+		t.Errorf("pod %s's queues are on %s, want %s", name, m[1], netdev)
 	}
 	return r
 }
@@ -603,17 +612,23 @@ func (r *perfRun) totals(t *testing.T) map[int]uint64 {
 // scenario's resource.
 func waitAllocatable(ctx context.Context, t testing.TB, cp *cluster.ControlPlane, node string, want int64) {
 	t.Helper()
+	waitAllocatableOf(ctx, t, cp, node, scenarioResource, want)
+}
+
+// waitAllocatableOf is waitAllocatable of extended resource res.
+func waitAllocatableOf(ctx context.Context, t testing.TB, cp *cluster.ControlPlane, node string, res corev1.ResourceName, want int64) {
+	t.Helper()
 	var got resource.Quantity
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		n, err := cp.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
-		got = n.Status.Allocatable[scenarioResource]
+		got = n.Status.Allocatable[res]
 		return got.Value() == want, nil
 	})
 	if err != nil {
-		t.Fatalf("node %s's allocatable %s is %s, want %d: %v", node, scenarioResource, got.String(), want, err)
+		t.Fatalf("node %s's allocatable %s is %s, want %d: %v", node, res, got.String(), want, err)
 	}
 }
 

@@ -85,6 +85,8 @@ type Node struct {
 	KubeletRootDir string
 	// ContainerdSocket is the path of containerd's socket.
 	ContainerdSocket string
+	// NRISocket is where containerd listens for NRI plugins.
+	NRISocket string
 	// CNIBinDir and CNIConfDir are the CNI plugin and configuration
 	// directories of the node's containerd: a CNI plugin installed on
 	// the node goes into them.
@@ -147,6 +149,7 @@ func StartNode(ctx context.Context, cp *ControlPlane, opts NodeOptions) (n *Node
 		Dir:              opts.Dir,
 		KubeletRootDir:   opts.KubeletRootDir,
 		ContainerdSocket: filepath.Join(opts.Dir, "run", "containerd.sock"),
+		NRISocket:        filepath.Join(opts.Dir, "run", "nri.sock"),
 		CNIBinDir:        filepath.Join(opts.Dir, "cni", "bin"),
 		CNIConfDir:       filepath.Join(opts.Dir, "cni", "net.d"),
 		cp:               cp,
@@ -413,7 +416,7 @@ state = %[2]q
     conf_dir = %[9]q
 `, n.path("containerd", "root"), n.path("containerd", "state"), n.ContainerdSocket, n.ContainerdSocket+".ttrpc",
 		n.path("containerd", "opt"), images.Pause().Ref, n.path("containerd", "runc"), n.CNIBinDir, n.CNIConfDir,
-		n.bins[kubebin.ContainerdShim], quoteList(CDISpecDirs), n.path("run", "nri.sock"))
+		n.bins[kubebin.ContainerdShim], quoteList(CDISpecDirs), n.NRISocket)
 	if err := os.MkdirAll(filepath.Dir(n.ContainerdSocket), 0o755); err != nil {
 		return fmt.Errorf("node: %w", err)
 	}
