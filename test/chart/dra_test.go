@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -111,5 +112,43 @@ func TestDRA(t *testing.T) {
 	objs = objects(t, render(t, Options{APIVersions: []string{draAPI}, Values: map[string]any{"config": draPools["config"], "dra": map[string]any{"servedBy": "devicePlugin"}}}))
 	if dcs := find(objs, "DeviceClass"); len(dcs) != 1 || dcs[0].Name != "lb.xdpq.io" {
 		t.Errorf("with servedBy devicePlugin: DeviceClasses %v", dcs)
+	}
+}
+
+// TestAdmissionPolicyRendered: the ValidatingAdmissionPolicy of the
+// driver's config and its binding are rendered where DRA is on and the
+// API server serves ValidatingAdmissionPolicies, unless turned off; the
+// binding names the policy and denies. (test/e2e TestAdmissionPolicy
+// has a real API server apply it.)
+func TestAdmissionPolicyRendered(t *testing.T) {
+	const vapAPI = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+	for _, c := range []struct {
+		name   string
+		apis   []string
+		values map[string]any
+		want   int
+	}{
+		{"served", []string{draAPI, vapAPI}, draPools, 1},
+		{"no VAP API", []string{draAPI}, draPools, 0},
+		{"no DRA", []string{vapAPI}, draPools, 0},
+		{"turned off", []string{draAPI, vapAPI}, map[string]any{"config": draPools["config"], "dra": map[string]any{"admissionPolicy": false}}, 0},
+	} {
+		objs := objects(t, render(t, Options{APIVersions: c.apis, Values: c.values}))
+		policies, bindings := find(objs, "ValidatingAdmissionPolicy"), find(objs, "ValidatingAdmissionPolicyBinding")
+		if len(policies) != c.want || len(bindings) != c.want {
+			t.Errorf("%s: %d policies, %d bindings; want %d", c.name, len(policies), len(bindings), c.want)
+			continue
+		}
+		if c.want == 0 {
+			continue
+		}
+		p := decode[admissionv1.ValidatingAdmissionPolicy](t, policies[0])
+		b := decode[admissionv1.ValidatingAdmissionPolicyBinding](t, bindings[0])
+		if b.Spec.PolicyName != p.Name || !slices.Equal(b.Spec.ValidationActions, []admissionv1.ValidationAction{admissionv1.Deny}) {
+			t.Errorf("binding %+v of policy %s", b.Spec, p.Name)
+		}
+		if len(p.Spec.Validations) < 10 || p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionv1.Fail {
+			t.Errorf("policy %+v", p.Spec)
+		}
 	}
 }

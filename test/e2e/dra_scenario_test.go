@@ -95,9 +95,16 @@ func TestDRAScenario(t *testing.T) {
 	if err := cp.CreateNamespace(ctx, ns, map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}); err != nil {
 		t.Fatal(err)
 	}
-	// 2. A claim with an invalid config: its pod is refused before its
-	// containers start, the field named; nothing is left of it.
-	claimTemplate(ctx, t, cp, ns, "bad", `[{"protocol": "udp", "destinationPort": "70000"}]`)
+	// 2. A claim template with an invalid config is refused at apply
+	// (the chart's ValidatingAdmissionPolicy), the field named.
+	if err := tryClaimTemplate(ctx, cp, ns, "bad", `[{"protocol": "udp", "destinationPort": "70000"}]`); err == nil ||
+		!strings.Contains(err.Error(), "flows[].destinationPort") {
+		t.Errorf("a claim template with port 70000: %v, want a refusal naming flows[].destinationPort", err)
+	}
+	// One whose fault only the driver sees (a range from high to low): its
+	// pod is refused before its containers start, the field named;
+	// nothing is left of it.
+	claimTemplate(ctx, t, cp, ns, "bad", `[{"protocol": "udp", "destinationPort": "5001-5000"}]`)
 	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, draPerfPod(ns, "rx-bad", ref, 5009, "bad"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -285,6 +292,13 @@ func TestDRAScenario(t *testing.T) {
 // on one netdev, with the flows (JSON) in its config.
 func claimTemplate(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, ns, name, flows string) {
 	t.Helper()
+	if err := tryClaimTemplate(ctx, cp, ns, name, flows); err != nil {
+		t.Fatalf("create ResourceClaimTemplate %s: %v", name, err)
+	}
+}
+
+// tryClaimTemplate is claimTemplate, returning the API server's refusal.
+func tryClaimTemplate(ctx context.Context, cp *cluster.ControlPlane, ns, name, flows string) error {
 	params := fmt.Sprintf(`{"apiVersion": "xdpq.io/v1alpha1", "kind": "QueueConfig", "flows": %s}`, flows)
 	tpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
@@ -294,9 +308,8 @@ func claimTemplate(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, 
 			Config: []resourceapi.DeviceClaimConfiguration{{Requests: []string{"queues"}, DeviceConfiguration: resourceapi.DeviceConfiguration{
 				Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: "xdpq.io", Parameters: runtime.RawExtension{Raw: []byte(params)}}}}},
 		}}}}
-	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tpl, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create ResourceClaimTemplate %s: %v", name, err)
-	}
+	_, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tpl, metav1.CreateOptions{})
+	return err
 }
 
 // netdevClaimTemplate makes ResourceClaimTemplate name: a NIC of the
