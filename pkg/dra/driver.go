@@ -139,7 +139,7 @@ func Start(ctx context.Context, o Options) (*Driver, error) {
 	}
 	h, err := kubeletplugin.Start(ctx, d, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("dra: %w", err)
+		return nil, fmt.Errorf("start the kubelet plugin: %w", err)
 	}
 	d.helper = h
 	if err := d.Publish(ctx); err != nil {
@@ -160,7 +160,7 @@ func newDriver(o Options) (*Driver, error) {
 	}
 	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(o.CDIDir), cdiapi.WithAutoRefresh(false))
 	if err != nil {
-		return nil, fmt.Errorf("dra: CDI spec directory %s: %w", o.CDIDir, err)
+		return nil, fmt.Errorf("CDI spec directory %s: %w", o.CDIDir, err)
 	}
 	return &Driver{opts: o, log: o.Logger, cdi: cache, changed: make(chan struct{}), status: map[string]claimStatus{},
 		healthEvery: healthResend}, nil
@@ -188,13 +188,13 @@ func (d *Driver) Publish(ctx context.Context) error {
 	d.mu.Unlock()
 	if !same {
 		if err := d.helper.PublishResources(ctx, Resources(d.opts.NodeName, devs)); err != nil {
-			return fmt.Errorf("dra: publish: %w", err)
+			return fmt.Errorf("publish ResourceSlices: %w", err)
 		}
 	}
 	// The prepared claims' status follows their devices (and one whose
 	// last apply failed is tried again).
 	if err := d.syncStatus(ctx, devs); err != nil {
-		return fmt.Errorf("dra: %w", err)
+		return fmt.Errorf("claims' status: %w", err)
 	}
 	return nil
 }
@@ -219,7 +219,7 @@ func (d *Driver) Withdraw(ctx context.Context) error {
 	sel := fields.Set{resourceapi.ResourceSliceSelectorNodeName: d.opts.NodeName, resourceapi.ResourceSliceSelectorDriver: DriverName}
 	err := d.opts.Kube.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: sel.String()})
 	if err != nil {
-		return fmt.Errorf("dra: delete the node's ResourceSlices: %w", err)
+		return fmt.Errorf("delete the node's ResourceSlices: %w", err)
 	}
 	return nil
 }
