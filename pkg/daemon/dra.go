@@ -3,7 +3,9 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -195,7 +197,11 @@ func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (dra.Edits, erro
 	} else if c.Flows != nil {
 		return dra.Edits{}, api.Errorf(api.ErrInvalid, "the claim is reserved for %d pods: flows steer to one pod's addresses; give each pod a claim of its own (a ResourceClaimTemplate)", len(c.Pods))
 	}
-	a, err := d.ledger.Reserve(ledger.Reservation{Pool: c.Pool, Devices: ids, Owner: owner, Claim: claim})
+	res := ledger.Reservation{Pool: c.Pool, Devices: ids, Owner: owner, Claim: claim}
+	a, err := d.ledger.Reserve(res)
+	if errors.Is(err, api.ErrConflict) && d.releaseStale(ctx, c, ids) {
+		a, err = d.ledger.Reserve(res)
+	}
 	if err != nil {
 		return dra.Edits{}, err
 	}
@@ -333,6 +339,68 @@ func (n draNode) Prepared() []dra.PreparedClaim {
 		out = append(out, c)
 	}
 	return out
+}
+
+// releaseStale frees the allocations of other claims that hold any of
+// the devices ids claim c was given, if the API server no longer gives
+// those claims the devices: a pod deleted at once (grace period 0) goes
+// from the API server before kubelet has stopped it and unprepared its
+// claim, and the scheduler gives its devices to the next claim, whose
+// Prepare comes first. The API server's allocation is the truth: the
+// old allocation goes now (its pod, if still running, loses the queues
+// the cluster gave another), instead of kubelet retrying the new
+// claim's Prepare for seconds. It says whether it freed any.
+func (d *Daemon) releaseStale(ctx context.Context, c dra.Claim, ids []string) bool {
+	freed := false
+	for _, a := range d.ledger.Allocations() {
+		if a.Claim == nil || a.Claim.UID == c.UID || a.Pool != c.Pool || a.State != ledger.Active ||
+			!slices.ContainsFunc(a.Devices, func(id string) bool { return slices.Contains(ids, id) }) {
+			continue
+		}
+		why, err := d.claimReleased(ctx, a)
+		if err != nil || why == "" {
+			continue // still the other claim's: the conflict stands
+		}
+		if err := d.free(ctx, a.ID, fmt.Sprintf("claim %s/%s was given its devices, and its claim %s/%s %s",
+			c.Namespace, c.Name, a.Claim.Namespace, a.Claim.Name, why)); err != nil {
+			d.log.Warn("free", "allocation", a.ID, "err", err)
+			continue
+		}
+		freed = true
+	}
+	return freed
+}
+
+// claimReleased says how the API server no longer gives allocation a's
+// claim its devices ("" if it does).
+func (d *Daemon) claimReleased(ctx context.Context, a ledger.Allocation) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, api.RequestTimeout)
+	defer cancel()
+	c, err := d.opts.DRA.Kube.ResourceV1().ResourceClaims(a.Claim.Namespace).Get(ctx, a.Claim.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return "was deleted", nil
+	case err != nil:
+		return "", err
+	case string(c.UID) != a.Claim.UID:
+		return "was deleted", nil
+	case c.Status.Allocation == nil:
+		return "was deallocated", nil
+	}
+	held := map[string]bool{}
+	p, _ := d.ledger.Pool(a.Pool)
+	for _, dv := range p.Devices {
+		if slices.Contains(a.Devices, dv.ID) {
+			held[dra.DeviceName(dv.Netdev, deviceQueue(dv))] = true
+		}
+	}
+	pool := dra.PoolName(d.opts.NodeName, a.Pool)
+	for _, r := range c.Status.Allocation.Devices.Results {
+		if r.Driver == dra.DriverName && r.Pool == pool && held[r.Device] {
+			return "", nil
+		}
+	}
+	return "was given other devices", nil
 }
 
 // derefInterface is the interface configuration given, or none.

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -112,5 +113,47 @@ func TestPCIeRootsReadOnce(t *testing.T) {
 	}
 	if reads["0000:3b:00.0"] != 1 || reads["0000:5e:00.1"] != 1 {
 		t.Errorf("sysfs read %v, want once each", reads)
+	}
+}
+
+// TestPrepareTakesDevicesOfADeallocatedClaim: a pod deleted at once
+// leaves its claim prepared while the API server has deallocated it and
+// given its queue to the next claim: that claim's Prepare frees the old
+// allocation and is served, instead of failing until kubelet's
+// Unprepare of the old claim comes. While the old claim still holds the
+// queue in the API server, the new one is refused as before.
+func TestPrepareTakesDevicesOfADeallocatedClaim(t *testing.T) {
+	old := allocatedClaim("old", "b0000000-0000-4000-8000-000000000001", podA, []string{"xa-q2"}, "")
+	next := allocatedClaim("next", "b0000000-0000-4000-8000-000000000002", podB, []string{"xa-q2"}, "")
+	pods := newFakePods(kubepods.Pod{UID: podA, Namespace: "default", Name: "dns-0"}, kubepods.Pod{UID: podB, Namespace: "default", Name: "dns-1"})
+	e := newDRAEnv(t, pods, old, next)
+	ctx := context.Background()
+	if r := e.prepare(t, old); r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	if r := e.prepare(t, next); !strings.Contains(r.Error, "in use by allocation") {
+		t.Fatalf("the next claim while the old one holds the queue: %+v", r)
+	}
+	claims := e.kube.ResourceV1().ResourceClaims("default")
+	c, err := claims.Get(ctx, "old", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Status.Allocation, c.Status.ReservedFor = nil, nil
+	if _, err := claims.UpdateStatus(ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.prepare(t, next); r.Error != "" {
+		t.Fatalf("the next claim once the old one is deallocated: %s", r.Error)
+	}
+	allocs := e.d.ledger.Allocations()
+	if len(allocs) != 1 || allocs[0].Claim.Name != "next" {
+		t.Fatalf("allocations %+v", allocs)
+	}
+	if msg := e.unprepare(t, old); msg != "" {
+		t.Errorf("the old claim's late unprepare: %s", msg)
+	}
+	if n := len(e.d.ledger.Allocations()); n != 1 {
+		t.Errorf("%d allocations after the old claim's unprepare", n)
 	}
 }

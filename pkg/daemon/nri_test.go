@@ -201,6 +201,27 @@ func TestDRANetdevClaim(t *testing.T) {
 	if r := e.prepare(t, bad); !strings.Contains(r.Error, "flows[0].destination") || !strings.Contains(r.Error, "interface.addresses") {
 		t.Errorf("flows to an interface without addresses: %+v", r)
 	}
+
+	// A claim whose interface name the pod has already (lo): the
+	// sandbox fails, saying so, and the netdev stays on the node.
+	clash := allocatedClaim("vf-2", "5e4d3c2b-1a0f-4e8d-9c7b-6a5f4e3d2c1b", pod, []string{dra.DeviceName("xa", -1)},
+		`{"apiVersion": "xdpq.io/v1alpha1", "kind": "QueueConfig", "interface": {"name": "lo"}}`)
+	clash.Status.Allocation.Devices.Results[0].Pool = dra.PoolName(draNodeName, "vf")
+	if _, err := e.kube.ResourceV1().ResourceClaims("default").Create(ctx, clash, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.prepare(t, clash); r.Error != "" {
+		t.Fatal(r.Error)
+	}
+	pod3 := newPodNS(t)
+	err := rt.RunPodSandbox(ctx, &adaptation.RunPodSandboxRequest{Pod: podSandbox("sb3", pod, "vf-0", pod3)})
+	if err == nil || !strings.Contains(err.Error(), "claim default/vf-2") {
+		t.Errorf("a sandbox whose claim's interface is named lo: %v", err)
+	}
+	if nodeLink(t, e.pair.NSPath(), "xa") == nil || len(e.d.ledger.Attachments()) != 0 {
+		t.Errorf("after the refused move: xa on the node %v, attachments %v", nodeLink(t, e.pair.NSPath(), "xa") != nil, e.d.ledger.Attachments())
+	}
+	t.Logf("the runtime's error: %v", err)
 }
 
 // nodeLink is interface name in the namespace at path, nil if not there.
