@@ -164,8 +164,8 @@ func setAddresses(path, name string, prefixes []netip.Prefix) error {
 	if err != nil {
 		return fmt.Errorf("netns %s: %w", path, err)
 	}
-	defer ns.Close()
 	h, err := netlink.NewHandleAt(ns)
+	_ = ns.Close() // the handle's sockets are in the namespace now; a read-only nsfs descriptor has nothing to lose
 	if err != nil {
 		return fmt.Errorf("netns %s: %w", path, err)
 	}
