@@ -184,6 +184,40 @@ func TestDRAScenario(t *testing.T) {
 	if err != nil {
 		t.Errorf("%s is not back on the node as it was: %v", draNetdevNIC, err)
 	}
+	// 4c. An operator's program on the free NIC taints it: a new pod
+	// that asks for it stays Pending, the scheduler saying why; the
+	// program gone, the pod gets the NIC and receives.
+	if err := cluster.OperatorXDP("", draNetdevNIC, operatorObj); err != nil {
+		t.Fatal(err)
+	}
+	waitTainted(ctx, t, cp, draNetdevPool, "Overridden")
+	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, draPerfPod(ns, "rx-w", ref, 5002, "rx-v"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pending, err := cp.WaitPod(ctx, ns, "rx-w", podUnschedulable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range pending.Status.Conditions {
+		if c.Type == corev1.PodScheduled {
+			t.Logf("rx-w, its NIC tainted: %s: %s", c.Reason, c.Message)
+		}
+	}
+	if err := cluster.OperatorXDP("", draNetdevNIC, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitTainted(ctx, t, cp, draNetdevPool, "")
+	w := followPerfPodOn(ctx, t, cp, ns, "rx-w", 5002, "net1") // the template's flow
+	w.ip = netip.MustParseAddr("10.77.0.2")
+	// The same queues of the NIC's peer as for rx-v, now for rx-w.
+	sv.r, sv.seq, sv.counted = w, 0, 0
+	if err := sv.send(1000, true); err != nil {
+		t.Fatal(err)
+	}
+	checkTotals(ctx, t, cp, ns, sv)
+	if out, err := cp.Kubectl(ctx, "-n", ns, "wait", "--for=delete", "pod/rx-w", "--timeout=60s"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
 
 	// 5. An operator's program takes the NIC's hook: its devices are
 	// tainted in the slice (new claims avoid them); what is sent
@@ -192,7 +226,7 @@ func TestDRAScenario(t *testing.T) {
 	if err := cluster.OperatorXDP("", scenarioNIC, operatorObj); err != nil {
 		t.Fatal(err)
 	}
-	waitTainted(ctx, t, cp, "Overridden")
+	waitTainted(ctx, t, cp, scenarioPool, "Overridden")
 	waitClaimsReady(ctx, t, cp, ns, "False")
 	if err := sa.send(100, false); err != nil {
 		t.Fatal(err)
@@ -200,7 +234,7 @@ func TestDRAScenario(t *testing.T) {
 	if err := cluster.OperatorXDP("", scenarioNIC, ""); err != nil {
 		t.Fatal(err)
 	}
-	waitTainted(ctx, t, cp, "")
+	waitTainted(ctx, t, cp, scenarioPool, "")
 	waitClaimsReady(ctx, t, cp, ns, "True")
 	// The devices are well once the operator's program is gone; xdpq's
 	// holds the hook again a moment later: what is sent counts from then.
@@ -282,6 +316,9 @@ func TestDRAScenario(t *testing.T) {
 	}
 	if l, err := cp.Client.ResourceV1().DeviceClasses().List(ctx, metav1.ListOptions{}); err != nil || len(l.Items) != 0 {
 		t.Errorf("helm uninstall left DeviceClasses: %v %v", l, err)
+	}
+	if l, err := cp.Client.AdmissionregistrationV1().ValidatingAdmissionPolicies().List(ctx, metav1.ListOptions{}); err != nil || len(l.Items) != 0 {
+		t.Errorf("helm uninstall left ValidatingAdmissionPolicies: %v %v", l, err)
 	}
 	if _, err := os.Stat(pinDir); !os.IsNotExist(err) {
 		t.Errorf("helm uninstall left %s: %v", pinDir, err)
@@ -398,7 +435,7 @@ func waitPodEvent(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, n
 
 // waitTainted waits until every device of the node's slice has the
 // taint xdpq.io/unavailable=reason, or none when reason is "".
-func waitTainted(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, reason string) {
+func waitTainted(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, pool, reason string) {
 	t.Helper()
 	var last string
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
@@ -406,11 +443,9 @@ func waitTainted(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, re
 		if err != nil {
 			return false, err
 		}
-		// The scenario pool's slice: its NIC is the one the operator's
-		// program takes.
-		i := slices.IndexFunc(l.Items, func(s resourceapi.ResourceSlice) bool { return strings.HasSuffix(s.Spec.Pool.Name, "/"+scenarioPool) })
+		i := slices.IndexFunc(l.Items, func(s resourceapi.ResourceSlice) bool { return strings.HasSuffix(s.Spec.Pool.Name, "/"+pool) })
 		if i < 0 {
-			last = "no slice of pool " + scenarioPool
+			last = "no slice of pool " + pool
 			return false, nil
 		}
 		last = ""
@@ -426,7 +461,7 @@ func waitTainted(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, re
 		return last == "", nil
 	})
 	if err != nil {
-		t.Fatalf("the slice's devices, want taint %q: %s (%v)", reason, last, err)
+		t.Fatalf("the slice of pool %s, want taint %q: %s (%v)", pool, reason, last, err)
 	}
 }
 
