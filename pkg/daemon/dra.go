@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -374,16 +375,12 @@ func (d *Daemon) releaseStale(ctx context.Context, c dra.Claim, ids []string) bo
 // claimReleased says how the API server no longer gives allocation a's
 // claim its devices ("" if it does).
 func (d *Daemon) claimReleased(ctx context.Context, a ledger.Allocation) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, api.RequestTimeout)
-	defer cancel()
-	c, err := d.opts.DRA.Kube.ResourceV1().ResourceClaims(a.Claim.Namespace).Get(ctx, a.Claim.Name, metav1.GetOptions{})
+	c, gone, err := d.claimOf(ctx, a)
 	switch {
-	case apierrors.IsNotFound(err):
-		return "was deleted", nil
 	case err != nil:
 		return "", err
-	case string(c.UID) != a.Claim.UID:
-		return "was deleted", nil
+	case gone != "":
+		return "was " + gone, nil
 	case c.Status.Allocation == nil:
 		return "was deallocated", nil
 	}
@@ -539,20 +536,31 @@ func (d *Daemon) collectClaims(ctx context.Context) (freed []string) {
 	return freed
 }
 
-// claimGone says why allocation a's claim no longer needs it ("" if it
-// does): the claim is not in the API server under its UID, or is
-// reserved for none of the allocation's pods.
-func (d *Daemon) claimGone(ctx context.Context, a ledger.Allocation) (string, error) {
+// claimOf is allocation a's claim as the API server has it now, or
+// why there is none: "deleted", or "deleted and made again" under its
+// name with another UID.
+func (d *Daemon) claimOf(ctx context.Context, a ledger.Allocation) (*resourceapi.ResourceClaim, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, api.RequestTimeout)
 	defer cancel()
 	c, err := d.opts.DRA.Kube.ResourceV1().ResourceClaims(a.Claim.Namespace).Get(ctx, a.Claim.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		return "deleted", nil
+		return nil, "deleted", nil
 	case err != nil:
-		return "", err
+		return nil, "", err
 	case string(c.UID) != a.Claim.UID:
-		return "deleted and made again (UID " + string(c.UID) + ")", nil
+		return nil, "deleted and made again (UID " + string(c.UID) + ")", nil
+	}
+	return c, "", nil
+}
+
+// claimGone says why allocation a's claim no longer needs it ("" if it
+// does): the claim is not in the API server under its UID, or is
+// reserved for none of the allocation's pods.
+func (d *Daemon) claimGone(ctx context.Context, a ledger.Allocation) (string, error) {
+	c, gone, err := d.claimOf(ctx, a)
+	if err != nil || gone != "" {
+		return gone, err
 	}
 	for _, r := range c.Status.ReservedFor {
 		if a.Owner.AnyPod || string(r.UID) == a.Owner.PodUID {

@@ -102,12 +102,7 @@ func BenchmarkPodStartupDRA(b *testing.B) {
 			}
 		}
 		took := time.Since(start)
-		if err := pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
-			b.Fatal(err)
-		}
-		if out, err := e.cp.Kubectl(ctx, "-n", ns, "wait", "--for=delete", "pod/"+name, "--timeout=60s"); err != nil {
-			b.Fatalf("%v\n%s", err, out)
-		}
+		deletePodNow(ctx, b, e.cp, ns, name)
 		return took
 	}
 	took := map[string][]time.Duration{}

@@ -337,16 +337,9 @@ func claimTemplate(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, 
 // tryClaimTemplate is claimTemplate, returning the API server's refusal.
 func tryClaimTemplate(ctx context.Context, cp *cluster.ControlPlane, ns, name, flows string) error {
 	params := fmt.Sprintf(`{"apiVersion": "xdpq.io/v1alpha1", "kind": "QueueConfig", "flows": %s}`, flows)
-	tpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-			Requests: []resourceapi.DeviceRequest{{Name: "queues", Exactly: &resourceapi.ExactDeviceRequest{
-				DeviceClassName: scenarioClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 2}}},
-			Constraints: []resourceapi.DeviceConstraint{{Requests: []string{"queues"}, MatchAttribute: ptr.To(resourceapi.FullyQualifiedName("xdpq.io/netdev"))}},
-			Config: []resourceapi.DeviceClaimConfiguration{{Requests: []string{"queues"}, DeviceConfiguration: resourceapi.DeviceConfiguration{
-				Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: "xdpq.io", Parameters: runtime.RawExtension{Raw: []byte(params)}}}}},
-		}}}}
-	_, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tpl, metav1.CreateOptions{})
-	return err
+	spec := claimSpec(scenarioClass, 2, params)
+	spec.Devices.Constraints = []resourceapi.DeviceConstraint{{Requests: []string{"queues"}, MatchAttribute: ptr.To(resourceapi.FullyQualifiedName("xdpq.io/netdev"))}}
+	return createClaimTemplate(ctx, cp, ns, name, spec)
 }
 
 // netdevClaimTemplate makes ResourceClaimTemplate name: a NIC of the
@@ -355,16 +348,27 @@ func tryClaimTemplate(ctx context.Context, cp *cluster.ControlPlane, ns, name, f
 func netdevClaimTemplate(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, ns, name, iface, flows string) {
 	t.Helper()
 	params := fmt.Sprintf(`{"apiVersion": "xdpq.io/v1alpha1", "kind": "QueueConfig", "interface": %s, "flows": %s}`, iface, flows)
-	tpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-			Requests: []resourceapi.DeviceRequest{{Name: "queues", Exactly: &resourceapi.ExactDeviceRequest{
-				DeviceClassName: draNetdevPool + ".xdpq.io", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}}},
-			Config: []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{
-				Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: "xdpq.io", Parameters: runtime.RawExtension{Raw: []byte(params)}}}}},
-		}}}}
-	if _, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tpl, metav1.CreateOptions{}); err != nil {
+	if err := createClaimTemplate(ctx, cp, ns, name, claimSpec(draNetdevPool+".xdpq.io", 1, params)); err != nil {
 		t.Fatalf("create ResourceClaimTemplate %s: %v", name, err)
 	}
+}
+
+// claimSpec is a claim of count devices of class (request "queues")
+// with the xdpq.io parameters given.
+func claimSpec(class string, count int64, params string) resourceapi.ResourceClaimSpec {
+	return resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+		Requests: []resourceapi.DeviceRequest{{Name: "queues", Exactly: &resourceapi.ExactDeviceRequest{
+			DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: count}}},
+		Config: []resourceapi.DeviceClaimConfiguration{{Requests: []string{"queues"}, DeviceConfiguration: resourceapi.DeviceConfiguration{
+			Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: "xdpq.io", Parameters: runtime.RawExtension{Raw: []byte(params)}}}}},
+	}}
+}
+
+func createClaimTemplate(ctx context.Context, cp *cluster.ControlPlane, ns, name string, spec resourceapi.ResourceClaimSpec) error {
+	tpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: spec}}
+	_, err := cp.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tpl, metav1.CreateOptions{})
+	return err
 }
 
 // waitNetworkData waits for the pod's claim to say its netdev is in the

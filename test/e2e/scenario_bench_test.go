@@ -58,12 +58,7 @@ func BenchmarkPodStartupXdpq(b *testing.B) {
 			b.Fatal(err)
 		}
 		took := time.Since(start)
-		if err := pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
-			b.Fatal(err)
-		}
-		if out, err := e.cp.Kubectl(ctx, "-n", ns, "wait", "--for=delete", "pod/"+name, "--timeout=60s"); err != nil {
-			b.Fatalf("%v\n%s", err, out)
-		}
+		deletePodNow(ctx, b, e.cp, ns, name)
 		return took
 	}
 	var with, without []time.Duration
@@ -78,4 +73,16 @@ func BenchmarkPodStartupXdpq(b *testing.B) {
 	b.ReportMetric(float64(p50(without).Milliseconds()), "ms-p50-plain")
 	b.ReportMetric(float64(p50(with))/float64(p50(without)), "ratio")
 	b.Logf("create to Running (xdpq: and its sockets), %d pods each:\nxdpq  %v\nplain %v", b.N, with, without)
+}
+
+// deletePodNow deletes the pod at once (grace period 0) and waits until
+// the API server has it no more.
+func deletePodNow(ctx context.Context, tb testing.TB, cp *cluster.ControlPlane, ns, name string) {
+	tb.Helper()
+	if err := cp.Client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		tb.Fatal(err)
+	}
+	if out, err := cp.Kubectl(ctx, "-n", ns, "wait", "--for=delete", "pod/"+name, "--timeout=60s"); err != nil {
+		tb.Fatalf("%v\n%s", err, out)
+	}
 }
