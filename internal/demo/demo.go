@@ -275,7 +275,7 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 		}
 		switch s {
 		case seconds/2 - 1:
-			if operator, err = attachOperator(nsPath, pair.A.Index); err != nil {
+			if operator, err = AttachOperator(nsPath, pair.A.Index); err != nil {
 				stop.Store(true)
 				wg.Wait()
 				return err
@@ -288,7 +288,7 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 				return fmt.Errorf("the agent did not step aside for the operator's program: %w", err)
 			}
 		case seconds/2 + 1:
-			if err := detachOperator(nsPath, pair.A.Index); err != nil {
+			if err := DetachOperator(nsPath, pair.A.Index); err != nil {
 				stop.Store(true)
 				wg.Wait()
 				return err
@@ -385,9 +385,11 @@ func describe(nsPath string, ifindex int) string {
 	return fmt.Sprintf("foreign program %s (id %d, %s)", a.Name, a.ID, a.Mode)
 }
 
-// attachOperator loads an XDP_PASS program named operator_pass and
-// attaches it over whatever xa has, as `ip -force link set xdpdrv` does.
-func attachOperator(nsPath string, ifindex int) (*ebpf.Program, error) {
+// AttachOperator loads an XDP_PASS program named operator_pass and
+// attaches it over whatever the netdev ifindex in the network namespace
+// at nsPath has, as `ip -force link set xdpdrv` does: an operator's
+// program, which xdpq steps aside for. The caller closes the program.
+func AttachOperator(nsPath string, ifindex int) (*ebpf.Program, error) {
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "operator_pass", Type: ebpf.XDP, License: "GPL",
 		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2), asm.Return()}})
 	if err != nil {
@@ -400,7 +402,9 @@ func attachOperator(nsPath string, ifindex int) (*ebpf.Program, error) {
 	return prog, nil
 }
 
-func detachOperator(nsPath string, ifindex int) error { return setXDP(nsPath, ifindex, -1) }
+// DetachOperator removes the XDP program of the netdev, as `ip link set
+// xdpdrv off` does: xdpq re-attaches its own.
+func DetachOperator(nsPath string, ifindex int) error { return setXDP(nsPath, ifindex, -1) }
 
 func setXDP(nsPath string, ifindex, fd int) error {
 	return ns.WithNetNSPath(nsPath, func(ns.NetNS) error {
