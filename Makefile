@@ -102,11 +102,14 @@ bench-e2e:
 cclient:
 	$(MAKE) -C clients/c O=$(CURDIR)/bin/c
 
-# Regenerate the BPF objects and their Go bindings (needs clang-14), and
-# the config's schema (docs/config.schema.json and its copy in the chart's
-# values.schema.json).
+# Regenerate the BPF objects and their Go bindings (needs clang-14), the
+# config's schema (docs/config.schema.json and its copy in the chart's
+# values.schema.json), and the Grafana dashboard (built with Grafana's
+# Foundation SDK in test/chart, which the main module does not depend on:
+# charts/xdpq/files/xdpq-dashboard.json and its copy in docs/dashboard).
 generate:
 	$(GO) generate ./...
+	cd test/chart && $(GO) run ./cmd/dashboard
 
 # staticcheck and errcheck, built from their modules the first time (CI
 # starts without them).

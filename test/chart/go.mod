@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/google/go-cmp v0.7.0
+	github.com/grafana/grafana-foundation-sdk/go v0.0.22
 	github.com/xdpq/xdpq v0.0.0-00010101000000-000000000000
 	helm.sh/helm/v4 v4.3.2
 	k8s.io/api v0.37.2
