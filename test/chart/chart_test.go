@@ -144,7 +144,7 @@ config:
       queues: "4-7"
       linger: 30s
 networkAttachmentDefinition: {enabled: true, pool: upf}
-metrics: {serviceMonitor: {enabled: true, labels: {release: prometheus}}}
+metrics: {serviceMonitor: {enabled: true, labels: {release: prometheus}}, dashboard: {enabled: true}}
 `,
 	"k3s": `
 cni: {binDir: /var/lib/rancher/k3s/data/cni, removeOnUninstall: false}
