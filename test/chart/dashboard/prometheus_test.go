@@ -1,0 +1,615 @@
+package dashboard
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/xdpq/xdpq/internal/demo"
+	"github.com/xdpq/xdpq/internal/frame"
+	"github.com/xdpq/xdpq/internal/perf"
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/traffic"
+	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/client"
+	"github.com/xdpq/xdpq/pkg/daemon"
+	"github.com/xdpq/xdpq/pkg/xdp"
+	"github.com/xdpq/xdpq/pkg/xsk"
+)
+
+func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
+
+const (
+	// testNode is the node label the test's scrape gives the daemon's
+	// series, as the chart's ServiceMonitor gives each daemon its node's.
+	testNode = "xdpq-test-node"
+	// job is the scrape's job, as the chart's ServiceMonitor names it.
+	job = "xdpq-metrics"
+	// rateWindow is $__rate_interval for a 1s scrape and a 1s step:
+	// Grafana's max(4 * scrape interval, step + scrape interval).
+	rateWindow = "4s"
+	// config is the daemon's: one software-steered pool of xa's two
+	// queues (veth has no ntuple filters).
+	config = "pools: [{name: rx, steering: software, devices: {netdevs: ['xa#0-1']}}]\n"
+)
+
+// TestDashboardOnPrometheus proves the dashboard against a real
+// Prometheus scraping a real daemon each second: the daemon serves a
+// pool of xa's two queues on a veth pair; two allocations of a queue
+// each are attached through the daemon's API as the CNI plugin does;
+// a pod-like receiver (xdpqperf's rxdrop) drains the first, the second's
+// holder connects and reads nothing; an operator's program takes the
+// netdev's hook and leaves (a re-attach); a config is refused and a good
+// one put back; then frames flow to both queues. Every target of every
+// panel of the generated JSON (its variables put in) returns series with
+// data over the test's time range, or the panel is named; the receive
+// panel shows the drained queue receiving, the loss panel the other
+// queue losing (fill ring empty, then rx ring full) and the drained one
+// not, the state panel Filter and Overridden, the config panel
+// refused and in force. The node variable's query lists the node.
+func TestDashboardOnPrometheus(t *testing.T) {
+	promBin := testnet.RequireTool(t, "prometheus", "prometheus")
+	pair := testnet.NewPair(t, 2)
+	d, dir := startDaemon(t, pair)
+	prom := startPrometheus(t, promBin, d.MetricsAddr().String())
+	start := time.Now()
+	prom.waitFor(t, `up{job="`+job+`"} == 1`)
+	ctx := context.Background()
+
+	// Two allocations, attached through the daemon's API (timed: the CNI
+	// panels). The second ADD comes once Prometheus holds the first's
+	// count, so that rate() sees it rise.
+	c := api.NewClient(filepath.Join(dir, "api.sock"))
+	var allocs [2]*api.Allocation
+	for i := range allocs {
+		a, err := d.Alloc(ctx, api.AllocRequest{Pool: "rx", Count: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		allocs[i] = a
+		flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(pair.A.Addr, 32), DstPort: port(i)}
+		if _, err := c.CNIAdd(api.CNIAddRequest{ContainerID: fmt.Sprintf("pod%d", i), IfName: "net1", Allocation: a.ID,
+			Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{pair.A.Addr}}); err != nil {
+			t.Fatal(err)
+		}
+		prom.waitFor(t, fmt.Sprintf(`xdpq_cni_operation_duration_seconds_count{verb="add"} == %d`, i+1))
+	}
+	reading, stopped := allocs[0].Queues[0], allocs[1].Queues[0]
+
+	// The pods: one drains its ring, the other never reads.
+	rctx, cancel := context.WithCancel(ctx)
+	received := make(chan error, 1)
+	go func() {
+		_, err := perf.Run(rctx, perf.Config{Socket: allocs[0].Socket, Mode: perf.RXDrop, Ring: 2048, Out: io.Discard})
+		received <- err
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-received; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("the reading pod: %v", err)
+		}
+	})
+	lease, err := client.Connect(allocs[1].Socket, client.Options{Ring: 64, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lease.Close() }) // the test's outcome is known by then
+	waitNetdev(t, d, func(n api.NetdevStatus) bool { return len(n.Sockets) == 2 && n.State == "Filter" })
+	// Prometheus holds the sockets' and the program's counters before
+	// anything makes them rise.
+	prom.waitFor(t, fmt.Sprintf(`xdpq_socket_fill_ring_empty_total{queue="%d"}`, stopped))
+	prom.waitFor(t, `xdpq_agent_reattach_duration_seconds_count{netdev="xa"} == 0`)
+	prom.waitFor(t, `xdpq_agent_program_packets_total{netdev="xa", result="redirected"}`)
+
+	// An operator's program takes the hook, long enough for a scrape to
+	// see it, and leaves: xdpq re-attaches its own.
+	operator, err := demo.AttachOperator(pair.NSPath(), pair.A.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer operator.Close()
+	waitNetdev(t, d, func(n api.NetdevStatus) bool { return n.State == "Overridden" })
+	prom.waitFor(t, `xdpq_agent_netdev_state{netdev="xa", state="Overridden"} == 1`)
+	if err := demo.DetachOperator(pair.NSPath(), pair.A.Index); err != nil {
+		t.Fatal(err)
+	}
+	waitNetdev(t, d, func(n api.NetdevStatus) bool { return n.State == "Filter" })
+	prom.waitFor(t, `xdpq_agent_reattach_duration_seconds_count{netdev="xa"} == 1`)
+
+	// A config the daemon refuses, then the good one back.
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, []byte("pools: [{name: rx, bogus: 1}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Reload(ctx); err == nil {
+		t.Fatal("an invalid config was put in force")
+	}
+	prom.waitFor(t, `xdpq_config_last_reload_successful == 0`)
+	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Frames flow to both pods' queues, until the test ends.
+	sendFrames(t, pair, [2]uint32{reading, stopped})
+	// The pod that reads nothing: its RX ring fills with the frames it
+	// gave at the start, then frames find its fill ring empty. It gives
+	// the kernel its spare frames, still reading nothing: what comes
+	// then finds its RX ring full.
+	prom.waitFor(t, fmt.Sprintf(`xdpq_socket_fill_ring_empty_total{queue="%d"} > 0`, stopped))
+	if n := lease.Sockets[0].Fill(lease.SpareFrames(0)); n != len(lease.SpareFrames(0)) {
+		t.Fatalf("the fill ring took %d of %d spare frames", n, len(lease.SpareFrames(0)))
+	}
+
+	// The panels, as Grafana would ask for them with node chosen.
+	panels := readPanels(t)
+	fill := strings.NewReplacer("$__rate_interval", rateWindow, "$"+NodeVar, testNode)
+	byTitle := map[string]panelJSON{}
+	for _, p := range panels {
+		byTitle[p.Title] = p
+	}
+	queueOf := func(q uint32) func(map[string]string) bool {
+		return func(m map[string]string) bool { return m["netdev"] == "xa" && m["queue"] == strconv.Itoa(int(q)) }
+	}
+	// What the panels must show besides data, polled until they do: the
+	// counters rise as the kernel counts and Prometheus scrapes.
+	shows := []struct {
+		panel  string
+		what   string
+		reason string // "": every target; else the target whose legend ends so
+		match  func(map[string]string) bool
+		ok     func(vals []float64) bool
+	}{
+		{"Frames redirected to pods per queue", fmt.Sprintf("xa q%d (the reading pod) receiving", reading), "", queueOf(reading), above(0)},
+		{"Frames redirected to pods per node", "the node receiving", "", nil, above(0)},
+		{"Losses per queue by reason", fmt.Sprintf("xa q%d (the pod that reads nothing) losing on an empty fill ring", stopped), "fill ring empty", queueOf(stopped), above(0)},
+		{"Losses per queue by reason", fmt.Sprintf("xa q%d (the pod that reads nothing) losing on a full RX ring", stopped), "rx ring full", queueOf(stopped), above(0)},
+		{"Losses per queue by reason", fmt.Sprintf("xa q%d (the reading pod) losing nothing as rx ring full", reading), "rx ring full", queueOf(reading), func(v []float64) bool { return len(v) > 0 && slices.Max(v) == 0 }},
+		{"Losses per node by reason", "the node losing", "rx ring full", nil, above(0)},
+		{"Netdev state", "xa Filter (2)", "", nil, has(2)},
+		{"Netdev state", "xa Overridden (3)", "", nil, has(3)},
+		{"Re-attach latency", "the re-attach, under a second", "", nil, func(v []float64) bool { return slices.ContainsFunc(v, func(x float64) bool { return x > 0 && x < 1 }) }},
+		{"CNI latency", "the ADDs", "", nil, above(0)},
+		{"Config in force", "refused (0)", "", nil, has(0)},
+		{"Config in force", "in force (1)", "", nil, has(1)},
+		{"Pool capacity vs allocated", "2 devices, 2 allocated", "", nil, has(2)},
+		{"Allocations and leases", "2 allocations, 2 leases", "", nil, has(2)},
+	}
+	for _, s := range shows {
+		p, ok := byTitle[s.panel]
+		if !ok {
+			t.Fatalf("no panel %q", s.panel)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			var seen []float64
+			for _, tg := range p.Targets {
+				if !strings.HasSuffix(tg.LegendFormat, s.reason) {
+					continue
+				}
+				for _, series := range prom.queryRange(t, fill.Replace(tg.Expr), start, time.Now()) {
+					if s.match == nil || s.match(series.labels) {
+						seen = append(seen, series.values...)
+					}
+				}
+			}
+			if s.ok(seen) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("panel %q does not show %s: values %v", s.panel, s.what, summary(seen))
+				break
+			}
+			time.Sleep(250 * time.Millisecond) // Prometheus scrapes each second and tells no one: polled
+		}
+	}
+
+	// Every target of every panel returns data.
+	for _, p := range panels {
+		for _, tg := range p.Targets {
+			expr := fill.Replace(tg.Expr)
+			result := prom.queryRange(t, expr, start, time.Now())
+			var lines []string
+			for _, s := range result {
+				if len(finite(s.values)) > 0 {
+					lines = append(lines, fmt.Sprintf("%s: %s", legend(tg.LegendFormat, s.labels), summary(s.values)))
+				}
+			}
+			if len(lines) == 0 {
+				t.Errorf("panel %q, target %s: no series with data (%d series, all NaN or none)\n%s", p.Title, tg.RefID, len(result), expr)
+				continue
+			}
+			slices.Sort(lines)
+			t.Logf("panel %q, target %s:\n  %s", p.Title, tg.RefID, strings.Join(lines, "\n  "))
+		}
+	}
+
+	// The node variable's query, label_values(metric, node), as Grafana
+	// asks Prometheus for it.
+	metric, label, ok := strings.Cut(strings.TrimSuffix(strings.TrimPrefix(NodeQuery, "label_values("), ")"), ", ")
+	if !ok {
+		t.Fatalf("node variable query %q", NodeQuery)
+	}
+	var nodes []string
+	prom.get(t, "/api/v1/label/"+label+"/values", url.Values{"match[]": {metric}}, &nodes)
+	if !slices.Contains(nodes, testNode) {
+		t.Errorf("the node variable (%s) lists %v, not %s", NodeQuery, nodes, testNode)
+	}
+}
+
+func port(i int) uint16 { return uint16(5000 + i) }
+
+// above is true of values with one above v.
+func above(v float64) func([]float64) bool {
+	return func(vals []float64) bool { return slices.ContainsFunc(vals, func(x float64) bool { return x > v }) }
+}
+
+// has is true of values holding v.
+func has(v float64) func([]float64) bool {
+	return func(vals []float64) bool { return slices.Contains(vals, v) }
+}
+
+func finite(vals []float64) []float64 {
+	var out []float64
+	for _, v := range vals {
+		if !math.IsNaN(v) && !math.IsInf(v, 0) {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// summary tells a series' values in a line: how many, and their range.
+func summary(vals []float64) string {
+	f := finite(vals)
+	if len(f) == 0 {
+		return fmt.Sprintf("%d samples, none a number", len(vals))
+	}
+	return fmt.Sprintf("%d samples, %g to %g, last %g", len(vals), slices.Min(f), slices.Max(f), f[len(f)-1])
+}
+
+// legend fills a legend format's {{label}}s.
+func legend(format string, labels map[string]string) string {
+	for k, v := range labels {
+		format = strings.ReplaceAll(format, "{{"+k+"}}", v)
+	}
+	return format
+}
+
+// startDaemon runs a standalone daemon on the pair's xa with config,
+// serving metrics on a port of the kernel's choosing, until the test
+// ends; it returns the daemon and its directory (config.yaml, api.sock).
+func startDaemon(t *testing.T, pair *testnet.Pair) (*daemon.Daemon, string) {
+	t.Helper()
+	if err := xdp.MountBPFFS(xdp.DefaultBPFFS); err != nil {
+		t.Fatal(err)
+	}
+	pins, err := os.MkdirTemp(xdp.DefaultBPFFS, "xdpq-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(pins) }) // bpffs: gone with the daemon's pins anyway
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := daemon.New(daemon.Options{ConfigPath: cfg, NetNS: pair.NSPath(), PinDir: filepath.Join(pins, "xdpq"),
+		StateDir: filepath.Join(dir, "state"), AllocDir: filepath.Join(dir, "alloc"), Standalone: true,
+		APISocket: filepath.Join(dir, "api.sock"), CollectPeriod: time.Hour, MetricsAddr: "127.0.0.1:0",
+		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("the daemon: %v", err)
+		}
+	})
+	select {
+	case <-d.Ready():
+	case err := <-done:
+		t.Fatalf("the daemon stopped: %v", err)
+	}
+	return d, dir
+}
+
+// waitNetdev waits until the daemon's status of xa satisfies ok. The
+// agent acts on link notifications and tells no one: polled.
+func waitNetdev(t *testing.T, d *daemon.Daemon, ok func(api.NetdevStatus) bool) {
+	t.Helper()
+	var last api.NetdevStatus
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		s, err := d.Status(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range s.Netdevs {
+			if n.Netdev == "xa" {
+				if last = n; ok(n) {
+					return
+				}
+			}
+		}
+	}
+	t.Fatalf("xa: %+v", last)
+}
+
+// sendFrames sends UDP frames from xb's queues qs[i] (arriving on xa's
+// queue of the same number) to port(i), 32 on each every 10ms, until
+// the test ends.
+func sendFrames(t *testing.T, p *testnet.Pair, qs [2]uint32) {
+	t.Helper()
+	dev := xsk.Netdev{Name: p.B.Name, Ifindex: p.B.Index, NetNS: p.NSPath()}
+	umem, socks, err := xsk.Open(dev, qs[:], 1024, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048},
+		Rings: xsk.Rings{Fill: 64, Completion: 512, TX: 512}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var senders []*traffic.Sender
+	var frames [][][]byte
+	for i, s := range socks {
+		f, err := frame.Spec{SrcMAC: p.B.MAC, DstMAC: p.A.MAC, Src: p.B.Addr, Dst: p.A.Addr, Protocol: 17,
+			SrcPort: 4000, DstPort: port(i), Payload: frame.Payload(uint32(i), 0, 22)}.Build()
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs := make([]uint64, 512)
+		for j := range addrs {
+			addrs[j] = umem.FrameAddr(i*512 + j)
+		}
+		senders = append(senders, traffic.NewSender(s, addrs, 0))
+		frames = append(frames, slices.Repeat([][]byte{f}, 32))
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var sendErr error
+	wg.Go(func() {
+		tick := time.NewTicker(10 * time.Millisecond) // the pace of the traffic, not a wait for anything
+		defer tick.Stop()
+		for range tick.C {
+			if stop.Load() {
+				return
+			}
+			for i, s := range senders {
+				if err := s.Send(frames[i], time.Now().Add(5*time.Second)); err != nil {
+					sendErr = fmt.Errorf("send on xb q%d: %w", qs[i], err)
+					return
+				}
+			}
+		}
+	})
+	t.Cleanup(func() {
+		stop.Store(true)
+		wg.Wait()
+		for _, s := range socks {
+			_ = s.Close() // nothing is written through them any more
+		}
+		_ = umem.Close()
+		if sendErr != nil {
+			t.Error(sendErr)
+		}
+	})
+}
+
+// panelJSON is a panel of the dashboard's JSON, as far as the test reads
+// it.
+type panelJSON struct {
+	Title   string `json:"title"`
+	Type    string `json:"type"`
+	Targets []struct {
+		Expr         string `json:"expr"`
+		LegendFormat string `json:"legendFormat"`
+		RefID        string `json:"refId"`
+	} `json:"targets"`
+	Panels []panelJSON `json:"panels"` // a row's, when collapsed
+}
+
+// readPanels reads the panels of the chart's copy of the dashboard, those
+// of rows included.
+func readPanels(t *testing.T) []panelJSON {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "charts", "xdpq", "files", "xdpq-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []panelJSON `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatal(err)
+	}
+	var out []panelJSON
+	var walk func([]panelJSON)
+	walk = func(ps []panelJSON) {
+		for _, p := range ps {
+			if p.Type == "row" {
+				walk(p.Panels)
+				continue
+			}
+			if len(p.Targets) == 0 {
+				t.Errorf("panel %q has no query", p.Title)
+			}
+			out = append(out, p)
+		}
+	}
+	walk(dash.Panels)
+	if len(out) == 0 {
+		t.Fatal("the dashboard has no panels")
+	}
+	return out
+}
+
+// promServer is a Prometheus server the test started.
+type promServer struct {
+	base string
+}
+
+// startPrometheus runs Prometheus scraping the daemon's metrics at addr
+// every second as job, with the node label, on a fresh storage directory
+// and a free port, until the test ends.
+func startPrometheus(t *testing.T, bin, addr string) *promServer {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := fmt.Sprintf(`global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}
+scrape_configs:
+  - job_name: %s
+    static_configs:
+      - targets: [%q]
+        labels: {node: %s}
+`, job, addr, testNode)
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := ln.Addr().String()
+	if err := ln.Close(); err != nil { // Prometheus listens there next
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
+		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+listen, "--log.level=warn")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM) // it may have exited already: Wait says
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill() // stuck: its exit is what matters
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("prometheus:\n%s", out.String())
+		}
+	})
+	p := &promServer{base: "http://" + listen}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) { // its start tells no one: polled
+		select {
+		case err := <-exited:
+			exited <- err
+			t.Fatalf("prometheus exited: %v\n%s", err, out.String())
+		default:
+		}
+		resp, err := http.Get(p.base + "/-/ready")
+		if err == nil {
+			_ = resp.Body.Close() // only its status matters
+			if resp.StatusCode == http.StatusOK {
+				return p
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("prometheus not ready at %s: %v\n%s", p.base, err, out.String())
+		}
+	}
+}
+
+// get asks Prometheus' HTTP API and decodes its data into v.
+func (p *promServer) get(t *testing.T, path string, q url.Values, v any) {
+	t.Helper()
+	resp, err := http.Get(p.base + path + "?" + q.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var r struct {
+		Status string          `json:"status"`
+		Error  string          `json:"error"`
+		Data   json.RawMessage `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if r.Status != "success" {
+		t.Fatalf("%s %s: %s", path, q.Get("query"), r.Error)
+	}
+	if err := json.Unmarshal(r.Data, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+}
+
+// series is a series of a query's result.
+type series struct {
+	labels map[string]string
+	values []float64
+}
+
+// queryRange runs expr over [from, to] at a step of a second, as a
+// panel asks.
+func (p *promServer) queryRange(t *testing.T, expr string, from, to time.Time) []series {
+	t.Helper()
+	var data struct {
+		Result []struct {
+			Metric map[string]string `json:"metric"`
+			Values [][2]any          `json:"values"`
+		} `json:"result"`
+	}
+	p.get(t, "/api/v1/query_range", url.Values{"query": {expr}, "start": {unix(from)}, "end": {unix(to)}, "step": {"1"}}, &data)
+	var out []series
+	for _, r := range data.Result {
+		s := series{labels: r.Metric}
+		for _, v := range r.Values {
+			str, _ := v[1].(string)
+			f, err := strconv.ParseFloat(str, 64)
+			if err != nil {
+				t.Fatalf("%s: value %v: %v", expr, v[1], err)
+			}
+			s.values = append(s.values, f)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// waitFor waits until expr, an instant query, returns a series.
+// Prometheus scrapes each second and tells no one: polled.
+func (p *promServer) waitFor(t *testing.T, expr string) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		var data struct {
+			Result []json.RawMessage `json:"result"`
+		}
+		p.get(t, "/api/v1/query", url.Values{"query": {expr}}, &data)
+		if len(data.Result) > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Prometheus has no series for %s", expr)
+		}
+	}
+}
+
+func unix(t time.Time) string { return strconv.FormatFloat(float64(t.UnixNano())/1e9, 'f', 3, 64) }
