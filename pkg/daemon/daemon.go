@@ -123,11 +123,14 @@ type Daemon struct {
 	agent   netdevAgent // the node's netdevs
 	broker  socketBroker
 	mover   netdevMover
-	kubelet kubelet
-	pods    *podNetdevs    // netdev-mode netdevs in pods, by node name
-	plugins *devicePlugins // Kubernetes mode, by pool
-	unmount func()
-	ready   chan struct{}
+	kubelet podResources
+	// discover lists the node's netdevs (nic.Discoverer; a fake in the
+	// decision tests).
+	discover func() ([]nic.Netdev, error)
+	pods     *podNetdevs    // netdev-mode netdevs in pods, by node name
+	plugins  *devicePlugins // Kubernetes mode, by pool
+	unmount  func()
+	ready    chan struct{}
 	// metricsLn is the metrics address's listener, nil when none is served.
 	metricsLn net.Listener
 	metrics   *metrics
@@ -177,31 +180,8 @@ type Daemon struct {
 // at the socket path, that the config is valid, and that pins and records
 // can be read. Run does the rest.
 func New(opts Options) (_ *Daemon, err error) {
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.AllocDir == "" {
-		opts.AllocDir = "/run/xdpq/alloc"
-	}
-	opts.AllocDir = filepath.Clean(opts.AllocDir) // allocDir joins by hand
-	if opts.StateDir == "" {
-		opts.StateDir = agent.DefaultStateDir
-	}
-	if opts.APISocket == "" {
-		opts.APISocket = DefaultAPISocket
-	}
-	if opts.CollectPeriod == 0 {
-		opts.CollectPeriod = 30 * time.Second
-	}
-	if opts.Resync == 0 {
-		opts.Resync = 30 * time.Second
-	}
-	d := &Daemon{opts: opts, log: opts.Logger, kubelet: kubelet{opts.PodResourcesSocket}, ready: make(chan struct{}), reqs: make(chan reconcileRequest),
-		found: map[string]nic.Netdev{}, managed: map[string]agent.Policy{}, retry: map[string]error{}, ifindexes: map[string]int{},
-		health: health{running: map[string]bool{}}, netdevsChanged: make(chan struct{}, 1), draChanged: make(chan struct{}, 1)}
-	d.pods = newPodNetdevs(d.log, d.pinRoot(), opts.StateDir, d.devicesChanged)
-	d.plugins = &devicePlugins{dir: opts.PluginDir, registry: opts.RegistryDir, log: d.log, devices: d.devices, allocate: d.allocate,
-		running: map[string]*plugin{}}
+	d := newDaemon(opts)
+	opts = d.opts
 	if opts.Kube != nil && (opts.NodeName == "" || opts.Kube.Pods == nil || opts.Kube.Nodes == nil || opts.Kube.Events == nil || opts.Kube.Dynamic == nil) {
 		return nil, errors.New("with an API server the daemon needs its node's name (--node-name, or NODE_NAME) and every client of Options.Kube")
 	}
@@ -290,6 +270,42 @@ func New(opts Options) (_ *Daemon, err error) {
 	d.broker = broker.NewServer(bcfg, nodeAgent)
 	d.metrics = newMetrics(d)
 	return d, nil
+}
+
+// newDaemon is a daemon with nothing of the kernel or the node wired
+// yet: New gives it the node agent, the broker, the mover, the ledger and
+// the config watcher; the decision tests give it fakes.
+func newDaemon(opts Options) *Daemon {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.AllocDir == "" {
+		opts.AllocDir = "/run/xdpq/alloc"
+	}
+	opts.AllocDir = filepath.Clean(opts.AllocDir) // allocDir joins by hand
+	if opts.StateDir == "" {
+		opts.StateDir = agent.DefaultStateDir
+	}
+	if opts.APISocket == "" {
+		opts.APISocket = DefaultAPISocket
+	}
+	if opts.CollectPeriod == 0 {
+		opts.CollectPeriod = 30 * time.Second
+	}
+	if opts.Resync == 0 {
+		opts.Resync = 30 * time.Second
+	}
+	d := &Daemon{opts: opts, log: opts.Logger, kubelet: kubeletAPI{opts.PodResourcesSocket}, ready: make(chan struct{}),
+		reqs:  make(chan reconcileRequest),
+		found: map[string]nic.Netdev{}, managed: map[string]agent.Policy{}, retry: map[string]error{}, ifindexes: map[string]int{},
+		health: health{running: map[string]bool{}}, netdevsChanged: make(chan struct{}, 1), draChanged: make(chan struct{}, 1)}
+	d.discover = func() ([]nic.Netdev, error) {
+		return nic.Discoverer{SysRoot: d.opts.SysRoot, NetNS: d.opts.NetNS}.List()
+	}
+	d.pods = newPodNetdevs(d.log, d.pinRoot(), opts.StateDir, d.devicesChanged)
+	d.plugins = &devicePlugins{dir: opts.PluginDir, registry: opts.RegistryDir, log: d.log, devices: d.devices, allocate: d.allocate,
+		running: map[string]*plugin{}}
+	return d
 }
 
 // started reports whether start has finished (Ready is closed).

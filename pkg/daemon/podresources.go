@@ -16,10 +16,20 @@ const DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 // kubelet asks kubelet's PodResources API at its socket which devices
 // containers hold.
-type kubelet struct{ socket string }
+// podResources is kubelet's PodResources API as the daemon asks it.
+type podResources interface {
+	// heldDevices are the devices running containers hold, as
+	// "<resource>/<device id>".
+	heldDevices(ctx context.Context) (map[string]bool, error)
+	// podDevices are the device IDs a pod's containers hold, by resource.
+	podDevices(ctx context.Context, namespace, name string) (map[string][]string, error)
+}
+
+// kubeletAPI asks kubelet at its socket ("" for the default path).
+type kubeletAPI struct{ socket string }
 
 // call calls the API with a 10 s timeout.
-func (k kubelet) call(ctx context.Context, call func(context.Context, podresources.PodResourcesListerClient) error) error {
+func (k kubeletAPI) call(ctx context.Context, call func(context.Context, podresources.PodResourcesListerClient) error) error {
 	path := k.socket
 	if path == "" {
 		path = DefaultPodResourcesSocket
@@ -39,7 +49,7 @@ func (k kubelet) call(ctx context.Context, call func(context.Context, podresourc
 
 // heldDevices asks kubelet which devices running containers hold, as
 // "<resource>/<device id>".
-func (k kubelet) heldDevices(ctx context.Context) (map[string]bool, error) {
+func (k kubeletAPI) heldDevices(ctx context.Context) (map[string]bool, error) {
 	var resp *podresources.ListPodResourcesResponse
 	err := k.call(ctx, func(ctx context.Context, c podresources.PodResourcesListerClient) (err error) {
 		resp, err = c.List(ctx, &podresources.ListPodResourcesRequest{})
@@ -63,7 +73,7 @@ func (k kubelet) heldDevices(ctx context.Context) (map[string]bool, error) {
 
 // podDevices asks kubelet for the devices the pod's containers hold, by
 // resource name.
-func (k kubelet) podDevices(ctx context.Context, namespace, name string) (map[string][]string, error) {
+func (k kubeletAPI) podDevices(ctx context.Context, namespace, name string) (map[string][]string, error) {
 	var resp *podresources.GetPodResourcesResponse
 	err := k.call(ctx, func(ctx context.Context, c podresources.PodResourcesListerClient) (err error) {
 		resp, err = c.Get(ctx, &podresources.GetPodResourcesRequest{PodNamespace: namespace, PodName: name})

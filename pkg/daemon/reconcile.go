@@ -115,7 +115,7 @@ func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
 	found := maps.Clone(d.found)
 	d.mu.Unlock()
 	if r.discover || len(found) == 0 {
-		list, err := (nic.Discoverer{SysRoot: d.opts.SysRoot, NetNS: d.opts.NetNS}).List()
+		list, err := d.discover()
 		if err != nil {
 			return err
 		}
