@@ -3,11 +3,17 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/deviceplugin"
+	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/nic"
 )
 
@@ -194,6 +200,314 @@ func TestReloadDecisions(t *testing.T) {
 			// What the allocations hold is served throughout.
 			if got, want := len(n.broker.servedIDs()), len(d.ledger.Allocations()); got != want {
 				t.Errorf("%d allocations served, %d recorded", got, want)
+			}
+		})
+	}
+}
+
+// before is what a previous daemon did on a fake node, by label: "A" is
+// the first allocation it made, "A/c1" an attachment of A by container c1.
+type before struct {
+	t      *testing.T
+	n      *fakeNode
+	d      *Daemon
+	labels map[string]string // allocation id or attachment key: label
+	ids    map[string]string // label: allocation id
+}
+
+func (b *before) alloc(label string, queues ...uint32) {
+	b.t.Helper()
+	ctx := context.Background()
+	var id string
+	if b.d.opts.Standalone {
+		a, err := b.d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: len(queues), UID: 1000})
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		id = a.ID
+	} else {
+		var devs []string
+		for _, q := range queues {
+			devs = append(devs, deviceplugin.DeviceID("xa", q))
+		}
+		if _, err := b.d.allocate(ctx, "upf", devs); err != nil {
+			b.t.Fatal(err)
+		}
+		a, ok := b.d.ledger.Device("upf", devs[0])
+		if !ok {
+			b.t.Fatalf("device %s not in the pool", devs[0])
+		}
+		id = b.d.ledger.Holder("upf", a.ID)
+	}
+	b.labels[id], b.ids[label] = label, id
+}
+
+// attachReq is container's ADD for allocation label: a flow to the pod's
+// address, in the test's own network namespace.
+func (b *before) attachReq(label, container string) api.CNIAddRequest {
+	netns := fmt.Sprintf("/proc/%d/ns/net", os.Getpid()) // a namespace that stays, for every pod
+	addr := netip.MustParseAddr("10.0.0.7")
+	return api.CNIAddRequest{ContainerID: container, IfName: "net1", Allocation: b.ids[label], Netns: netns,
+		Addresses: []netip.Addr{addr}, Flows: []api.CNIFlow{{Protocol: "udp", Dst: netip.PrefixFrom(addr, 32), DstPort: 5000}}}
+}
+
+func (b *before) attach(label, container string) {
+	b.t.Helper()
+	if _, err := b.d.CNIAdd(context.Background(), b.attachReq(label, container)); err != nil {
+		b.t.Fatal(err)
+	}
+	b.labels[ledger.Key(container, "net1")] = label + "/" + container
+}
+
+// outcome is what a daemon left on the fake node, in labels: allocations
+// with their state and attachments, what the broker serves, the flows on
+// xa by owner, the allocation directories, and status' state errors.
+func (b *before) outcome(d *Daemon) []string {
+	name := func(id string) string {
+		if l, ok := b.labels[id]; ok {
+			return l
+		}
+		return id
+	}
+	var out []string
+	var allocs []string
+	for _, a := range d.ledger.Allocations() {
+		s := name(a.ID) + " " + string(a.State)
+		for _, att := range a.Attachments {
+			s += " " + name(att.Key()) + ":" + string(att.State)
+		}
+		allocs = append(allocs, s)
+	}
+	slices.Sort(allocs)
+	out = append(out, "allocations: "+strings.Join(allocs, ", "))
+	var served []string
+	for _, id := range b.n.broker.servedIDs() {
+		served = append(served, name(id))
+	}
+	slices.Sort(served)
+	out = append(out, "served: "+strings.Join(served, " "))
+	b.n.agent.mu.Lock()
+	var flows []string
+	for owner := range b.n.agent.flows["xa"] {
+		flows = append(flows, name(owner))
+	}
+	b.n.agent.mu.Unlock()
+	slices.Sort(flows)
+	out = append(out, "flows: "+strings.Join(flows, " "))
+	ents, _ := os.ReadDir(d.opts.AllocDir)
+	var dirs []string
+	for _, e := range ents {
+		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
+			dirs = append(dirs, name(e.Name()))
+		}
+	}
+	slices.Sort(dirs)
+	out = append(out, "dirs: "+strings.Join(dirs, " "))
+	s, err := d.Status(context.Background())
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	var errs []string
+	for _, e := range s.StateErrors {
+		e = strings.ReplaceAll(e, b.n.dir, "<dir>")
+		for id, l := range b.labels {
+			e = strings.ReplaceAll(e, id, l)
+		}
+		errs = append(errs, e)
+	}
+	out = append(out, "state errors: "+strings.Join(errs, "; "))
+	return out
+}
+
+// TestRecoveryDecisions: what a daemon does at start with what a previous
+// one left, against fakes (the node agent's flows outlive the daemon as
+// the kernel's do): a free or an attachment a crash left half done is
+// finished, live allocations are served again with their flows, flows no
+// record owns go unless a record is unreadable, kubelet decides which
+// device-plugin allocations still have a container, and an undo that
+// fails keeps its record for the collector.
+func TestRecoveryDecisions(t *testing.T) {
+	errNIC := errors.New("the NIC refused")
+	for _, c := range []struct {
+		name    string
+		kubelet podResources // nil: standalone
+		left    func(b *before)
+		// at the new start
+		failUnsteer bool
+		want        []string
+	}{
+		{
+			name: "allocations and attachments served again, flows kept",
+			left: func(b *before) {
+				b.alloc("A", 0)
+				b.attach("A", "c1")
+				b.alloc("B", 1)
+			},
+			want: []string{"allocations: A active A/c1:active, B active", "served: A B", "flows: A/c1", "dirs: A B", "state errors: "},
+		},
+		{
+			name: "a free begun is finished: flows, record and directory go",
+			left: func(b *before) {
+				b.alloc("A", 0)
+				b.attach("A", "c1")
+				b.alloc("B", 1)
+				if _, err := b.d.ledger.BeginFree(b.ids["A"]); err != nil {
+					t.Fatal(err)
+				}
+			},
+			want: []string{"allocations: B active", "served: B", "flows: ", "dirs: B", "state errors: "},
+		},
+		{
+			name: "an ADD begun is rolled back: its flows go, the allocation stays",
+			left: func(b *before) {
+				b.alloc("A", 0)
+				req := b.attachReq("A", "c1")
+				a, _ := b.d.ledger.Get(b.ids["A"])
+				att := ledger.Attachment{Attachment: api.Attachment{CNIAddRequest: req, Mode: api.ModeQueue}}
+				att, _, err := b.d.ledger.BeginAttach(a.ID, att)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b.labels[att.Key()] = "A/c1"
+				flows, err := agentFlows(req.Flows, a.Queues)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := b.n.agent.Steer("xa", att.Key(), flows); err != nil { // then the crash
+					t.Fatal(err)
+				}
+			},
+			want: []string{"allocations: A active", "served: A", "flows: ", "dirs: A", "state errors: "},
+		},
+		{
+			name: "a DEL begun is finished",
+			left: func(b *before) {
+				b.alloc("A", 0)
+				b.attach("A", "c1")
+				if _, _, err := b.d.ledger.BeginDetach(ledger.Key("c1", "net1")); err != nil {
+					t.Fatal(err)
+				}
+			},
+			want: []string{"allocations: A active", "served: A", "flows: ", "dirs: A", "state errors: "},
+		},
+		{
+			name: "a DEL begun whose flows cannot be removed: the record stays ending, and says why",
+			left: func(b *before) {
+				b.alloc("A", 0)
+				b.attach("A", "c1")
+				if _, _, err := b.d.ledger.BeginDetach(ledger.Key("c1", "net1")); err != nil {
+					t.Fatal(err)
+				}
+			},
+			failUnsteer: true,
+			// The steering sync after it removes the flows no live
+			// attachment owns: the DEL's go that way.
+			want: []string{"allocations: A active A/c1:ending", "served: A", "flows: ", "dirs: A",
+				"state errors: A/c1: flows on xa not removed yet: the NIC refused"},
+		},
+		{
+			name: "a free begun whose flows cannot be removed: served until it is done",
+			left: func(b *before) {
+				b.alloc("A", 0)
+				b.attach("A", "c1")
+				if _, err := b.d.ledger.BeginFree(b.ids["A"]); err != nil {
+					t.Fatal(err)
+				}
+			},
+			failUnsteer: true,
+			want: []string{"allocations: A ending A/c1:active", "served: A", "flows: A/c1", "dirs: A",
+				"state errors: A: allocation A not freed yet (tried again every collection): attachment A/c1: the NIC refused"},
+		},
+		{
+			name: "flows and a directory no record owns go",
+			left: func(b *before) {
+				b.alloc("A", 0)
+				b.attach("A", "c1")
+				if err := b.n.agent.Steer("xa", "stray/net1", nil); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Mkdir(filepath.Join(b.d.opts.AllocDir, "stray"), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			},
+			want: []string{"allocations: A active A/c1:active", "served: A", "flows: A/c1", "dirs: A", "state errors: "},
+		},
+		{
+			name: "an unreadable record: nothing any record may own is removed",
+			left: func(b *before) {
+				b.alloc("A", 0)
+				b.attach("A", "c1")
+				b.alloc("B", 1)
+				b.attach("B", "c2")
+				if err := os.WriteFile(filepath.Join(b.d.opts.StateDir, "allocations", b.ids["B"]+".json"), []byte("{"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			},
+			want: []string{"allocations: A active A/c1:active", "served: A", "flows: A/c1 B/c2", "dirs: A B",
+				"state errors: allocation B: <dir>/state/allocations/B.json: unexpected end of JSON input"},
+		},
+		{
+			name:    "kubelet: an allocation no running container holds is freed",
+			kubelet: fakeKubelet{held: map[string]bool{"xdpq.io/upf/" + deviceplugin.DeviceID("xa", 0): true}},
+			left: func(b *before) {
+				b.alloc("A", 0)
+				b.attach("A", "c1")
+				b.alloc("B", 1)
+				b.attach("B", "c2")
+			},
+			want: []string{"allocations: A active A/c1:active", "served: A", "flows: A/c1", "dirs: A", "state errors: "},
+		},
+		{
+			name:    "kubelet not answering: every allocation kept",
+			kubelet: fakeKubelet{err: errors.New("connection refused")},
+			left: func(b *before) {
+				b.alloc("A", 0)
+				b.alloc("B", 1)
+			},
+			want: []string{"allocations: A active, B active", "served: A B", "flows: ", "dirs: A B", "state errors: "},
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			n := newFakeNode(t, fakeNetdev("xa", 4))
+			n.kubelet = c.kubelet
+			cfg := pools("upf:xa#0-3")
+			// The previous daemon, whose kubelet held everything.
+			if c.kubelet != nil {
+				n.kubelet = fakeKubelet{err: errors.New("not asked")}
+			}
+			d1, stop := n.daemon(cfg)
+			if err := d1.start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			b := &before{t: t, n: n, d: d1, labels: map[string]string{}, ids: map[string]string{}}
+			c.left(b)
+			stop()
+			n.broker = newFakeBroker() // the broker goes with its daemon; the agent's flows stay
+			n.kubelet = c.kubelet
+			if c.failUnsteer {
+				n.agent.setFail("unsteer", "xa", errNIC)
+			}
+			d2, _ := n.daemon(cfg)
+			if err := d2.start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if got := b.outcome(d2); !slices.Equal(got, c.want) {
+				t.Errorf("after the start:\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(c.want, "\n  "))
+			}
+			// What failed is finished by the collector once it can be.
+			if c.failUnsteer {
+				n.agent.setFail("unsteer", "xa", nil)
+				d2.retryUndone(context.Background())
+				if s, _ := d2.Status(context.Background()); len(s.StateErrors) > 0 {
+					t.Errorf("after the retry: %q", s.StateErrors)
+				}
+				for _, a := range d2.ledger.Allocations() {
+					for _, att := range a.Attachments {
+						if att.State != ledger.Active {
+							t.Errorf("after the retry: %s %s", att.Key(), att.State)
+						}
+					}
+				}
 			}
 		})
 	}

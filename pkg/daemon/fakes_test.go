@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/xdpq/xdpq/internal/syncbuf"
 	"github.com/xdpq/xdpq/pkg/agent"
@@ -232,7 +233,7 @@ func (f *fakeBroker) Add(a broker.Allocation) error {
 		return fmt.Errorf("allocation %s served already", a.ID)
 	}
 	f.served[a.ID] = a
-	return nil
+	return os.MkdirAll(a.Dir, 0o755) // where the socket would be, as the broker makes it
 }
 
 func (f *fakeBroker) Remove(id string) error {
@@ -374,16 +375,18 @@ func (n *fakeNode) daemon(yaml string) (d *Daemon, stop func()) {
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = d.reconcileLoop(ctx) // returns nil when ctx ends
-	}()
+	// With kubelet, the device plugins run (and wait for a kubelet that
+	// never comes) in the group, as in Run.
+	g, gctx := errgroup.WithContext(ctx)
+	d.plugins.use(gctx, g)
+	g.Go(func() error { return d.reconcileLoop(gctx) })
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
 			cancel()
-			<-done
+			if err := g.Wait(); err != nil {
+				t.Errorf("the daemon's parts: %v", err)
+			}
 		})
 	}
 	t.Cleanup(stop)
