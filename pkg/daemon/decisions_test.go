@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -508,6 +509,71 @@ func TestRecoveryDecisions(t *testing.T) {
 						}
 					}
 				}
+			}
+		})
+	}
+}
+
+// TestContainerRestartDecisions: what kubelet's Allocate for a restarted
+// container (the same devices again) carries over of the old allocation,
+// against fakes: an attachment whose pod's namespace is still the one ADD
+// saw keeps its flows and its pod as the lease's owner; one whose
+// namespace went, or an allocation of other devices, ends it.
+func TestContainerRestartDecisions(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		again     []uint32 // the queues of the second Allocate
+		podGone   bool     // the pod's namespace went before it
+		want      []string
+		wantOwner bool // the new allocation is the attached pod's
+	}{
+		{name: "the same devices, the pod alive: carried", again: []uint32{0},
+			want:      []string{"allocations: A2 active A/c1:active", "served: A2", "flows: A/c1", "dirs: A2", "state errors: "},
+			wantOwner: true},
+		{name: "the same devices, the pod's namespace gone: ended", again: []uint32{0}, podGone: true,
+			want: []string{"allocations: A2 active", "served: A2", "flows: ", "dirs: A2", "state errors: "}},
+		{name: "more devices: ended", again: []uint32{0, 1},
+			want: []string{"allocations: A2 active", "served: A2", "flows: ", "dirs: A2", "state errors: "}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			n := newFakeNode(t, fakeNetdev("xa", 4))
+			n.kubelet = fakeKubelet{err: errors.New("not asked")}
+			d, _ := n.daemon(pools("upf:xa#0-3"))
+			if err := d.start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			b := &before{t: t, n: n, d: d, labels: map[string]string{}, ids: map[string]string{}}
+			b.alloc("A", 0)
+			// The pod: a process whose namespace path goes when it exits.
+			pod := exec.Command("sleep", "600")
+			if err := pod.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = pod.Process.Kill(); _ = pod.Wait() })
+			req := b.attachReq("A", "c1")
+			req.Netns = fmt.Sprintf("/proc/%d/ns/net", pod.Process.Pid)
+			req.PodUID = "pod-uid-1"
+			if _, err := d.CNIAdd(context.Background(), req); err != nil {
+				t.Fatal(err)
+			}
+			b.labels[ledger.Key("c1", "net1")] = "A/c1"
+			if c.podGone {
+				_ = pod.Process.Kill()
+				_ = pod.Wait()
+			}
+			b.alloc("A2", c.again...)
+			if got := b.outcome(d); !slices.Equal(got, c.want) {
+				t.Errorf("after the second Allocate:\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(c.want, "\n  "))
+			}
+			a, _ := d.ledger.Get(b.ids["A2"])
+			if got := a.Owner.PodUID == "pod-uid-1"; got != c.wantOwner {
+				t.Errorf("the new allocation's owner %+v; want the attached pod's: %v", a.Owner, c.wantOwner)
+			}
+			n.broker.mu.Lock()
+			o := n.broker.owner[a.ID]
+			n.broker.mu.Unlock()
+			if got := o.PodUID == "pod-uid-1"; got != c.wantOwner {
+				t.Errorf("the broker's owner %+v; want the attached pod's: %v", o, c.wantOwner)
 			}
 		})
 	}
