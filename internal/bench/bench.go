@@ -224,6 +224,11 @@ func Run(cfg Config) ([]*Result, error) {
 		return nil, err
 	}
 	defer snd.close()
+	if m, err := ReadMachine(); err != nil {
+		fmt.Fprintf(cfg.Out, "machine: %v\n", err)
+	} else {
+		fmt.Fprintln(cfg.Out, m)
+	}
 	fmt.Fprintf(cfg.Out, "veth pair (%d queues) in netns %s, %d-byte frames; 1 sender core: AF_XDP sender on cpu %d (TX batch %d%s, round-robin over B's queues 0..N-1); receivers on cpu %d; %v per run, %d rounds\n",
 		queues, p.NSPath(), cfg.FrameSize, cfg.SenderCPU, cfg.TXBatch, snd.budgetNote, cfg.RxCPU, cfg.Duration, cfg.Rounds)
 	if cfg.Jumbo() {
