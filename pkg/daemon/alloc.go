@@ -286,9 +286,8 @@ func (d *Daemon) allocate(ctx context.Context, pool string, ids []string) (*plug
 		}
 	}
 	// Device-info files for CNI plugins, where the NIC is a PCI device.
-	d.mu.Lock()
-	pci := d.found[a.Netdev].PCI
-	d.mu.Unlock()
+	dev, _ := d.rec.netdev(a.Netdev)
+	pci := dev.PCI
 	if p, ok := d.ledger.Meta(pool); ok && pci != "" {
 		for _, id := range ids {
 			if err := deviceplugin.WriteDeviceInfo(d.devInfoDir(), p.Resource, id, pci); err != nil {

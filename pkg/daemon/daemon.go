@@ -138,7 +138,8 @@ type Daemon struct {
 	// recovered is set once start has finished what a previous daemon
 	// left: then the device plugins start.
 	recovered atomic.Bool
-	reqs      chan reconcileRequest
+	// rec is the reconciler: the netdevs found, the config in force.
+	rec *reconciler
 	// node is told what the cluster should see of the node: the
 	// XdpqNode's status and Events.
 	node nodeReporter
@@ -150,20 +151,11 @@ type Daemon struct {
 	goneClaims goneClaims
 	// pcieRoots are the pools' PCI devices' PCIe roots (draNode.Devices).
 	pcieRoots pcieRoots
-	// fdNeed and fdProblem are the reconciler's own: the descriptors the
-	// pools needed at the last fitFDLimit, and what it found.
-	fdNeed    uint64
-	fdProblem string
 	// waitingHook, if set (by tests), is called each time whenIdle is
 	// about to wait for an operation under way.
 	waitingHook func()
 
-	mu sync.Mutex // guards the fields below; never held across a call out
-	// found are the netdevs of the last discovery, those in pods included.
-	found     map[string]nic.Netdev
-	cfg       *config.Config // the config the reconciler put in force last
-	problems  []string       // why the config in force is not fully in force
-	managed   map[string]agent.Policy
+	mu        sync.Mutex                   // guards the fields below; never held across a call out
 	retry     map[string]error             // allocations and attachments a failed undo left, and why (retryLater)
 	podDir    *kubepods.Directory          // Kubernetes mode with an API server, unless Options.Pods
 	flowsSaid map[api.AttachmentRef]string // what was last told of a pod's annotated flows
@@ -268,6 +260,7 @@ func New(opts Options) (_ *Daemon, err error) {
 		bcfg.ClaimPod = d.claimPod
 	}
 	d.broker = broker.NewServer(bcfg, nodeAgent)
+	d.rec = d.newReconciler()
 	d.metrics = newMetrics(d)
 	return d, nil
 }
@@ -296,8 +289,7 @@ func newDaemon(opts Options) *Daemon {
 		opts.Resync = 30 * time.Second
 	}
 	d := &Daemon{opts: opts, log: opts.Logger, kubelet: kubeletAPI{opts.PodResourcesSocket}, ready: make(chan struct{}),
-		reqs:  make(chan reconcileRequest),
-		found: map[string]nic.Netdev{}, managed: map[string]agent.Policy{}, retry: map[string]error{}, ifindexes: map[string]int{},
+		retry: map[string]error{}, ifindexes: map[string]int{},
 		health: health{running: map[string]bool{}}, netdevsChanged: make(chan struct{}, 1), draChanged: make(chan struct{}, 1)}
 	d.discover = func() ([]nic.Netdev, error) {
 		return nic.Discoverer{SysRoot: d.opts.SysRoot, NetNS: d.opts.NetNS}.List()
@@ -379,7 +371,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	// The reconciler first: it is the one goroutine that changes what the
 	// node agent manages, start's changes included.
-	part("reconciler", d.reconcileLoop)
+	part("reconciler", d.rec.run)
 	if d.metricsLn != nil {
 		// Before start: probes are answered while it recovers.
 		part("metrics", d.serveMetrics)

@@ -192,7 +192,7 @@ func TestReloadDecisions(t *testing.T) {
 			}
 			// A resync with the same config asks again only what failed
 			// for a netdev not yet managed.
-			if err := d.request(ctx, reconcileRequest{discover: true}); err != nil {
+			if err := d.rec.request(ctx, reconcileRequest{discover: true}); err != nil {
 				t.Fatal(err)
 			}
 			if got := n.agent.take(); !slices.Equal(got, c.wantAgain) {

@@ -266,12 +266,7 @@ func (n draNode) Devices() map[string][]dra.Device {
 	for _, s := range d.agent.Status() {
 		status[s.Netdev] = s
 	}
-	d.mu.Lock()
-	found := make(map[string]nic.Netdev, len(d.found))
-	for k, v := range d.found {
-		found[k] = v
-	}
-	d.mu.Unlock()
+	found := d.rec.netdevs()
 	out := map[string][]dra.Device{}
 	for _, name := range d.draPools() {
 		p, ok := d.ledger.Pool(name)

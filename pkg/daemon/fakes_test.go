@@ -369,6 +369,7 @@ func (n *fakeNode) daemon(yaml string) (d *Daemon, stop func()) {
 	if d.ledger, err = ledger.Open(ledger.Options{Dir: filepath.Join(opts.StateDir, "allocations")}); err != nil {
 		t.Fatal(err)
 	}
+	d.rec = d.newReconciler()
 	for _, dir := range []string{opts.AllocDir, filepath.Join(opts.AllocDir, dpdkLinkDir), filepath.Join(opts.AllocDir, broker.StagingDir)} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
@@ -379,7 +380,7 @@ func (n *fakeNode) daemon(yaml string) (d *Daemon, stop func()) {
 	// never comes) in the group, as in Run.
 	g, gctx := errgroup.WithContext(ctx)
 	d.plugins.use(gctx, g)
-	g.Go(func() error { return d.reconcileLoop(gctx) })
+	g.Go(func() error { return d.rec.run(gctx) })
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {

@@ -26,20 +26,20 @@ const (
 // could make accept fail with EMFILE (the broker backs off and goes on,
 // but the owners wait). It returns a problem for status while the limit
 // stays below the need. Only the reconciler calls it.
-func (d *Daemon) fitFDLimit(pools []ledger.Pool) string {
+func (r *reconciler) fitFDLimit(pools []ledger.Pool) string {
 	devices := 0
 	for _, p := range pools {
 		devices += len(p.Devices)
 	}
 	need := uint64(fdsBase + fdsPerDevice*devices)
-	if need == d.fdNeed {
-		return d.fdProblem
+	if need == r.fdNeed {
+		return r.fdProblem
 	}
-	d.fdNeed, d.fdProblem = need, ""
+	r.fdNeed, r.fdProblem = need, ""
 	var rl unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
-		d.fdProblem = fmt.Sprintf("descriptor limit: %v", err)
-		return d.fdProblem
+		r.fdProblem = fmt.Sprintf("descriptor limit: %v", err)
+		return r.fdProblem
 	}
 	if rl.Cur >= need {
 		return ""
@@ -50,16 +50,16 @@ func (d *Daemon) fitFDLimit(pools []ledger.Pool) string {
 		// Without CAP_SYS_RESOURCE the hard limit stays: take what it allows.
 		want = unix.Rlimit{Cur: rl.Max, Max: rl.Max}
 		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &want); err != nil {
-			d.fdProblem = fmt.Sprintf("descriptor limit: %v", err)
-			return d.fdProblem
+			r.fdProblem = fmt.Sprintf("descriptor limit: %v", err)
+			return r.fdProblem
 		}
 	}
 	if want.Cur < need {
-		d.fdProblem = fmt.Sprintf("descriptor limit %d is below the %d that %d devices may need (%d each and %d); "+
+		r.fdProblem = fmt.Sprintf("descriptor limit %d is below the %d that %d devices may need (%d each and %d); "+
 			"raise the daemon's hard limit (LimitNOFILE, ulimit -Hn) or give it CAP_SYS_RESOURCE", want.Cur, need, devices, fdsPerDevice, fdsBase)
-		d.log.Warn("descriptor limit below the pools' need", "limit", want.Cur, "need", need, "devices", devices)
-		return d.fdProblem
+		r.log.Warn("descriptor limit below the pools' need", "limit", want.Cur, "need", need, "devices", devices)
+		return r.fdProblem
 	}
-	d.log.Info("descriptor limit raised for the pools", "from", from, "to", want.Cur, "devices", devices)
+	r.log.Info("descriptor limit raised for the pools", "from", from, "to", want.Cur, "devices", devices)
 	return ""
 }

@@ -57,9 +57,7 @@ func (p *podNetdev) nsPath() string { return fmt.Sprintf("/proc/%d/fd/%d", os.Ge
 // prepareMove reads what the record of a netdev about to move into a
 // pod holds.
 func (d *Daemon) prepareMove(netdev string, req api.CNIAddRequest, pol agent.Policy) ([]byte, error) {
-	d.mu.Lock()
-	dev, ok := d.found[netdev]
-	d.mu.Unlock()
+	dev, ok := d.rec.netdev(netdev)
 	if !ok {
 		return nil, api.Errorf(api.ErrUnavailable, "netdev %s was not found on the node", netdev)
 	}

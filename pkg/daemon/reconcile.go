@@ -3,10 +3,12 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/xdpq/xdpq/pkg/agent"
@@ -17,11 +19,88 @@ import (
 	"github.com/xdpq/xdpq/pkg/nic"
 )
 
-// The reconciler is the one goroutine that changes what the node agent
-// manages and which device plugins run. A config change, a reload, the
-// resync ticker and the CNI verbs (a netdev moving into a pod and back)
-// ask it through reqs and wait for its answer; nobody else calls the
-// node agent's Set or Unmanage, so two of them can never interleave.
+// reconciler puts the config in force on the node's netdevs: the pools
+// and their devices in the ledger, and what the node agent manages and
+// how. It is one goroutine (run): a config change, a reload, the resync
+// ticker and the CNI verbs (a netdev moving into a pod and back) ask it
+// through reqs and wait for its answer; nobody else calls the node
+// agent's Set or Unmanage, so two of them can never interleave. What it
+// found and put in force is read by the rest of the daemon through its
+// accessors, under its own mutex, never across a call out.
+type reconciler struct {
+	log      *slog.Logger
+	nodeName string
+	labels   map[string]string
+	resync   time.Duration
+	discover func() ([]nic.Netdev, error)
+	agent    netdevAgent // its Set and Unmanage are the reconciler's alone
+	ledger   *ledger.Ledger
+	// current is the watcher's config, for a reconcile before any apply.
+	current func() *config.Config
+	// The rest of the daemon: who serves a pool (and the problem when its
+	// config and its allocations disagree), the netdevs in pods brought
+	// to their pools' settings (and their problems), and what follows
+	// each reconcile (fresh: the netdevs managed afresh).
+	servedBy func(ledger.Pool) (string, string)
+	podsSync func() []string
+	after    func(fresh []string)
+	reqs     chan reconcileRequest
+	// fdNeed and fdProblem are the run goroutine's own: the descriptors
+	// the pools needed at the last fitFDLimit, and what it found.
+	fdNeed    uint64
+	fdProblem string
+
+	mu sync.Mutex // guards the fields below; never held across a call out
+	// found are the netdevs of the last discovery, those in pods included.
+	found    map[string]nic.Netdev
+	cfg      *config.Config // the config put in force last
+	problems []string       // why the config in force is not fully in force
+	managed  map[string]agent.Policy
+}
+
+func (d *Daemon) newReconciler() *reconciler {
+	return &reconciler{log: d.log, nodeName: d.opts.NodeName, labels: d.opts.NodeLabels, resync: d.opts.Resync,
+		discover: d.discover, agent: d.agent, ledger: d.ledger, current: d.watcher.Current,
+		servedBy: d.servedBy, podsSync: d.reconcilePods, after: d.afterReconcile,
+		reqs: make(chan reconcileRequest), found: map[string]nic.Netdev{}, managed: map[string]agent.Policy{}}
+}
+
+// netdev is what the last discovery found of a netdev.
+func (r *reconciler) netdev(name string) (nic.Netdev, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, ok := r.found[name]
+	return n, ok
+}
+
+// netdevs is every netdev the last discovery found.
+func (r *reconciler) netdevs() map[string]nic.Netdev {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.found)
+}
+
+// isManaged says whether the node agent manages netdev.
+func (r *reconciler) isManaged(netdev string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.managed[netdev]
+	return ok
+}
+
+// managedNetdevs are the netdevs the node agent manages, in order.
+func (r *reconciler) managedNetdevs() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Sorted(maps.Keys(r.managed))
+}
+
+// inForce are the problems of the config in force.
+func (r *reconciler) inForce() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.problems)
+}
 
 type reconcileRequest struct {
 	cfg      *config.Config // a new config; nil: the one in force
@@ -36,7 +115,7 @@ func (d *Daemon) applier(ctx context.Context) func(*config.Config) error {
 			d.log.Info("config not applied: xdpq is being uninstalled")
 			return nil
 		}
-		if err := d.request(ctx, reconcileRequest{cfg: c, discover: true}); err != nil {
+		if err := d.rec.request(ctx, reconcileRequest{cfg: c, discover: true}); err != nil {
 			return err
 		}
 		hadBroken := len(d.ledger.Broken()) > 0
@@ -56,16 +135,16 @@ func (d *Daemon) applier(ctx context.Context) func(*config.Config) error {
 	}
 }
 
-// request has the reconciler run r and waits for the outcome.
-func (d *Daemon) request(ctx context.Context, r reconcileRequest) error {
-	r.done = make(chan error, 1)
+// request has the reconciler run req and waits for the outcome.
+func (r *reconciler) request(ctx context.Context, req reconcileRequest) error {
+	req.done = make(chan error, 1)
 	select {
-	case d.reqs <- r:
+	case r.reqs <- req:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 	select {
-	case err := <-r.done:
+	case err := <-req.done:
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
@@ -75,21 +154,22 @@ func (d *Daemon) request(ctx context.Context, r reconcileRequest) error {
 // syncNetdevs brings the node agent's netdevs in line with the ledger now
 // (a netdev moved into a pod or back).
 func (d *Daemon) syncNetdevs(ctx context.Context) error {
-	return d.request(ctx, reconcileRequest{})
+	return d.rec.request(ctx, reconcileRequest{})
 }
 
-func (d *Daemon) reconcileLoop(ctx context.Context) error {
-	t := time.NewTicker(d.opts.Resync)
+// run is the reconciler's goroutine, until ctx ends.
+func (r *reconciler) run(ctx context.Context) error {
+	t := time.NewTicker(r.resync)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case r := <-d.reqs:
-			r.done <- d.reconcile(ctx, r)
+		case req := <-r.reqs:
+			req.done <- r.reconcile(req)
 		case <-t.C:
-			if err := d.reconcile(ctx, reconcileRequest{discover: true}); err != nil {
-				d.log.Warn("resync", "err", err)
+			if err := r.reconcile(reconcileRequest{discover: true}); err != nil {
+				r.log.Warn("resync", "err", err)
 			}
 		}
 	}
@@ -100,22 +180,22 @@ func (d *Daemon) reconcileLoop(ctx context.Context) error {
 // live allocations' limits and the device plugins. Netdev-level problems
 // (a queue range the netdev lacks, pools that disagree on a netdev) do
 // not refuse the config: they are reported with the pools they concern.
-func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
+func (r *reconciler) reconcile(req reconcileRequest) error {
 	// The config in force is the last one this reconciler applied: the
 	// watcher's Current changes only after apply returns, and a
 	// reconcile in between must not bring the old one back.
-	d.mu.Lock()
-	cfg := r.cfg
+	r.mu.Lock()
+	cfg := req.cfg
 	if cfg == nil {
-		cfg = d.cfg
+		cfg = r.cfg
 	}
+	found := maps.Clone(r.found)
+	r.mu.Unlock()
 	if cfg == nil {
-		cfg = d.watcher.Current()
+		cfg = r.current()
 	}
-	found := maps.Clone(d.found)
-	d.mu.Unlock()
-	if r.discover || len(found) == 0 {
-		list, err := d.discover()
+	if req.discover || len(found) == 0 {
+		list, err := r.discover()
 		if err != nil {
 			return err
 		}
@@ -126,7 +206,7 @@ func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
 	}
 	// A netdev in a pod is not on the node, but still its pool's.
 	inPods := map[string]bool{}
-	for _, att := range d.ledger.Attachments() {
+	for _, att := range r.ledger.Attachments() {
 		if att.Mode != api.ModeNetdev {
 			continue
 		}
@@ -138,18 +218,18 @@ func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
 		}
 	}
 	netdevs := slices.SortedFunc(maps.Values(found), func(a, b nic.Netdev) int { return strings.Compare(a.Name, b.Name) })
-	pools := cfg.ForNode(d.opts.NodeName, d.opts.NodeLabels)
+	pools := cfg.ForNode(r.nodeName, r.labels)
 	res, resolveProblems := config.Resolve(pools, netdevs)
 	lpools, desired, problems := plan(cfg, pools, res, resolveProblems)
-	d.mu.Lock()
-	managed := maps.Clone(d.managed)
-	d.mu.Unlock()
+	r.mu.Lock()
+	managed := maps.Clone(r.managed)
+	r.mu.Unlock()
 	// Queues allocations hold stay managed and kept off RSS whatever the
 	// config says now (a shrink, a pool removed, a range the netdev lacks,
 	// a netdev missing for a moment): their pods still use them. A netdev
 	// the config no longer names keeps the policy it had.
 	held := map[string][]uint32{}
-	for _, a := range d.ledger.Allocations() {
+	for _, a := range r.ledger.Allocations() {
 		held[a.Netdev] = append(held[a.Netdev], a.Queues...)
 	}
 	for name, qs := range held {
@@ -167,26 +247,26 @@ func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
 	for name := range inPods {
 		delete(desired, name)
 	}
-	changes := d.ledger.SetPools(lpools)
-	if p := d.fitFDLimit(lpools); p != "" {
+	changes := r.ledger.SetPools(lpools)
+	if p := r.fitFDLimit(lpools); p != "" {
 		problems = append(problems, p)
 	}
-	for _, p := range d.ledger.Metas() {
-		if _, why := d.servedBy(p); why != "" {
+	for _, p := range r.ledger.Metas() {
+		if _, why := r.servedBy(p); why != "" {
 			problems = append(problems, why)
 		}
 	}
 	for _, p := range changes.Lingering {
-		d.log.Info("pool removed from the config; it goes once its allocations are freed", "pool", p)
+		r.log.Info("pool removed from the config; it goes once its allocations are freed", "pool", p)
 	}
 	// Each reconcile finds them again (a resync, a netdev back from a
 	// pod): a problem is logged when it is new, and in status always.
-	d.mu.Lock()
-	said := d.problems
-	d.mu.Unlock()
+	r.mu.Lock()
+	said := r.problems
+	r.mu.Unlock()
 	for _, p := range problems {
 		if !slices.Contains(said, p) {
-			d.log.Error("config", "problem", p)
+			r.log.Error("config", "problem", p)
 		}
 	}
 
@@ -197,17 +277,17 @@ func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
 		if old, ok := managed[name]; ok && policyEqual(old, pol) {
 			continue
 		}
-		if err := d.agent.Set(name, pol); err != nil {
+		if err := r.agent.Set(name, pol); err != nil {
 			problems = append(problems, err.Error()) // it names the netdev
 			if _, was := managed[name]; !was {
 				if !slices.Contains(said, err.Error()) {
-					d.log.Error("netdev not managed", "netdev", name, "err", err)
+					r.log.Error("netdev not managed", "netdev", name, "err", err)
 				}
 				continue // tried again at the next reconcile
 			}
 			// Managed, with the fields it could apply (status says which
 			// not); tried again when the config changes.
-			d.log.Error("netdev policy not wholly in force", "netdev", name, "err", err)
+			r.log.Error("netdev policy not wholly in force", "netdev", name, "err", err)
 		}
 		if _, was := managed[name]; !was {
 			fresh = append(fresh, name)
@@ -218,28 +298,33 @@ func (d *Daemon) reconcile(ctx context.Context, r reconcileRequest) error {
 		if _, ok := desired[name]; ok {
 			continue
 		}
-		if err := d.agent.Unmanage(name); err != nil {
-			d.log.Warn("unmanage", "netdev", name, "err", err)
+		if err := r.agent.Unmanage(name); err != nil {
+			r.log.Warn("unmanage", "netdev", name, "err", err)
 			problems = append(problems, err.Error()) // it names the netdev
 		}
 		delete(managed, name)
 	}
-	problems = append(problems, d.reconcilePods()...)
-	d.mu.Lock()
-	d.found, d.problems, d.managed = found, problems, managed
-	d.cfg = cfg
-	d.mu.Unlock()
-	// A netdev managed afresh while the daemon runs (back from a pod, a
-	// first Set that failed before, a netdev that came back) takes its
-	// attachments' flows back: those still installed, and again those
-	// that are not.
+	problems = append(problems, r.podsSync()...)
+	r.mu.Lock()
+	r.found, r.problems, r.managed = found, problems, managed
+	r.cfg = cfg
+	r.mu.Unlock()
+	r.after(fresh)
+	return nil
+}
+
+// afterReconcile is what follows each reconcile in the rest of the
+// daemon. A netdev managed afresh while the daemon runs (back from a
+// pod, a first Set that failed before, a netdev that came back) takes its
+// attachments' flows back: those still installed, and again those that
+// are not. The live allocations' limits and the device plugins follow the
+// pools in force.
+func (d *Daemon) afterReconcile(fresh []string) {
 	if len(fresh) > 0 && d.started() {
 		d.syncSteering(true, fresh...)
 	}
-
 	d.updateLimits()
 	d.syncPlugins()
-	return nil
 }
 
 // plan turns the pools in force and what they resolved to on this node

@@ -75,9 +75,7 @@ func (d *Daemon) nodeNetdev(name string) xsk.Netdev {
 		dev.Ifindex = ifindex
 		return dev
 	}
-	d.mu.Lock()
-	n, ok := d.found[name]
-	d.mu.Unlock()
+	n, ok := d.rec.netdev(name)
 	if ok {
 		dev.Ifindex = n.Ifindex
 	}

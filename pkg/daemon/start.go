@@ -3,10 +3,8 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/xdpq/xdpq/pkg/agent"
@@ -31,7 +29,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	for _, a := range d.ledger.Allocations() {
 		recorded[a.ID] = true
 	}
-	if err := d.request(ctx, reconcileRequest{discover: true}); err != nil {
+	if err := d.rec.request(ctx, reconcileRequest{discover: true}); err != nil {
 		return err
 	}
 	rec := d.ledger.Recovery()
@@ -111,9 +109,7 @@ func (d *Daemon) finishUndo(ctx context.Context, att ledger.Attachment) {
 	if att.Mode == api.ModeQueue {
 		// A netdev not managed (yet, at start) has its flows settled by
 		// the next steering sync.
-		d.mu.Lock()
-		_, managed := d.managed[att.Netdev]
-		d.mu.Unlock()
+		managed := d.rec.isManaged(att.Netdev)
 		if err := d.agent.Unsteer(att.Netdev, att.Key()); err != nil && managed {
 			d.log.Error("flows not removed yet; tried again every collection", "netdev", att.Netdev, "attachment", att.Key(), "err", err)
 			d.retryLater(att.Key(), fmt.Errorf("flows on %s not removed yet: %w", att.Netdev, err))
@@ -157,9 +153,7 @@ func (d *Daemon) syncSteering(removeUnowned bool, netdevs ...string) {
 	}
 	removeUnowned = removeUnowned && len(d.ledger.Broken()) == 0
 	if len(netdevs) == 0 {
-		d.mu.Lock()
-		netdevs = slices.Sorted(maps.Keys(d.managed))
-		d.mu.Unlock()
+		netdevs = d.rec.managedNetdevs()
 	}
 	for _, n := range netdevs {
 		if removeUnowned {

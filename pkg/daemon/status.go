@@ -43,21 +43,20 @@ func (d *Daemon) Status(ctx context.Context) (*api.Status, error) {
 			Reason: n.Reason, PolicyError: n.PolicyError, Program: uint32(n.Program), Foreign: n.Foreign,
 			RXQueues: n.RXQueues, Reserved: n.Policy.Reserved, ZeroCopy: n.ZeroCopy, NUMANode: -1}
 	}
-	d.mu.Lock()
+	found := d.rec.netdevs()
 	for i := range s.Netdevs {
-		if dev, ok := d.found[s.Netdevs[i].Netdev]; ok {
+		if dev, ok := found[s.Netdevs[i].Netdev]; ok {
 			s.Netdevs[i].Driver, s.Netdevs[i].PCI, s.Netdevs[i].NUMANode = dev.Driver, dev.PCI, dev.NUMANode
 		}
 	}
-	d.mu.Unlock()
 	// The agent's are in order already, the netdevs in pods after them.
 	slices.SortStableFunc(s.Netdevs, func(a, b api.NetdevStatus) int { return strings.Compare(a.Netdev, b.Netdev) })
 	var problems []string
 	if err := d.watcher.LastError(); err != nil {
 		problems = append(problems, err.Error())
 	}
+	problems = append(problems, d.rec.inForce()...)
 	d.mu.Lock()
-	problems = append(problems, d.problems...)
 	s.Collected = d.collected
 	d.mu.Unlock()
 	s.ConfigError = strings.Join(problems, "; ")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"slices"
 	"time"
 
 	"github.com/xdpq/xdpq/pkg/api"
@@ -78,14 +77,12 @@ func (d *Daemon) uninstall(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	if err := d.request(ctx, reconcileRequest{cfg: &config.Config{}}); err != nil {
+	if err := d.rec.request(ctx, reconcileRequest{cfg: &config.Config{}}); err != nil {
 		errs = append(errs, err)
 	}
 	// With no pool, what is not in force is what could not be removed (a
 	// netdev's program, flows or pins the agent failed to take away).
-	d.mu.Lock()
-	problems := slices.Clone(d.problems)
-	d.mu.Unlock()
+	problems := d.rec.inForce()
 	for _, p := range problems {
 		errs = append(errs, errors.New(p))
 	}
