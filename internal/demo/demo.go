@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -42,7 +43,6 @@ import (
 	"github.com/xdpq/xdpq/internal/handover"
 	"github.com/xdpq/xdpq/internal/perf"
 	"github.com/xdpq/xdpq/internal/testnet"
-	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/daemon"
@@ -174,13 +174,16 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 	}
 	cleanups = append(cleanups, func() error { pod.Kill(); return nil })
 	copied := make(chan struct{})
-	var received uint64 // from xdpqperf's "total qN: rx M tx K" lines
+	var received perf.Totals // from xdpqperf's "total qN" and "drops qN" lines
 	go func() {
 		defer close(copied)
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
 			if t, ok := perf.ParseTotals(sc.Text()); ok {
-				received += t.Received()
+				received.Queues = append(received.Queues, t.Queues...)
+				received.RX = append(received.RX, t.RX...)
+				received.TX = append(received.TX, t.TX...)
+				received.Drops = append(received.Drops, t.Drops...)
 			}
 			say("   pod | %s", sc.Text())
 		}
@@ -246,8 +249,8 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 	say("[5/8] cnitool add %s (%.0f ms): host-local gave the pod %s; xa: %d flow steered (udp %s:5000 -> queues 0,1), %s",
 		network, float64(took.Microseconds())/1000, res.IPs[0].Address, st.Flows, podIP, describe(nsPath, pair.A.Index))
 
-	say("[6/8] the source sends %d-byte UDP frames to %s:5000 on its queues 0 and 1 for %ds; an operator's program takes xa's hook at %ds and leaves at %ds",
-		frameBytes, podIP, seconds, seconds/2-1, seconds/2+1)
+	say("[6/8] the source sends %d-byte UDP frames to %s:5000 on its queues 0 and 1, %d a second each, for %ds; an operator's program takes xa's hook at %ds and leaves at %ds",
+		frameBytes, podIP, sourceRate, seconds, seconds/2-1, seconds/2+1)
 	src, err := newSource(pair, podIP)
 	if err != nil {
 		return err
@@ -255,15 +258,20 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 	defer src.close()
 	var stop atomic.Bool
 	var wg sync.WaitGroup
-	sent := make([]uint64, 2)
+	var sent [2]atomic.Uint64
 	sendErr := make([]error, 2)
 	for i := range 2 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sent[i], sendErr[i] = traffic.Flood(src.socks[i], src.addrs[i], uint32(len(src.frame)), 256, stop.Load)
+			sendErr[i] = src.pace(i, sourceRate, stop.Load, &sent[i])
 		}()
 	}
+	sentNow := func() uint64 { return sent[0].Load() + sent[1].Load() }
+	sendStart := time.Now()
+	// The frames sent while xdpq's program was off the hook: from the
+	// operator's attach to xdpq's return.
+	var offFrom, offTo uint64
 	var operator *ebpf.Program
 	for s := 1; s <= seconds; s++ {
 		select {
@@ -280,6 +288,7 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 				wg.Wait()
 				return err
 			}
+			offFrom = sentNow()
 			cleanups = append(cleanups, operator.Close)
 			// The agent sees it on the netlink notification and steps aside.
 			if err := waitNetdev(d, func(n api.NetdevStatus) bool { return n.State == string(agent.StateOverridden) }); err != nil {
@@ -299,12 +308,14 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 				wg.Wait()
 				return fmt.Errorf("xdpq did not come back after the operator's program left: %w", err)
 			}
+			offTo = sentNow()
 		}
 		st, _ := netdevStatus(d)
 		say("  node | t=%ds xa: %s, state %s, sockets %v, flows %d", s, describe(nsPath, pair.A.Index), st.State, st.Sockets, st.Flows)
 	}
 	stop.Store(true)
 	wg.Wait()
+	sending := time.Since(sendStart)
 	if err := errors.Join(sendErr...); err != nil {
 		return err
 	}
@@ -314,10 +325,14 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 	if err != nil {
 		return fmt.Errorf("pod: %w\n%s", err, podErr.String())
 	}
-	total := sent[0] + sent[1]
-	say("      the source sent %d frames, the pod received %d (%.0f%%): none while the operator's program held the hook,",
-		total, received, 100*float64(received)/float64(max(total, 1)))
-	say("      and the kernel dropped what the pod fell behind on (pod, source and softirq share this machine's cores)")
+	acc := accounting{sent: sentNow(), received: received.Received(), offHook: offTo - offFrom, seconds: sending.Seconds()}
+	acc.rxDropped, acc.ringFull, acc.fillEmpty, acc.invalid = received.Dropped()
+	for _, l := range acc.lines() {
+		say("      %s", l)
+	}
+	if err := acc.check(); err != nil {
+		return err
+	}
 
 	if _, took, err = cni("del"); err != nil {
 		return err
@@ -417,6 +432,106 @@ func setXDP(nsPath string, ifindex, fd int) error {
 		}
 		return nil
 	})
+}
+
+// sourceRate is the frames a second the source sends on each queue: a
+// rate this 2-core class of machine carries with the pod, the source and
+// the softirq sharing its cores, so that what the pod receives is the
+// product's share and not the machine's (make bench measures the
+// rates the machine can take).
+const sourceRate = 100_000
+
+// pace sends the source's frame on queue i's socket at rate frames a
+// second until stop returns true, counting the frames the kernel
+// completed in sent as it goes. The frames still in flight at the end
+// are waited for, up to a second.
+func (s *source) pace(i int, rate float64, stop func() bool, sent *atomic.Uint64) error {
+	sock := s.socks[i]
+	free := slices.Clone(s.addrs[i])
+	comp := make([]uint64, sock.Rings().Completion)
+	descs := make([]xsk.Desc, 0, 256)
+	inflight := 0
+	complete := func() {
+		n := sock.Complete(comp)
+		free = append(free, comp[:n]...)
+		inflight -= n
+		sent.Add(uint64(n))
+	}
+	start := time.Now()
+	var queued uint64
+	for !stop() {
+		complete()
+		due := uint64(rate * time.Since(start).Seconds())
+		if k := min(int(due-min(due, queued)), len(free), cap(descs)); k > 0 {
+			descs = descs[:0]
+			for _, a := range free[len(free)-k:] {
+				descs = append(descs, xsk.Desc{Addr: a, Len: uint32(len(s.frame))})
+			}
+			m, err := sock.Transmit(descs)
+			if err != nil {
+				return err
+			}
+			free = free[:len(free)-m]
+			queued += uint64(m)
+			inflight += m
+		}
+		// In copy mode a kick transmits at most the kernel's TX budget
+		// (32 frames): kick until the ring is drained.
+		for kicks := 0; inflight > 0 && kicks < 64; kicks++ {
+			if err := sock.Kick(); err != nil {
+				return err
+			}
+			complete()
+		}
+		time.Sleep(100 * time.Microsecond) // the pace: a batch per wake-up
+	}
+	for end := time.Now().Add(time.Second); inflight > 0 && time.Now().Before(end); {
+		if err := sock.Kick(); err != nil {
+			return err
+		}
+		complete()
+	}
+	return nil
+}
+
+// accounting is where the source's frames went: received by the pod,
+// dropped by the kernel at its sockets (by reason), sent while xdpq's
+// program was off the hook (the operator's program had it, or xdpq was
+// coming back), and the rest.
+type accounting struct {
+	sent, received, offHook                 uint64
+	rxDropped, ringFull, fillEmpty, invalid uint64
+	seconds                                 float64 // of sending
+}
+
+func (a accounting) dropped() uint64 { return a.rxDropped + a.ringFull + a.fillEmpty + a.invalid }
+
+// rest is what no count explains: frames in flight as the hook changed
+// hands, counted on the wrong side of it (it may be negative).
+func (a accounting) rest() int64 {
+	return int64(a.sent) - int64(a.received) - int64(a.offHook) - int64(a.dropped())
+}
+
+func (a accounting) lines() []string {
+	pct := func(n uint64) float64 { return 100 * float64(n) / float64(max(a.sent, 1)) }
+	return []string{
+		fmt.Sprintf("the source sent %d frames (%.0f a second):", a.sent, float64(a.sent)/a.seconds),
+		fmt.Sprintf("  %10d (%5.1f%%) received by the pod", a.received, pct(a.received)),
+		fmt.Sprintf("  %10d (%5.1f%%) sent while xdpq's program was off xa's hook (the operator's program held it; then xdpq came back)", a.offHook, pct(a.offHook)),
+		fmt.Sprintf("  %10d (%5.1f%%) dropped by the kernel at the pod's sockets: fill ring empty %d, rx ring full %d, other %d, invalid %d",
+			a.dropped(), pct(a.dropped()), a.fillEmpty, a.ringFull, a.rxDropped, a.invalid),
+		fmt.Sprintf("  %10d in flight as the hook changed hands, counted on the other side of it", a.rest()),
+	}
+}
+
+// check says whether the counts add up: what is left is no more than
+// what a few milliseconds of traffic at each change of the hook's holder
+// makes.
+func (a accounting) check() error {
+	if bound := int64(2 * sourceRate / 20); a.rest() > bound || a.rest() < -bound {
+		return fmt.Errorf("the counts do not add up: %d frames unexplained (at most %d expected)", a.rest(), bound)
+	}
+	return nil
 }
 
 // source is the traffic source: one socket per queue on xb, sharing a

@@ -48,6 +48,9 @@ func TestDemo(t *testing.T) {
 		"cnitool del",
 		"no flow, no socket, no lease left",
 		"nothing left behind",
+		"received by the pod",
+		"sent while xdpq's program was off xa's hook",
+		"dropped by the kernel at the pod's sockets: fill ring empty",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("output lacks %q:\n%s", want, s)
@@ -65,5 +68,25 @@ func TestDemo(t *testing.T) {
 	}
 	if !positive["0"] || !positive["1"] {
 		t.Errorf("the pod did not report traffic on both queues:\n%s", s)
+	}
+}
+
+// TestAccounting: the demo's last lines add up, and a count that does not
+// fails it.
+func TestAccounting(t *testing.T) {
+	a := accounting{sent: 1_000_000, received: 790_000, offHook: 200_500, fillEmpty: 8_000, ringFull: 1_000, seconds: 5}
+	if a.rest() != 500 || a.check() != nil {
+		t.Errorf("rest %d, check %v", a.rest(), a.check())
+	}
+	lines := strings.Join(a.lines(), "\n")
+	for _, want := range []string{"the source sent 1000000 frames (200000 a second)", "790000 ( 79.0%) received by the pod",
+		"9000 (  0.9%) dropped by the kernel at the pod's sockets: fill ring empty 8000, rx ring full 1000", "500 in flight"} {
+		if !strings.Contains(lines, want) {
+			t.Errorf("lines lack %q:\n%s", want, lines)
+		}
+	}
+	a.received -= 50_000 // frames lost without a count
+	if err := a.check(); err == nil {
+		t.Errorf("50000 frames unexplained passed the check")
 	}
 }

@@ -56,6 +56,21 @@ type Config struct {
 type Totals struct {
 	Queues []uint32
 	RX, TX []uint64
+	// Drops are the kernel's counters of each queue's socket at the end
+	// (XDP_STATISTICS); nil when they could not be read.
+	Drops []xsk.Statistics
+}
+
+// Dropped is what the kernel dropped of the frames for the queues'
+// sockets, every reason together.
+func (t Totals) Dropped() (rxDropped, ringFull, fillEmpty, invalid uint64) {
+	for _, d := range t.Drops {
+		rxDropped += d.RXDropped
+		ringFull += d.RXRingFull
+		fillEmpty += d.RXFillRingEmptyDescs
+		invalid += d.RXInvalidDescs
+	}
+	return
 }
 
 type counters struct{ rx, tx atomic.Uint64 }
@@ -126,6 +141,16 @@ func Run(ctx context.Context, cfg Config) (Totals, error) {
 	for i := range cs {
 		t.RX = append(t.RX, cs[i].rx.Load())
 		t.TX = append(t.TX, cs[i].tx.Load())
+	}
+	for _, s := range l.Sockets {
+		st, err := s.Statistics()
+		if err != nil {
+			t.Drops = nil // all or none
+			break
+		}
+		t.Drops = append(t.Drops, st)
+	}
+	for i := range cs {
 		if errs[i] != nil {
 			return t, fmt.Errorf("queue %d: %w", l.Queues[i], errs[i])
 		}
@@ -357,15 +382,24 @@ func swapMACs(b []byte) {
 }
 
 // WriteTotals prints t as xdpqperf ends: a line per queue, "total qN: rx
-// M tx K"; ParseTotals reads them back.
+// M tx K", and with the kernel's counters one more, "drops qN:
+// rx-dropped A rx-ring-full B fill-ring-empty C rx-invalid D";
+// ParseTotals reads them back.
 func WriteTotals(w io.Writer, t Totals) {
 	for i, q := range t.Queues {
 		fmt.Fprintf(w, "total q%d: rx %d tx %d\n", q, t.RX[i], t.TX[i])
 	}
+	for i, q := range t.Queues {
+		if i < len(t.Drops) {
+			d := t.Drops[i]
+			fmt.Fprintf(w, "drops q%d: rx-dropped %d rx-ring-full %d fill-ring-empty %d rx-invalid %d\n",
+				q, d.RXDropped, d.RXRingFull, d.RXFillRingEmptyDescs, d.RXInvalidDescs)
+		}
+	}
 }
 
-// ParseTotals reads the totals lines of xdpqperf's output (other lines
-// are skipped); ok is false when there is none.
+// ParseTotals reads the totals and drops lines of xdpqperf's output
+// (other lines are skipped); ok is false when there is none.
 func ParseTotals(out string) (t Totals, ok bool) {
 	for line := range strings.Lines(out) {
 		var q uint32
@@ -373,8 +407,13 @@ func ParseTotals(out string) (t Totals, ok bool) {
 		if _, err := fmt.Sscanf(line, "total q%d: rx %d tx %d", &q, &rx, &tx); err == nil {
 			t.Queues, t.RX, t.TX = append(t.Queues, q), append(t.RX, rx), append(t.TX, tx)
 		}
+		var d xsk.Statistics
+		if _, err := fmt.Sscanf(line, "drops q%d: rx-dropped %d rx-ring-full %d fill-ring-empty %d rx-invalid %d",
+			&q, &d.RXDropped, &d.RXRingFull, &d.RXFillRingEmptyDescs, &d.RXInvalidDescs); err == nil {
+			t.Drops = append(t.Drops, d)
+		}
 	}
-	return t, len(t.Queues) > 0
+	return t, len(t.Queues) > 0 || len(t.Drops) > 0
 }
 
 // Received is the frames received on every queue.

@@ -249,12 +249,14 @@ func TestWholePackets(t *testing.T) {
 // TestTotalsLines: what WriteTotals prints, ParseTotals reads back from
 // among xdpqperf's other lines; output without totals says so.
 func TestTotalsLines(t *testing.T) {
-	want := Totals{Queues: []uint32{2, 5}, RX: []uint64{10, 20}, TX: []uint64{0, 3}}
+	want := Totals{Queues: []uint32{2, 5}, RX: []uint64{10, 20}, TX: []uint64{0, 3},
+		Drops: []xsk.Statistics{{RXDropped: 1, RXRingFull: 2, RXFillRingEmptyDescs: 3, RXInvalidDescs: 4}, {RXFillRingEmptyDescs: 7}}}
 	var b bytes.Buffer
 	b.WriteString("xdpqperf rxdrop: allocation a, xa queues [2 5], copy\n    1s  q2 rx 10 pps\n")
 	WriteTotals(&b, want)
 	got, ok := ParseTotals(b.String())
-	if !ok || !reflect.DeepEqual(got, want) || got.Received() != 30 {
+	if dr, full, empty, inv := got.Dropped(); !ok || !reflect.DeepEqual(got, want) || got.Received() != 30 ||
+		dr != 1 || full != 2 || empty != 10 || inv != 4 {
 		t.Errorf("ParseTotals(%q) = %+v, %v; want %+v", b.String(), got, ok, want)
 	}
 	if _, ok := ParseTotals("xdpqperf: connect: refused\n"); ok {
