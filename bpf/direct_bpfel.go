@@ -8,14 +8,23 @@ import (
 	_ "embed"
 	"fmt"
 	"io"
+	"structs"
 
 	"github.com/cilium/ebpf"
 )
+
+type DirectXdpqCounters struct {
+	_              structs.HostLayout
+	Redirected     uint64
+	Passed         uint64
+	RedirectFailed uint64
+}
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	DirectMapCounters    = "counters"
 	DirectMapXsks        = "xsks"
 	DirectProgXdpqDirect = "xdpq_direct"
 )
@@ -69,7 +78,8 @@ type DirectProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type DirectMapSpecs struct {
-	Xsks *ebpf.MapSpec `ebpf:"xsks"`
+	Counters *ebpf.MapSpec `ebpf:"counters"`
+	Xsks     *ebpf.MapSpec `ebpf:"xsks"`
 }
 
 // DirectVariableSpecs contains global variables before they are loaded into the kernel.
@@ -98,11 +108,13 @@ func (o *DirectObjects) Close() error {
 //
 // It can be passed to LoadDirectObjects or ebpf.CollectionSpec.LoadAndAssign.
 type DirectMaps struct {
-	Xsks *ebpf.Map `ebpf:"xsks"`
+	Counters *ebpf.Map `ebpf:"counters"`
+	Xsks     *ebpf.Map `ebpf:"xsks"`
 }
 
 func (m *DirectMaps) Close() error {
 	return _DirectClose(
+		m.Counters,
 		m.Xsks,
 	)
 }

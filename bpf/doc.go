@@ -10,4 +10,9 @@
 // by bpf2go and committed, so building xdpq needs no clang. Regenerate them
 // with `make generate` (clang-14 from Debian 12). Load and attach them with
 // package github.com/xdpq/xdpq/pkg/xdp rather than through these bindings.
+//
+// direct_v0_bpfel.o is the direct program of earlier versions, before it
+// counted frames; it is not generated. pkg/xdp loads it only to learn its
+// instruction tag, so that a daemon recognises the program an earlier one
+// left attached as xdpq's and replaces it.
 package bpf

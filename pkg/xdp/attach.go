@@ -11,6 +11,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	"github.com/xdpq/xdpq/bpf"
 )
 
 // Mode is where an XDP program runs.
@@ -136,6 +138,11 @@ type Attached struct {
 	// (by name and instruction tag), whoever loaded it; Kind says which.
 	Ours bool
 	Kind Kind
+	// Outdated is true for xdpq's program as an earlier version built it
+	// (the direct program before it counted frames), which a daemon of
+	// that version left attached: Ours, and to be replaced by the
+	// program of its kind as Load gives it now.
+	Outdated bool
 }
 
 // Query reports the XDP program attached to ifindex, or nil for none.
@@ -178,21 +185,36 @@ func Query(netns string, ifindex int) (*Attached, error) {
 	if err != nil {
 		return nil, err
 	}
-	for kind, t := range tags {
-		if t.name == a.Name && t.tag == a.Tag {
-			a.Ours, a.Kind = true, kind
-		}
-	}
+	a.Kind, a.Outdated, a.Ours = tags.lookup(a.Name, a.Tag)
 	return a, nil
 }
 
-type progID struct{ name, tag string }
+type progID struct {
+	name, tag string
+	kind      Kind
+	outdated  bool // an earlier version's build
+}
 
-// ourTags are the names and instruction tags of xdpq's programs. The
-// tag of a spec is not the kernel's until map loads are resolved, so it is
-// read from a copy loaded once. Map sizes do not change it.
-var ourTags = sync.OnceValues(func() (map[Kind]progID, error) {
-	out := map[Kind]progID{}
+// knownPrograms are xdpq's programs, those of this version and of
+// earlier ones, by name and instruction tag.
+type knownPrograms []progID
+
+// lookup tells which of xdpq's programs the one of name and tag is.
+func (k knownPrograms) lookup(name, tag string) (kind Kind, outdated, ok bool) {
+	for _, p := range k {
+		if p.name == name && p.tag == tag {
+			return p.kind, p.outdated, true
+		}
+	}
+	return Kind(-1), false, false
+}
+
+// ourTags are the names and instruction tags of xdpq's programs, of this
+// version and the earlier direct program (bpf.LoadDirectV0). The tag of a
+// spec is not the kernel's until map loads are resolved, so it is read
+// from a copy loaded once. Map sizes do not change it.
+var ourTags = sync.OnceValues(func() (knownPrograms, error) {
+	var out knownPrograms
 	for _, k := range []Kind{Direct, Filter} {
 		p, err := Load(k, LoadOptions{Queues: 1, MaxFlows: 1})
 		if err != nil {
@@ -203,10 +225,38 @@ var ourTags = sync.OnceValues(func() (map[Kind]progID, error) {
 		if err != nil {
 			return nil, fmt.Errorf("learn the tag of the %v program: %w", k, err)
 		}
-		out[k] = progID{info.Name, info.Tag}
+		out = append(out, progID{info.Name, info.Tag, k, false})
 	}
-	return out, nil
+	v0, err := loadDirectV0()
+	if err != nil {
+		return nil, fmt.Errorf("learn the tag of the earlier direct program: %w", err)
+	}
+	info, err := v0.Info()
+	_ = v0.Close() // a copy loaded for its tag, never attached or pinned
+	if err != nil {
+		return nil, fmt.Errorf("learn the tag of the earlier direct program: %w", err)
+	}
+	return append(out, progID{info.Name, info.Tag, Direct, true}), nil
 })
+
+// loadDirectV0 loads the direct program of earlier versions (without
+// BPF_F_XDP_HAS_FRAGS: the tag is the instructions' alone).
+func loadDirectV0() (*ebpf.Program, error) {
+	cs, err := bpf.LoadDirectV0()
+	if err != nil {
+		return nil, err
+	}
+	for _, ps := range cs.Programs {
+		ps.Flags &^= unix.BPF_F_XDP_HAS_FRAGS
+	}
+	cs.Maps["xsks"].Key, cs.Maps["xsks"].Value = nil, nil
+	coll, err := ebpf.NewCollection(cs)
+	if err != nil {
+		return nil, err
+	}
+	defer coll.Close()
+	return coll.DetachProgram(DirectName), nil
+}
 
 func inNetNS(path string, f func() error) error {
 	if path == "" {

@@ -80,7 +80,7 @@ type Program struct {
 	prog     *ebpf.Program
 	xsks     *ebpf.Map
 	flows    *ebpf.Map // Filter only
-	counters *ebpf.Map // Filter only
+	counters *ebpf.Map // nil only for an earlier version's direct program (Open)
 	pinDir   string    // where the maps are pinned, if they are
 }
 
@@ -111,11 +111,10 @@ var ErrPinsIncompatible = errors.New("pinned maps do not fit the program")
 // by a restarted process shares the XSKMAP (and the sockets in it), the
 // flows and the counters of the one loaded before.
 //
-// Both kinds have the same XSKMAP, so a pinned XSKMAP is taken whichever
-// kind pinned it: a netdev whose program changes kind keeps its sockets.
-// The filter program takes the pinned flow and counter maps as a pair (a
-// lone one is replaced); the direct program has neither, so their pins are
-// removed.
+// Both kinds have the same XSKMAP and counter map, so those pins are taken
+// whichever kind pinned them: a netdev whose program changes kind keeps
+// its sockets and its counts. The filter program takes the pinned flow
+// map; the direct program has none, so its pin is removed.
 func LoadPinned(kind Kind, dir string, opts LoadOptions) (*Program, error) {
 	names := []string{"xsks", "flows", "counters"}
 	pinned := map[string]*ebpf.Map{}
@@ -134,15 +133,11 @@ func LoadPinned(kind Kind, dir string, opts LoadOptions) (*Program, error) {
 		}
 		pinned[n] = m
 	}
-	if kind == Direct || pinned["flows"] == nil || pinned["counters"] == nil {
-		for _, n := range []string{"flows", "counters"} {
-			if m := pinned[n]; m != nil {
-				_ = m.Close() // a handle on a kernel object: closing drops our reference only; its pin is removed next
-				delete(pinned, n)
-				if err := os.Remove(filepath.Join(dir, n)); err != nil {
-					return nil, fmt.Errorf("remove the pin of the unused %s map: %w", n, err)
-				}
-			}
+	if m := pinned["flows"]; m != nil && kind == Direct {
+		_ = m.Close() // a handle on a kernel object: closing drops our reference only; its pin is removed next
+		delete(pinned, "flows")
+		if err := os.Remove(filepath.Join(dir, "flows")); err != nil {
+			return nil, fmt.Errorf("remove the pin of the unused flows map: %w", err)
 		}
 	}
 	p, err := load(kind, opts, pinned)
@@ -160,13 +155,13 @@ func LoadPinned(kind Kind, dir string, opts LoadOptions) (*Program, error) {
 }
 
 // LoadWith loads the program of the given kind on the maps given by name
-// ("xsks", and for the filter program "flows" and "counters"), creating
-// the others. Loading the other kind on a program's XSKMAP gives a program
+// ("xsks", "counters", and for the filter program "flows"), creating the
+// others. Loading the other kind on a program's XSKMAP gives a program
 // that can replace it on the netdev (see Replace) without a socket
-// noticing.
+// noticing; on its counter map too, the counts go on.
 func LoadWith(kind Kind, opts LoadOptions, maps map[string]*ebpf.Map) (*Program, error) {
 	for n := range maps {
-		if n != "xsks" && (kind != Filter || n != "flows" && n != "counters") {
+		if n != "xsks" && n != "counters" && (kind != Filter || n != "flows") {
 			return nil, fmt.Errorf("load %s program: it has no %s map", kind, n)
 		}
 	}
@@ -181,7 +176,8 @@ func LoadWith(kind Kind, opts LoadOptions, maps map[string]*ebpf.Map) (*Program,
 // as a Program: a process that lost the pins of a program still attached
 // to a netdev (bpffs not persisted, another pin directory) takes it back
 // this way and pins its maps again. A program that is not xdpq's (by name
-// and instruction tag) is an error.
+// and instruction tag) is an error. The direct program of an earlier
+// version (Attached.Outdated) has no counter map: Counters fails.
 func Open(id ebpf.ProgramID) (*Program, error) {
 	prog, err := ebpf.NewProgramFromID(id)
 	if err != nil {
@@ -202,12 +198,7 @@ func Open(id ebpf.ProgramID) (*Program, error) {
 	if err != nil {
 		return nil, err
 	}
-	kind, found := Kind(-1), false
-	for k, t := range tags {
-		if t.name == info.Name && t.tag == info.Tag {
-			kind, found = k, true
-		}
-	}
+	kind, _, found := tags.lookup(info.Name, info.Tag)
 	if !found {
 		return nil, fmt.Errorf("open program %d: %q (tag %s) is not an xdpq program", id, info.Name, info.Tag)
 	}
@@ -259,8 +250,8 @@ func load(kind Kind, opts LoadOptions, replace map[string]*ebpf.Map) (*Program, 
 	// cilium/ebpf tries again without. Without BTF from the start, a
 	// program loads in 1 ms instead of 14: it counts on 64 netdevs.
 	cs.Maps["xsks"].Key, cs.Maps["xsks"].Value = nil, nil
+	cs.Maps["counters"].MaxEntries = uint32(opts.Queues)
 	if kind == Filter {
-		cs.Maps["counters"].MaxEntries = uint32(opts.Queues)
 		if opts.MaxFlows > 0 {
 			cs.Maps["flows"].MaxEntries = uint32(opts.MaxFlows)
 		}
@@ -292,6 +283,10 @@ func (p *Program) Prog() *ebpf.Program { return p.prog }
 
 // XSKMap returns the program's XSKMAP (queue index to socket).
 func (p *Program) XSKMap() *ebpf.Map { return p.xsks }
+
+// CounterMap returns the program's per-queue counters (nil for an earlier
+// version's direct program), to load the other kind on (LoadWith).
+func (p *Program) CounterMap() *ebpf.Map { return p.counters }
 
 // SetSocket puts the AF_XDP socket fd at the queue's slot of the XSKMAP;
 // from then on frames the program redirects on that queue go to it.
@@ -410,12 +405,22 @@ func (p *Program) DeleteFlow(f Flow) error {
 	return nil
 }
 
-// Counters are the filter program's per-queue counters, summed over CPUs.
+// Counters are a program's per-queue counters, summed over CPUs.
 type Counters struct {
-	Redirected     uint64 // flow matched, frame handed to the socket
-	Passed         uint64 // no flow matched, frame given to the kernel
-	RedirectFailed uint64 // flow matched, but the queue had no socket
+	// Redirected frames were handed to the queue's socket (the filter:
+	// of a flow in its map).
+	Redirected uint64
+	// Passed frames were given to the kernel: the filter's matched no
+	// flow, the direct program's arrived on a queue without a socket.
+	Passed uint64
+	// RedirectFailed frames (the filter's only) matched a flow of a
+	// queue that had no socket; they went to the kernel too.
+	RedirectFailed uint64
 }
+
+// Both programs count in the same layout: a conversion compiles only
+// while their generated types are the same.
+var _ = bpf.FilterXdpqCounters(bpf.DirectXdpqCounters{})
 
 // Counters returns the queue's counters.
 func (p *Program) Counters(queue uint32) (Counters, error) {
@@ -436,8 +441,8 @@ func (p *Program) Counters(queue uint32) (Counters, error) {
 }
 
 // Pin pins the program's maps in dir (on a bpffs), creating it: the
-// XSKMAP as dir/xsks, and for the filter program dir/flows and
-// dir/counters. Another program (an operator's own) can redirect into a
+// XSKMAP as dir/xsks, the counters as dir/counters, and the filter
+// program's flows as dir/flows. Another program (an operator's own) can redirect into a
 // pinned XSKMAP. A pin that is there already is kept when it is the same
 // map, and is an error when it is another.
 func (p *Program) Pin(dir string) error {
@@ -494,7 +499,10 @@ func mapID(m *ebpf.Map) (ebpf.MapID, error) {
 func (p *Program) maps() map[string]*ebpf.Map {
 	out := map[string]*ebpf.Map{"xsks": p.xsks}
 	if p.flows != nil {
-		out["flows"], out["counters"] = p.flows, p.counters
+		out["flows"] = p.flows
+	}
+	if p.counters != nil {
+		out["counters"] = p.counters
 	}
 	return out
 }

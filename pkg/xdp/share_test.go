@@ -48,9 +48,10 @@ func mapID(t *testing.T, m *ebpf.Map) ebpf.MapID {
 	return id
 }
 
-// TestLoadPinnedAcrossKinds: the XSKMAP a direct program pinned is taken
-// by a filter program loaded on the same pins, and back; the filter's own
-// maps are pinned while it is the kind, and their pins go with it.
+// TestLoadPinnedAcrossKinds: the XSKMAP and the counters a direct program
+// pinned are taken by a filter program loaded on the same pins, and back;
+// the filter's flow map is pinned while it is the kind, and its pin goes
+// with it.
 func TestLoadPinnedAcrossKinds(t *testing.T) {
 	testnet.RequireRoot(t)
 	pins := filepath.Join(bpffsDir(t), "xa")
@@ -69,6 +70,10 @@ func TestLoadPinnedAcrossKinds(t *testing.T) {
 	if got := mapID(t, filter.XSKMap()); got != xsks {
 		t.Fatalf("filter on the direct program's pins: xskmap %d, want %d", got, xsks)
 	}
+	counters := mapID(t, direct.CounterMap())
+	if got := mapID(t, filter.CounterMap()); got != counters {
+		t.Fatalf("filter on the direct program's pins: counters %d, want %d", got, counters)
+	}
 	for _, n := range []string{"flows", "counters"} {
 		if _, err := os.Stat(filepath.Join(pins, n)); err != nil {
 			t.Errorf("filter's %s not pinned: %v", n, err)
@@ -82,10 +87,11 @@ func TestLoadPinnedAcrossKinds(t *testing.T) {
 	if got := mapID(t, again.XSKMap()); got != xsks {
 		t.Fatalf("direct again: xskmap %d, want %d", got, xsks)
 	}
-	for _, n := range []string{"flows", "counters"} {
-		if _, err := os.Stat(filepath.Join(pins, n)); !os.IsNotExist(err) {
-			t.Errorf("the direct program left the %s pin: %v", n, err)
-		}
+	if got := mapID(t, again.CounterMap()); got != counters {
+		t.Fatalf("direct again: counters %d, want %d", got, counters)
+	}
+	if _, err := os.Stat(filepath.Join(pins, "flows")); !os.IsNotExist(err) {
+		t.Errorf("the direct program left the flows pin: %v", err)
 	}
 	if _, err := xdp.LoadPinned(xdp.Direct, pins, xdp.LoadOptions{Queues: 8}); !errors.Is(err, xdp.ErrPinsIncompatible) {
 		t.Errorf("pins sized for 4 queues loaded for 8: %v", err)
