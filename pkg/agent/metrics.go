@@ -23,7 +23,7 @@ var (
 		"Flows xdpq steers on the netdev: ntuple rules it owns (hardware) or flow map entries (software).",
 		[]string{"netdev", "steering"}, nil)
 	packetsDesc = prometheus.NewDesc("xdpq_agent_program_packets_total",
-		"Frames the filter program saw, per queue and result: redirected to the socket, passed to the kernel, or redirect_failed (the flow's queue had no socket).",
+		"Frames xdpq's program saw, per queue and result: redirected to the queue's socket; passed to the kernel (the filter program: no flow matched; the direct program: the queue had no socket); redirect_failed (the filter program's only: a flow matched but its queue had no socket).",
 		[]string{"netdev", "queue", "result"}, nil)
 	reattachDesc = prometheus.NewDesc("xdpq_agent_reattach_duration_seconds",
 		"Re-attaches of xdpq's program after a foreign program left the netdev, and how long each took: from the reconcile that found the hook free (on the link notification) to the program attached.",
@@ -71,7 +71,8 @@ var (
 )
 
 // Collector returns a Prometheus collector of the agent's state. It reads
-// the agent's report and the filter programs' counters at scrape time.
+// the agent's report and the programs' per-queue counters (direct and
+// filter alike) at scrape time.
 func (a *Agent) Collector() prometheus.Collector { return collector{a, nil} }
 
 // CollectorAs is Collector with each netdev reported as name returns: an
@@ -98,7 +99,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		queues int
 		prog   *xdp.Program
 	}
-	var filters []counted
+	var progs []counted
 	// Made under the lock, sent after it: the registry reads ch at its
 	// own pace.
 	var out []prometheus.Metric
@@ -119,20 +120,18 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		out = append(out, prometheus.MustNewConstMetric(socketsDesc, prometheus.GaugeValue, float64(len(d.status.Sockets)), name),
 			prometheus.MustNewConstMetric(flowsDesc, prometheus.GaugeValue, float64(d.flows), name, string(d.steerMode)),
 			prometheus.MustNewConstHistogram(reattachDesc, d.reattach.count, d.reattach.sum, d.reattach.cumulative(), name))
-		if d.kind == xdp.Filter {
-			filters = append(filters, counted{name, d.queues, d.prog})
-		}
+		progs = append(progs, counted{name, d.queues, d.prog})
 	}
 	c.a.mu.Unlock()
 	for _, m := range out {
 		ch <- m
 	}
 	// The counters are read outside the lock: a map lookup per queue.
-	for _, f := range filters {
+	for _, f := range progs {
 		for q := range f.queues {
 			cnt, err := f.prog.Counters(uint32(q))
 			if err != nil {
-				continue // the program was closed by Unmanage meanwhile
+				break // the program was closed by Unmanage meanwhile
 			}
 			queue := strconv.Itoa(q)
 			ch <- prometheus.MustNewConstMetric(packetsDesc, prometheus.CounterValue, float64(cnt.Redirected), f.name, queue, "redirected")

@@ -72,7 +72,7 @@ xdpq_agent_reattach_duration_seconds_count{netdev="xa"} 0
 # HELP xdpq_agent_steered_flows Flows xdpq steers on the netdev: ntuple rules it owns (hardware) or flow map entries (software).
 # TYPE xdpq_agent_steered_flows gauge
 xdpq_agent_steered_flows{netdev="xa",steering="software"} 1
-# HELP xdpq_agent_program_packets_total Frames the filter program saw, per queue and result: redirected to the socket, passed to the kernel, or redirect_failed (the flow's queue had no socket).
+# HELP xdpq_agent_program_packets_total Frames xdpq's program saw, per queue and result: redirected to the queue's socket; passed to the kernel (the filter program: no flow matched; the direct program: the queue had no socket); redirect_failed (the filter program's only: a flow matched but its queue had no socket).
 # TYPE xdpq_agent_program_packets_total counter
 xdpq_agent_program_packets_total{netdev="xa",queue="0",result="passed"} 0
 xdpq_agent_program_packets_total{netdev="xa",queue="0",result="redirect_failed"} 0

@@ -120,8 +120,9 @@ func TestLingerPerPolicy(t *testing.T) {
 // TestSetSteeringInPlace: on a veth, hardware steering (the direct
 // program) becomes software steering (the filter program) and back while a
 // socket receives: the program is replaced in one step (no notification
-// shows the hook empty), on the same XSKMAP, without adding the socket
-// again. A change the NIC cannot do is refused, and nothing changes.
+// shows the hook empty), on the same XSKMAP and counters, without adding
+// the socket again. A change the NIC cannot do is refused, and nothing
+// changes.
 func TestSetSteeringInPlace(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	pins := pinDir(t)
@@ -139,6 +140,7 @@ func TestSetSteeringInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	xsks := pinnedMapID(t, filepath.Join(pins, "xa", "xsks"))
+	counters := pinnedMapID(t, filepath.Join(pins, "xa", "counters"))
 	updates := linkUpdates(t, p)
 	noGap := func(id uint32) {
 		if id == 0 {
@@ -156,6 +158,9 @@ func TestSetSteeringInPlace(t *testing.T) {
 	nextXDP(t, updates, p.A.Index, 5*time.Second, func(id uint32) bool { return id == uint32(st.Program) }, noGap)
 	if got := pinnedMapID(t, filepath.Join(pins, "xa", "xsks")); got != xsks {
 		t.Fatalf("xskmap %d pinned after the change, want %d", got, xsks)
+	}
+	if got := pinnedMapID(t, filepath.Join(pins, "xa", "counters")); got != counters {
+		t.Fatalf("counters %d pinned after the change, want the direct program's %d", got, counters)
 	}
 	flow := agent.Flow{Protocol: xdp.UDP, Dst: host(p.A.Addr.String()), DstPort: 5000, Queues: []uint32{0}}
 	if err := a.Steer("xa", "pod-a", []agent.Flow{flow}); err != nil {
@@ -192,13 +197,23 @@ func TestSetSteeringInPlace(t *testing.T) {
 		t.Fatalf("back to hardware: %+v", st)
 	}
 	nextXDP(t, updates, p.A.Index, 5*time.Second, func(id uint32) bool { return id == uint32(st.Program) }, noGap)
-	for _, n := range []string{"flows", "counters"} {
-		if _, err := os.Stat(filepath.Join(pins, "xa", n)); !os.IsNotExist(err) {
-			t.Errorf("the filter's %s is still pinned: %v", n, err)
-		}
+	if _, err := os.Stat(filepath.Join(pins, "xa", "flows")); !os.IsNotExist(err) {
+		t.Errorf("the filter's flows are still pinned: %v", err)
+	}
+	if got := pinnedMapID(t, filepath.Join(pins, "xa", "counters")); got != counters {
+		t.Errorf("counters %d pinned back in hardware steering, want %d", got, counters)
 	}
 	if err := r0.Expect(send.UDP(20), time.Now().Add(5*time.Second)); err != nil {
 		t.Fatal(err)
+	}
+	// Queue 0's count went on through both programs: 20 frames each
+	// time the socket received (the filter's had pod-a's flow).
+	prog, err := a.Program("xa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := prog.Counters(0); err != nil || c.Redirected != 80 {
+		t.Errorf("queue 0 counters %+v (%v), want 80 redirected", c, err)
 	}
 }
 

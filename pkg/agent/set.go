@@ -288,9 +288,9 @@ func (a *Agent) adoptAttached(d *netdev, att *xdp.Attached, opts xdp.LoadOptions
 		return fmt.Errorf("its xskmap has %d entries, the netdev %d queues", info.MaxEntries, d.queues)
 	}
 	p := prev
-	if prev.Kind() != d.kind {
+	if prev.Kind() != d.kind || att.Outdated {
 		// settleAttached replaces the attached program with this one.
-		p, err = xdp.LoadWith(d.kind, opts, map[string]*ebpf.Map{"xsks": prev.XSKMap()})
+		p, err = xdp.LoadWith(d.kind, opts, sharedMaps(prev))
 		_ = prev.Close() // p holds the XSKMAP now; the rest stays attached
 		if err != nil {
 			return err
@@ -306,10 +306,22 @@ func (a *Agent) adoptAttached(d *netdev, att *xdp.Attached, opts xdp.LoadOptions
 	return nil
 }
 
+// sharedMaps are the maps of p that a program of either kind takes on
+// (LoadWith): the XSKMAP and the counters.
+func sharedMaps(p *xdp.Program) map[string]*ebpf.Map {
+	m := map[string]*ebpf.Map{"xsks": p.XSKMap()}
+	if c := p.CounterMap(); c != nil {
+		m["counters"] = c
+	}
+	return m
+}
+
 // settleAttached brings an xdpq program attached on the netdev's XSKMAP
-// (a predecessor's) to the policy: of the other kind, it is replaced in
-// one step; in another mode than the policy's, or through netlink where
-// the policy is exclusive, it is detached for reconcile to attach again.
+// (a predecessor's) to the policy: of the other kind, or an earlier
+// version's build (the direct program before it counted), it is replaced
+// in one step; in another mode than the policy's, or through netlink
+// where the policy is exclusive, it is detached for reconcile to attach
+// again.
 func (a *Agent) settleAttached(d *netdev) {
 	att, err := a.cfg.Hook.Query(a.cfg.NetNS, d.ifindex)
 	if err != nil || att == nil || !att.Ours {
@@ -323,7 +335,7 @@ func (a *Agent) settleAttached(d *netdev) {
 	if uses, err := xdp.UsesMap(prog, d.prog.XSKMap()); err != nil || !uses {
 		return // another agent's, or a foreign copy: reconcile reports it
 	}
-	if att.Kind != d.kind {
+	if att.Kind != d.kind || att.Outdated {
 		if d.link != nil {
 			err = d.link.Update(d.prog.Prog())
 		} else {
@@ -333,8 +345,8 @@ func (a *Agent) settleAttached(d *netdev) {
 			a.log.Warn("cannot replace the attached program of the other kind", "netdev", d.name, "program", att.ID, "err", err)
 			return
 		}
-		a.log.Info("replaced the attached program of the other kind on the same xskmap", "netdev", d.name,
-			"program", att.ID, "was", att.Kind, "now", d.kind)
+		a.log.Info("replaced the attached program on the same xskmap", "netdev", d.name,
+			"program", att.ID, "was", att.Kind, "outdated", att.Outdated, "now", d.kind)
 		d.running = d.prog.Prog()
 	} else {
 		d.running = prog
@@ -530,11 +542,12 @@ func (a *Agent) switchSteering(d *netdev, to Steering, p Policy) error {
 		}
 	}
 	kind := kindOf(to)
-	np, err := xdp.LoadWith(kind, xdp.LoadOptions{Queues: d.queues}, map[string]*ebpf.Map{"xsks": d.prog.XSKMap()})
+	np, err := xdp.LoadWith(kind, xdp.LoadOptions{Queues: d.queues}, sharedMaps(d.prog))
 	if err != nil {
 		return err
 	}
-	// The XSKMAP is pinned there already; the filter's own maps join it.
+	// The XSKMAP and the counters are pinned there already; the filter's
+	// flow map joins them.
 	err = np.Pin(d.pins)
 	next := &steering{mode: to, dev: a.nic, ifname: d.name, rules: p.Rules, prog: np, queues: d.queues,
 		owners: map[string][]installed{}}
@@ -546,10 +559,8 @@ func (a *Agent) switchSteering(d *netdev, to Steering, p Policy) error {
 			errs = append(errs, next.removeOwner(o))
 		}
 		if kind == xdp.Filter {
-			for _, n := range []string{"flows", "counters"} {
-				if err := os.Remove(filepath.Join(d.pins, n)); err != nil && !errors.Is(err, os.ErrNotExist) {
-					errs = append(errs, fmt.Errorf("undo: %w", err))
-				}
+			if err := os.Remove(filepath.Join(d.pins, "flows")); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("undo: %w", err))
 			}
 		}
 		_ = np.Close() // unpinned or removed above: nothing else holds it
@@ -604,12 +615,8 @@ func (a *Agent) switchSteering(d *netdev, to Steering, p Policy) error {
 			warn = append(warn, from.removeOwner(o))
 		}
 		warn = append(warn, restoreRSS(a.nic, d.name, a.rssFile(d.name)))
-	} else {
-		for _, n := range []string{"flows", "counters"} {
-			if err := os.Remove(filepath.Join(d.pins, n)); err != nil && !os.IsNotExist(err) {
-				warn = append(warn, err)
-			}
-		}
+	} else if err := os.Remove(filepath.Join(d.pins, "flows")); err != nil && !os.IsNotExist(err) {
+		warn = append(warn, err)
 	}
 	if err := errors.Join(warn...); err != nil {
 		a.log.Warn("remove the old steering", "netdev", d.name, "steering", from.mode, "err", err)
