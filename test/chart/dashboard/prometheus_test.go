@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,6 +49,10 @@ const (
 	// rateWindow is $__rate_interval for a 1s scrape and a 1s step:
 	// Grafana's max(4 * scrape interval, step + scrape interval).
 	rateWindow = "4s"
+	// downNode is the node label of a target where no daemon answers.
+	downNode = "xdpq-down-node"
+	// rulesFile is the chart's alerts.
+	rulesFile = "../../../charts/xdpq/files/xdpq.rules.yaml"
 	// config is the daemon's: one software-steered pool of xa's two
 	// queues (veth has no ntuple filters).
 	config = "pools: [{name: rx, steering: software, devices: {netdevs: ['xa#0-1']}}]\n"
@@ -67,6 +72,15 @@ const (
 // queue losing (fill ring empty, then rx ring full) and the drained one
 // not, the state panel Filter and Overridden, the config panel
 // refused and in force. The node variable's query lists the node.
+//
+// Prometheus also evaluates the chart's alerts (each one's "for" cut to a
+// second): XdpqNetdevOverridden fires while the operator's program holds
+// the hook, its description naming the netdev, the node and what to do,
+// and resolves when xdpq is back; XdpqConfigRefused fires for the refused
+// config and resolves with the good one; XdpqQueueFillRingEmpty and
+// XdpqQueueRxRingFull fire for the queue whose pod reads nothing and
+// never for the reading pod's; XdpqDaemonDown fires for a second target
+// where no daemon answers and not for the daemon that does.
 func TestDashboardOnPrometheus(t *testing.T) {
 	promBin := testnet.RequireTool(t, "prometheus", "prometheus")
 	pair := testnet.NewPair(t, 2)
@@ -130,11 +144,19 @@ func TestDashboardOnPrometheus(t *testing.T) {
 	defer operator.Close()
 	waitNetdev(t, d, func(n api.NetdevStatus) bool { return n.State == "Overridden" })
 	prom.waitFor(t, `xdpq_agent_netdev_state{netdev="xa", state="Overridden"} == 1`)
+	// Its alert fires (its "for" a second here), saying what to do about
+	// this netdev on this node.
+	prom.waitFor(t, firing("XdpqNetdevOverridden", `netdev="xa", node="`+testNode+`"`))
+	if desc := prom.alertDescription(t, "XdpqNetdevOverridden"); !strings.Contains(desc, "ip link set dev xa xdp off") ||
+		!strings.Contains(desc, "kubectl xdpq status "+testNode) {
+		t.Errorf("XdpqNetdevOverridden's description: %s", desc)
+	}
 	if err := demo.DetachOperator(pair.NSPath(), pair.A.Index); err != nil {
 		t.Fatal(err)
 	}
 	waitNetdev(t, d, func(n api.NetdevStatus) bool { return n.State == "Filter" })
 	prom.waitFor(t, `xdpq_agent_reattach_duration_seconds_count{netdev="xa"} == 1`)
+	prom.waitGone(t, `ALERTS{alertname="XdpqNetdevOverridden"}`) // resolved
 
 	// A config the daemon refuses, then the good one back.
 	cfg := filepath.Join(dir, "config.yaml")
@@ -145,12 +167,18 @@ func TestDashboardOnPrometheus(t *testing.T) {
 		t.Fatal("an invalid config was put in force")
 	}
 	prom.waitFor(t, `xdpq_config_last_reload_successful == 0`)
+	prom.waitFor(t, firing("XdpqConfigRefused", `node="`+testNode+`"`))
 	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Reload(ctx); err != nil {
 		t.Fatal(err)
 	}
+	prom.waitGone(t, `ALERTS{alertname="XdpqConfigRefused"}`)
+	// The node whose daemon does not answer: its alert fires, the
+	// daemon that answers has none.
+	prom.waitFor(t, firing("XdpqDaemonDown", `node="`+downNode+`"`))
+	prom.waitGone(t, `ALERTS{alertname="XdpqDaemonDown", node="`+testNode+`"}`)
 
 	// Frames flow to both pods' queues, until the test ends.
 	sendFrames(t, pair, [2]uint32{reading, stopped})
@@ -162,6 +190,10 @@ func TestDashboardOnPrometheus(t *testing.T) {
 	if n := lease.Sockets[0].Fill(lease.SpareFrames(0)); n != len(lease.SpareFrames(0)) {
 		t.Fatalf("the fill ring took %d of %d spare frames", n, len(lease.SpareFrames(0)))
 	}
+	// The losing queue's alerts fire; the reading pod's queue has none.
+	prom.waitFor(t, firing("XdpqQueueFillRingEmpty", fmt.Sprintf(`netdev="xa", queue="%d"`, stopped)))
+	prom.waitFor(t, firing("XdpqQueueRxRingFull", fmt.Sprintf(`netdev="xa", queue="%d"`, stopped)))
+	prom.waitGone(t, fmt.Sprintf(`ALERTS{alertname=~"XdpqQueue.+", queue="%d"}`, reading))
 
 	// The panels, as Grafana would ask for them with node chosen.
 	panels := readPanels(t)
@@ -477,13 +509,34 @@ type promServer struct {
 func startPrometheus(t *testing.T, bin, addr string) *promServer {
 	t.Helper()
 	dir := t.TempDir()
+	// The chart's alerts, each one's "for" cut to a second; and a second
+	// target where no daemon answers, a node whose daemon is down.
+	rules, err := os.ReadFile(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules = regexp.MustCompile(`(?m)^(\s+for:) \d+m$`).ReplaceAll(rules, []byte("$1 1s"))
+	if err := os.WriteFile(filepath.Join(dir, "rules.yaml"), rules, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	down, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	downAddr := down.Addr().String()
+	if err := down.Close(); err != nil { // nothing answers there now
+		t.Fatal(err)
+	}
 	cfg := fmt.Sprintf(`global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}
+rule_files: [%q]
 scrape_configs:
   - job_name: %s
     static_configs:
       - targets: [%q]
         labels: {node: %s}
-`, job, addr, testNode)
+      - targets: [%q]
+        labels: {node: %s}
+`, filepath.Join(dir, "rules.yaml"), job, addr, testNode, downAddr, downNode)
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -598,18 +651,61 @@ func (p *promServer) queryRange(t *testing.T, expr string, from, to time.Time) [
 // Prometheus scrapes each second and tells no one: polled.
 func (p *promServer) waitFor(t *testing.T, expr string) {
 	t.Helper()
+	p.waitUntil(t, expr, true)
+}
+
+// waitGone waits until expr returns no series.
+func (p *promServer) waitGone(t *testing.T, expr string) {
+	t.Helper()
+	p.waitUntil(t, expr, false)
+}
+
+func (p *promServer) waitUntil(t *testing.T, expr string, some bool) {
+	t.Helper()
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		var data struct {
 			Result []json.RawMessage `json:"result"`
 		}
 		p.get(t, "/api/v1/query", url.Values{"query": {expr}}, &data)
-		if len(data.Result) > 0 {
+		if (len(data.Result) > 0) == some {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("Prometheus has no series for %s", expr)
+			if some {
+				t.Fatalf("Prometheus has no series for %s", expr)
+			}
+			t.Fatalf("Prometheus still has series for %s: %s", expr, data.Result)
 		}
 	}
+}
+
+// firing is the query of alert's firing instances with labels.
+func firing(alert, labels string) string {
+	if labels != "" {
+		labels = ", " + labels
+	}
+	return fmt.Sprintf(`ALERTS{alertname=%q, alertstate="firing"%s}`, alert, labels)
+}
+
+// alertDescription is the description Prometheus rendered for alert's
+// firing instance with the label netdev (or any, with "").
+func (p *promServer) alertDescription(t *testing.T, alert string) string {
+	t.Helper()
+	var data struct {
+		Alerts []struct {
+			Labels      map[string]string `json:"labels"`
+			Annotations map[string]string `json:"annotations"`
+			State       string            `json:"state"`
+		} `json:"alerts"`
+	}
+	p.get(t, "/api/v1/alerts", url.Values{}, &data)
+	for _, a := range data.Alerts {
+		if a.Labels["alertname"] == alert && a.State == "firing" {
+			return a.Annotations["description"]
+		}
+	}
+	t.Fatalf("alert %s is not firing", alert)
+	return ""
 }
 
 func unix(t time.Time) string { return strconv.FormatFloat(float64(t.UnixNano())/1e9, 'f', 3, 64) }
