@@ -4,9 +4,11 @@
 //	kubectl xdpq status [NODE...]        # per node and netdev: XDP program state, mode, queues, pools, ready, config
 //	kubectl xdpq pods [-A | -n NS]       # which pod holds which queues and flows
 //	kubectl xdpq describe node NAME      # everything xdpq reports of a node
+//	kubectl xdpq top [NODE...]           # live: per pod and queue, frames received and lost per second
 //
 // with kubectl's connection flags (--kubeconfig, --context, -n, ...) and
-// -o json|yaml|wide. It reads the XdpqNode objects xdpq's daemons write.
+// -o json|yaml|wide. It reads the XdpqNode objects xdpq's daemons write,
+// and for top the daemons' /metrics through the API server's pod proxy.
 package main
 
 import (

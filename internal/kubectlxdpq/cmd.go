@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
@@ -40,7 +43,7 @@ func (o *options) client() (*Client, error) {
 }
 
 // NewCommand returns `kubectl xdpq` (the plugin's root command, named as
-// kubectl runs it) and its subcommands status, pods and describe, with
+// kubectl runs it) and its subcommands status, pods, describe and top, with
 // cli-runtime's connection flags, writing to streams.
 func NewCommand(streams genericiooptions.IOStreams) *cobra.Command {
 	o := &options{config: genericclioptions.NewConfigFlags(true).WithWarningPrinter(streams), streams: streams}
@@ -52,7 +55,8 @@ each node's netdevs and the XDP program on them, which pod holds which
 queues and flows, and everything of one node.`,
 		Example: `  kubectl xdpq status                 # per node and netdev: program, mode, queues, pools, ready, config
   kubectl xdpq pods -A                # which pod holds which queues and flows, in every namespace
-  kubectl xdpq describe node worker-1 # everything xdpq reports of node worker-1`,
+  kubectl xdpq describe node worker-1 # everything xdpq reports of node worker-1
+  kubectl xdpq top                    # live: each pod's queues, frames received and lost per second`,
 		Annotations:       map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl xdpq"},
 		SilenceUsage:      true,
 		SilenceErrors:     true,
@@ -63,7 +67,7 @@ queues and flows, and everything of one node.`,
 	o.config.AddFlags(root.PersistentFlags())
 	root.PersistentFlags().Int64Var(&o.chunk, "chunk-size", DefaultChunkSize,
 		"Return large lists in chunks rather than all at once. Pass 0 to disable.")
-	root.AddCommand(o.statusCommand(), o.podsCommand(), o.describeCommand())
+	root.AddCommand(o.statusCommand(), o.podsCommand(), o.describeCommand(), o.topCommand())
 	return root
 }
 
@@ -340,4 +344,92 @@ allocations (pod, queues, lease, flows) and the node's Events.`,
 		},
 	}
 	return cmd
+}
+
+func (o *options) topCommand() *cobra.Command {
+	var output, namespace, selector string
+	var interval time.Duration
+	var once bool
+	cmd := &cobra.Command{
+		Use:   "top [NODE...]",
+		Short: "Live: each pod's queues, frames received and lost per second",
+		Long: `Show, refreshed every --interval like watch, each queue pods hold on every
+node (or on the nodes named) with the frames per second xdpq's program
+redirected to the queue's socket and those the kernel lost of them, by
+reason; above them a line per node with its daemon and its netdevs'
+states:
+
+  STATE         the netdev's XDP state and mode (Direct/native, Filter/generic,
+                Overridden, Missing, ...); "(not connected)" while the pod
+                does not hold the queue's socket
+  RX/s          frames redirected to the queue's socket
+  DROPPED/s     frames the kernel dropped for the socket (rx_dropped: a
+                frame larger than the socket's frames, say)
+  RING-FULL/s   frames dropped because the RX ring was full: the pod does
+                not read fast enough
+  FILL-EMPTY/s  times the fill ring was found empty: the pod gives back
+                buffers too slowly
+  INVALID/s     invalid descriptors the pod put on its fill ring
+
+A rate is "-" when it is not known: the queue has no socket to count, or
+the daemon is of a version that does not count in direct mode. The
+rates come from two scrapes of each node's daemon /metrics, --interval
+apart, read through the API server's pod proxy; a node whose daemon
+cannot be read says why ("unreachable: ...") and the others still show.
+
+On a terminal each refresh redraws the screen; otherwise the tables
+follow each other. --once prints one table and -o json one sample pair
+(two scrapes --interval apart) and exit.
+
+RBAC: get and list on xdpqnodes (the chart aggregates it into the view
+role), list on pods and get on pods/proxy in the daemons' namespace. The
+chart makes a Role for the last two, xdpq-top for a release named xdpq,
+and binds it to no one: pods/proxy reaches every port of every pod of
+that namespace, so it is not part of view. Bind it to who may read the
+daemons' metrics:
+
+  kubectl -n kube-system create rolebinding alice-xdpq-top --role=xdpq-top --user=alice`,
+		Example: `  kubectl xdpq top
+  kubectl xdpq top worker-1 --interval 1s
+  kubectl xdpq top --once
+  kubectl xdpq top -o json | jq '.items[] | select(.lossesPerSecond.rxRingFull > 0)'`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if output != "" && output != "json" {
+				return fmt.Errorf("unable to match a printer suitable for the output format %q, allowed formats are: json", output)
+			}
+			if interval < 100*time.Millisecond {
+				return fmt.Errorf("--interval %s: at least 100ms", interval)
+			}
+			c, err := o.client()
+			if err != nil {
+				return err
+			}
+			t := &topper{c: c, nodes: slices.Compact(slices.Clone(args)), chunk: o.chunk, namespace: namespace,
+				selector: selector, timeout: max(interval, 5*time.Second), now: time.Now}
+			tick := time.NewTicker(interval)
+			defer tick.Stop()
+			r := topRun{interval: interval, once: once, json: output == "json", clear: isTerminal(o.streams.Out),
+				wait: func(ctx context.Context) error {
+					select {
+					case <-ctx.Done():
+						return ctx.Err()
+					case <-tick.C:
+						return nil
+					}
+				}}
+			return t.run(cmd.Context(), o.streams.Out, r)
+		},
+	}
+	cmd.Flags().DurationVar(&interval, "interval", 2*time.Second, "Time between refreshes, and between the two scrapes a rate is computed from")
+	cmd.Flags().BoolVar(&once, "once", false, "Print one table (two scrapes --interval apart) and exit")
+	cmd.Flags().StringVarP(&output, "output", "o", "", "Output format: json (one sample pair, then exit)")
+	cmd.Flags().StringVar(&namespace, "daemon-namespace", DefaultDaemonNamespace, "Namespace of xdpq's daemon pods (the chart's release namespace)")
+	cmd.Flags().StringVar(&selector, "daemon-selector", DefaultDaemonSelector, "Label selector of xdpq's daemon pods")
+	return cmd
+}
+
+// isTerminal says whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
 }

@@ -41,7 +41,9 @@ func TestHelp(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"-h"}, []string{"kubectl xdpq [command]", "status", "pods", "describe", "--kubeconfig", "--context", "--namespace"}},
+		{[]string{"-h"}, []string{"kubectl xdpq [command]", "status", "pods", "describe", "top", "--kubeconfig", "--context", "--namespace"}},
+		{[]string{"top", "-h"}, []string{"kubectl xdpq top [NODE...]", "--interval duration", "--once", "-o, --output", "--daemon-namespace string",
+			"RING-FULL/s", "pods/proxy", "create rolebinding"}},
 		{[]string{"status", "-h"}, []string{"kubectl xdpq status [NODE...]", "Overridden", "-o, --output"}},
 		{[]string{"pods", "--help"}, []string{"kubectl xdpq pods", "-A, --all-namespaces", "--node", "-o, --output"}},
 		{[]string{"describe", "-h"}, []string{"kubectl xdpq describe node [NAME...]", "Events"}},
@@ -73,6 +75,8 @@ func TestRefused(t *testing.T) {
 		{[]string{"frob"}, `unknown command "frob" for "kubectl xdpq"`},
 		{[]string{"status", "--frob"}, "unknown flag: --frob"},
 		{[]string{"status", "--chunk-size", "-1"}, "--chunk-size -1: 0 (no chunks) or more"},
+		{[]string{"top", "-o", "yaml"}, `output format "yaml", allowed formats are: json`},
+		{[]string{"top", "--interval", "10ms"}, "--interval 10ms: at least 100ms"},
 	} {
 		out, _, err := run(t, tc.args...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -87,7 +91,7 @@ func TestRefused(t *testing.T) {
 // TestUnreachable: a command that gets past its checks says which server
 // it could not reach.
 func TestUnreachable(t *testing.T) {
-	for _, args := range [][]string{{"status"}, {"pods", "-A"}, {"describe", "node", "n1"}} {
+	for _, args := range [][]string{{"status"}, {"pods", "-A"}, {"describe", "node", "n1"}, {"top", "--once"}, {"top", "-o", "json"}} {
 		_, _, err := run(t, args...)
 		if err == nil || !strings.Contains(err.Error(), "127.0.0.1:1") {
 			t.Errorf("%q: error %v, want one naming the server", args, err)
