@@ -199,9 +199,25 @@ func TestRenderDefault(t *testing.T) {
 	}
 	sort.Strings(kinds)
 	want := []string{"ClusterRole/xdpq", "ClusterRole/xdpq-view", "ClusterRoleBinding/xdpq", "ConfigMap/xdpq", "DaemonSet/xdpq",
-		"Role/xdpq", "RoleBinding/xdpq", "Service/xdpq-metrics", "ServiceAccount/xdpq"}
+		"Role/xdpq", "Role/xdpq-top", "RoleBinding/xdpq", "Service/xdpq-metrics", "ServiceAccount/xdpq"}
 	if diff := cmp.Diff(want, kinds); diff != "" {
 		t.Errorf("objects (-want +got):\n%s", diff)
+	}
+	// kubectl xdpq top's Role: the daemons' pods and their proxy, bound
+	// to no one (the RoleBinding is the daemon's).
+	for _, o := range find(objs, "Role") {
+		if o.Name != "xdpq-top" {
+			continue
+		}
+		role := decode[rbacv1.Role](t, o)
+		want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}},
+			{APIGroups: []string{""}, Resources: []string{"pods/proxy"}, Verbs: []string{"get"}}}
+		if diff := cmp.Diff(want, role.Rules); diff != "" {
+			t.Errorf("Role xdpq-top's rules (-want +got):\n%s", diff)
+		}
+	}
+	if !strings.Contains(r.Notes, "kubectl -n kube-system create rolebinding <user>-xdpq-top --role=xdpq-top --user=<user>") {
+		t.Errorf("NOTES do not say how to let a user run kubectl xdpq top:\n%s", r.Notes)
 	}
 
 	ds := daemonSet(t, objs)
@@ -581,8 +597,8 @@ func TestCustomCNIDir(t *testing.T) {
 	if len(spec.InitContainers) != 1 || spec.InitContainers[0].Name != "install-cni" {
 		t.Errorf("init containers %d, want install-cni only", len(spec.InitContainers))
 	}
-	if len(find(objs, "Role")) != 1 || len(find(objs, "RoleBinding")) != 1 || len(find(objs, "Service")) != 0 {
-		t.Error("want the daemon's Role and RoleBinding, and no Service without the metrics service")
+	if len(find(objs, "Role")) != 2 || len(find(objs, "RoleBinding")) != 1 || len(find(objs, "Service")) != 0 {
+		t.Error("want the daemon's Role and RoleBinding, top's Role, and no Service without the metrics service")
 	}
 	if ds.Name != "xdpq-k3s" {
 		t.Errorf("DaemonSet %s, want the fullnameOverride", ds.Name)
