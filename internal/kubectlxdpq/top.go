@@ -529,7 +529,9 @@ func (t *topper) run(ctx context.Context, w io.Writer, r topRun) error {
 				return err
 			}
 			// The API server away: say so, and try again.
-			t.frame(w, r, func(w io.Writer) error { return nil }, err)
+			if ferr := t.frame(w, r, func(io.Writer) error { return nil }, err); ferr != nil {
+				return ferr // stdout went away
+			}
 			continue
 		}
 		list := top(prev, next, r.interval)

@@ -1,0 +1,209 @@
+package e2e_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/xdpq/xdpq/internal/kubectlxdpq"
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/test/e2e/cluster"
+	"github.com/xdpq/xdpq/test/e2e/kubebin"
+)
+
+// topScreen is where TestKubectlXdpqTop leaves the last screen it
+// captured, for a reader to see what top shows.
+const topScreen = "/tmp/top-screen.txt"
+
+// TestKubectlXdpqTop runs `kubectl xdpq top` in a real terminal (a tmux
+// pane of 200x50) on a real node, xdpq installed by its chart, while
+// frames flow to a pod's two queues: the screen, redrawn every second,
+// shows the pod's rows with their receive rates. `top -o json` gives the
+// same, and the RBAC the plugin's help names is what it needs: a user
+// with view and the chart's xdpq-top Role reads the rates; one with view
+// alone sees the daemon unreachable, forbidden, and the pod's rows still.
+func TestKubectlXdpqTop(t *testing.T) {
+	testnet.RequireRoot(t)
+	tmux, err := exec.LookPath("tmux")
+	if err != nil {
+		t.Fatalf("tmux runs top in a terminal: apt-get install tmux (%v)", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute) // a fresh build included
+	defer cancel()
+	e := newScenarioEnv(ctx, t)
+	cp, node := e.cp, e.node
+	k := kubectl{path: cp.Binaries[kubebin.Kubectl], kubeconfig: cp.Kubeconfig, pluginDir: buildPlugin(ctx, t)}
+	e.install(ctx, t, "--set", "dra.servedBy=devicePlugin")
+	waitAllocatable(ctx, t, cp, node.Name, scenarioQueues)
+
+	const ns = "top"
+	if err := cp.CreateNamespace(ctx, ns, map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}); err != nil {
+		t.Fatal(err)
+	}
+	pod := startPerfPod(ctx, t, cp, ns, "rx-top", e.ref, 5000)
+	waitFlowsApplied(ctx, t, cp, ns, pod.name)
+	waitPodRows(ctx, t, k, node.Name, ns, pod)
+	stop := sendWhile(openPeerSender(t, e.nic, pod))
+	stopped := false
+	defer func() {
+		if !stopped {
+			_, _ = stop() // the test failed first; its error is the one to tell
+		}
+	}()
+
+	// A row of the pod's queue q: its rate of received frames.
+	row := func(q int) *regexp.Regexp {
+		return regexp.MustCompile(fmt.Sprintf(`(?m)^%s/%s\s+%s\s+%s\s+%d\s+Filter/\w+\s+(\S+)\s+\S+\s+\S+\s+\S+\s+\S+\s*$`,
+			ns, pod.name, regexp.QuoteMeta(node.Name), scenarioNIC, q))
+	}
+	receiving := func(screen string) bool {
+		for _, q := range pod.queues {
+			m := row(q).FindStringSubmatch(screen)
+			if m == nil || m[1] == "0" || m[1] == "-" {
+				return false
+			}
+		}
+		return true
+	}
+
+	t.Run("terminal", func(t *testing.T) {
+		server := fmt.Sprintf("xdpq-e2e-%d", os.Getpid()) // a tmux server of its own
+		tm := func(args ...string) (string, error) {
+			out, err := exec.CommandContext(ctx, tmux, append([]string{"-L", server}, args...)...).CombinedOutput()
+			return string(out), err
+		}
+		// A shell in a 200x50 terminal; top is typed into it, so that an
+		// error it ends with stays on the screen.
+		if out, err := tm("new-session", "-d", "-x", "200", "-y", "50", "-s", "top", "sh"); err != nil {
+			t.Fatalf("tmux new-session: %v\n%s", err, out)
+		}
+		t.Cleanup(func() {
+			if out, err := tm("kill-server"); err != nil {
+				t.Errorf("tmux kill-server: %v\n%s", err, out)
+			}
+		})
+		cmd := fmt.Sprintf("HOME=%s PATH=%s:$PATH %s xdpq top --interval 1s --kubeconfig %s", k.pluginDir, k.pluginDir, k.path, k.kubeconfig)
+		if out, err := tm("send-keys", "-t", "top", cmd, "Enter"); err != nil {
+			t.Fatalf("tmux send-keys: %v\n%s", err, out)
+		}
+		var screen string
+		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			out, err := tm("capture-pane", "-p", "-t", "top")
+			if err != nil {
+				return false, fmt.Errorf("tmux capture-pane: %w: %s", err, out)
+			}
+			screen = out
+			return receiving(screen), nil
+		})
+		if werr := os.WriteFile(topScreen, []byte(screen), 0o644); werr != nil {
+			t.Error(werr)
+		}
+		t.Logf("kubectl xdpq top in tmux (saved to %s):\n%s", topScreen, screen)
+		if err != nil {
+			t.Fatalf("the screen never showed %s receiving on queues %v: %v", pod.name, pod.queues, err)
+		}
+		// Redrawn in place: one screen, not tables one after another.
+		if n := strings.Count(screen, "NAMESPACE/POD"); n != 1 {
+			t.Errorf("the screen shows %d tables, want 1 (redrawn in place)", n)
+		}
+		words := strings.Join(strings.Fields(screen), " ")
+		for _, w := range []string{"Every 1s: kubectl xdpq top", node.Name + " kube-system/xdpq-", scenarioNIC + " Filter/"} {
+			if !strings.Contains(words, w) {
+				t.Errorf("the screen lacks %q", w)
+			}
+		}
+	})
+
+	// -o json: one sample pair, for scripts.
+	topJSON := func(t *testing.T, as string) kubectlxdpq.TopList {
+		t.Helper()
+		out, _ := k.must(ctx, t, "xdpq", "top", "-o", "json", "--interval", "1s", "--as", as)
+		var list kubectlxdpq.TopList
+		if err := json.Unmarshal([]byte(out), &list); err != nil {
+			t.Fatalf("kubectl xdpq top -o json --as %s: %v\n%s", as, err, out)
+		}
+		return list
+	}
+	podRates := func(list kubectlxdpq.TopList) map[int32]*float64 {
+		out := map[int32]*float64{}
+		for _, q := range list.Items {
+			if q.Pod != nil && q.Pod.Namespace == ns && q.Pod.Name == pod.name && q.Node == node.Name && q.Netdev == scenarioNIC {
+				out[q.Queue] = q.RXFramesPerSecond
+			}
+		}
+		return out
+	}
+
+	t.Run("rbac", func(t *testing.T) {
+		// carol: view and the chart's Role for top; dave: view alone.
+		for _, u := range []string{"carol", "dave"} {
+			if _, err := cp.Client.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+				ObjectMeta: metav1.ObjectMeta{Name: u + "-view"},
+				RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "view"},
+				Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: u}},
+			}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if out, err := cp.Kubectl(ctx, "-n", "kube-system", "create", "rolebinding", "carol-xdpq-top", "--role=xdpq-top", "--user=carol"); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		waitAllowed(ctx, t, cp, "carol", authorizationv1.ResourceAttributes{Namespace: "kube-system", Resource: "pods", Subresource: "proxy", Verb: "get"})
+		// The aggregation controller puts xdpqnodes into view a moment
+		// after the chart's role appears.
+		for _, u := range []string{"carol", "dave"} {
+			waitAllowed(ctx, t, cp, u, authorizationv1.ResourceAttributes{Group: "xdpq.io", Resource: "xdpqnodes", Verb: "list"})
+		}
+
+		list := topJSON(t, "carol")
+		rates := podRates(list)
+		for _, q := range pod.queues {
+			if r := rates[int32(q)]; r == nil || *r <= 0 {
+				t.Errorf("top -o json as carol: queue %d of %s at %v frames/s, want > 0: %+v", q, pod.name, r, list)
+			}
+		}
+
+		list = topJSON(t, "dave")
+		if len(list.Nodes) != 1 || !strings.Contains(list.Nodes[0].Unreachable, `User "dave" cannot get resource "pods/proxy"`) {
+			t.Errorf("top -o json as dave (no pods/proxy): nodes %+v, want the node unreachable, forbidden", list.Nodes)
+		}
+		rates = podRates(list)
+		if len(rates) != len(pod.queues) {
+			t.Errorf("top -o json as dave: the pod's rows %v, want its queues %v", rates, pod.queues)
+		}
+		for q, r := range rates {
+			if r != nil {
+				t.Errorf("top -o json as dave: queue %d at %v frames/s, want unknown", q, *r)
+			}
+		}
+	})
+
+	stopped = true
+	if _, err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitAllowed waits until RBAC's authorizer lets user do what attrs say:
+// it learns of a binding from its informer, and tells no one when it has.
+func waitAllowed(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, user string, attrs authorizationv1.ResourceAttributes) {
+	t.Helper()
+	sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: user, ResourceAttributes: &attrs}}
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		r, err := cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+		return err == nil && r.Status.Allowed, err
+	}); err != nil {
+		t.Fatalf("%s never allowed to %s %s/%s in %q: %v", user, attrs.Verb, attrs.Resource, attrs.Subresource, attrs.Namespace, err)
+	}
+}
