@@ -578,3 +578,54 @@ func TestContainerRestartDecisions(t *testing.T) {
 		})
 	}
 }
+
+// TestQueueInfo: each queue an allocation holds is a series of
+// xdpq_queue_info naming its pool, allocation and pod once the pod is
+// known (its CNI attachment), so that the per-queue families can be
+// joined per pod.
+func TestQueueInfo(t *testing.T) {
+	n := newFakeNode(t, fakeNetdev("xa", 4))
+	d, _ := n.daemon(pools("upf:xa#0-3"))
+	if err := d.start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d.metrics = newMetrics(d)
+	b := &before{t: t, n: n, d: d, labels: map[string]string{}, ids: map[string]string{}}
+	b.alloc("A", 0, 1) // standalone: the daemon chooses
+	b.alloc("B", 2)
+	req := b.attachReq("A", "c1")
+	req.PodNamespace, req.PodName = "upf", "upf-0"
+	if _, err := d.CNIAdd(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	fams, err := d.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range fams {
+		if f.GetName() != "xdpq_queue_info" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				v := l.GetValue()
+				if v == b.ids["A"] || v == b.ids["B"] {
+					v = b.labels[v]
+				}
+				ls = append(ls, l.GetName()+"="+v)
+			}
+			got = append(got, fmt.Sprintf("%s %g", strings.Join(ls, ","), m.GetGauge().GetValue()))
+		}
+	}
+	slices.Sort(got)
+	want := []string{
+		"allocation=A,namespace=upf,netdev=xa,pod=upf-0,pool=upf,queue=0 1",
+		"allocation=A,namespace=upf,netdev=xa,pod=upf-0,pool=upf,queue=1 1",
+		"allocation=B,namespace=,netdev=xa,pod=,pool=upf,queue=2 1",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("xdpq_queue_info:\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
+}

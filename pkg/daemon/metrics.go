@@ -49,6 +49,10 @@ var (
 		"When the config in force was put in force, in seconds since the epoch.", nil, nil)
 	reloadOKDesc = prometheus.NewDesc("xdpq_config_last_reload_successful",
 		"1 if the config file on disk is the config in force, 0 if its last reload was refused.", nil, nil)
+	queueInfoDesc = prometheus.NewDesc("xdpq_queue_info",
+		"1 for each queue an allocation holds, naming its pool, allocation and pod (namespace and pod empty until the pod is known): "+
+			"join the per-queue families on (node, netdev, queue) to see them per pod.",
+		[]string{"netdev", "queue", "pool", "allocation", "namespace", "pod"}, nil)
 )
 
 // socketStats are the per-queue families of the kernel's counters of the
@@ -109,7 +113,7 @@ type daemonCollector struct{ d *Daemon }
 
 func (c daemonCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, desc := range []*prometheus.Desc{poolCapacityDesc, poolAllocatedDesc, poolAllocationsDesc, poolLeasesDesc,
-		refusalsDesc, reloadsDesc, lastReloadDesc, reloadOKDesc} {
+		refusalsDesc, reloadsDesc, lastReloadDesc, reloadOKDesc, queueInfoDesc} {
 		ch <- desc
 	}
 	for _, s := range socketStats {
@@ -132,6 +136,10 @@ func (c daemonCollector) Collect(ch chan<- prometheus.Metric) {
 		allocations[a.Pool]++
 		if d.broker.Leased(a.ID) {
 			leases[a.Pool]++
+		}
+		ns, pod, _ := strings.Cut(d.podOf(a), "/")
+		for _, q := range a.Queues {
+			gauge(queueInfoDesc, 1, a.Netdev, strconv.FormatUint(uint64(q), 10), a.Pool, a.ID, ns, pod)
 		}
 	}
 	for _, p := range d.ledger.Metas() {

@@ -98,18 +98,9 @@ func (d *Daemon) Allocations(ctx context.Context, pool string) (*api.AllocationL
 			al.Holder = &api.Holder{PID: p.PID, UID: p.UID, PodUID: p.Pod.PodUID}
 		}
 		for _, att := range a.Attachments {
-			if al.Pod == "" && att.PodName != "" {
-				al.Pod = att.PodNamespace + "/" + att.PodName
-			}
 			l.Attachments = append(l.Attachments, api.AttachmentStatus{Attachment: att.Attachment, State: string(att.State)})
 		}
-		if al.Pod == "" && al.PodUID != "" && d.opts.Pods != nil {
-			// A claim's pod, or one bound by its first connection: named
-			// by the pods the daemon follows.
-			if p, ok := d.opts.Pods.Cached(al.PodUID); ok {
-				al.Pod = p.Namespace + "/" + p.Name
-			}
-		}
+		al.Pod = d.podOf(a)
 		l.Allocations = append(l.Allocations, *al)
 	}
 	sort.Slice(l.Attachments, func(i, j int) bool {
@@ -117,6 +108,24 @@ func (d *Daemon) Allocations(ctx context.Context, pool string) (*api.AllocationL
 		return a.ContainerID < b.ContainerID || a.ContainerID == b.ContainerID && a.IfName < b.IfName
 	})
 	return l, nil
+}
+
+// podOf is the "namespace/name" of the pod that holds allocation a, as
+// its CNI attachment named it or, for a claim's pod or one bound by its
+// first connection, as the pods the daemon follows name it; "" when it
+// is not known.
+func (d *Daemon) podOf(a ledger.Allocation) string {
+	for _, att := range a.Attachments {
+		if att.PodName != "" {
+			return att.PodNamespace + "/" + att.PodName
+		}
+	}
+	if a.Owner.PodUID != "" && d.opts.Pods != nil {
+		if p, ok := d.opts.Pods.Cached(a.Owner.PodUID); ok {
+			return p.Namespace + "/" + p.Name
+		}
+	}
+	return ""
 }
 
 // netdevStatus is every netdev's agent status, a netdev in a pod under

@@ -121,11 +121,28 @@ var lossReasons = []struct{ name, metric string }{
 	{"tx invalid descriptors", "xdpq_socket_tx_invalid_descriptors_total"},
 }
 
+// perPod is the per-second rate of a per-queue counter family, summed
+// per pod: joined with xdpq_queue_info, which names the pod holding each
+// queue (empty until the daemon knows it).
+func perPod(metric, matchers string) string {
+	return fmt.Sprintf("sum by (namespace, pod) (rate(%s%s[%s]) * on (node, netdev, queue) group_left (namespace, pod) "+
+		"max by (node, netdev, queue, namespace, pod) (xdpq_queue_info%s))", metric, sel(matchers), RateInterval, sel(""))
+}
+
 // losses are a target per loss reason, summed by labels.
 func losses(by, legend string) []target {
 	var ts []target
 	for _, r := range lossReasons {
 		ts = append(ts, target{rate(by, r.metric, ""), legend + " " + r.name})
+	}
+	return ts
+}
+
+// podLosses are a target per loss reason, per pod.
+func podLosses() []target {
+	var ts []target
+	for _, r := range lossReasons {
+		ts = append(ts, target{perPod(r.metric, ""), "{{namespace}}/{{pod}} " + r.name})
 	}
 	return ts
 }
@@ -165,6 +182,16 @@ func rows() []row {
 			{title: "Frames not redirected per queue",
 				description: "passed: frames no pod's flow matched, given to the kernel's stack. redirect_failed: a flow matched but its queue had no socket (the pod is not reading yet, or has gone).",
 				unit:        "pps", targets: []target{{rate("node, netdev, queue, result", "xdpq_agent_program_packets_total", `result!="redirected"`), queue + " {{result}}"}}},
+		}},
+		{"Per pod", []panel{
+			{title: "Frames redirected per pod",
+				description: "Per pod (namespace/pod), the frames redirected to the sockets of the queues it holds, per second: " +
+					"the per-queue counter joined with xdpq_queue_info, which names the pod of each allocated queue once the daemon knows it " +
+					"(its CNI attachment, its claim, or its first connection); until then the pod is empty.",
+				unit: "pps", targets: []target{{perPod("xdpq_agent_program_packets_total", `result="redirected"`), "{{namespace}}/{{pod}}"}}},
+			{title: "Losses per pod by reason",
+				description: "Per pod, the frames the kernel lost for its sockets per second, by reason (as in Losses, below).",
+				unit:        "pps", targets: podLosses()},
 		}},
 		{"Losses (the kernel's socket statistics)", []panel{
 			{title: "Losses per node by reason",

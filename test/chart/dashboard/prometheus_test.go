@@ -103,6 +103,7 @@ func TestDashboardOnPrometheus(t *testing.T) {
 		allocs[i] = a
 		flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(pair.A.Addr, 32), DstPort: port(i)}
 		if _, err := c.CNIAdd(api.CNIAddRequest{ContainerID: fmt.Sprintf("pod%d", i), IfName: "net1", Allocation: a.ID,
+			PodNamespace: "test", PodName: fmt.Sprintf("pod%d", i),
 			Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{pair.A.Addr}}); err != nil {
 			t.Fatal(err)
 		}
@@ -202,6 +203,9 @@ func TestDashboardOnPrometheus(t *testing.T) {
 	for _, p := range panels {
 		byTitle[p.Title] = p
 	}
+	podNamed := func(pod string) func(map[string]string) bool {
+		return func(m map[string]string) bool { return m["namespace"] == "test" && m["pod"] == pod }
+	}
 	queueOf := func(q uint32) func(map[string]string) bool {
 		return func(m map[string]string) bool { return m["netdev"] == "xa" && m["queue"] == strconv.Itoa(int(q)) }
 	}
@@ -220,6 +224,9 @@ func TestDashboardOnPrometheus(t *testing.T) {
 		{"Losses per queue by reason", fmt.Sprintf("xa q%d (the pod that reads nothing) losing on a full RX ring", stopped), "rx ring full", queueOf(stopped), above(0)},
 		{"Losses per queue by reason", fmt.Sprintf("xa q%d (the reading pod) losing nothing as rx ring full", reading), "rx ring full", queueOf(reading), func(v []float64) bool { return len(v) > 0 && slices.Max(v) == 0 }},
 		{"Losses per node by reason", "the node losing", "rx ring full", nil, above(0)},
+		{"Frames redirected per pod", "test/pod0 (the reading pod) receiving", "", podNamed("pod0"), above(0)},
+		{"Losses per pod by reason", "test/pod1 (the pod that reads nothing) losing on a full RX ring", "rx ring full", podNamed("pod1"), above(0)},
+		{"Losses per pod by reason", "test/pod0 (the reading pod) losing nothing as rx ring full", "rx ring full", podNamed("pod0"), func(v []float64) bool { return len(v) > 0 && slices.Max(v) == 0 }},
 		{"Netdev state", "xa Filter (2)", "", nil, has(2)},
 		{"Netdev state", "xa Overridden (3)", "", nil, has(3)},
 		{"Re-attach latency", "the re-attach, under a second", "", nil, func(v []float64) bool { return slices.ContainsFunc(v, func(x float64) bool { return x > 0 && x < 1 }) }},
