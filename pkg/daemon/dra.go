@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -145,7 +146,8 @@ type draNode struct{ d *Daemon }
 
 // PrepareClaim makes the allocation of a claim the scheduler allocated
 // devices of an xdpq pool on this node, or finds the one made before.
-func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (dra.Edits, error) {
+func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (_ dra.Edits, err error) {
+	defer n.d.metrics.observeDRA("prepare", time.Now(), &err)
 	d := n.d
 	if d.isUninstalling() {
 		return dra.Edits{}, errUninstalling
@@ -250,7 +252,8 @@ func (d *Daemon) deviceIDs(pool string, names []string) ([]string, error) {
 }
 
 // UnprepareClaim frees the claim's allocation, if it has one.
-func (n draNode) UnprepareClaim(ctx context.Context, uid string) error {
+func (n draNode) UnprepareClaim(ctx context.Context, uid string) (err error) {
+	defer n.d.metrics.observeDRA("unprepare", time.Now(), &err)
 	a, ok := n.d.ledger.ByClaim(uid)
 	if !ok {
 		return nil

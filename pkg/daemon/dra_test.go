@@ -354,4 +354,27 @@ func TestDRAClaim(t *testing.T) {
 		t.Errorf("the other claim, once the queue is free: %+v", r)
 	}
 	waitStatus(t, e.opts.APISocket, func(s *api.Status) bool { return len(s.Netdevs) == 1 && s.Netdevs[0].Flows == 1 })
+
+	// /metrics timed each Prepare and Unprepare by result: the refusals
+	// (the held queue, the invalid config) with their codes.
+	counts := map[string]uint64{}
+	fams, err := e.d.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != "xdpq_dra_operation_duration_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			var key []string
+			for _, l := range m.GetLabel() {
+				key = append(key, l.GetValue())
+			}
+			counts[strings.Join(key, " ")] += m.GetHistogram().GetSampleCount()
+		}
+	}
+	if counts["success prepare"] < 2 || counts["success unprepare"] < 2 || len(counts) < 3 {
+		t.Errorf("xdpq_dra_operation_duration_seconds counts by result and verb: %v", counts)
+	}
 }

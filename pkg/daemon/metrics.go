@@ -95,6 +95,18 @@ type metrics struct {
 	// cni times the CNI verbs, by verb (add, del, check, gc) and result
 	// (success, or the API's error code).
 	cni *prometheus.HistogramVec
+	// dra times the DRA driver's Prepare and Unprepare of a claim on
+	// this node, by verb (prepare, unprepare) and result.
+	dra *prometheus.HistogramVec
+}
+
+// observeDRA records a DRA verb's outcome; deferred at the verb's start.
+func (m *metrics) observeDRA(verb string, began time.Time, err *error) {
+	result := "success"
+	if *err != nil {
+		result = api.CodeOf(*err)
+	}
+	m.dra.WithLabelValues(verb, result).Observe(time.Since(began).Seconds())
 }
 
 func newMetrics(d *Daemon) *metrics {
@@ -102,9 +114,14 @@ func newMetrics(d *Daemon) *metrics {
 		cni: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "xdpq_cni_operation_duration_seconds",
 			Help:    "CNI operations the daemon answered, by verb and result (success, or the error's code), and how long each took.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}},
+			[]string{"verb", "result"}),
+		dra: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "xdpq_dra_operation_duration_seconds",
+			Help: "DRA claims the daemon prepared and unprepared for kubelet, by verb (prepare, unprepare) and result " +
+				"(success, or the error's code), and how long each took: a pod's containers start after its claims' Prepare.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}},
 			[]string{"verb", "result"})}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.cni, daemonCollector{d})
+		m.cni, m.dra, daemonCollector{d})
 	return m
 }
 
