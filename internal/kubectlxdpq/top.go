@@ -222,28 +222,30 @@ func (t *topper) sample(ctx context.Context) (*sample, error) {
 		return nil, terr
 	}
 	nodes = sortedNodes(nodes)
-	smp := &sample{nodes: nodes, scrapes: map[string]nodeScrape{}}
 	daemons, derr := t.daemons(ctx)
-	var mu sync.Mutex
+	// One scrape per node at once; each goroutine writes its own slot.
+	scrapes := make([]nodeScrape, len(nodes))
 	var wg sync.WaitGroup
-	for _, n := range nodes {
+	for i, n := range nodes {
 		pod, ok := daemons[n.Name]
 		switch {
 		case derr != nil:
-			smp.scrapes[n.Name] = nodeScrape{err: derr}
+			scrapes[i] = nodeScrape{err: derr}
 			continue
 		case !ok:
-			smp.scrapes[n.Name] = nodeScrape{err: fmt.Errorf("no running xdpq daemon pod (-l %s) on the node in namespace %s (--daemon-namespace)", t.selector, t.namespace)}
+			scrapes[i] = nodeScrape{err: fmt.Errorf("no running xdpq daemon pod (-l %s) on the node in namespace %s (--daemon-namespace)", t.selector, t.namespace)}
 			continue
 		}
 		wg.Go(func() {
 			s, err := t.scrape(ctx, pod)
-			mu.Lock()
-			smp.scrapes[n.Name] = nodeScrape{daemon: pod.Namespace + "/" + pod.Name, s: s, err: err}
-			mu.Unlock()
+			scrapes[i] = nodeScrape{daemon: pod.Namespace + "/" + pod.Name, s: s, err: err}
 		})
 	}
 	wg.Wait()
+	smp := &sample{nodes: nodes, scrapes: map[string]nodeScrape{}}
+	for i, n := range nodes {
+		smp.scrapes[n.Name] = scrapes[i]
+	}
 	return smp, err
 }
 
