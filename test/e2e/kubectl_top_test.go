@@ -35,10 +35,6 @@ const topScreen = "/tmp/top-screen.txt"
 // alone sees the daemon unreachable, forbidden, and the pod's rows still.
 func TestKubectlXdpqTop(t *testing.T) {
 	testnet.RequireRoot(t)
-	tmux, err := exec.LookPath("tmux")
-	if err != nil {
-		t.Fatalf("tmux runs top in a terminal: apt-get install tmux (%v)", err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute) // a fresh build included
 	defer cancel()
 	e := newScenarioEnv(ctx, t)
@@ -78,34 +74,7 @@ func TestKubectlXdpqTop(t *testing.T) {
 	}
 
 	t.Run("terminal", func(t *testing.T) {
-		server := fmt.Sprintf("xdpq-e2e-%d", os.Getpid()) // a tmux server of its own
-		tm := func(args ...string) (string, error) {
-			out, err := exec.CommandContext(ctx, tmux, append([]string{"-L", server}, args...)...).CombinedOutput()
-			return string(out), err
-		}
-		// A shell in a 200x50 terminal; top is typed into it, so that an
-		// error it ends with stays on the screen.
-		if out, err := tm("new-session", "-d", "-x", "200", "-y", "50", "-s", "top", "sh"); err != nil {
-			t.Fatalf("tmux new-session: %v\n%s", err, out)
-		}
-		t.Cleanup(func() {
-			if out, err := tm("kill-server"); err != nil {
-				t.Errorf("tmux kill-server: %v\n%s", err, out)
-			}
-		})
-		cmd := fmt.Sprintf("HOME=%s PATH=%s:$PATH %s xdpq top --interval 1s --kubeconfig %s", k.pluginDir, k.pluginDir, k.path, k.kubeconfig)
-		if out, err := tm("send-keys", "-t", "top", cmd, "Enter"); err != nil {
-			t.Fatalf("tmux send-keys: %v\n%s", err, out)
-		}
-		var screen string
-		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-			out, err := tm("capture-pane", "-p", "-t", "top")
-			if err != nil {
-				return false, fmt.Errorf("tmux capture-pane: %w: %s", err, out)
-			}
-			screen = out
-			return receiving(screen), nil
-		})
+		screen, err := topInTmux(ctx, t, k, receiving)
 		if werr := os.WriteFile(topScreen, []byte(screen), 0o644); werr != nil {
 			t.Error(werr)
 		}
@@ -113,16 +82,7 @@ func TestKubectlXdpqTop(t *testing.T) {
 		if err != nil {
 			t.Fatalf("the screen never showed %s receiving on queues %v: %v", pod.name, pod.queues, err)
 		}
-		// Redrawn in place: one screen, not tables one after another.
-		if n := strings.Count(screen, "NAMESPACE/POD"); n != 1 {
-			t.Errorf("the screen shows %d tables, want 1 (redrawn in place)", n)
-		}
-		words := strings.Join(strings.Fields(screen), " ")
-		for _, w := range []string{"Every 1s: kubectl xdpq top", node.Name + " kube-system/xdpq-", scenarioNIC + " Filter/"} {
-			if !strings.Contains(words, w) {
-				t.Errorf("the screen lacks %q", w)
-			}
-		}
+		checkTopScreen(t, screen, node.Name, "Filter")
 	})
 
 	// -o json: one sample pair, for scripts.
@@ -193,6 +153,107 @@ func TestKubectlXdpqTop(t *testing.T) {
 	if _, err := stop(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// topInTmux runs `kubectl xdpq top --interval 1s` in a shell in a tmux
+// pane of 200x50 (a tmux server of its own, gone when the test ends)
+// and captures the pane until done holds for the screen, or a minute
+// passed. It returns the last screen captured.
+func topInTmux(ctx context.Context, t *testing.T, k kubectl, done func(screen string) bool) (string, error) {
+	t.Helper()
+	tmux, err := exec.LookPath("tmux")
+	if err != nil {
+		t.Fatalf("tmux runs top in a terminal: apt-get install tmux (%v)", err)
+	}
+	server := fmt.Sprintf("xdpq-e2e-%d", os.Getpid())
+	tm := func(args ...string) (string, error) {
+		out, err := exec.CommandContext(ctx, tmux, append([]string{"-L", server}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	// A shell in a 200x50 terminal; top is typed into it, so that an
+	// error it ends with stays on the screen.
+	if out, err := tm("new-session", "-d", "-x", "200", "-y", "50", "-s", "top", "sh"); err != nil {
+		t.Fatalf("tmux new-session: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		// Not under ctx: the test's deferred cancel runs before cleanups.
+		if out, err := exec.Command(tmux, "-L", server, "kill-server").CombinedOutput(); err != nil {
+			t.Errorf("tmux kill-server: %v\n%s", err, out)
+		}
+	})
+	cmd := fmt.Sprintf("HOME=%s PATH=%s:$PATH %s xdpq top --interval 1s --kubeconfig %s", k.pluginDir, k.pluginDir, k.path, k.kubeconfig)
+	if out, err := tm("send-keys", "-t", "top", cmd, "Enter"); err != nil {
+		t.Fatalf("tmux send-keys: %v\n%s", err, out)
+	}
+	var screen string
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		out, err := tm("capture-pane", "-p", "-t", "top")
+		if err != nil {
+			return false, fmt.Errorf("tmux capture-pane: %w: %s", err, out)
+		}
+		screen = strings.TrimRight(out, "\n") + "\n"
+		return done(screen), nil
+	})
+	return screen, err
+}
+
+// checkTopScreen checks what top's screen shows besides the rows: its
+// title, the node's daemon and netdev state, one table (redrawn in
+// place, not tables one after another).
+func checkTopScreen(t *testing.T, screen, node, state string) {
+	t.Helper()
+	if n := strings.Count(screen, "NAMESPACE/POD"); n != 1 {
+		t.Errorf("the screen shows %d tables, want 1 (redrawn in place)", n)
+	}
+	words := strings.Join(strings.Fields(screen), " ")
+	for _, w := range []string{"Every 1s: kubectl xdpq top", node + " kube-system/xdpq-", scenarioNIC + " " + state + "/"} {
+		if !strings.Contains(words, w) {
+			t.Errorf("the screen lacks %q", w)
+		}
+	}
+}
+
+// TestKubectlXdpqTopDirect is TestKubectlXdpqTop's terminal in direct
+// mode: the pool steers in hardware (on veth, which has no ntuple
+// filters, a pod without flows gets every frame of its queues), so the
+// rates are the direct program's own counts.
+func TestKubectlXdpqTopDirect(t *testing.T) {
+	testnet.RequireRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	e := newScenarioEnv(ctx, t)
+	cp, node := e.cp, e.node
+	k := kubectl{path: cp.Binaries[kubebin.Kubectl], kubeconfig: cp.Kubeconfig, pluginDir: buildPlugin(ctx, t)}
+	e.install(ctx, t, "--set", "dra.servedBy=devicePlugin", "--set", "config.pools[0].steering=hardware")
+	waitAllocatable(ctx, t, cp, node.Name, scenarioQueues)
+	const ns = "top-direct"
+	if err := cp.CreateNamespace(ctx, ns, map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}); err != nil {
+		t.Fatal(err)
+	}
+	p := perfPod(ns, "rx-direct", e.ref, 5000)
+	delete(p.Annotations, "xdpq.io/flows") // no ntuple filter on veth: no flow
+	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := followPerfPod(ctx, t, cp, ns, p.Name, 5000)
+	stop := sendWhile(openPeerSender(t, e.nic, pod))
+	defer func() { _, _ = stop() }() // a send's error shows as the rates staying at 0
+
+	screen, err := topInTmux(ctx, t, k, func(screen string) bool {
+		for _, q := range pod.queues {
+			re := regexp.MustCompile(fmt.Sprintf(`(?m)^%s/%s\s+%s\s+%s\s+%d\s+Direct/\w+\s+(\S+)\s`, ns, pod.name,
+				regexp.QuoteMeta(node.Name), scenarioNIC, q))
+			if m := re.FindStringSubmatch(screen); m == nil || m[1] == "0" || m[1] == "-" {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("kubectl xdpq top in tmux, direct mode:\n%s", screen)
+	if err != nil {
+		t.Fatalf("the screen never showed %s receiving on queues %v in direct mode: %v", pod.name, pod.queues, err)
+	}
+	checkTopScreen(t, screen, node.Name, "Direct")
 }
 
 // waitAllowed waits until RBAC's authorizer lets user do what attrs say:
