@@ -31,6 +31,8 @@ func main() {
 	flag.IntVar(&cfg.Rounds, "rounds", 3, "measurements per receiver, interleaved; the table shows medians")
 	flag.IntVar(&cfg.FrameSize, "size", 64, "frame size in bytes (without FCS), 60..9014; above 1514 jumbo frames: the MTU raised, multi-buffer sockets, (d) left out")
 	podQueues := flag.String("pod-queues", "1,2,4", "queue counts of the pod rows, comma-separated")
+	podRings := flag.String("pod-ring", "", "ring sizes the pod rows ask for, comma-separated, a row each (default: the clients' default)")
+	flag.BoolVar(&cfg.Hog, "hog", false, "run a busy loop on the receivers' core through the run (a neighbour that takes its share)")
 	flag.IntVar(&cfg.TXBatch, "batch", 1024, "TX descriptors per submission")
 	flag.IntVar(&cfg.SenderCPU, "sender-cpu", 1, "core the sender runs on")
 	flag.IntVar(&cfg.RxCPU, "rx-cpu", 0, "core the receivers run on")
@@ -53,6 +55,16 @@ func main() {
 			os.Exit(2)
 		}
 		cfg.PodQueues = append(cfg.PodQueues, n)
+	}
+	if *podRings != "" {
+		for _, r := range strings.Split(*podRings, ",") {
+			n, err := strconv.ParseUint(r, 10, 32)
+			if err != nil || n < 64 || n&(n-1) != 0 || n > 1<<20 {
+				fmt.Fprintf(os.Stderr, "xdpqbench: -pod-ring: %q is not a ring size (a power of two, 64..1048576)\n", r)
+				os.Exit(2)
+			}
+			cfg.PodRings = append(cfg.PodRings, uint32(n))
+		}
 	}
 	if *testpmd != "" {
 		path, err := exec.LookPath(*testpmd)

@@ -70,7 +70,14 @@ type Config struct {
 	Pods Pods
 	// PodQueues are the queue counts of each pod row; nil means 1, 2 and 4.
 	PodQueues []int
-	Out       io.Writer
+	// PodRings are the ring sizes the pod rows (e) to (g) ask for, a row
+	// each; nil means the clients' defaults alone.
+	PodRings []uint32
+	// Hog runs a busy loop on the receivers' core through the whole run:
+	// a neighbour that takes its share of the pods' core, late wake-ups
+	// included.
+	Hog bool
+	Out io.Writer
 	// Stop, when closed, ends the run before its next measurement: Run
 	// removes what it made (the namespace and its veth pair, the daemon,
 	// the pods) and returns ErrInterrupted. Nil runs to the end.
@@ -224,6 +231,14 @@ func Run(cfg Config) ([]*Result, error) {
 		return nil, err
 	}
 	defer snd.close()
+	if cfg.Hog {
+		stop, err := startHog(cfg.RxCPU)
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+		fmt.Fprintf(cfg.Out, "a CPU hog (a busy loop, nice 0) shares the receivers' cpu %d through the run\n", cfg.RxCPU)
+	}
 	if m, err := ReadMachine(); err != nil {
 		fmt.Fprintf(cfg.Out, "machine: %v\n", err)
 	} else {
@@ -326,17 +341,32 @@ func printRatios(w io.Writer, rs []*Result) {
 		fmt.Fprintf(w, "   b/d = %.2f", rate(b)/rate(d))
 	}
 	fmt.Fprintln(w)
-	for _, k := range []string{"(e)", "(f)", "(g)"} {
-		one := find(k, 1)
+	var names []string // each pod row kind (a ring size makes its own), in order
+	for _, r := range rs {
+		if (strings.HasPrefix(r.Name, "(e)") || strings.HasPrefix(r.Name, "(f)") || strings.HasPrefix(r.Name, "(g)")) && !slices.Contains(names, r.Name) {
+			names = append(names, r.Name)
+		}
+	}
+	for _, name := range names {
+		var one *Result
+		for _, r := range rs {
+			if r.Name == name && r.Queues == 1 {
+				one = r
+			}
+		}
 		if one == nil {
 			continue
 		}
-		fmt.Fprintf(w, "%s 1 queue: rate/(a) = %.2f   receiver CPU/(b)'s = %.2f", k, rate(one)/rate(a), cpu(one)/cpu(b))
+		label := name[:3] // (e), (f) or (g), and its ring size when the run compares them
+		if i := strings.LastIndex(name, ", ring "); i >= 0 {
+			label += name[i:]
+		}
+		fmt.Fprintf(w, "%s 1 queue: rate/(a) = %.2f   receiver CPU/(b)'s = %.2f", label, rate(one)/rate(a), cpu(one)/cpu(b))
 		if d != nil {
 			fmt.Fprintf(w, "   receiver CPU/(d)'s = %.2f (d spins)", cpu(one)/cpu(d))
 		}
 		for _, r := range rs {
-			if strings.HasPrefix(r.Name, k) && r.Queues > 1 {
+			if r.Name == name && r.Queues > 1 {
 				fmt.Fprintf(w, "   %d queues/1 queue = %.2f", r.Queues, rate(r)/rate(one))
 			}
 		}
@@ -344,6 +374,13 @@ func printRatios(w io.Writer, rs []*Result) {
 	}
 	if find("(e)", 1) != nil {
 		fmt.Fprintln(w, "(one sender core bounds every row but (f): N queues can at best equal the 1-queue rate, a ratio of 1.00; a busy-polling pod (f) runs the queue's NAPI, the receive side's XDP work, on its own core, so it can pass (a))")
+	}
+	if e, f := find("(e)", 1), find("(f)", 1); e != nil && f != nil {
+		sender := func(r *Result) float64 { return Median(r.SenderNS) }
+		fmt.Fprintf(w, "(busyPoll on veth: (f)/(e) rate %.2f, the sender core's ns/pkt %.2fx (e)'s. veth has no interrupt to defer: the sender's transmit "+
+			"schedules the queue's NAPI on the sender's core while the busy-polling pod polls it from its own: the sender's cost per frame "+
+			"rises instead of the pod taking the work. On a NIC, preferred busy polling defers the NIC's interrupts and the pod's core does the "+
+			"receive side alone: measure it there, not here)\n", rate(f)/rate(e), sender(f)/sender(e))
 	}
 }
 
@@ -749,4 +786,23 @@ func startTestpmd(cfg Config) func(p *testnet.Pair) (*running, error) {
 			return outcome{received: n}, err
 		}}, nil
 	}
+}
+
+// startHog runs a busy loop pinned to cpu until stop.
+func startHog(cpu int) (stop func(), err error) {
+	cmd := exec.Command("sh", "-c", "while :; do :; done")
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("cpu hog: %w", err)
+	}
+	var set unix.CPUSet
+	set.Set(cpu)
+	if err := unix.SchedSetaffinity(cmd.Process.Pid, &set); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("cpu hog on cpu %d: %w", cpu, err)
+	}
+	return func() {
+		_ = cmd.Process.Kill() // a busy loop: killing it loses nothing
+		_ = cmd.Wait()
+	}, nil
 }

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -185,6 +186,22 @@ type podKind struct {
 	received func(out string) (uint64, error)
 }
 
+// withRing is the kind with its client asking for rings of ring
+// entries (xdpqperf -ring, xdpq-rxdrop -r), named so.
+func (k podKind) withRing(ring uint32) podKind {
+	command := k.command
+	flag := "-ring"
+	if strings.Contains(k.name, "xdpq-rxdrop") {
+		flag = "-r"
+	}
+	k.command = func(p Pods) (string, []string) {
+		bin, args := command(p)
+		return bin, append(slices.Clone(args), flag, strconv.FormatUint(uint64(ring), 10))
+	}
+	k.name = fmt.Sprintf("%s, ring %d", k.name, ring)
+	return k
+}
+
 func (pd *podDaemon) receivers(cfg Config) []receiver {
 	var kinds []podKind
 	if cfg.Pods.Perf != "" {
@@ -206,11 +223,21 @@ func (pd *podDaemon) receivers(cfg Config) []receiver {
 			ready: ": active (", received: cReceived})
 	}
 	var rs []receiver
+	rings := cfg.PodRings
+	if len(rings) == 0 {
+		rings = []uint32{0} // the client's default
+	}
 	for _, k := range kinds {
-		for _, n := range cfg.PodQueues {
-			// A busy-polling pod spins, and runs the queue's NAPI (the
-			// receive side's XDP work) on its own core.
-			rs = append(rs, receiver{name: k.name, queues: n, spins: k.busyPoll, start: pd.startPod(k, n, cfg)})
+		for _, ring := range rings {
+			k := k
+			if ring != 0 {
+				k = k.withRing(ring)
+			}
+			for _, n := range cfg.PodQueues {
+				// A busy-polling pod spins, and runs the queue's NAPI (the
+				// receive side's XDP work) on its own core.
+				rs = append(rs, receiver{name: k.name, queues: n, spins: k.busyPoll, start: pd.startPod(k, n, cfg)})
+			}
 		}
 	}
 	return rs
