@@ -171,9 +171,9 @@ func rows() []row {
 	return []row{
 		{"Receive", []panel{
 			{title: "Frames redirected to pods per node",
-				description: "Frames the filter program redirected to pods' sockets, per second (xdpq_agent_program_packets_total, result redirected): " +
+				description: "Frames xdpq's program (filter or direct) redirected to pods' sockets, per second (xdpq_agent_program_packets_total, result redirected): " +
 					"what the pods receive plus what the kernel then lost for them (Losses, below). " +
-					"Netdevs in direct mode (hardware steering) have no per-frame counter: they show none here; their losses below still show.",
+					"A netdev whose hook a foreign program holds (Overridden) counts nothing here.",
 				unit: "pps", targets: []target{{rate("node", "xdpq_agent_program_packets_total", `result="redirected"`), "{{node}}"}}},
 			{title: "Frames redirected to pods per queue",
 				description: "Per netdev queue: the frames redirected to the socket of the pod holding the queue, per second; what the pod receives is this less the queue's losses below. " +
