@@ -27,7 +27,13 @@ type Options struct {
 	Queues    []uint32 // nil: every queue of the allocation
 	FrameSize uint32   // 2048 (default) or 4096 (default with MultiBuffer)
 	Headroom  uint32
-	Ring      uint32 // entries of every ring; default 2048 (4096 with MultiBuffer)
+	// Ring is the entries of every ring; default 2048 (4096 with
+	// MultiBuffer). A frame is lost when the application falls behind
+	// the wire by more than a ring (2048 frames: about 1 ms at 2 Mpps);
+	// a deeper ring rides out longer pauses (a neighbour on the core) at
+	// the cost of memory (two UMEM frames per entry) and, in copy mode,
+	// of the copying core's cache (README, "Ring depth").
+	Ring uint32
 	TX        bool   // ask for a TX ring too (the pool must allow it)
 	HugeTLB   bool   // back the UMEM with huge pages
 	// MultiBuffer asks for sockets that take packets larger than a UMEM
