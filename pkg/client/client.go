@@ -33,9 +33,9 @@ type Options struct {
 	// a deeper ring rides out longer pauses (a neighbour on the core) at
 	// the cost of memory (two UMEM frames per entry) and, in copy mode,
 	// of the copying core's cache (README, "Ring depth").
-	Ring uint32
-	TX        bool   // ask for a TX ring too (the pool must allow it)
-	HugeTLB   bool   // back the UMEM with huge pages
+	Ring    uint32
+	TX      bool // ask for a TX ring too (the pool must allow it)
+	HugeTLB bool // back the UMEM with huge pages
 	// MultiBuffer asks for sockets that take packets larger than a UMEM
 	// frame (jumbo frames, up to a 9000-byte MTU and beyond): such a
 	// packet comes in several descriptors, which a Receiver's Receive
