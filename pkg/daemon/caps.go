@@ -17,5 +17,5 @@ var Capabilities = map[string]string{
 	"ipc_lock":   "register a pod's memfd as UMEM: the kernel pins its pages, and charges them to the daemon's locked-memory limit without it",
 	"sys_admin":  "enter pods' network namespaces (setns) and mount sysfs there, for CNI ADD and netdev-mode pools; create BPF maps and load programs",
 	"chown":      "give a standalone allocation's socket to the uid that may connect",
-	"sys_ptrace": "open /proc/1/ns/net (the node's network namespace, where the kernel returns a netdev-mode pool's netdev when its pod's namespace goes)",
+	"sys_ptrace": "open other processes' network namespaces: a DRA netdev claim's pod sandbox's (/proc/<pid>/ns/net) where the runtime mounts pods' namespaces out of the daemon's sight (containerd's netns_mounts_under_state_dir), and pid 1's (where the kernel returns a netdev-mode pool's netdev when its pod's namespace goes) when the daemon is not in the initial namespace itself or the kernel does not give that namespace its fixed inode",
 }

@@ -78,6 +78,11 @@ func New(cfg Config) (*Mover, error) {
 	if err != nil {
 		return nil, fmt.Errorf("node netns %s: %w", cfg.Node, err)
 	}
+	if defaultInit && isInitNetns(node) {
+		// The node's namespace is the initial one (a DaemonSet with host
+		// network): nothing to open in pid 1, which needs CAP_SYS_PTRACE.
+		return &Mover{node: node, init: netns.None(), wait: cfg.ReturnWait}, nil
+	}
 	init, err := netns.GetFromPath(cfg.Init)
 	var initErr error
 	if err != nil && defaultInit {
@@ -91,6 +96,19 @@ func New(cfg Config) (*Mover, error) {
 		init = netns.None()
 	}
 	return &Mover{node: node, init: init, initErr: initErr, wait: cfg.ReturnWait}, nil
+}
+
+// initNetnsInode is the inode of the initial network namespace: a fixed
+// number (the kernel's PROC_NET_INIT_INO, NET_NS_INIT_INO in its uapi
+// nsfs.h) on the kernels that give init_net one; others number it like
+// any namespace, from 0xF0000000 up, so it never matches there.
+const initNetnsInode = 0xEFFFFFF9
+
+// isInitNetns says whether h is the initial network namespace, as far as
+// its inode tells (false on a kernel that numbers it like any other).
+func isInitNetns(h netns.NsHandle) bool {
+	var st unix.Stat_t
+	return unix.Fstat(int(h), &st) == nil && st.Ino == initNetnsInode
 }
 
 // InitErr says why the initial namespace could not be opened (New then

@@ -1102,3 +1102,43 @@ func TestMoveOutFromHandMadeStates(t *testing.T) {
 		})
 	}
 }
+
+// TestInitNetns: a mover in the initial network namespace (the DaemonSet's
+// host network) takes it as the initial one by its inode, without opening
+// pid 1's (which needs CAP_SYS_PTRACE, and which this sandbox's pid 1
+// refuses even to root); a pod's namespace is not taken for it.
+func TestInitNetns(t *testing.T) {
+	testnet.RequireRoot(t)
+	self, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer self.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(self), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Ino != initNetnsInode {
+		t.Fatalf("the test runs in netns inode %#x, not the initial namespace's fixed %#x: a kernel without PROC_NET_INIT_INO, or not the host's namespace", st.Ino, initNetnsInode)
+	}
+	if !isInitNetns(self) {
+		t.Error("the initial namespace not recognised")
+	}
+	m, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if m.InitErr() != nil || m.init.IsOpen() {
+		t.Errorf("in the initial namespace: init open %v, InitErr %v", m.init.IsOpen(), m.InitErr())
+	}
+	pair := testnet.NewPair(t, 1)
+	pod, err := netns.GetFromPath(pair.NSPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pod.Close()
+	if isInitNetns(pod) {
+		t.Errorf("a pod's namespace %s taken for the initial one", pair.NSPath())
+	}
+}
