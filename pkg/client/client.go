@@ -32,7 +32,7 @@ type Options struct {
 	// the wire by more than a ring (2048 frames: about 1 ms at 2 Mpps);
 	// a deeper ring rides out longer pauses (a neighbour on the core) at
 	// the cost of memory (two UMEM frames per entry) and, in copy mode,
-	// of the copying core's cache (README, "Ring depth").
+	// of the copying core's cache (docs/clients.md, "Ring depth").
 	Ring    uint32
 	TX      bool // ask for a TX ring too (the pool must allow it)
 	HugeTLB bool // back the UMEM with huge pages
