@@ -529,7 +529,9 @@ func (a accounting) lines() []string {
 // makes.
 func (a accounting) check() error {
 	if bound := int64(2 * sourceRate / 20); a.rest() > bound || a.rest() < -bound {
-		return fmt.Errorf("the counts do not add up: %d frames unexplained (at most %d expected)", a.rest(), bound)
+		return fmt.Errorf("the counts do not add up: %d frames of %d sent are in no count (at most %d expected from the hook's changes of hands): "+
+			"frames were lost where none of xdpq's or the kernel's socket counters sees them (the veth's own queue); "+
+			"run the demo again on an idle machine, and if it repeats, report it with this output", a.rest(), a.sent, bound)
 	}
 	return nil
 }
