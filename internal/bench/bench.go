@@ -105,7 +105,8 @@ type Result struct {
 	// RxCPUNS is the receiver's own CPU ns per packet received, one per
 	// round; nil where it has no CPU time of its own (XDP_DROP).
 	RxCPUNS []float64
-	Spins   bool // the receiver spins: its CPU time is all of the run's
+	Spins   bool   // the receiver spins: its CPU time is all of the run's
+	Ring    uint32 // the ring size a pod row asked for, when the run compares them (-pod-ring); 0 otherwise
 	// Drops are its sockets' drop counters, one per round; nil where it
 	// has none that the bench reads (XDP_DROP, DPDK).
 	Drops []Drops
@@ -142,6 +143,7 @@ type receiver struct {
 	name   string
 	queues int
 	spins  bool
+	ring   uint32 // the pod rows' ring size, when the run compares them; 0 otherwise
 	start  func(p *testnet.Pair) (*running, error)
 }
 
@@ -224,7 +226,7 @@ func Run(cfg Config) ([]*Result, error) {
 	}
 	results := make([]*Result, len(receivers))
 	for i, r := range receivers {
-		results[i] = &Result{Name: r.name, Queues: r.queues, Spins: r.spins}
+		results[i] = &Result{Name: r.name, Queues: r.queues, Spins: r.spins, Ring: r.ring}
 	}
 	snd, err := newSender(p, queues, cfg)
 	if err != nil {
@@ -358,8 +360,8 @@ func printRatios(w io.Writer, rs []*Result) {
 			continue
 		}
 		label := name[:3] // (e), (f) or (g), and its ring size when the run compares them
-		if i := strings.LastIndex(name, ", ring "); i >= 0 {
-			label += name[i:]
+		if one.Ring != 0 {
+			label += fmt.Sprintf(", ring %d", one.Ring)
 		}
 		fmt.Fprintf(w, "%s 1 queue: rate/(a) = %.2f   receiver CPU/(b)'s = %.2f", label, rate(one)/rate(a), cpu(one)/cpu(b))
 		if d != nil {
