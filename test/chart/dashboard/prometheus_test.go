@@ -1,20 +1,15 @@
 package dashboard
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
-	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -22,13 +17,13 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/xdpq/xdpq/internal/demo"
 	"github.com/xdpq/xdpq/internal/frame"
 	"github.com/xdpq/xdpq/internal/perf"
+	"github.com/xdpq/xdpq/internal/promtest"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/api"
@@ -51,6 +46,8 @@ const (
 	rateWindow = "4s"
 	// downNode is the node label of a target where no daemon answers.
 	downNode = "xdpq-down-node"
+	// dashboardFile is the chart's copy of the dashboard.
+	dashboardFile = "../../../charts/xdpq/files/xdpq-dashboard.json"
 	// rulesFile is the chart's alerts.
 	rulesFile = "../../../charts/xdpq/files/xdpq.rules.yaml"
 	// config is the daemon's: one software-steered pool of xa's two
@@ -87,7 +84,7 @@ func TestDashboardOnPrometheus(t *testing.T) {
 	d, dir := startDaemon(t, pair)
 	prom := startPrometheus(t, promBin, d.MetricsAddr().String())
 	start := time.Now()
-	prom.waitFor(t, `up{job="`+job+`"} == 1`)
+	prom.WaitFor(t, `up{job="`+job+`"} == 1`)
 	ctx := context.Background()
 
 	// Two allocations, attached through the daemon's API (timed: the CNI
@@ -107,7 +104,7 @@ func TestDashboardOnPrometheus(t *testing.T) {
 			Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{pair.A.Addr}}); err != nil {
 			t.Fatal(err)
 		}
-		prom.waitFor(t, fmt.Sprintf(`xdpq_cni_operation_duration_seconds_count{verb="add"} == %d`, i+1))
+		prom.WaitFor(t, fmt.Sprintf(`xdpq_cni_operation_duration_seconds_count{verb="add"} == %d`, i+1))
 	}
 	reading, stopped := allocs[0].Queues[0], allocs[1].Queues[0]
 
@@ -132,9 +129,9 @@ func TestDashboardOnPrometheus(t *testing.T) {
 	waitNetdev(t, d, func(n api.NetdevStatus) bool { return len(n.Sockets) == 2 && n.State == "Filter" })
 	// Prometheus holds the sockets' and the program's counters before
 	// anything makes them rise.
-	prom.waitFor(t, fmt.Sprintf(`xdpq_socket_fill_ring_empty_total{queue="%d"}`, stopped))
-	prom.waitFor(t, `xdpq_agent_reattach_duration_seconds_count{netdev="xa"} == 0`)
-	prom.waitFor(t, `xdpq_agent_program_packets_total{netdev="xa", result="redirected"}`)
+	prom.WaitFor(t, fmt.Sprintf(`xdpq_socket_fill_ring_empty_total{queue="%d"}`, stopped))
+	prom.WaitFor(t, `xdpq_agent_reattach_duration_seconds_count{netdev="xa"} == 0`)
+	prom.WaitFor(t, `xdpq_agent_program_packets_total{netdev="xa", result="redirected"}`)
 
 	// An operator's program takes the hook, long enough for a scrape to
 	// see it, and leaves: xdpq re-attaches its own.
@@ -144,11 +141,11 @@ func TestDashboardOnPrometheus(t *testing.T) {
 	}
 	defer operator.Close()
 	waitNetdev(t, d, func(n api.NetdevStatus) bool { return n.State == "Overridden" })
-	prom.waitFor(t, `xdpq_agent_netdev_state{netdev="xa", state="Overridden"} == 1`)
+	prom.WaitFor(t, `xdpq_agent_netdev_state{netdev="xa", state="Overridden"} == 1`)
 	// Its alert fires (its "for" a second here), saying what to do about
 	// this netdev on this node.
-	prom.waitFor(t, firing("XdpqNetdevOverridden", `netdev="xa", node="`+testNode+`"`))
-	if desc := prom.alertDescription(t, "XdpqNetdevOverridden"); !strings.Contains(desc, "ip link set dev xa xdp off") ||
+	prom.WaitFor(t, promtest.Firing("XdpqNetdevOverridden", `netdev="xa", node="`+testNode+`"`))
+	if desc := prom.AlertDescription(t, "XdpqNetdevOverridden"); !strings.Contains(desc, "ip link set dev xa xdp off") ||
 		!strings.Contains(desc, "kubectl xdpq status "+testNode) {
 		t.Errorf("XdpqNetdevOverridden's description: %s", desc)
 	}
@@ -156,8 +153,8 @@ func TestDashboardOnPrometheus(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitNetdev(t, d, func(n api.NetdevStatus) bool { return n.State == "Filter" })
-	prom.waitFor(t, `xdpq_agent_reattach_duration_seconds_count{netdev="xa"} == 1`)
-	prom.waitGone(t, `ALERTS{alertname="XdpqNetdevOverridden"}`) // resolved
+	prom.WaitFor(t, `xdpq_agent_reattach_duration_seconds_count{netdev="xa"} == 1`)
+	prom.WaitGone(t, `ALERTS{alertname="XdpqNetdevOverridden"}`) // resolved
 
 	// A config the daemon refuses, then the good one back.
 	cfg := filepath.Join(dir, "config.yaml")
@@ -167,19 +164,19 @@ func TestDashboardOnPrometheus(t *testing.T) {
 	if err := d.Reload(ctx); err == nil {
 		t.Fatal("an invalid config was put in force")
 	}
-	prom.waitFor(t, `xdpq_config_last_reload_successful == 0`)
-	prom.waitFor(t, firing("XdpqConfigRefused", `node="`+testNode+`"`))
+	prom.WaitFor(t, `xdpq_config_last_reload_successful == 0`)
+	prom.WaitFor(t, promtest.Firing("XdpqConfigRefused", `node="`+testNode+`"`))
 	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Reload(ctx); err != nil {
 		t.Fatal(err)
 	}
-	prom.waitGone(t, `ALERTS{alertname="XdpqConfigRefused"}`)
+	prom.WaitGone(t, `ALERTS{alertname="XdpqConfigRefused"}`)
 	// The node whose daemon does not answer: its alert fires, the
 	// daemon that answers has none.
-	prom.waitFor(t, firing("XdpqDaemonDown", `node="`+downNode+`"`))
-	prom.waitGone(t, `ALERTS{alertname="XdpqDaemonDown", node="`+testNode+`"}`)
+	prom.WaitFor(t, promtest.Firing("XdpqDaemonDown", `node="`+downNode+`"`))
+	prom.WaitGone(t, `ALERTS{alertname="XdpqDaemonDown", node="`+testNode+`"}`)
 
 	// Frames flow to both pods' queues, until the test ends.
 	sendFrames(t, pair, [2]uint32{reading, stopped})
@@ -187,19 +184,19 @@ func TestDashboardOnPrometheus(t *testing.T) {
 	// gave at the start, then frames find its fill ring empty. It gives
 	// the kernel its spare frames, still reading nothing: what comes
 	// then finds its RX ring full.
-	prom.waitFor(t, fmt.Sprintf(`xdpq_socket_fill_ring_empty_total{queue="%d"} > 0`, stopped))
+	prom.WaitFor(t, fmt.Sprintf(`xdpq_socket_fill_ring_empty_total{queue="%d"} > 0`, stopped))
 	if n := lease.Sockets[0].Fill(lease.SpareFrames(0)); n != len(lease.SpareFrames(0)) {
 		t.Fatalf("the fill ring took %d of %d spare frames", n, len(lease.SpareFrames(0)))
 	}
 	// The losing queue's alerts fire; the reading pod's queue has none.
-	prom.waitFor(t, firing("XdpqQueueFillRingEmpty", fmt.Sprintf(`netdev="xa", queue="%d"`, stopped)))
-	prom.waitFor(t, firing("XdpqQueueRxRingFull", fmt.Sprintf(`netdev="xa", queue="%d"`, stopped)))
-	prom.waitGone(t, fmt.Sprintf(`ALERTS{alertname=~"XdpqQueue.+", queue="%d"}`, reading))
+	prom.WaitFor(t, promtest.Firing("XdpqQueueFillRingEmpty", fmt.Sprintf(`netdev="xa", queue="%d"`, stopped)))
+	prom.WaitFor(t, promtest.Firing("XdpqQueueRxRingFull", fmt.Sprintf(`netdev="xa", queue="%d"`, stopped)))
+	prom.WaitGone(t, fmt.Sprintf(`ALERTS{alertname=~"XdpqQueue.+", queue="%d"}`, reading))
 
 	// The panels, as Grafana would ask for them with node chosen.
-	panels := readPanels(t)
+	panels := promtest.ReadPanels(t, dashboardFile)
 	fill := strings.NewReplacer("$__rate_interval", rateWindow, "$"+NodeVar, testNode)
-	byTitle := map[string]panelJSON{}
+	byTitle := map[string]promtest.Panel{}
 	for _, p := range panels {
 		byTitle[p.Title] = p
 	}
@@ -248,9 +245,9 @@ func TestDashboardOnPrometheus(t *testing.T) {
 				if !strings.HasSuffix(tg.LegendFormat, s.reason) {
 					continue
 				}
-				for _, series := range prom.queryRange(t, fill.Replace(tg.Expr), start, time.Now()) {
-					if s.match == nil || s.match(series.labels) {
-						seen = append(seen, series.values...)
+				for _, series := range prom.QueryRange(t, fill.Replace(tg.Expr), start, time.Now()) {
+					if s.match == nil || s.match(series.Labels) {
+						seen = append(seen, series.Values...)
 					}
 				}
 			}
@@ -258,7 +255,7 @@ func TestDashboardOnPrometheus(t *testing.T) {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Errorf("panel %q does not show %s: values %v", s.panel, s.what, summary(seen))
+				t.Errorf("panel %q does not show %s: values %v", s.panel, s.what, promtest.Summary(seen))
 				break
 			}
 			time.Sleep(250 * time.Millisecond) // Prometheus scrapes each second and tells no one: polled
@@ -268,19 +265,11 @@ func TestDashboardOnPrometheus(t *testing.T) {
 	// Every target of every panel returns data.
 	for _, p := range panels {
 		for _, tg := range p.Targets {
-			expr := fill.Replace(tg.Expr)
-			result := prom.queryRange(t, expr, start, time.Now())
-			var lines []string
-			for _, s := range result {
-				if len(finite(s.values)) > 0 {
-					lines = append(lines, fmt.Sprintf("%s: %s", legend(tg.LegendFormat, s.labels), summary(s.values)))
-				}
-			}
+			lines := prom.Shows(t, tg, fill, start, time.Now())
 			if len(lines) == 0 {
-				t.Errorf("panel %q, target %s: no series with data (%d series, all NaN or none)\n%s", p.Title, tg.RefID, len(result), expr)
+				t.Errorf("panel %q, target %s: no series with data\n%s", p.Title, tg.RefID, fill.Replace(tg.Expr))
 				continue
 			}
-			slices.Sort(lines)
 			t.Logf("panel %q, target %s:\n  %s", p.Title, tg.RefID, strings.Join(lines, "\n  "))
 		}
 	}
@@ -292,7 +281,7 @@ func TestDashboardOnPrometheus(t *testing.T) {
 		t.Fatalf("node variable query %q", NodeQuery)
 	}
 	var nodes []string
-	prom.get(t, "/api/v1/label/"+label+"/values", url.Values{"match[]": {metric}}, &nodes)
+	prom.Get(t, "/api/v1/label/"+label+"/values", url.Values{"match[]": {metric}}, &nodes)
 	if !slices.Contains(nodes, testNode) {
 		t.Errorf("the node variable (%s) lists %v, not %s", NodeQuery, nodes, testNode)
 	}
@@ -308,33 +297,6 @@ func above(v float64) func([]float64) bool {
 // has is true of values holding v.
 func has(v float64) func([]float64) bool {
 	return func(vals []float64) bool { return slices.Contains(vals, v) }
-}
-
-func finite(vals []float64) []float64 {
-	var out []float64
-	for _, v := range vals {
-		if !math.IsNaN(v) && !math.IsInf(v, 0) {
-			out = append(out, v)
-		}
-	}
-	return out
-}
-
-// summary tells a series' values in a line: how many, and their range.
-func summary(vals []float64) string {
-	f := finite(vals)
-	if len(f) == 0 {
-		return fmt.Sprintf("%d samples, none a number", len(vals))
-	}
-	return fmt.Sprintf("%d samples, %g to %g, last %g", len(vals), slices.Min(f), slices.Max(f), f[len(f)-1])
-}
-
-// legend fills a legend format's {{label}}s.
-func legend(format string, labels map[string]string) string {
-	for k, v := range labels {
-		format = strings.ReplaceAll(format, "{{"+k+"}}", v)
-	}
-	return format
 }
 
 // startDaemon runs a standalone daemon on the pair's xa with config,
@@ -457,75 +419,17 @@ func sendFrames(t *testing.T, p *testnet.Pair, qs [2]uint32) {
 	})
 }
 
-// panelJSON is a panel of the dashboard's JSON, as far as the test reads
-// it.
-type panelJSON struct {
-	Title   string `json:"title"`
-	Type    string `json:"type"`
-	Targets []struct {
-		Expr         string `json:"expr"`
-		LegendFormat string `json:"legendFormat"`
-		RefID        string `json:"refId"`
-	} `json:"targets"`
-	Panels []panelJSON `json:"panels"` // a row's, when collapsed
-}
-
-// readPanels reads the panels of the chart's copy of the dashboard, those
-// of rows included.
-func readPanels(t *testing.T) []panelJSON {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "..", "charts", "xdpq", "files", "xdpq-dashboard.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dash struct {
-		Panels []panelJSON `json:"panels"`
-	}
-	if err := json.Unmarshal(b, &dash); err != nil {
-		t.Fatal(err)
-	}
-	var out []panelJSON
-	var walk func([]panelJSON)
-	walk = func(ps []panelJSON) {
-		for _, p := range ps {
-			if p.Type == "row" {
-				walk(p.Panels)
-				continue
-			}
-			if len(p.Targets) == 0 {
-				t.Errorf("panel %q has no query", p.Title)
-			}
-			out = append(out, p)
-		}
-	}
-	walk(dash.Panels)
-	if len(out) == 0 {
-		t.Fatal("the dashboard has no panels")
-	}
-	return out
-}
-
-// promServer is a Prometheus server the test started.
-type promServer struct {
-	base string
-}
-
 // startPrometheus runs Prometheus scraping the daemon's metrics at addr
-// every second as job, with the node label, on a fresh storage directory
-// and a free port, until the test ends.
-func startPrometheus(t *testing.T, bin, addr string) *promServer {
+// every second as job, with the node label, and evaluating the chart's
+// alerts, each one's "for" cut to a second; a second target where no
+// daemon answers is a node whose daemon is down.
+func startPrometheus(t *testing.T, bin, addr string) *promtest.Server {
 	t.Helper()
-	dir := t.TempDir()
-	// The chart's alerts, each one's "for" cut to a second; and a second
-	// target where no daemon answers, a node whose daemon is down.
 	rules, err := os.ReadFile(rulesFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rules = regexp.MustCompile(`(?m)^(\s+for:) \d+m$`).ReplaceAll(rules, []byte("$1 1s"))
-	if err := os.WriteFile(filepath.Join(dir, "rules.yaml"), rules, 0o644); err != nil {
-		t.Fatal(err)
-	}
 	down, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -534,185 +438,11 @@ func startPrometheus(t *testing.T, bin, addr string) *promServer {
 	if err := down.Close(); err != nil { // nothing answers there now
 		t.Fatal(err)
 	}
-	cfg := fmt.Sprintf(`global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}
-rule_files: [%q]
-scrape_configs:
-  - job_name: %s
+	return promtest.Start(t, bin, promtest.Config{Rules: rules, ScrapeConfigs: fmt.Sprintf(`  - job_name: %s
     static_configs:
       - targets: [%q]
         labels: {node: %s}
       - targets: [%q]
         labels: {node: %s}
-`, filepath.Join(dir, "rules.yaml"), job, addr, testNode, downAddr, downNode)
-	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	listen := ln.Addr().String()
-	if err := ln.Close(); err != nil { // Prometheus listens there next
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
-		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+listen, "--log.level=warn")
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM) // it may have exited already: Wait says
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill() // stuck: its exit is what matters
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("prometheus:\n%s", out.String())
-		}
-	})
-	p := &promServer{base: "http://" + listen}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) { // its start tells no one: polled
-		select {
-		case err := <-exited:
-			exited <- err
-			t.Fatalf("prometheus exited: %v\n%s", err, out.String())
-		default:
-		}
-		resp, err := http.Get(p.base + "/-/ready")
-		if err == nil {
-			_ = resp.Body.Close() // only its status matters
-			if resp.StatusCode == http.StatusOK {
-				return p
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("prometheus not ready at %s: %v\n%s", p.base, err, out.String())
-		}
-	}
+`, job, addr, testNode, downAddr, downNode)})
 }
-
-// get asks Prometheus' HTTP API and decodes its data into v.
-func (p *promServer) get(t *testing.T, path string, q url.Values, v any) {
-	t.Helper()
-	resp, err := http.Get(p.base + path + "?" + q.Encode())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var r struct {
-		Status string          `json:"status"`
-		Error  string          `json:"error"`
-		Data   json.RawMessage `json:"data"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-	if r.Status != "success" {
-		t.Fatalf("%s %s: %s", path, q.Get("query"), r.Error)
-	}
-	if err := json.Unmarshal(r.Data, v); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-}
-
-// series is a series of a query's result.
-type series struct {
-	labels map[string]string
-	values []float64
-}
-
-// queryRange runs expr over [from, to] at a step of a second, as a
-// panel asks.
-func (p *promServer) queryRange(t *testing.T, expr string, from, to time.Time) []series {
-	t.Helper()
-	var data struct {
-		Result []struct {
-			Metric map[string]string `json:"metric"`
-			Values [][2]any          `json:"values"`
-		} `json:"result"`
-	}
-	p.get(t, "/api/v1/query_range", url.Values{"query": {expr}, "start": {unix(from)}, "end": {unix(to)}, "step": {"1"}}, &data)
-	var out []series
-	for _, r := range data.Result {
-		s := series{labels: r.Metric}
-		for _, v := range r.Values {
-			str, _ := v[1].(string)
-			f, err := strconv.ParseFloat(str, 64)
-			if err != nil {
-				t.Fatalf("%s: value %v: %v", expr, v[1], err)
-			}
-			s.values = append(s.values, f)
-		}
-		out = append(out, s)
-	}
-	return out
-}
-
-// waitFor waits until expr, an instant query, returns a series.
-// Prometheus scrapes each second and tells no one: polled.
-func (p *promServer) waitFor(t *testing.T, expr string) {
-	t.Helper()
-	p.waitUntil(t, expr, true)
-}
-
-// waitGone waits until expr returns no series.
-func (p *promServer) waitGone(t *testing.T, expr string) {
-	t.Helper()
-	p.waitUntil(t, expr, false)
-}
-
-func (p *promServer) waitUntil(t *testing.T, expr string, some bool) {
-	t.Helper()
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		var data struct {
-			Result []json.RawMessage `json:"result"`
-		}
-		p.get(t, "/api/v1/query", url.Values{"query": {expr}}, &data)
-		if (len(data.Result) > 0) == some {
-			return
-		}
-		if time.Now().After(deadline) {
-			if some {
-				t.Fatalf("Prometheus has no series for %s", expr)
-			}
-			t.Fatalf("Prometheus still has series for %s: %s", expr, data.Result)
-		}
-	}
-}
-
-// firing is the query of alert's firing instances with labels.
-func firing(alert, labels string) string {
-	if labels != "" {
-		labels = ", " + labels
-	}
-	return fmt.Sprintf(`ALERTS{alertname=%q, alertstate="firing"%s}`, alert, labels)
-}
-
-// alertDescription is the description Prometheus rendered for alert's
-// firing instance with the label netdev (or any, with "").
-func (p *promServer) alertDescription(t *testing.T, alert string) string {
-	t.Helper()
-	var data struct {
-		Alerts []struct {
-			Labels      map[string]string `json:"labels"`
-			Annotations map[string]string `json:"annotations"`
-			State       string            `json:"state"`
-		} `json:"alerts"`
-	}
-	p.get(t, "/api/v1/alerts", url.Values{}, &data)
-	for _, a := range data.Alerts {
-		if a.Labels["alertname"] == alert && a.State == "firing" {
-			return a.Annotations["description"]
-		}
-	}
-	t.Fatalf("alert %s is not firing", alert)
-	return ""
-}
-
-func unix(t time.Time) string { return strconv.FormatFloat(float64(t.UnixNano())/1e9, 'f', 3, 64) }
