@@ -228,7 +228,8 @@ func TestPrometheusRule(t *testing.T) {
 
 // TestPrometheusRuleNames: in another release, namespace and resource
 // prefix the rules name that release's metrics Service (the
-// ServiceMonitor's job), DaemonSet and namespace, and the prefix as
+// ServiceMonitor's job), DaemonSet and namespace (in queries and in the
+// commands the descriptions give), and the prefix as
 // kube-state-metrics spells it; nothing else changes, and promtool
 // finds them sound.
 func TestPrometheusRuleNames(t *testing.T) {
@@ -256,6 +257,7 @@ func TestPrometheusRuleNames(t *testing.T) {
 		`job="xdpq-metrics"`:      `job="` + svcs[0].Name + `"`,
 		`created_by_name="xdpq"`:  `created_by_name="` + ds.Name + `"`,
 		`namespace="kube-system"`: `namespace="` + ds.Namespace + `"`,
+		"kubectl -n kube-system ": "kubectl -n " + ds.Namespace + " ",
 		`"xdpq_io_`:               `"example_com_`,
 	} {
 		if !strings.Contains(text, old) {

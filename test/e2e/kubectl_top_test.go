@@ -33,6 +33,9 @@ const topScreen = "/tmp/top-screen.txt"
 // same, and the RBAC the plugin's help names is what it needs: a user
 // with view and the chart's xdpq-top Role reads the rates; one with view
 // alone sees the daemon unreachable, forbidden, and the pod's rows still.
+// The same traffic serves checkPrometheusThroughService: a Prometheus
+// scraping the daemon through the chart's metrics Service, as its
+// ServiceMonitor says, sees the pod receive on the dashboard's panels.
 func TestKubectlXdpqTop(t *testing.T) {
 	testnet.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute) // a fresh build included
@@ -148,6 +151,8 @@ func TestKubectlXdpqTop(t *testing.T) {
 			}
 		}
 	})
+
+	t.Run("prometheus", func(t *testing.T) { checkPrometheusThroughService(ctx, t, cp, node.Name, ns, pod) })
 
 	stopped = true
 	if _, err := stop(); err != nil {

@@ -49,6 +49,10 @@ const (
 	Containerd     = "containerd"
 	ContainerdShim = "containerd-shim-runc-v2"
 	Ctr            = "ctr"
+	// A Prometheus server with Kubernetes service discovery, which
+	// Debian's package lacks: the e2e scrapes the daemons as the chart's
+	// ServiceMonitor says.
+	Prometheus = "prometheus"
 )
 
 // DefaultCacheDir is where binaries are cached unless XDPQ_E2E_CACHE
@@ -94,6 +98,9 @@ func binaries() map[string]binary {
 		Containerd:     containerd("github.com/containerd/containerd/v2/cmd/containerd"),
 		ContainerdShim: containerd("github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"),
 		Ctr:            containerd("github.com/containerd/containerd/v2/cmd/ctr"),
+		// In a module of its own (kubebin/prometheus), as containerd.
+		Prometheus: {pkg: "github.com/prometheus/prometheus/cmd/prometheus", module: "github.com/prometheus/prometheus", dir: "kubebin/prometheus",
+			ldflags: func(v string) []string { return []string{"-X", "github.com/prometheus/common/version.Version=" + v} }},
 	}
 }
 
@@ -124,7 +131,7 @@ func kubeVersion(v string) []string {
 
 // All returns the names of every binary Ensure can build.
 func All() []string {
-	return []string{Etcd, KubeAPIServer, KubeControllerManager, KubeScheduler, Kubelet, Kubectl, Helm, Containerd, ContainerdShim, Ctr}
+	return []string{Etcd, KubeAPIServer, KubeControllerManager, KubeScheduler, Kubelet, Kubectl, Helm, Containerd, ContainerdShim, Ctr, Prometheus}
 }
 
 // Options configure Ensure. The zero value builds with the go command
