@@ -3,7 +3,8 @@
 // with clang through the Makefile, runs the parser's test, runs
 // xdpq-rxdrop against malformed daemons, and, as root, runs it as an
 // unprivileged pod against a real broker on a veth pair and checks every
-// frame it received byte for byte.
+// frame it received byte for byte. It also builds the C program of
+// docs/protocol.md with the command line the docs show, and runs it so.
 package ctest_test
 
 import (
@@ -44,8 +45,15 @@ func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
 // is installed and the test must run.
 func build(t *testing.T, targets ...string) string {
 	t.Helper()
-	cc := testnet.RequireTool(t, "clang-14", "clang", "clang-14")
 	dir := t.TempDir()
+	buildIn(t, dir, targets...)
+	return dir
+}
+
+// buildIn is build into dir, which make creates if need be.
+func buildIn(t *testing.T, dir string, targets ...string) {
+	t.Helper()
+	cc := testnet.RequireTool(t, "clang-14", "clang", "clang-14")
 	args := []string{"-s", "-C", "..", "O=" + dir, "CC=" + cc}
 	for _, target := range targets {
 		args = append(args, filepath.Join(dir, target))
@@ -54,7 +62,6 @@ func build(t *testing.T, targets ...string) string {
 	if err != nil {
 		t.Fatalf("make %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-	return dir
 }
 
 // TestMessageParser runs msg_test: the parser of the daemon's messages on
