@@ -15,6 +15,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
 	"github.com/xdpq/xdpq/internal/kubectlxdpq"
 	"github.com/xdpq/xdpq/internal/testnet"
@@ -27,8 +28,8 @@ import (
 const topScreen = "/tmp/top-screen.txt"
 
 // TestKubectlXdpqTop runs `kubectl xdpq top` in a real terminal (a tmux
-// pane of 200x50) on a real node, xdpq installed by its chart, while
-// frames flow to a pod's two queues: the screen, redrawn every second,
+// pane of 200x50) on a real node, xdpq installed by its chart (its pool
+// served by DRA), while frames flow to a pod's two queues: the screen, redrawn every second,
 // shows the pod's rows with their receive rates. `top -o json` gives the
 // same, and the RBAC the plugin's help names is what it needs: a user
 // with view and the chart's xdpq-top Role reads the rates; one with view
@@ -43,8 +44,11 @@ func TestKubectlXdpqTop(t *testing.T) {
 	e := newScenarioEnv(ctx, t)
 	cp, node := e.cp, e.node
 	k := kubectl{path: cp.Binaries[kubebin.Kubectl], kubeconfig: cp.Kubeconfig, pluginDir: buildPlugin(ctx, t)}
-	e.install(ctx, t, "--set", "dra.servedBy=devicePlugin")
-	waitAllocatable(ctx, t, cp, node.Name, scenarioQueues)
+	// The pool served by DRA (the chart's default on this cluster): the
+	// pod asks for the extended resource, and the daemon prepares its
+	// claim (the dashboard's DRA panels).
+	e.install(ctx, t)
+	waitSlices(ctx, t, cp, 1)
 
 	const ns = "top"
 	if err := cp.CreateNamespace(ctx, ns, map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}); err != nil {
@@ -152,7 +156,20 @@ func TestKubectlXdpqTop(t *testing.T) {
 		}
 	})
 
-	t.Run("prometheus", func(t *testing.T) { checkPrometheusThroughService(ctx, t, cp, node.Name, ns, pod) })
+	t.Run("prometheus", func(t *testing.T) {
+		// A second pod comes and goes: the daemon prepares and
+		// unprepares its claim.
+		events := func(t *testing.T) {
+			startPerfPod(ctx, t, cp, ns, "rx-top2", e.ref, 5001)
+			if err := cp.Client.CoreV1().Pods(ns).Delete(ctx, "rx-top2", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := cp.Kubectl(ctx, "-n", ns, "wait", "--for=delete", "pod/rx-top2", "--timeout=60s"); err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+		}
+		checkPrometheusThroughService(ctx, t, cp, node.Name, ns, pod, events)
+	})
 
 	stopped = true
 	if _, err := stop(); err != nil {

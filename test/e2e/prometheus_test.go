@@ -131,12 +131,13 @@ func scrapeConfigs(sm serviceMonitor, api, caFile, tokenFile string) (string, er
 // metrics Service's EndpointSlice, discovered with a ServiceAccount
 // token whose ClusterRole allows only what discovery reads. While frames
 // flow to pod's queues, the target carries the labels the dashboard and
-// the alerts expect (job, node), and every panel of the chart's
+// the alerts expect (job, node); events makes what the panels of
+// latencies show happen while Prometheus scrapes. Every panel of the chart's
 // dashboard, its node variable put in, returns series with data (but
 // three, of events this scenario does not cause); the per-pod panels
 // name pod in its namespace, not the daemon's pod the target's labels
 // would put there.
-func checkPrometheusThroughService(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, node, ns string, pod *perfRun) {
+func checkPrometheusThroughService(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, node, ns string, pod *perfRun, events func(t *testing.T)) {
 	t.Helper()
 	// Debian's Prometheus has no Kubernetes service discovery: kubebin
 	// builds one that has.
@@ -210,6 +211,7 @@ func checkPrometheusThroughService(ctx context.Context, t *testing.T, cp *cluste
 		t.Fatalf("Prometheus' targets %+v, want the daemon's, found through the metrics Service's EndpointSlice", targets.ActiveTargets)
 	}
 	t.Logf("the daemon, found through EndpointSlice %s: %v", targets.ActiveTargets[0].DiscoveredLabels["__meta_kubernetes_endpointslice_name"], targets.ActiveTargets[0].Labels)
+	events(t)
 
 	panels := promtest.ReadPanels(t, filepath.Join(repoRoot, "charts/xdpq/files/xdpq-dashboard.json"))
 	// $__rate_interval for a 1s scrape and a 1s step, as Grafana

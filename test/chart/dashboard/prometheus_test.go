@@ -63,8 +63,9 @@ const (
 // holder connects and reads nothing; an operator's program takes the
 // netdev's hook and leaves (a re-attach); a config is refused and a good
 // one put back; then frames flow to both queues. Every target of every
-// panel of the generated JSON (its variables put in) returns series with
-// data over the test's time range, or the panel is named; the receive
+// panel of the generated JSON (its variables put in) but the DRA
+// driver's returns series with data over the test's time range, or the
+// panel is named; the receive
 // panel shows the drained queue receiving, the loss panel the other
 // queue losing (fill ring empty, then rx ring full) and the drained one
 // not, the state panel Filter and Overridden, the config panel
@@ -262,10 +263,21 @@ func TestDashboardOnPrometheus(t *testing.T) {
 		}
 	}
 
-	// Every target of every panel returns data.
+	// Every target of every panel returns data, but the DRA driver's:
+	// this daemon serves no claim (make e2e's TestKubectlXdpqTop shows
+	// them with data).
+	noDRA := map[string]bool{"DRA Prepare latency": true, "DRA operations by result": true}
+	for title := range noDRA {
+		if _, ok := byTitle[title]; !ok {
+			t.Errorf("the dashboard has no panel %q (the test's list of panels without data here is stale)", title)
+		}
+	}
 	for _, p := range panels {
 		for _, tg := range p.Targets {
 			lines := prom.Shows(t, tg, fill, start, time.Now())
+			if len(lines) == 0 && noDRA[p.Title] {
+				continue
+			}
 			if len(lines) == 0 {
 				t.Errorf("panel %q, target %s: no series with data\n%s", p.Title, tg.RefID, fill.Replace(tg.Expr))
 				continue
