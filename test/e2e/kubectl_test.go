@@ -340,15 +340,23 @@ func (k kubectl) must(ctx context.Context, t *testing.T, args ...string) (stdout
 	return stdout, stderr
 }
 
-// buildPlugin builds cmd/kubectl-xdpq, as make build does, into a new
-// directory and returns it.
+// buildPlugin builds cmd/kubectl-xdpq into bin/ of a new directory, as
+// make build does into the repository's, puts it on kubectl's PATH as
+// docs/operating.md says, `install bin/kubectl-xdpq <dir>/` from there
+// (a directory of its own instead of /usr/local/bin), and returns that
+// directory.
 func buildPlugin(ctx context.Context, t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, "kubectl-xdpq"), "./cmd/kubectl-xdpq")
+	work, dir := t.TempDir(), t.TempDir()
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(work, "bin")+"/", "./cmd/kubectl-xdpq")
 	cmd.Dir = repoRoot
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build kubectl-xdpq: %v\n%s", err, out)
+	}
+	cmd = exec.CommandContext(ctx, "install", "bin/kubectl-xdpq", dir+"/")
+	cmd.Dir = work
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("install bin/kubectl-xdpq %s/: %v\n%s", dir, err, out)
 	}
 	return dir
 }
