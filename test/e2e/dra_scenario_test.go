@@ -90,6 +90,13 @@ func TestDRAScenario(t *testing.T) {
 	}
 	out, _ := cp.Kubectl(ctx, "get", "resourceslices")
 	t.Logf("kubectl get resourceslices:\n%s", out)
+	// The chart's DeviceClass of each DRA pool, as docs/pods.md shows
+	// them.
+	out, err = cp.Kubectl(ctx, "get", "deviceclasses")
+	t.Logf("kubectl get deviceclasses:\n%s", out)
+	if classes := tableNames(out); err != nil || !slices.Equal(classes, []string{scenarioClass, draNetdevPool + ".xdpq.io"}) {
+		t.Errorf("kubectl get deviceclasses: %q %v, want %s and %s.xdpq.io", classes, err, scenarioClass, draNetdevPool)
+	}
 
 	const ns = "telco"
 	if err := cp.CreateNamespace(ctx, ns, map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}); err != nil {
@@ -323,6 +330,21 @@ func TestDRAScenario(t *testing.T) {
 	if _, err := os.Stat(pinDir); !os.IsNotExist(err) {
 		t.Errorf("helm uninstall left %s: %v", pinDir, err)
 	}
+}
+
+// tableNames are the NAME column of kubectl get's table out, in order.
+func tableNames(out []byte) []string {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) == 0 || !strings.HasPrefix(lines[0], "NAME ") {
+		return nil
+	}
+	var names []string
+	for _, l := range lines[1:] {
+		if f := strings.Fields(l); len(f) > 0 {
+			names = append(names, f[0])
+		}
+	}
+	return names
 }
 
 // claimTemplate makes ResourceClaimTemplate name: 2 queues of the pool
