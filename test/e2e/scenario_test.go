@@ -317,6 +317,21 @@ func TestScenario(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(node.CNIBinDir, "xdpq")); !os.IsNotExist(err) {
 		t.Errorf("helm uninstall left the CNI plugin in %s: %v", node.CNIBinDir, err)
 	}
+	// What docs/install.md says it leaves: the CRD (Helm keeps crds/),
+	// and the node's XdpqNode unless the daemon deleted it before Helm
+	// took its RBAC away. kubectl delete xdpqnodes --all, as the docs
+	// show, leaves none.
+	if out, err := cp.Kubectl(ctx, "get", "crd", "xdpqnodes.xdpq.io", "-o", "name"); err != nil {
+		t.Errorf("helm uninstall deleted the XdpqNode CRD, which Helm keeps: %v\n%s", err, out)
+	}
+	out, err = cp.Kubectl(ctx, "get", "xdpqnodes", "-o", "name")
+	t.Logf("XdpqNodes left by helm uninstall: %q %v", out, err)
+	if out, err := cp.Kubectl(ctx, "delete", "xdpqnodes", "--all"); err != nil {
+		t.Errorf("%v\n%s", err, out)
+	}
+	if out, err := cp.Kubectl(ctx, "get", "xdpqnodes", "-o", "name"); err != nil || len(out) != 0 {
+		t.Errorf("after kubectl delete xdpqnodes --all: XdpqNodes %q %v, want none", out, err)
+	}
 }
 
 // scenarioEnv is a node with the scenario's NIC and the xdpq image.
