@@ -77,14 +77,15 @@ func Start(t testing.TB, bin string, cfg Config) *Server {
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM) // it may have exited already: Wait says
+		var exit error
 		select {
-		case <-exited:
+		case exit = <-exited:
 		case <-time.After(10 * time.Second):
 			_ = cmd.Process.Kill() // stuck: its exit is what matters
-			<-exited
+			exit = <-exited
 		}
 		if t.Failed() {
-			t.Logf("prometheus (config:\n%s):\n%s", text.String(), out.String())
+			t.Logf("prometheus (exit %v; config:\n%s):\n%s", exit, text.String(), out.String())
 		}
 	})
 	s := &Server{Base: "http://" + listen}
@@ -115,7 +116,7 @@ func (s *Server) Get(t testing.TB, path string, q url.Values, v any) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read whole below; a failed close loses nothing
 	var r struct {
 		Status string          `json:"status"`
 		Error  string          `json:"error"`
