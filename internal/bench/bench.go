@@ -110,6 +110,10 @@ type Result struct {
 	// Drops are its sockets' drop counters, one per round; nil where it
 	// has none that the bench reads (XDP_DROP, DPDK).
 	Drops []Drops
+	// Away is, per round, the longest a receive loop of the pod left its
+	// RX ring while frames came (client.Receiver.LongestAway); nil where
+	// the receiver does not say (all but xdpqperf's rows).
+	Away []time.Duration
 }
 
 // Drops are the kernel's counters (XDP_STATISTICS) of a receiver's
@@ -157,7 +161,8 @@ type running struct {
 
 type outcome struct {
 	received uint64
-	drops    *Drops // nil: not read
+	drops    *Drops         // nil: not read
+	away     *time.Duration // the receive loops' longest absence from their rings; nil: not said
 }
 
 // Run measures every receiver and prints the table to cfg.Out.
@@ -282,6 +287,9 @@ func Run(cfg Config) ([]*Result, error) {
 			if m.drops != nil {
 				res.Drops = append(res.Drops, *m.drops)
 			}
+			if m.away != nil {
+				res.Away = append(res.Away, *m.away)
+			}
 			fmt.Fprintf(cfg.Out, "  round %d  %-34s q%d %8.3f Mpps received, %8.3f Mpps sent, sender core %6.0f ns/pkt, receiver %s ns/pkt\n",
 				round+1, r.name, r.queues, m.rate/1e6, m.sent/1e6, m.senderNS, cpu)
 		}
@@ -291,11 +299,12 @@ func Run(cfg Config) ([]*Result, error) {
 }
 
 func printTable(w io.Writer, rs []*Result, frameSize int) {
-	fmt.Fprintf(w, "\n1 sender core (cpu of the sender: see above); medians of the rounds; drops are the kernel's XDP_STATISTICS of the receiver's sockets over a run\n")
-	fmt.Fprintf(w, "%-34s %2s %9s %7s %9s %10s %16s %10s %10s %10s %7s\n",
-		"receiver (median)", "q", "rx Mpps", "rx", "sent Mpps", "sender", "receiver CPU", "rx", "rx ring", "fill ring", "vs (a)")
-	fmt.Fprintf(w, "%-34s %2s %9s %7s %9s %10s %16s %10s %10s %10s %7s\n",
-		"", "", "", "Gbit/s", "", "ns/pkt", "ns/pkt", "dropped", "full", "empty", "")
+	fmt.Fprintf(w, "\n1 sender core (cpu of the sender: see above); medians of the rounds; drops are the kernel's XDP_STATISTICS of the receiver's sockets over a run; "+
+		"away is the longest a pod's receive loop left its RX ring while frames came, the worst round (xdpqperf's rows): the kernel drops once it exceeds the ring's depth at the rate (2048 frames at 2 Mpps: 1024 µs)\n")
+	fmt.Fprintf(w, "%-34s %2s %9s %7s %9s %10s %16s %10s %10s %10s %9s %7s\n",
+		"receiver (median)", "q", "rx Mpps", "rx", "sent Mpps", "sender", "receiver CPU", "rx", "rx ring", "fill ring", "away", "vs (a)")
+	fmt.Fprintf(w, "%-34s %2s %9s %7s %9s %10s %16s %10s %10s %10s %9s %7s\n",
+		"", "", "", "Gbit/s", "", "ns/pkt", "ns/pkt", "dropped", "full", "empty", "max µs", "")
 	ceiling := Median(rs[0].Rates)
 	for _, r := range rs {
 		cpu := "-"
@@ -311,8 +320,12 @@ func printTable(w io.Writer, rs []*Result, frameSize int) {
 				medianDrop(r.Drops, func(d Drops) uint64 { return d.RingFull }),
 				medianDrop(r.Drops, func(d Drops) uint64 { return d.FillEmpty })
 		}
-		fmt.Fprintf(w, "%-34s %2d %9.3f %7.2f %9.3f %10.0f %16s %10s %10s %10s %7.2f\n", r.Name, r.Queues,
-			Median(r.Rates)/1e6, Median(r.Rates)*float64(frameSize)*8/1e9, Median(r.SentPPS)/1e6, Median(r.SenderNS), cpu, dropped, full, empty, Median(r.Rates)/ceiling)
+		away := "-"
+		if r.Away != nil {
+			away = strconv.FormatInt(slices.Max(r.Away).Microseconds(), 10)
+		}
+		fmt.Fprintf(w, "%-34s %2d %9.3f %7.2f %9.3f %10.0f %16s %10s %10s %10s %9s %7.2f\n", r.Name, r.Queues,
+			Median(r.Rates)/1e6, Median(r.Rates)*float64(frameSize)*8/1e9, Median(r.SentPPS)/1e6, Median(r.SenderNS), cpu, dropped, full, empty, away, Median(r.Rates)/ceiling)
 	}
 	printRatios(w, rs)
 }
@@ -390,6 +403,7 @@ type measurement struct {
 	rate, sent, senderNS float64
 	rxCPU                *float64 // receiver CPU ns per packet received; nil: none
 	drops                *Drops
+	away                 *time.Duration
 }
 
 func measure(p *testnet.Pair, r receiver, snd *sender, cfg Config) (measurement, error) {
@@ -417,7 +431,7 @@ func measure(p *testnet.Pair, r receiver, snd *sender, cfg Config) (measurement,
 	}
 	secs := elapsed.Seconds()
 	m := measurement{rate: float64(out.received) / secs, sent: float64(sent) / secs,
-		senderNS: float64(busy1-busy0) / float64(max(sent, 1)), drops: out.drops}
+		senderNS: float64(busy1-busy0) / float64(max(sent, 1)), drops: out.drops, away: out.away}
 	if run.cpu != nil {
 		ns := float64(cpu1-cpu0) / float64(max(out.received, 1))
 		m.rxCPU = &ns

@@ -184,6 +184,10 @@ type podKind struct {
 	command  func(Pods) (string, []string)
 	ready    string
 	received func(out string) (uint64, error)
+	// away reads the longest its receive loops left their RX rings while
+	// frames came (client.Receiver.LongestAway), if it says; nil: it
+	// does not.
+	away func(out string) (time.Duration, bool)
 }
 
 // withRing is the kind with its client asking for rings of ring
@@ -211,8 +215,8 @@ func (pd *podDaemon) receivers(cfg Config) []receiver {
 		}
 		perf := func(p Pods) (string, []string) { return p.Perf, args }
 		kinds = append(kinds,
-			podKind{name: "(e) pod: xdpqperf rxdrop", command: perf, ready: "xdpqperf rxdrop: allocation", received: perfReceived},
-			podKind{name: "(f) pod: xdpqperf rxdrop, busyPoll", busyPoll: true, command: perf, ready: "xdpqperf rxdrop: allocation", received: perfReceived})
+			podKind{name: "(e) pod: xdpqperf rxdrop", command: perf, ready: "xdpqperf rxdrop: allocation", received: perfReceived, away: perfAway},
+			podKind{name: "(f) pod: xdpqperf rxdrop, busyPoll", busyPoll: true, command: perf, ready: "xdpqperf rxdrop: allocation", received: perfReceived, away: perfAway})
 	}
 	if cfg.Pods.CRxdrop != "" {
 		var args []string
@@ -250,6 +254,16 @@ func perfReceived(out string) (uint64, error) {
 		return 0, errors.New("xdpqperf printed no total")
 	}
 	return t.Received(), nil
+}
+
+// perfAway reads xdpqperf's "away qN: longest Kus" lines: the longest of
+// its queues.
+func perfAway(out string) (time.Duration, bool) {
+	t, _ := perf.ParseTotals(out)
+	if len(t.Away) == 0 {
+		return 0, false
+	}
+	return slices.Max(t.Away), true
 }
 
 // cReceived reads xdpq-rxdrop's "total: N frames, ..." line.
@@ -337,7 +351,13 @@ func (pd *podDaemon) startPod(k podKind, n int, cfg Config) func(*testnet.Pair) 
 					errCount = fmt.Errorf("%w:\n%s", errCount, out.String())
 				}
 				err := errors.Join(errDrops, errExit, errCount, pd.d.Free(context.Background(), alloc.ID), pd.setPool(false, false))
-				return outcome{received: received, drops: &drops}, err
+				o := outcome{received: received, drops: &drops}
+				if k.away != nil {
+					if a, ok := k.away(out.String()); ok {
+						o.away = &a
+					}
+				}
+				return o, err
 			},
 		}, nil
 	}

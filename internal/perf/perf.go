@@ -59,6 +59,10 @@ type Totals struct {
 	// Drops are the kernel's counters of each queue's socket at the end
 	// (XDP_STATISTICS); nil when they could not be read.
 	Drops []xsk.Statistics
+	// Away is, per queue, the longest its receive loop left the RX ring
+	// while frames came (client.Receiver.LongestAway) over the run; nil
+	// in a mode that receives nothing.
+	Away []time.Duration
 }
 
 // Dropped is what the kernel dropped of the frames for the queues'
@@ -73,7 +77,19 @@ func (t Totals) Dropped() (rxDropped, ringFull, fillEmpty, invalid uint64) {
 	return
 }
 
-type counters struct{ rx, tx atomic.Uint64 }
+type counters struct {
+	rx, tx atomic.Uint64
+	away   atomic.Int64 // the longest LongestAway of the run, ns
+}
+
+// noteAway takes the receive loop's LongestAway into the run's.
+func (c *counters) noteAway(r *client.Receiver) time.Duration {
+	a := r.LongestAway()
+	if int64(a) > c.away.Load() {
+		c.away.Store(int64(a)) // the reporter alone raises it
+	}
+	return a
+}
 
 // Run takes sockets from the broker and runs the mode until ctx ends or
 // the duration passes.
@@ -119,6 +135,12 @@ func Run(ctx context.Context, cfg Config) (Totals, error) {
 	fmt.Fprintf(cfg.Out, "xdpqperf %s: allocation %s, %s queues %v, %s\n", cfg.Mode, l.Allocation, l.Netdev, l.Queues, mode)
 
 	cs := make([]counters, len(l.Sockets))
+	var rs []*client.Receiver // the receive loops', in modes that receive
+	if cfg.Mode != TXPush {
+		for i := range l.Sockets {
+			rs = append(rs, l.Receiver(i))
+		}
+	}
 	errs := make([]error, len(l.Sockets))
 	var wg sync.WaitGroup
 	for i, s := range l.Sockets {
@@ -127,20 +149,24 @@ func Run(ctx context.Context, cfg Config) (Totals, error) {
 			defer wg.Done()
 			switch cfg.Mode {
 			case RXDrop:
-				errs[i] = rxdrop(ctx, l.Receiver(i), &cs[i])
+				errs[i] = rxdrop(ctx, rs[i], &cs[i])
 			case TXPush:
 				errs[i] = txpush(ctx, s, l.TXFrames(i), txFrame, &cs[i])
 			case L2Fwd:
-				errs[i] = l2fwd(ctx, s, l.Receiver(i), l.TXFrames(i), &cs[i])
+				errs[i] = l2fwd(ctx, s, rs[i], l.TXFrames(i), &cs[i])
 			}
 		}()
 	}
-	report(ctx, cfg, l, cs)
+	report(ctx, cfg, l, rs, cs)
 	wg.Wait()
 	t := Totals{Queues: l.Queues}
 	for i := range cs {
 		t.RX = append(t.RX, cs[i].rx.Load())
 		t.TX = append(t.TX, cs[i].tx.Load())
+	}
+	for i, r := range rs {
+		cs[i].noteAway(r)
+		t.Away = append(t.Away, time.Duration(cs[i].away.Load()))
 	}
 	for _, s := range l.Sockets {
 		st, err := s.Statistics()
@@ -158,7 +184,7 @@ func Run(ctx context.Context, cfg Config) (Totals, error) {
 	return t, nil
 }
 
-func report(ctx context.Context, cfg Config, l *client.Lease, cs []counters) {
+func report(ctx context.Context, cfg Config, l *client.Lease, rs []*client.Receiver, cs []counters) {
 	tick := time.NewTicker(cfg.Interval)
 	defer tick.Stop()
 	prevRX, prevTX := make([]uint64, len(cs)), make([]uint64, len(cs))
@@ -175,7 +201,11 @@ func report(ctx context.Context, cfg Config, l *client.Lease, cs []counters) {
 				rx, tx := cs[i].rx.Load(), cs[i].tx.Load()
 				fmt.Fprintf(&b, "  q%d rx %8.0f pps tx %8.0f pps", l.Queues[i], float64(rx-prevRX[i])/secs, float64(tx-prevTX[i])/secs)
 				if st, err := l.Sockets[i].Statistics(); err == nil {
-					fmt.Fprintf(&b, " (ring-full %d fill-empty %d)", st.RXRingFull, st.RXFillRingEmptyDescs)
+					fmt.Fprintf(&b, " (ring-full %d fill-empty %d", st.RXRingFull, st.RXFillRingEmptyDescs)
+					if rs != nil {
+						fmt.Fprintf(&b, " away %s", cs[i].noteAway(rs[i]).Round(time.Microsecond))
+					}
+					b.WriteString(")")
 				}
 				prevRX[i], prevTX[i] = rx, tx
 			}
@@ -396,6 +426,11 @@ func WriteTotals(w io.Writer, t Totals) {
 				q, d.RXDropped, d.RXRingFull, d.RXFillRingEmptyDescs, d.RXInvalidDescs)
 		}
 	}
+	for i, q := range t.Queues {
+		if i < len(t.Away) {
+			fmt.Fprintf(w, "away q%d: longest %dus\n", q, t.Away[i].Microseconds())
+		}
+	}
 }
 
 // ParseTotals reads the totals and drops lines of xdpqperf's output
@@ -411,6 +446,10 @@ func ParseTotals(out string) (t Totals, ok bool) {
 		if _, err := fmt.Sscanf(line, "drops q%d: rx-dropped %d rx-ring-full %d fill-ring-empty %d rx-invalid %d",
 			&q, &d.RXDropped, &d.RXRingFull, &d.RXFillRingEmptyDescs, &d.RXInvalidDescs); err == nil {
 			t.Drops = append(t.Drops, d)
+		}
+		var us int64
+		if _, err := fmt.Sscanf(line, "away q%d: longest %dus", &q, &us); err == nil {
+			t.Away = append(t.Away, time.Duration(us)*time.Microsecond)
 		}
 	}
 	return t, len(t.Queues) > 0 || len(t.Drops) > 0

@@ -76,7 +76,11 @@ func TestRXDrop(t *testing.T) {
 	if tot.RX[0] != 500 {
 		t.Errorf("counted %d of 500 frames", tot.RX[0])
 	}
-	if !bytes.Contains(out.Bytes(), []byte("q0 rx")) || !bytes.Contains(out.Bytes(), []byte("xdpqperf rxdrop: allocation alloc-1, xa queues [0], copy")) {
+	if len(tot.Away) != 1 {
+		t.Errorf("away %v, want the one queue's", tot.Away)
+	}
+	if !bytes.Contains(out.Bytes(), []byte("q0 rx")) || !bytes.Contains(out.Bytes(), []byte(" away ")) ||
+		!bytes.Contains(out.Bytes(), []byte("xdpqperf rxdrop: allocation alloc-1, xa queues [0], copy")) {
 		t.Errorf("output:\n%s", out.String())
 	}
 }
@@ -250,7 +254,8 @@ func TestWholePackets(t *testing.T) {
 // among xdpqperf's other lines; output without totals says so.
 func TestTotalsLines(t *testing.T) {
 	want := Totals{Queues: []uint32{2, 5}, RX: []uint64{10, 20}, TX: []uint64{0, 3},
-		Drops: []xsk.Statistics{{RXDropped: 1, RXRingFull: 2, RXFillRingEmptyDescs: 3, RXInvalidDescs: 4}, {RXFillRingEmptyDescs: 7}}}
+		Drops: []xsk.Statistics{{RXDropped: 1, RXRingFull: 2, RXFillRingEmptyDescs: 3, RXInvalidDescs: 4}, {RXFillRingEmptyDescs: 7}},
+		Away:  []time.Duration{1500 * time.Microsecond, 42 * time.Microsecond}}
 	var b bytes.Buffer
 	b.WriteString("xdpqperf rxdrop: allocation a, xa queues [2 5], copy\n    1s  q2 rx 10 pps\n")
 	WriteTotals(&b, want)

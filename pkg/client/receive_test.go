@@ -406,3 +406,46 @@ func jumbo(n *node.Node, seq, size int) []byte {
 	}
 	return f
 }
+
+// TestReceiverLongestAway: LongestAway tells how long the loop left its
+// ring while frames were coming (here the application's code, 30 ms
+// between two rounds), and not the time it waited on an idle queue; each
+// call starts the measure again.
+func TestReceiverLongestAway(t *testing.T) {
+	n, p := start(t, nil)
+	l := lease(t, n, client.Options{Name: "away"})
+	r := l.Receiver(0)
+	if _, err := r.Receive(20*time.Millisecond, func([]byte) {}); err != nil {
+		t.Fatal(err)
+	}
+	if a := r.LongestAway(); a != 0 {
+		t.Errorf("away %v on a queue where nothing came, want 0", a)
+	}
+
+	const busy = 30 * time.Millisecond
+	if got := receiveBurst(t, p, r, burst(n, 0)); len(got) != 1024 {
+		t.Fatalf("%d of 1024 frames received", len(got))
+	}
+	time.Sleep(busy) // the application's code between two rounds, the loop away from its ring
+	if _, err := r.Receive(0, func([]byte) {}); err != nil {
+		t.Fatal(err)
+	}
+	if a := r.LongestAway(); a < busy {
+		t.Errorf("away %v after %v in the application's code while frames came, want at least that", a, busy)
+	}
+	if a := r.LongestAway(); a != 0 {
+		t.Errorf("away %v right after a LongestAway, want 0", a)
+	}
+
+	// An idle wait, then frames again: the wait is not an absence.
+	const idle = 300 * time.Millisecond
+	if got, err := r.Receive(idle, func([]byte) {}); got != 0 || err != nil {
+		t.Fatalf("idle Receive: %d, %v", got, err)
+	}
+	if got := receiveBurst(t, p, r, burst(n, 1)); len(got) != 1024 {
+		t.Fatalf("%d of 1024 frames received", len(got))
+	}
+	if a := r.LongestAway(); a >= idle {
+		t.Errorf("away %v: the %v wait on an idle queue was counted", a, idle)
+	}
+}
