@@ -147,6 +147,7 @@ type receiver struct {
 	name   string
 	queues int
 	spins  bool
+	pod    bool   // a pod row: a process of its own on the receive core
 	ring   uint32 // the pod rows' ring size, when the run compares them; 0 otherwise
 	start  func(p *testnet.Pair) (*running, error)
 }
@@ -238,6 +239,13 @@ func Run(cfg Config) ([]*Result, error) {
 		return nil, err
 	}
 	defer snd.close()
+	var everywhere unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &everywhere); err != nil {
+		return nil, fmt.Errorf("affinity: %w", err)
+	}
+	var senderOnly unix.CPUSet
+	senderOnly.Set(cfg.SenderCPU)
+	defer func() { _ = confine(everywhere) }() // best effort: the run's outcome is known
 	if cfg.Hog {
 		stop, err := startHog(cfg.RxCPU)
 		if err != nil {
@@ -265,6 +273,19 @@ func Run(cfg Config) ([]*Result, error) {
 		for i, r := range receivers {
 			if stopped() {
 				return nil, ErrInterrupted
+			}
+			// While a pod row runs, the bench's own threads (the daemon in
+			// this process, the Go runtime's) share the sender's core, not
+			// the pod's: on it they took the pod's core for milliseconds at
+			// a time, a neighbour of the bench's, not the product's (-hog
+			// puts one there on purpose). The in-process receivers of (b)
+			// and (c) need them beside their own core.
+			set := everywhere
+			if r.pod {
+				set = senderOnly
+			}
+			if err := confine(set); err != nil {
+				return nil, err
 			}
 			m, err := measure(p, r, snd, cfg)
 			if err != nil && stopped() {
@@ -469,6 +490,27 @@ func cpuBusy(cpu int) (int64, error) {
 		return busy * int64(time.Second) / 100, nil // USER_HZ is 100 on Linux
 	}
 	return 0, fmt.Errorf("/proc/stat has no %s", strings.TrimSpace(prefix))
+}
+
+// confine moves every thread of this process to the CPUs of set; the
+// threads the Go runtime starts later inherit it from theirs. A thread
+// that pins itself afterwards (pin) has its own core until it unpins.
+func confine(set unix.CPUSet) error {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		return fmt.Errorf("confine the bench's threads: %w", err)
+	}
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil {
+			continue // not a thread's directory
+		}
+		// A thread that ended since the listing is ESRCH: nothing to move.
+		if err := unix.SchedSetaffinity(tid, &set); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("confine the bench's thread %d: %w", tid, err)
+		}
+	}
+	return nil
 }
 
 // pin locks the goroutine to its thread and the thread to cpu; unpin

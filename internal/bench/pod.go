@@ -240,7 +240,7 @@ func (pd *podDaemon) receivers(cfg Config) []receiver {
 			for _, n := range cfg.PodQueues {
 				// A busy-polling pod spins, and runs the queue's NAPI (the
 				// receive side's XDP work) on its own core.
-				rs = append(rs, receiver{name: k.name, queues: n, spins: k.busyPoll, ring: ring, start: pd.startPod(k, n, cfg)})
+				rs = append(rs, receiver{name: k.name, queues: n, spins: k.busyPoll, pod: true, ring: ring, start: pd.startPod(k, n, cfg)})
 			}
 		}
 	}
