@@ -235,8 +235,9 @@ func ConnectContext(ctx context.Context, path string, o Options) (*Lease, error)
 			return nil, fmt.Errorf("connect %s: %w", path, err)
 		}
 		attempt := time.Now().Add(o.Timeout)
+		cut := false // the attempt ends at ctx's deadline
 		if d, ok := ctx.Deadline(); ok && d.Before(attempt) {
-			attempt = d
+			attempt, cut = d, true
 		}
 		l, err := connect(path, o, attempt)
 		if err == nil {
@@ -251,12 +252,19 @@ func ConnectContext(ctx context.Context, path string, o Options) (*Lease, error)
 		if retry {
 			busy = err
 		}
-		if ctx.Err() != nil { // the attempt may have been cut short by ctx: say what kept it waiting
+		// The attempt may have been cut short by ctx: say what kept it
+		// waiting. Its socket's deadline (ctx's) can pass a moment before
+		// ctx's own timer says so.
+		end := ctx.Err()
+		if end == nil && cut && !time.Now().Before(attempt) {
+			end = context.DeadlineExceeded
+		}
+		if end != nil {
 			why := err
 			if busy != nil {
 				why = busy
 			}
-			return nil, fmt.Errorf("%w; gave up: %w", why, ctx.Err())
+			return nil, fmt.Errorf("%w; gave up: %w", why, end)
 		}
 		if !retry || time.Now().After(deadline) {
 			return nil, err
