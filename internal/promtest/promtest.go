@@ -293,6 +293,33 @@ func (s *Server) Shows(t testing.TB, target Target, fill *strings.Replacer, from
 	return lines
 }
 
+// CheckPanels runs every target of panels over [from, to] (their
+// variables put in by fill) and fails t for each that returns no series
+// with data, unless its panel is in excused, whose values say why it
+// has none there (logged). A title in excused that no panel has fails t:
+// the list is stale. What each target returned is logged.
+func (s *Server) CheckPanels(t testing.TB, panels []Panel, fill *strings.Replacer, from, to time.Time, excused map[string]string) {
+	t.Helper()
+	for title := range excused {
+		if !slices.ContainsFunc(panels, func(p Panel) bool { return p.Title == title }) {
+			t.Errorf("the dashboard has no panel %q (the test's list of panels without data is stale)", title)
+		}
+	}
+	for _, p := range panels {
+		for _, tg := range p.Targets {
+			lines := s.Shows(t, tg, fill, from, to)
+			switch why, ok := excused[p.Title]; {
+			case len(lines) == 0 && ok:
+				t.Logf("panel %q, target %s: no data (%s)", p.Title, tg.RefID, why)
+			case len(lines) == 0:
+				t.Errorf("panel %q, target %s: no series with data\n%s", p.Title, tg.RefID, fill.Replace(tg.Expr))
+			default:
+				t.Logf("panel %q, target %s:\n  %s", p.Title, tg.RefID, strings.Join(lines, "\n  "))
+			}
+		}
+	}
+}
+
 // Finite is vals without NaN and infinities.
 func Finite(vals []float64) []float64 {
 	var out []float64

@@ -259,27 +259,9 @@ func checkPrometheusThroughService(ctx context.Context, t *testing.T, cp *cluste
 	// of the events this scenario does not cause (TestDashboardOnPrometheus
 	// causes them, on a daemon of its own).
 	prom.WaitFor(t, `count_over_time(up{job="xdpq-metrics"}[1m]) >= 5`)
-	notHere := map[string]string{
+	prom.CheckPanels(t, panels, fill, start, time.Now(), map[string]string{
 		"Re-attach latency":        "no operator's program takes the netdev's hook here",
 		"CNI latency":              "the pod's flows come from its annotation: no CNI call reaches the daemon",
 		"CNI operations by result": "the pod's flows come from its annotation: no CNI call reaches the daemon",
-	}
-	for title := range notHere {
-		if _, ok := byTitle[title]; !ok {
-			t.Errorf("the dashboard has no panel %q (the test's list of panels without data here is stale)", title)
-		}
-	}
-	for _, p := range panels {
-		for _, tg := range p.Targets {
-			lines := prom.Shows(t, tg, fill, start, time.Now())
-			switch why, ok := notHere[p.Title]; {
-			case len(lines) == 0 && ok:
-				t.Logf("panel %q, target %s: no data (%s)", p.Title, tg.RefID, why)
-			case len(lines) == 0:
-				t.Errorf("panel %q, target %s: no series with data\n%s", p.Title, tg.RefID, fill.Replace(tg.Expr))
-			default:
-				t.Logf("panel %q, target %s:\n  %s", p.Title, tg.RefID, strings.Join(lines, "\n  "))
-			}
-		}
-	}
+	})
 }

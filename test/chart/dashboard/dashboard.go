@@ -54,6 +54,21 @@ func sel(more string) string {
 	return "{" + s + "}"
 }
 
+// verbLatency is a panel of a histogram family by verb (the daemon's
+// CNI and DRA verbs): its p50 and p99.
+func verbLatency(title, description, metric string) panel {
+	return panel{title: title, description: description, unit: "s", targets: []target{
+		{quantile("0.5", "verb", metric), "{{verb}} p50"},
+		{quantile("0.99", "verb", metric), "{{verb}} p99"},
+	}}
+}
+
+// verbResults is a panel of the same family's rate by verb and result.
+func verbResults(title, description, metric string) panel {
+	return panel{title: title, description: description, unit: "ops",
+		targets: []target{{rate("verb, result", metric+"_count", ""), "{{verb}} {{result}}"}}}
+}
+
 // rate is the per-second rate of a counter family, summed by labels.
 func rate(by, metric, matchers string) string {
 	return fmt.Sprintf("sum by (%s) (rate(%s%s[%s]))", by, metric, sel(matchers), RateInterval)
@@ -239,24 +254,14 @@ func rows() []row {
 				}},
 		}},
 		{"Daemon", []panel{
-			{title: "CNI latency",
-				description: "How long the daemon took to answer the CNI plugin's verbs (ADD, DEL, CHECK, GC), by verb.",
-				unit:        "s", targets: []target{
-					{quantile("0.5", "verb", "xdpq_cni_operation_duration_seconds"), "{{verb}} p50"},
-					{quantile("0.99", "verb", "xdpq_cni_operation_duration_seconds"), "{{verb}} p99"},
-				}},
-			{title: "CNI operations by result",
-				description: "CNI verbs the daemon answered per second, by verb and result: success, or the error's code.",
-				unit:        "ops", targets: []target{{rate("verb, result", "xdpq_cni_operation_duration_seconds_count", ""), "{{verb}} {{result}}"}}},
-			{title: "DRA Prepare latency",
-				description: "How long the DRA driver took to prepare and unprepare a claim for kubelet, by verb: a pod's containers start after its claims' Prepare.",
-				unit:        "s", targets: []target{
-					{quantile("0.5", "verb", "xdpq_dra_operation_duration_seconds"), "{{verb}} p50"},
-					{quantile("0.99", "verb", "xdpq_dra_operation_duration_seconds"), "{{verb}} p99"},
-				}},
-			{title: "DRA operations by result",
-				description: "Claims the DRA driver prepared and unprepared per second, by verb and result: success, or the error's code.",
-				unit:        "ops", targets: []target{{rate("verb, result", "xdpq_dra_operation_duration_seconds_count", ""), "{{verb}} {{result}}"}}},
+			verbLatency("CNI latency", "How long the daemon took to answer the CNI plugin's verbs (ADD, DEL, CHECK, GC), by verb.",
+				"xdpq_cni_operation_duration_seconds"),
+			verbResults("CNI operations by result", "CNI verbs the daemon answered per second, by verb and result: success, or the error's code.",
+				"xdpq_cni_operation_duration_seconds"),
+			verbLatency("DRA Prepare latency", "How long the DRA driver took to prepare and unprepare a claim for kubelet, by verb: a pod's containers start after its claims' Prepare.",
+				"xdpq_dra_operation_duration_seconds"),
+			verbResults("DRA operations by result", "Claims the DRA driver prepared and unprepared per second, by verb and result: success, or the error's code.",
+				"xdpq_dra_operation_duration_seconds"),
 			{title: "Config in force", kind: "state",
 				description: "Whether the config file on disk is the config in force on each node: refused means its last reload failed and the last good config stays (alert XdpqConfigRefused).",
 				targets:     []target{{"min by (node) (xdpq_config_last_reload_successful" + sel("") + ")", "{{node}}"}}, mappings: reloadMappings()},

@@ -266,25 +266,10 @@ func TestDashboardOnPrometheus(t *testing.T) {
 	// Every target of every panel returns data, but the DRA driver's:
 	// this daemon serves no claim (make e2e's TestKubectlXdpqTop shows
 	// them with data).
-	noDRA := map[string]bool{"DRA Prepare latency": true, "DRA operations by result": true}
-	for title := range noDRA {
-		if _, ok := byTitle[title]; !ok {
-			t.Errorf("the dashboard has no panel %q (the test's list of panels without data here is stale)", title)
-		}
-	}
-	for _, p := range panels {
-		for _, tg := range p.Targets {
-			lines := prom.Shows(t, tg, fill, start, time.Now())
-			if len(lines) == 0 && noDRA[p.Title] {
-				continue
-			}
-			if len(lines) == 0 {
-				t.Errorf("panel %q, target %s: no series with data\n%s", p.Title, tg.RefID, fill.Replace(tg.Expr))
-				continue
-			}
-			t.Logf("panel %q, target %s:\n  %s", p.Title, tg.RefID, strings.Join(lines, "\n  "))
-		}
-	}
+	prom.CheckPanels(t, panels, fill, start, time.Now(), map[string]string{
+		"DRA Prepare latency":      "this daemon serves no DRA claim",
+		"DRA operations by result": "this daemon serves no DRA claim",
+	})
 
 	// The node variable's query, label_values(metric, node), as Grafana
 	// asks Prometheus for it.
