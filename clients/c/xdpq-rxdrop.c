@@ -274,6 +274,12 @@ int main(int argc, char **argv)
 	int status = 0;
 
 	int64_t last_frame = 0;
+	/* The longest the loop left the rings unlooked-at while frames came
+	 * (as pkg/client's Receiver.LongestAway): away longer than a ring
+	 * holds at the arrival rate, the kernel drops. A wait that began once
+	 * no frame had come for IDLE_AFTER_US is not counted. */
+	int64_t looked = 0, away = 0;
+	int flowing = 0;
 	while (!stop && now_ms() < end && (!max_frames || total < max_frames)) {
 		uint32_t got = 0;
 		for (size_t i = 0; i < l->nsockets; i++) {
@@ -287,10 +293,15 @@ int main(int argc, char **argv)
 			got += (uint32_t)n;
 			total += q[i].frames - before;
 		}
-		if (got) {
-			last_frame = now_us();
+		int64_t t = now_us();
+		if (flowing && t - looked > away)
+			away = t - looked;
+		if (got)
+			last_frame = t;
+		looked = t;
+		flowing = t - last_frame < IDLE_AFTER_US;
+		if (got)
 			continue;
-		}
 		if (now_us() - last_frame < IDLE_AFTER_US) {
 			/* A nap, in ppoll with no descriptor: SIGINT and SIGTERM
 			 * end it as they end the wait below. */
@@ -364,6 +375,7 @@ int main(int argc, char **argv)
 		total_bytes += q[i].bytes;
 	}
 	fprintf(stderr, "total: %" PRIu64 " frames, %" PRIu64 " bytes in %.1f s\n", total, total_bytes, secs);
+	fprintf(stderr, "away: longest %" PRId64 "us\n", away);
 	if (max_frames && total < max_frames && !stop && status == 0) {
 		fprintf(stderr, "xdpq-rxdrop: %" PRIu64 " of %llu frames came within %llu s\n", total, max_frames,
 			seconds);

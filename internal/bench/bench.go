@@ -112,7 +112,7 @@ type Result struct {
 	Drops []Drops
 	// Away is, per round, the longest a receive loop of the pod left its
 	// RX ring while frames came (client.Receiver.LongestAway); nil where
-	// the receiver does not say (all but xdpqperf's rows).
+	// the receiver does not say (all but the pods' rows).
 	Away []time.Duration
 }
 
@@ -321,7 +321,7 @@ func Run(cfg Config) ([]*Result, error) {
 
 func printTable(w io.Writer, rs []*Result, frameSize int) {
 	fmt.Fprintf(w, "\n1 sender core (cpu of the sender: see above); medians of the rounds; drops are the kernel's XDP_STATISTICS of the receiver's sockets over a run; "+
-		"away is the longest a pod's receive loop left its RX ring while frames came, the worst round (xdpqperf's rows): the kernel drops once it exceeds the ring's depth at the rate (2048 frames at 2 Mpps: 1024 µs)\n")
+		"away is the longest a pod's receive loop left its RX ring while frames came, the worst round (the pods' rows): the kernel drops once it exceeds the ring's depth at the rate (2048 frames at 2 Mpps: 1024 µs)\n")
 	fmt.Fprintf(w, "%-34s %2s %9s %7s %9s %10s %16s %10s %10s %10s %9s %7s\n",
 		"receiver (median)", "q", "rx Mpps", "rx", "sent Mpps", "sender", "receiver CPU", "rx", "rx ring", "fill ring", "away", "vs (a)")
 	fmt.Fprintf(w, "%-34s %2s %9s %7s %9s %10s %16s %10s %10s %10s %9s %7s\n",

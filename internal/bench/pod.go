@@ -224,7 +224,7 @@ func (pd *podDaemon) receivers(cfg Config) []receiver {
 			args = []string{"-m"}
 		}
 		kinds = append(kinds, podKind{name: "(g) pod: C xdpq-rxdrop", command: func(p Pods) (string, []string) { return p.CRxdrop, args },
-			ready: ": active (", received: cReceived})
+			ready: ": active (", received: cReceived, away: cAway})
 	}
 	var rs []receiver
 	rings := cfg.PodRings
@@ -264,6 +264,17 @@ func perfAway(out string) (time.Duration, bool) {
 		return 0, false
 	}
 	return slices.Max(t.Away), true
+}
+
+// cAway reads xdpq-rxdrop's "away: longest Kus" line.
+func cAway(out string) (time.Duration, bool) {
+	for line := range strings.Lines(out) {
+		var us int64
+		if _, err := fmt.Sscanf(line, "away: longest %dus", &us); err == nil {
+			return time.Duration(us) * time.Microsecond, true
+		}
+	}
+	return 0, false
 }
 
 // cReceived reads xdpq-rxdrop's "total: N frames, ..." line.
