@@ -83,6 +83,10 @@ type Pair struct {
 	NS ns.NetNS
 	A  Link
 	B  Link
+	// PodAddr is an address on A's subnet that no interface holds: the
+	// own address of a queue pool's pod, whose traffic arrives on A. A's
+	// own address is the node's, which a pod's flows may not take.
+	PodAddr netip.Addr
 }
 
 // NSPath returns the path of the pair's network namespace.
@@ -164,7 +168,7 @@ func Create(queues int) (*Pair, error) {
 	if err != nil {
 		return nil, fmt.Errorf("new netns: %w", err)
 	}
-	p := &Pair{NS: netns}
+	p := &Pair{NS: netns, PodAddr: netip.AddrFrom4([4]byte{10, 99, 0, 7})}
 	err = netns.Do(func(ns.NetNS) error {
 		for _, k := range []string{"all", "default"} {
 			if err := os.WriteFile(filepath.Join("/proc/sys/net/ipv6/conf", k, "disable_ipv6"), []byte("1"), 0o644); err != nil {

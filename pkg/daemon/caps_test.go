@@ -164,7 +164,7 @@ func runWithCaps(t *testing.T, bin string, caps []string) capRun {
 		t.Fatal(err)
 	}
 	defer func() { pod.Close(); testutils.UnmountNS(pod) }()
-	flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(pair.A.Addr, 32), DstPort: 5000}
+	flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(pair.PodAddr, 32), DstPort: 5000}
 	if _, err := c.CNIAdd(api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
 		return capRun{step: "CNI ADD (queue pool)", err: err}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -52,12 +53,16 @@ func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachmen
 		return nil, fmt.Errorf("mtu %d: pool %s shares queues of %s and gives the pod no interface; mtu applies to netdev-mode pools: %w",
 			req.MTU, a.Pool, a.Netdev, api.ErrInvalid)
 	}
+	shared := pool.Config.SharedPrefixes()
 	if att.Mode == api.ModeQueue {
 		// The netdev stays the node's: a flow may take only the pod's
 		// own traffic off it (a netdev-mode pool's netdev is the pod's
-		// whole).
-		if err := flow.CheckOwn(req.Flows, req.Addresses, pool.Config.SharedPrefixes()); err != nil {
+		// whole), and the node's own is never the pod's.
+		if err := flow.CheckOwn(req.Flows, req.Addresses, shared); err != nil {
 			return nil, api.Errorf(api.ErrInvalid, "pool %s: %w", a.Pool, err)
+		}
+		if err := d.checkNotNode(req.Flows, shared); err != nil {
+			return nil, fmt.Errorf("pool %s: %w", a.Pool, err)
 		}
 	}
 	flows, err := agentFlows(req.Flows, a.Queues)
@@ -82,6 +87,12 @@ func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachmen
 	}
 	if again {
 		return &got.Attachment, nil
+	}
+	if got.Mode == api.ModeQueue {
+		if err := d.checkClaims(got, shared); err != nil {
+			d.dropAttach(got)
+			return nil, err
+		}
 	}
 	if got.Mode == api.ModeNetdev {
 		// Recorded before anything moves: a restarted daemon finds the
@@ -122,6 +133,86 @@ func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachmen
 		d.opts.Pods.Touch(req.PodUID) // bound to its pod: its flows annotation applies now
 	}
 	return &got.Attachment, nil
+}
+
+// checkNotNode refuses a flow that would take the node's own traffic:
+// one whose destination a netdev of the node holds (flow.CheckNode). The
+// "own" addresses CheckOwn trusts are what the network configuration's
+// IPAM says, and static IPAM may name the node's. The node is asked at
+// each ADD rather than kept in a cache fed by address notifications:
+// ADDs are rare, one address dump is cheap, and the kernel's answer now
+// has no window in which an address the node just took is missing (nor a
+// goroutine and a resync to keep). It asks the kernel, so it is called
+// with no lock held.
+func (d *Daemon) checkNotNode(flows []api.CNIFlow, shared []netip.Prefix) error {
+	claimed := flow.Claimed(flows, shared)
+	if len(claimed) == 0 {
+		return nil
+	}
+	node, err := d.nodeAddrs(claimed)
+	if err != nil {
+		return api.Errorf(api.ErrUnavailable, "the node's addresses, which a pod's flows may not take: %w", err)
+	}
+	if err := flow.CheckNode(flows, node, shared); err != nil {
+		return api.Errorf(api.ErrInvalid, "%w", err)
+	}
+	return nil
+}
+
+// checkClaims refuses attachment att, recorded pending, whose flows
+// claim as the pod's own an address that a live attachment of another
+// pod on the same netdev claims: two network configurations whose IPAM
+// names the same address (static IPAM names any), the later one taking
+// the other pod's traffic on other ports. It runs after BeginAttach
+// recorded att, so of two ADDs racing for one address the later one
+// recorded sees the other: at most one stands (both may be refused;
+// the runtime's retry settles it). An address the pool's
+// sharedDestinations grant is no one's own.
+func (d *Daemon) checkClaims(att ledger.Attachment, shared []netip.Prefix) error {
+	mine := claims(att.Attachment, shared)
+	if len(mine) == 0 {
+		return nil
+	}
+	for _, o := range d.ledger.Attachments() {
+		if o.Key() == att.Key() || o.Netdev != att.Netdev || o.Mode != api.ModeQueue || samePod(o.Attachment, att.Attachment) {
+			continue
+		}
+		for _, a := range claims(o.Attachment, shared) {
+			if !slices.Contains(mine, a) {
+				continue
+			}
+			pod := ""
+			if o.PodName != "" {
+				pod = fmt.Sprintf(" (pod %s/%s)", o.PodNamespace, o.PodName)
+			}
+			return api.Errorf(api.ErrConflict, "address %s: attachment %s%s on %s steers it as its pod's own address already: "+
+				"two pods may not claim one address (a network configuration's static IPAM names any); "+
+				"an operator grants an address several pods serve with the pool's sharedDestinations",
+				a, o.Key(), pod, att.Netdev)
+		}
+	}
+	return nil
+}
+
+// claims are the addresses an attachment's flows steer as its pod's
+// own: its addresses that a flow names as its destination and no shared
+// destination grants.
+func claims(att api.Attachment, shared []netip.Prefix) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range flow.Claimed(att.Flows, shared) {
+		if slices.Contains(att.Addresses, a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// samePod reports whether two attachments are of one pod: the same pod
+// UID, sandbox container or network namespace (a pod's attachments of
+// several pools, or of two pools on one netdev, share its address).
+func samePod(a, b api.Attachment) bool {
+	return a.PodUID != "" && a.PodUID == b.PodUID || a.ContainerID == b.ContainerID ||
+		a.NetnsInode != 0 && a.NetnsInode == b.NetnsInode
 }
 
 // dropAttach ends a pending attachment whose kernel work was undone or

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -127,10 +128,14 @@ type Daemon struct {
 	// discover lists the node's netdevs (nic.Discoverer; a fake in the
 	// decision tests).
 	discover func() ([]nic.Netdev, error)
-	pods     *podNetdevs    // netdev-mode netdevs in pods, by node name
-	plugins  *devicePlugins // Kubernetes mode, by pool
-	unmount  func()
-	ready    chan struct{}
+	// nodeAddrs says which of the addresses asked a netdev of the
+	// NICs' network namespace holds, and which netdev (nic.Holders;
+	// a fake in the decision tests).
+	nodeAddrs func([]netip.Addr) (map[netip.Addr]string, error)
+	pods      *podNetdevs    // netdev-mode netdevs in pods, by node name
+	plugins   *devicePlugins // Kubernetes mode, by pool
+	unmount   func()
+	ready     chan struct{}
 	// metricsLn is the metrics address's listener, nil when none is served.
 	metricsLn net.Listener
 	metrics   *metrics
@@ -294,6 +299,7 @@ func newDaemon(opts Options) *Daemon {
 	d.discover = func() ([]nic.Netdev, error) {
 		return nic.Discoverer{SysRoot: d.opts.SysRoot, NetNS: d.opts.NetNS}.List()
 	}
+	d.nodeAddrs = func(addrs []netip.Addr) (map[netip.Addr]string, error) { return nic.Holders(d.opts.NetNS, addrs) }
 	d.pods = newPodNetdevs(d.log, d.pinRoot(), opts.StateDir, d.devicesChanged)
 	d.plugins = &devicePlugins{dir: opts.PluginDir, registry: opts.RegistryDir, log: d.log, devices: d.devices, allocate: d.allocate,
 		running: map[string]*plugin{}}

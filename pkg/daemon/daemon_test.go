@@ -179,7 +179,7 @@ func waitStatus(t *testing.T, sock string, ok func(*api.Status) bool) {
 	}
 }
 
-// sendFrames sends n frames (udp to xa's address, port 5000, each
+// sendFrames sends n frames (udp to the pod's address, port 5000, each
 // payload unique) from xb's queues 0 and 1 each, and returns them by
 // queue.
 func sendFrames(t *testing.T, p *testnet.Pair, n int) [][][]byte {
@@ -203,7 +203,7 @@ func sendFramesOn(t *testing.T, p *testnet.Pair, n int, qa, qb uint32) [][][]byt
 		defer s.Close()
 		var frames [][]byte
 		for range n {
-			f, _ := frame.Spec{SrcMAC: p.B.MAC, DstMAC: p.A.MAC, Src: p.B.Addr, Dst: p.A.Addr, Protocol: 17,
+			f, _ := frame.Spec{SrcMAC: p.B.MAC, DstMAC: p.A.MAC, Src: p.B.Addr, Dst: p.PodAddr, Protocol: 17,
 				SrcPort: 1, DstPort: 5000, Payload: frame.Payload(uint32(i), nextSeq(), 40)}.Build()
 			frames = append(frames, f)
 		}

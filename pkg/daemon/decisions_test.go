@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -627,5 +628,199 @@ func TestQueueInfo(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("xdpq_queue_info:\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+	}
+}
+
+// TestNodeAddressDecisions: in a queue pool, a flow whose destination
+// is an address of the node (static IPAM naming it as the pod's own,
+// then "ipam" or the address itself as the destination) is refused as
+// the request's fault, naming the address and its netdev, unless the
+// pool's sharedDestinations grant it; the node is asked only about what
+// a flow claims as the pod's own; a lookup that fails refuses the ADD
+// as unavailable, never lets it through. A refusal leaves no attachment
+// and no flow, and the allocation takes a good ADD after it.
+func TestNodeAddressDecisions(t *testing.T) {
+	node := map[netip.Addr]string{netip.MustParseAddr("10.0.0.5"): "eth0", netip.MustParseAddr("fd00::5"): "eth0",
+		netip.MustParseAddr("10.99.0.1"): "xa"}
+	udp := func(dst string, port uint16) api.CNIFlow {
+		return api.CNIFlow{Protocol: "udp", Dst: netip.MustParsePrefix(dst), DstPort: port}
+	}
+	addrs := func(s ...string) []netip.Addr {
+		var out []netip.Addr
+		for _, a := range s {
+			out = append(out, netip.MustParseAddr(a))
+		}
+		return out
+	}
+	errLookup := errors.New("netlink: permission denied")
+	for _, c := range []struct {
+		name      string
+		shared    string // the pool's sharedDestinations, YAML
+		addresses []netip.Addr
+		flows     []api.CNIFlow
+		lookupErr error
+		wantAsked []string
+		kind      error  // nil: attached
+		says      string // in the refusal
+	}{
+		{name: "the pod's own address, not the node's", addresses: addrs("10.77.0.4"), flows: []api.CNIFlow{udp("10.77.0.4/32", 2152)},
+			wantAsked: []string{"[10.77.0.4]"}},
+		{name: "static IPAM names the node's address", addresses: addrs("10.0.0.5"), flows: []api.CNIFlow{udp("10.0.0.5/32", 22)},
+			wantAsked: []string{"[10.0.0.5]"}, kind: api.ErrInvalid,
+			says: "pool upf: flow udp 10.0.0.5:22: destination 10.0.0.5 is an address of the node (eth0): " +
+				"a pod's flows may not take the node's own traffic; an operator grants it with the pool's sharedDestinations"},
+		{name: "the pool's netdev's own address", addresses: addrs("10.99.0.1"), flows: []api.CNIFlow{udp("10.99.0.1/32", 2152)},
+			wantAsked: []string{"[10.99.0.1]"}, kind: api.ErrInvalid, says: "destination 10.99.0.1 is an address of the node (xa)"},
+		{name: "the node's IPv6 address", addresses: addrs("fd00::5"), flows: []api.CNIFlow{udp("fd00::5/128", 0)},
+			wantAsked: []string{"[fd00::5]"}, kind: api.ErrInvalid, says: "flow udp fd00::5: destination fd00::5 is an address of the node (eth0)"},
+		{name: "ipam resolved to two addresses, the second the node's", addresses: addrs("10.77.0.4", "10.0.0.5"),
+			flows: []api.CNIFlow{udp("10.77.0.4/32", 53), udp("10.0.0.5/32", 53)}, wantAsked: []string{"[10.77.0.4 10.0.0.5]"},
+			kind: api.ErrInvalid, says: "flow udp 10.0.0.5:53: destination 10.0.0.5 is an address of the node (eth0)"},
+		{name: "the node's address granted: the operator's choice, the node not asked", shared: "[10.0.0.5]",
+			addresses: addrs("10.0.0.5"), flows: []api.CNIFlow{udp("10.0.0.5/32", 22)}},
+		{name: "an own address that is the node's but no flow takes: nothing taken", shared: "[192.0.2.0/28]",
+			addresses: addrs("10.0.0.5"), flows: []api.CNIFlow{udp("192.0.2.9/32", 80)}},
+		{name: "no flows: the node not asked", addresses: addrs("10.0.0.5")},
+		{name: "the node's addresses unreadable: refused, not let through", addresses: addrs("10.77.0.4"),
+			flows: []api.CNIFlow{udp("10.77.0.4/32", 2152)}, lookupErr: errLookup, wantAsked: []string{"[10.77.0.4]"},
+			kind: api.ErrUnavailable, says: "the node's addresses, which a pod's flows may not take: netlink: permission denied"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			n := newFakeNode(t, fakeNetdev("xa", 4))
+			n.addrs, n.addrsErr = node, c.lookupErr
+			cfg := "pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-3']}"
+			if c.shared != "" {
+				cfg += ", sharedDestinations: " + c.shared
+			}
+			d, _ := n.daemon(cfg + "}]\n")
+			if err := d.start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 1, UID: 1000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Addresses: c.addresses, Flows: c.flows})
+			switch {
+			case c.kind == nil && err != nil:
+				t.Fatalf("refused: %v", err)
+			case c.kind != nil && (!errors.Is(err, c.kind) || !strings.Contains(fmt.Sprint(err), c.says)):
+				t.Fatalf("ADD: %v (code %s); want %v saying %q", err, api.CodeOf(err), c.kind, c.says)
+			}
+			if got := n.asked.take(); !slices.Equal(got, c.wantAsked) {
+				t.Errorf("the node asked about %q; want %q", got, c.wantAsked)
+			}
+			if c.kind == nil {
+				return
+			}
+			if _, ok := d.ledger.Attachment("c1/net1"); ok {
+				t.Error("the refused ADD left an attachment")
+			}
+			n.agent.mu.Lock()
+			flows := len(n.agent.flows["xa"])
+			n.agent.mu.Unlock()
+			if flows != 0 {
+				t.Errorf("the refused ADD left flows of %d owners on xa", flows)
+			}
+			n.addrsErr = nil
+			good := api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Addresses: addrs("10.77.0.4"),
+				Flows: []api.CNIFlow{udp("10.77.0.4/32", 2152)}}
+			if _, err := d.CNIAdd(ctx, good); err != nil {
+				t.Errorf("a good ADD after the refusal: %v", err)
+			}
+		})
+	}
+}
+
+// TestClaimDecisions: an ADD whose flows steer, as its pod's own, an
+// address that a live attachment of another pod on the same netdev
+// steers as its own (two NADs with static IPAM naming one address) is
+// refused as a conflict naming the other attachment, and leaves nothing;
+// the same pod's attachments (by pod UID, sandbox or network namespace),
+// another netdev, an address the pool grants and an address no flow
+// takes are no conflict; once the first attachment is gone, the address
+// is free.
+func TestClaimDecisions(t *testing.T) {
+	own := netip.MustParseAddr("10.77.0.4")
+	netns := fmt.Sprintf("/proc/%d/ns/net", os.Getpid()) // the first pod's
+	flowTo := func(a netip.Addr, port uint16) []api.CNIFlow {
+		return []api.CNIFlow{{Protocol: "udp", Dst: netip.PrefixFrom(a, a.BitLen()), DstPort: port}}
+	}
+	for _, c := range []struct {
+		name string
+		req  api.CNIAddRequest // the second ADD, of a second allocation of pool
+		pool string
+		says string // "" attached
+	}{
+		{name: "another pod, the same address and netdev", pool: "upf",
+			req:  api.CNIAddRequest{ContainerID: "c2", PodUID: "uid-b", Addresses: []netip.Addr{own}, Flows: flowTo(own, 80)},
+			says: "address 10.77.0.4: attachment c1/net1 (pod upf/upf-0) on xa steers it as its pod's own address already"},
+		{name: "the same pod's second attachment", pool: "upf",
+			req: api.CNIAddRequest{ContainerID: "c2", PodUID: "uid-a", Addresses: []netip.Addr{own}, Flows: flowTo(own, 80)}},
+		{name: "the same sandbox", pool: "upf",
+			req: api.CNIAddRequest{ContainerID: "c1", IfName: "net2", Addresses: []netip.Addr{own}, Flows: flowTo(own, 80)}},
+		{name: "the same network namespace", pool: "upf",
+			req: api.CNIAddRequest{ContainerID: "c2", Netns: netns, Addresses: []netip.Addr{own}, Flows: flowTo(own, 80)}},
+		{name: "another netdev", pool: "dns",
+			req: api.CNIAddRequest{ContainerID: "c2", PodUID: "uid-b", Addresses: []netip.Addr{own}, Flows: flowTo(own, 80)}},
+		{name: "an address the pool grants", pool: "vip",
+			req: api.CNIAddRequest{ContainerID: "c2", PodUID: "uid-b", Addresses: []netip.Addr{own}, Flows: flowTo(own, 80)}},
+		{name: "the address held, but no flow of the pod takes it", pool: "upf",
+			req: api.CNIAddRequest{ContainerID: "c2", PodUID: "uid-b", Addresses: []netip.Addr{own, netip.MustParseAddr("10.77.0.9")},
+				Flows: flowTo(netip.MustParseAddr("10.77.0.9"), 80)}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			n := newFakeNode(t, fakeNetdev("xa", 4), fakeNetdev("xb", 4))
+			d, _ := n.daemon("pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}, sharedDestinations: [192.0.2.0/28]}, " +
+				"{name: vip, steering: software, devices: {netdevs: ['xa#2-3']}, sharedDestinations: [10.77.0.0/24]}, " +
+				"{name: dns, steering: software, devices: {netdevs: ['xb#0-3']}}]\n")
+			if err := d.start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			first, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 1, UID: 1000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: first.ID, PodUID: "uid-a", Netns: netns,
+				PodNamespace: "upf", PodName: "upf-0", Addresses: []netip.Addr{own}, Flows: flowTo(own, 2152)}); err != nil {
+				t.Fatal(err)
+			}
+			second, err := d.Alloc(ctx, api.AllocRequest{Pool: c.pool, Count: 1, UID: 1000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := c.req
+			req.Allocation = second.ID
+			if req.IfName == "" {
+				req.IfName = "net1"
+			}
+			_, err = d.CNIAdd(ctx, req)
+			if c.says == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, api.ErrConflict) || !strings.Contains(fmt.Sprint(err), c.says) {
+				t.Fatalf("ADD: %v (code %s); want a conflict saying %q", err, api.CodeOf(err), c.says)
+			}
+			if _, ok := d.ledger.Attachment(ledger.Key(req.ContainerID, req.IfName)); ok {
+				t.Error("the refused ADD left an attachment")
+			}
+			n.agent.mu.Lock()
+			owners := slices.Sorted(maps.Keys(n.agent.flows["xa"]))
+			n.agent.mu.Unlock()
+			if !slices.Equal(owners, []string{"c1/net1"}) {
+				t.Errorf("flows on xa by %v; want c1/net1's alone", owners)
+			}
+			if err := d.CNIDel(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.CNIAdd(ctx, req); err != nil {
+				t.Errorf("the ADD once the first attachment is gone: %v", err)
+			}
+		})
 	}
 }

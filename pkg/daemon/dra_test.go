@@ -173,10 +173,10 @@ func TestDRAClaim(t *testing.T) {
 	thief := allocatedClaim("other", "0d9a3c6e-2f1b-4c5d-8e7f-a0b1c2d3e4f5", podB, []string{"xa-q2"}, "")
 	bad := allocatedClaim("bad", "7a8b9c0d-1e2f-4a5b-8c7d-9e0f1a2b3c4d", podB, []string{"xa-q3"},
 		`{"apiVersion": "xdpq.io/v1alpha1", "kind": "QueueConfig", "flows": [{"protocol": "udp", "destinationPort": "70000"}]}`)
-	pods := newFakePods(kubepods.Pod{UID: pod, Namespace: "default", Name: "dns-0", IPs: []netip.Addr{netip.MustParseAddr("10.99.0.1")}})
+	pods := newFakePods(kubepods.Pod{UID: pod, Namespace: "default", Name: "dns-0", IPs: []netip.Addr{netip.MustParseAddr("10.99.0.7")}})
 	e := newDRAEnv(t, pods, good, thief, bad)
-	if e.pair.A.Addr.String() != "10.99.0.1" {
-		t.Fatalf("xa is %s", e.pair.A.Addr)
+	if e.pair.PodAddr.String() != "10.99.0.7" {
+		t.Fatalf("the pair's pod address is %s", e.pair.PodAddr)
 	}
 	ctx := context.Background()
 
@@ -348,7 +348,7 @@ func TestDRAClaim(t *testing.T) {
 	// claim the scheduler makes for a pod asking for the extended
 	// resource): its pod's flows annotation is steered, as with the
 	// device plugin.
-	pods.set(kubepods.Pod{UID: podB, Namespace: "default", Name: "dns-1", IPs: []netip.Addr{netip.MustParseAddr("10.99.0.1")},
+	pods.set(kubepods.Pod{UID: podB, Namespace: "default", Name: "dns-1", IPs: []netip.Addr{netip.MustParseAddr("10.99.0.7")},
 		Annotations: map[string]string{FlowsAnnotation: `[{"protocol": "udp", "destinationPort": "5001"}]`}})
 	if r := e.prepare(t, thief); r.Error != "" {
 		t.Errorf("the other claim, once the queue is free: %+v", r)

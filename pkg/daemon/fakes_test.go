@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -323,6 +324,11 @@ type fakeNode struct {
 	mover   *fakeMover
 	kubelet podResources
 	logs    *syncbuf.Buffer
+	// addrs are the addresses the node's netdevs hold, by netdev
+	// name; addrsErr fails the lookup; asked records each lookup.
+	addrs    map[netip.Addr]string
+	addrsErr error
+	asked    calls
 }
 
 func newFakeNode(t *testing.T, netdevs ...nic.Netdev) *fakeNode {
@@ -361,6 +367,19 @@ func (n *fakeNode) daemon(yaml string) (d *Daemon, stop func()) {
 		d.kubelet = n.kubelet
 	}
 	d.discover = func() ([]nic.Netdev, error) { return slices.Clone(n.netdevs), nil }
+	d.nodeAddrs = func(addrs []netip.Addr) (map[netip.Addr]string, error) {
+		n.asked.add("%v", addrs)
+		if n.addrsErr != nil {
+			return nil, n.addrsErr
+		}
+		held := map[netip.Addr]string{}
+		for _, a := range addrs {
+			if dev, ok := n.addrs[a]; ok {
+				held[a] = dev
+			}
+		}
+		return held, nil
+	}
 	d.node = noReporter{}
 	var err error
 	if d.watcher, err = config.NewWatcher(path, opts.Logger); err != nil {

@@ -645,7 +645,7 @@ func TestFieldSteering(t *testing.T) {
 				t.Errorf("xa's hook has %+v", att)
 			}
 			a := r.alloc("demo", 1)
-			flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(p.A.Addr, 32), DstPort: 5000}
+			flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(p.PodAddr, 32), DstPort: 5000}
 			_, err := r.d.CNIAdd(context.Background(), api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}})
 			if tc.resolved == "software" && err != nil {
 				t.Errorf("add with a flow: %v", err)
@@ -686,7 +686,7 @@ func TestFieldSteering(t *testing.T) {
 		}
 		r := startRig(t, p, cfg("software"))
 		a := r.alloc("demo", 1)
-		flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(p.A.Addr, 32), DstPort: 5000}
+		flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(p.PodAddr, 32), DstPort: 5000}
 		ctx := context.Background()
 		if _, err := r.d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
 			t.Fatal(err)

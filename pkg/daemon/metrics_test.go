@@ -54,7 +54,7 @@ func TestMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(pair.A.Addr, 32), DstPort: 5000}
+	flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(pair.PodAddr, 32), DstPort: 5000}
 	if _, err := c.CNIAdd(api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
 		t.Fatal(err)
 	}

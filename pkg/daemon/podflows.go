@@ -19,7 +19,9 @@ import (
 // no NetworkAttachmentDefinition of its own. A pod holding allocations of
 // several pools names each pool's: FlowsAnnotation + "." + pool. A flow's
 // destination must be one of the pod's own addresses (empty or "ipam":
-// all of them): a pod steers its own traffic, never another's.
+// all of them): a pod steers its own traffic, never another's, and never
+// the node's (a hostNetwork pod's addresses are the node's: refused,
+// unless the pool's sharedDestinations grant them).
 const FlowsAnnotation = "xdpq.io/flows"
 
 // podFlowsRef is the attachment that holds the annotated flows of a pod's

@@ -371,13 +371,13 @@ func TestClaimPod(t *testing.T) {
 // address, it is refused and its flows are removed; removed, nothing is
 // steered.
 func TestPodFlowsAnnotation(t *testing.T) {
-	pod := kubepods.Pod{UID: podA, Namespace: "default", Name: "dns-0", IPs: []netip.Addr{netip.MustParseAddr("10.99.0.1")},
+	pod := kubepods.Pod{UID: podA, Namespace: "default", Name: "dns-0", IPs: []netip.Addr{netip.MustParseAddr("10.99.0.7")},
 		Annotations: map[string]string{FlowsAnnotation: `[{"protocol": "udp", "destinationPort": "5000"}]`}}
 	pods := newFakePods(pod)
 	e := newKubeEnv(t, "software", pods)
 	p, socket, apiSock := e.pair, e.socket, e.opts.APISocket
-	if pod.IPs[0] != p.A.Addr {
-		t.Fatalf("xa is %s", p.A.Addr)
+	if pod.IPs[0] != p.PodAddr {
+		t.Fatalf("the pair's pod address is %s", p.PodAddr)
 	}
 	leave := joinCgroup(t, handover.PodCgroup(t, container, podA))
 	got := connectPod(t, socket)

@@ -169,7 +169,7 @@ func TestBrokenRecord(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(p.A.Addr, 32), DstPort: 5000}
+			flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(p.PodAddr, 32), DstPort: 5000}
 			if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
 				t.Fatal(err)
 			}

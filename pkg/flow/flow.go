@@ -239,13 +239,15 @@ var ErrNotOwn = errors.New("a pod steers only its own traffic")
 // destination the operator granted the pool (shared). A prefix is never
 // a pod's own, nor is another pod's address or the node's: steering them
 // would divert traffic the pod has no claim on (the node's SSH, another
-// tenant's packets) onto its queues. The error names the flow.
+// tenant's packets) onto its queues. CheckOwn trusts own, which a
+// network configuration's IPAM may set to any address: CheckNode refuses
+// the node's among them. The error names the flow.
 func CheckOwn(flows []api.CNIFlow, own []netip.Addr, shared []netip.Prefix) error {
 	for _, f := range flows {
 		if f.Dst.IsSingleIP() && slices.Contains(own, f.Dst.Addr()) {
 			continue
 		}
-		if slices.ContainsFunc(shared, func(s netip.Prefix) bool { return s.Bits() <= f.Dst.Bits() && s.Contains(f.Dst.Addr()) }) {
+		if Granted(f.Dst, shared) {
 			continue
 		}
 		addrs := "none"
@@ -255,6 +257,52 @@ func CheckOwn(flows []api.CNIFlow, own []netip.Addr, shared []netip.Prefix) erro
 		return fmt.Errorf("flow %s: destination %s is not an address of the pod (its addresses: %s; the pool grants %s): %w; "+
 			"an operator grants a shared destination with the pool's sharedDestinations",
 			Format(f), f.Dst, addrs, grants(shared), ErrNotOwn)
+	}
+	return nil
+}
+
+// Granted reports whether dst lies within a destination the operator
+// granted the pool (its sharedDestinations).
+func Granted(dst netip.Prefix, shared []netip.Prefix) bool {
+	return slices.ContainsFunc(shared, func(s netip.Prefix) bool { return s.Bits() <= dst.Bits() && s.Contains(dst.Addr()) })
+}
+
+// ErrNodeAddress is what CheckNode's refusals wrap: a flow would take
+// the node's own traffic.
+var ErrNodeAddress = errors.New("a pod's flows may not take the node's own traffic")
+
+// Claimed are the destinations of flows that the pod claims as its own
+// addresses: each single address no shared destination grants. They are
+// what CheckNode needs to know of the node.
+func Claimed(flows []api.CNIFlow, shared []netip.Prefix) []netip.Addr {
+	var out []netip.Addr
+	for _, f := range flows {
+		if f.Dst.IsSingleIP() && !Granted(f.Dst, shared) && !slices.Contains(out, f.Dst.Addr()) {
+			out = append(out, f.Dst.Addr())
+		}
+	}
+	return out
+}
+
+// CheckNode refuses a flow whose destination is an address of the node
+// (node holds each with the netdev that holds it), unless a shared
+// destination grants it. CheckOwn cannot see this: a pod's "own"
+// addresses are what its network configuration's IPAM says (static
+// IPAM names any address), so a configuration may name the node's
+// address as the pod's, and its flows would take the node's SSH and
+// kubelet traffic arriving on the pool's netdev off the host's stack.
+// An empty or "ipam" destination is resolved to the pod's addresses
+// before this check, and so is refused as well when one is the node's.
+// The error names the flow, the address and its netdev.
+func CheckNode(flows []api.CNIFlow, node map[netip.Addr]string, shared []netip.Prefix) error {
+	for _, f := range flows {
+		if !f.Dst.IsSingleIP() || Granted(f.Dst, shared) {
+			continue
+		}
+		if dev, ok := node[f.Dst.Addr()]; ok {
+			return fmt.Errorf("flow %s: destination %s is an address of the node (%s): %w; "+
+				"an operator grants it with the pool's sharedDestinations", Format(f), f.Dst.Addr(), dev, ErrNodeAddress)
+		}
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package flow
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -106,5 +107,43 @@ func TestCheckOwn(t *testing.T) {
 	}
 	if err := CheckOwn([]api.CNIFlow{f("10.77.0.4/32", 53)}, nil, nil); err == nil || !strings.Contains(err.Error(), "its addresses: none") {
 		t.Errorf("a pod without addresses: %v", err)
+	}
+}
+
+// TestCheckNode: a destination the node holds is refused, naming the
+// flow, the address and the netdev that holds it, unless the pool
+// grants it; Claimed asks the node only about what CheckNode judges.
+func TestCheckNode(t *testing.T) {
+	node := map[netip.Addr]string{netip.MustParseAddr("10.0.0.5"): "eth0", netip.MustParseAddr("fd00::5"): "eth0",
+		netip.MustParseAddr("192.0.2.1"): "xa"}
+	shared := []netip.Prefix{netip.MustParsePrefix("192.0.2.0/28")}
+	f := func(dst string, port uint16) api.CNIFlow {
+		return api.CNIFlow{Protocol: "tcp", Dst: netip.MustParsePrefix(dst), DstPort: port}
+	}
+	for _, c := range []struct {
+		name    string
+		flows   []api.CNIFlow
+		claimed string
+		refused string // "" accepted
+	}{
+		{"the pod's own, not the node's", []api.CNIFlow{f("10.77.0.4/32", 53)}, "[10.77.0.4]", ""},
+		{"the node's SSH", []api.CNIFlow{f("10.77.0.4/32", 53), f("10.0.0.5/32", 22)}, "[10.77.0.4 10.0.0.5]",
+			"flow tcp 10.0.0.5:22: destination 10.0.0.5 is an address of the node (eth0): a pod's flows may not take the node's own traffic; " +
+				"an operator grants it with the pool's sharedDestinations"},
+		{"the node's v6 address", []api.CNIFlow{f("fd00::5/128", 0)}, "[fd00::5]", "flow tcp fd00::5: destination fd00::5 is an address of the node (eth0)"},
+		{"the node's address, granted", []api.CNIFlow{f("192.0.2.1/32", 80)}, "[]", ""},
+		{"a granted prefix holding a node address", []api.CNIFlow{f("192.0.2.0/29", 80)}, "[]", ""},
+		{"one address, many ports: asked once", []api.CNIFlow{f("10.0.0.5/32", 80), f("10.0.0.5/32", 81)}, "[10.0.0.5]", "flow tcp 10.0.0.5:80"},
+	} {
+		if got := fmt.Sprint(Claimed(c.flows, shared)); got != c.claimed {
+			t.Errorf("%s: claimed %s; want %s", c.name, got, c.claimed)
+		}
+		err := CheckNode(c.flows, node, shared)
+		switch {
+		case c.refused == "" && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case c.refused != "" && (err == nil || !strings.Contains(err.Error(), c.refused) || !errors.Is(err, ErrNodeAddress)):
+			t.Errorf("%s: %v; want a refusal naming %q", c.name, err, c.refused)
+		}
 	}
 }

@@ -4,5 +4,7 @@
 //
 // Hardware facts come from sysfs under a root that tests point at a fake
 // tree (t.TempDir()); XDP features come from the kernel's "netdev" generic
-// netlink family (Linux 6.3 and later) through mdlayher/genetlink.
+// netlink family (Linux 6.3 and later) through mdlayher/genetlink. Which
+// addresses the netdevs of a namespace hold (Holders) comes from an
+// rtnetlink address dump.
 package nic

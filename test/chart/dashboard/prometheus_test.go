@@ -99,10 +99,10 @@ func TestDashboardOnPrometheus(t *testing.T) {
 			t.Fatal(err)
 		}
 		allocs[i] = a
-		flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(pair.A.Addr, 32), DstPort: port(i)}
+		flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(podAddr(pair, i), 32), DstPort: port(i)}
 		if _, err := c.CNIAdd(api.CNIAddRequest{ContainerID: fmt.Sprintf("pod%d", i), IfName: "net1", Allocation: a.ID,
 			PodNamespace: "test", PodName: fmt.Sprintf("pod%d", i),
-			Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{pair.A.Addr}}); err != nil {
+			Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{podAddr(pair, i)}}); err != nil {
 			t.Fatal(err)
 		}
 		prom.WaitFor(t, fmt.Sprintf(`xdpq_cni_operation_duration_seconds_count{verb="add"} == %d`, i+1))
@@ -286,6 +286,17 @@ func TestDashboardOnPrometheus(t *testing.T) {
 
 func port(i int) uint16 { return uint16(5000 + i) }
 
+// podAddr is pod i's own address: one no interface holds, and no other
+// pod's (the daemon refuses a flow to the node's address, or to one
+// another pod's flows steer as its own).
+func podAddr(p *testnet.Pair, i int) netip.Addr {
+	a := p.PodAddr
+	for range i {
+		a = a.Next()
+	}
+	return a
+}
+
 // above is true of values with one above v.
 func above(v float64) func([]float64) bool {
 	return func(vals []float64) bool { return slices.ContainsFunc(vals, func(x float64) bool { return x > v }) }
@@ -360,7 +371,7 @@ func waitNetdev(t *testing.T, d *daemon.Daemon, ok func(api.NetdevStatus) bool) 
 }
 
 // sendFrames sends UDP frames from xb's queues qs[i] (arriving on xa's
-// queue of the same number) to port(i), 32 on each every 10ms, until
+// queue of the same number) to pod i, port(i), 32 on each every 10ms, until
 // the test ends.
 func sendFrames(t *testing.T, p *testnet.Pair, qs [2]uint32) {
 	t.Helper()
@@ -373,7 +384,7 @@ func sendFrames(t *testing.T, p *testnet.Pair, qs [2]uint32) {
 	var senders []*traffic.Sender
 	var frames [][][]byte
 	for i, s := range socks {
-		f, err := frame.Spec{SrcMAC: p.B.MAC, DstMAC: p.A.MAC, Src: p.B.Addr, Dst: p.A.Addr, Protocol: 17,
+		f, err := frame.Spec{SrcMAC: p.B.MAC, DstMAC: p.A.MAC, Src: p.B.Addr, Dst: podAddr(p, i), Protocol: 17,
 			SrcPort: 4000, DstPort: port(i), Payload: frame.Payload(uint32(i), 0, 22)}.Build()
 		if err != nil {
 			t.Fatal(err)

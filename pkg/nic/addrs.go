@@ -1,0 +1,89 @@
+package nic
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// maxDumpTries bounds the retries of an address dump the kernel
+// interrupted (NLM_F_DUMP_INTR: addresses changed during it).
+const maxDumpTries = 5
+
+// Holders returns which of addrs a netdev of the network namespace at
+// netnsPath ("" for the caller's) holds, and that netdev's name: the
+// addresses whose traffic the namespace's own stack takes. It asks the
+// kernel each time, so an address added a moment ago counts; only the
+// netdevs of addresses asked for are named, so a node with thousands of
+// pod veths (each with its link-local address) costs one dump.
+func Holders(netnsPath string, addrs []netip.Addr) (map[netip.Addr]string, error) {
+	if len(addrs) == 0 {
+		return nil, nil
+	}
+	h, err := handle(netnsPath)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	var list []netlink.Addr
+	for try := 1; ; try++ {
+		list, err = h.AddrList(nil, netlink.FAMILY_ALL)
+		if !errors.Is(err, netlink.ErrDumpInterrupted) || try == maxDumpTries {
+			break
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list the addresses of netns %q: %w", netnsPath, err)
+	}
+	want := make(map[netip.Addr]bool, len(addrs))
+	for _, a := range addrs {
+		want[a.Unmap()] = true
+	}
+	held := map[netip.Addr]string{}
+	names := map[int]string{}
+	for _, a := range list {
+		if a.IPNet == nil {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || !want[ip.Unmap()] {
+			continue
+		}
+		name, ok := names[a.LinkIndex]
+		if !ok {
+			name = "ifindex " + strconv.Itoa(a.LinkIndex)
+			if l, err := h.LinkByIndex(a.LinkIndex); err == nil {
+				name = l.Attrs().Name
+			} // else gone since the dump: the address was held, and its ifindex says where
+			names[a.LinkIndex] = name
+		}
+		held[ip.Unmap()] = name
+	}
+	return held, nil
+}
+
+// handle is a netlink handle in the network namespace at path ("" for
+// the caller's).
+func handle(path string) (*netlink.Handle, error) {
+	if path == "" {
+		h, err := netlink.NewHandle()
+		if err != nil {
+			return nil, fmt.Errorf("netlink: %w", err)
+		}
+		return h, nil
+	}
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("netns %s: %w", path, err)
+	}
+	defer func() { _ = ns.Close() }() // the handle's socket keeps the namespace
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return nil, fmt.Errorf("netlink in netns %s: %w", path, err)
+	}
+	return h, nil
+}
