@@ -171,6 +171,51 @@ func TestKubectlXdpqTop(t *testing.T) {
 		checkPrometheusThroughService(ctx, t, cp, node.Name, ns, pod, events)
 	})
 
+	t.Run("hostNetwork", func(t *testing.T) {
+		// A hostNetwork pod's addresses are the node's: its annotated
+		// flow to its "own" address (port 22, the node's SSH) is
+		// refused as the node's, and nothing of the node's traffic is
+		// steered; the other pod receives on.
+		const hns = "hostnet" // privileged: hostNetwork is beyond baseline
+		if err := cp.CreateNamespace(ctx, hns, nil); err != nil {
+			t.Fatal(err)
+		}
+		p := perfPod(hns, "rx-host", e.ref, 22)
+		p.Annotations["xdpq.io/flows"] = `[{"protocol":"tcp","destination":"ipam","destinationPort":"22"}]`
+		p.Spec.HostNetwork = true
+		if _, err := cp.Client.CoreV1().Pods(hns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		running, err := cp.WaitPod(ctx, hns, p.Name, cluster.PodRunning)
+		if err != nil {
+			t.Fatal(err)
+		}
+		note := waitFlowsRefused(ctx, t, cp, hns, p.Name)
+		t.Logf("FlowsRefused on %s/%s: %s", hns, p.Name, note)
+		want := fmt.Sprintf("flow tcp %s:22: destination %s is an address of the node (", running.Status.PodIP, running.Status.PodIP)
+		if !strings.Contains(note, want) || !strings.Contains(note, "sharedDestinations") {
+			t.Errorf("the refusal says %q; want it to name %q and the pool's sharedDestinations", note, want)
+		}
+		// kubectl shows its allocation with no flow (the XdpqNode is
+		// written a moment after the claim's prepare).
+		row := regexp.MustCompile(fmt.Sprintf(`(?m)^%s\s+%s\s+%s\s+%s\s+\S+\s+(\S+)`, p.Name, regexp.QuoteMeta(node.Name), scenarioNIC, scenarioPool))
+		var pods string
+		err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			pods, _ = k.must(ctx, t, "xdpq", "pods", "-n", hns)
+			return row.MatchString(pods), nil
+		})
+		t.Logf("kubectl xdpq pods -n %s:\n%s", hns, pods)
+		if m := row.FindStringSubmatch(pods); err != nil || m[1] != "<none>" {
+			t.Errorf("kubectl xdpq pods -n %s: want %s's allocation with no flow: %v", hns, p.Name, err)
+		}
+		if err := cp.Client.CoreV1().Pods(hns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := cp.Kubectl(ctx, "-n", hns, "wait", "--for=delete", "pod/"+p.Name, "--timeout=60s"); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+	})
+
 	stopped = true
 	if _, err := stop(); err != nil {
 		t.Fatal(err)

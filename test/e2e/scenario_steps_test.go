@@ -408,3 +408,31 @@ func allocationIDs(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, 
 	slices.Sort(ids)
 	return strings.Join(ids, " ")
 }
+
+// waitFlowsRefused waits for the daemon's FlowsRefused Event on the pod
+// and returns its note; FlowsApplied instead fails the test.
+func waitFlowsRefused(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, ns, pod string) string {
+	t.Helper()
+	var note string
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		evs, err := cp.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range evs.Items {
+			if e.Regarding.Name == pod && e.Reason == "FlowsApplied" {
+				return false, fmt.Errorf("flows applied: %s", e.Note)
+			}
+			if e.Regarding.Name == pod && e.Reason == "FlowsRefused" {
+				note = e.Note
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		out, _ := cp.Kubectl(ctx, "-n", ns, "get", "events")
+		t.Fatalf("pod %s's flows were not refused: %v\n%s", pod, err, out)
+	}
+	return note
+}
