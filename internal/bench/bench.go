@@ -216,6 +216,16 @@ func Run(cfg Config) ([]*Result, error) {
 	if cfg.Testpmd != "" {
 		receivers = append(receivers, receiver{name: "(d) DPDK af_xdp PMD rxonly", queues: 1, spins: true, start: startTestpmd(cfg)})
 	}
+	if cfg.Pods.Perf != "" || cfg.Pods.CRxdrop != "" {
+		// XDP_DROP on the pod rows' other queue counts: what one sender
+		// core delivers to N queues when no receiver copies a frame, the
+		// ceiling of the pods' N-queue rates.
+		for _, n := range cfg.PodQueues {
+			if n > 1 {
+				receivers = append(receivers, receiver{name: "(a) XDP_DROP (ceiling)", queues: n, start: startDrop})
+			}
+		}
+	}
 	var d *podDaemon
 	if cfg.Pods.Perf != "" || cfg.Pods.CRxdrop != "" {
 		if d, err = startDaemon(p, queues); err != nil {
@@ -377,6 +387,15 @@ func printRatios(w io.Writer, rs []*Result) {
 		fmt.Fprintf(w, "   b/d = %.2f", rate(b)/rate(d))
 	}
 	fmt.Fprintln(w)
+	var drops []string
+	for _, r := range rs {
+		if r != a && strings.HasPrefix(r.Name, "(a)") {
+			drops = append(drops, fmt.Sprintf("%d queues/1 queue = %.2f", r.Queues, rate(r)/rate(a)))
+		}
+	}
+	if drops != nil {
+		fmt.Fprintf(w, "(a) XDP_DROP: %s (no receiver copies a frame: what N queues cost veth and the sender alone)\n", strings.Join(drops, "   "))
+	}
 	var names []string // each pod row kind (a ring size makes its own), in order
 	for _, r := range rs {
 		if (strings.HasPrefix(r.Name, "(e)") || strings.HasPrefix(r.Name, "(f)") || strings.HasPrefix(r.Name, "(g)")) && !slices.Contains(names, r.Name) {
