@@ -60,6 +60,12 @@ func TestStaticIPAMTakesNoOnesAddress(t *testing.T) {
 		t.Errorf("ADD with the node's address as the pod's: %v; want the runtime to show %q", err, want)
 	}
 	left("after the refusal", 0, 0)
+	// VRRP's group: the node's (and its neighbours') traffic too.
+	static("224.0.0.18/32", 5353)
+	if _, err := c.run("add", pod()); err == nil || !strings.Contains(err.Error(), "destination 224.0.0.18 is a multicast group, never one pod's own address") {
+		t.Errorf("ADD with a multicast group as the pod's address: %v", err)
+	}
+	left("after the multicast refusal", 0, 0)
 
 	own := n.pair.PodAddr.String()
 	static(own+"/24", 2152)

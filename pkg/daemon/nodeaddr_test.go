@@ -22,7 +22,8 @@ import (
 // what an operator may do. Nothing is left (no attachment, no flow in
 // the filter's map) and the allocation takes a good ADD after it. An
 // address the node takes after the daemon started is refused as well:
-// the daemon asks the kernel at each ADD.
+// the daemon asks the kernel at each ADD. So are xa's subnet broadcast
+// and a multicast group (VRRP's) named as the pod's own.
 func TestNodeAddressRefused(t *testing.T) {
 	pair := testnet.NewPair(t, 4)
 	d, _ := runDaemon(t, standaloneOpts(t, pair, t.TempDir(), testPins(t),
@@ -67,6 +68,8 @@ func TestNodeAddressRefused(t *testing.T) {
 		{pair.A.Addr, "pool upf: flow udp 10.99.0.1:22: destination 10.99.0.1 is an address of the node (xa): " +
 			"a pod's flows may not take the node's own traffic; an operator grants it with the pool's sharedDestinations"},
 		{late, "destination 10.99.0.8 is an address of the node (xb)"},
+		{netip.MustParseAddr("10.99.0.255"), "destination 10.99.0.255 is an address of the node (xa's broadcast)"},
+		{netip.MustParseAddr("224.0.0.18"), "destination 224.0.0.18 is a multicast group, never one pod's own address"},
 	} {
 		_, err := add(c.own)
 		if !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), c.says) {

@@ -244,10 +244,17 @@ var ErrNotOwn = errors.New("a pod steers only its own traffic")
 // the node's among them. The error names the flow.
 func CheckOwn(flows []api.CNIFlow, own []netip.Addr, shared []netip.Prefix) error {
 	for _, f := range flows {
-		if f.Dst.IsSingleIP() && slices.Contains(own, f.Dst.Addr()) {
+		if Granted(f.Dst, shared) {
 			continue
 		}
-		if Granted(f.Dst, shared) {
+		if f.Dst.IsSingleIP() && slices.Contains(own, f.Dst.Addr()) {
+			if what := notOwnable(f.Dst.Addr()); what != "" {
+				// An IPAM (static names any address) gave the pod an
+				// address that no one host owns: its traffic is the
+				// node's and its neighbours' (VRRP, mDNS, DHCP).
+				return fmt.Errorf("flow %s: destination %s is %s, never one pod's own address: %w; "+
+					"an operator grants it with the pool's sharedDestinations", Format(f), f.Dst.Addr(), what, ErrNotOwn)
+			}
 			continue
 		}
 		addrs := "none"
@@ -259,6 +266,28 @@ func CheckOwn(flows []api.CNIFlow, own []netip.Addr, shared []netip.Prefix) erro
 			Format(f), f.Dst, addrs, grants(shared), ErrNotOwn)
 	}
 	return nil
+}
+
+// limitedBroadcast is IPv4's 255.255.255.255.
+var limitedBroadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+
+// notOwnable says what a is when no one host owns it (a multicast group,
+// a broadcast, the unspecified or a loopback address), "" for a unicast
+// address. A subnet's directed broadcast is a node's address of its
+// netdev (CheckNode).
+func notOwnable(a netip.Addr) string {
+	a = a.Unmap()
+	switch {
+	case a.IsMulticast():
+		return "a multicast group"
+	case a == limitedBroadcast:
+		return "the broadcast address"
+	case a.IsUnspecified():
+		return "the unspecified address"
+	case a.IsLoopback():
+		return "a loopback address"
+	}
+	return ""
 }
 
 // Granted reports whether dst lies within a destination the operator

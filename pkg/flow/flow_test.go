@@ -110,6 +110,38 @@ func TestCheckOwn(t *testing.T) {
 	}
 }
 
+// TestCheckOwnNotOwnable: an address no one host owns is refused as a
+// pod's own even when its IPAM named it (static IPAM names any), unless
+// the pool grants it: a market-data pool's multicast groups.
+func TestCheckOwnNotOwnable(t *testing.T) {
+	granted := []netip.Prefix{netip.MustParsePrefix("239.1.0.0/16")}
+	for _, c := range []struct {
+		addr, says string // says "": accepted
+	}{
+		{"224.0.0.18", "destination 224.0.0.18 is a multicast group, never one pod's own address"}, // VRRP
+		{"ff02::fb", "is a multicast group"},            // mDNS
+		{"::ffff:224.0.0.251", "is a multicast group"},  // mapped
+		{"255.255.255.255", "is the broadcast address"}, // DHCP
+		{"0.0.0.0", "is the unspecified address"},
+		{"::", "is the unspecified address"},
+		{"127.0.0.1", "is a loopback address"},
+		{"::1", "is a loopback address"},
+		{"239.1.2.3", ""}, // granted
+		{"10.77.0.4", ""},
+	} {
+		a := netip.MustParseAddr(c.addr)
+		flows := []api.CNIFlow{{Protocol: "udp", Dst: netip.PrefixFrom(a, a.BitLen()), DstPort: 5353}}
+		err := CheckOwn(flows, []netip.Addr{a}, granted)
+		switch {
+		case c.says == "" && err != nil:
+			t.Errorf("%s: %v", c.addr, err)
+		case c.says != "" && (err == nil || !strings.Contains(err.Error(), c.says) || !errors.Is(err, ErrNotOwn) ||
+			!strings.Contains(err.Error(), "sharedDestinations")):
+			t.Errorf("%s as the pod's own: %v; want a refusal saying %q", c.addr, err, c.says)
+		}
+	}
+}
+
 // TestCheckNode: a destination the node holds is refused, naming the
 // flow, the address and the netdev that holds it, unless the pool
 // grants it; Claimed asks the node only about what CheckNode judges.

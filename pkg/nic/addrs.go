@@ -16,7 +16,8 @@ const maxDumpTries = 5
 
 // Holders returns which of addrs a netdev of the network namespace at
 // netnsPath ("" for the caller's) holds, and that netdev's name: the
-// addresses whose traffic the namespace's own stack takes. It asks the
+// addresses whose traffic the namespace's own stack takes (a subnet's
+// broadcast address among them, named "<netdev>'s broadcast"). It asks the
 // kernel each time, so an address added a moment ago counts; only the
 // netdevs of addresses asked for are named, so a node with thousands of
 // pod veths (each with its link-local address) costs one dump.
@@ -45,23 +46,31 @@ func Holders(netnsPath string, addrs []netip.Addr) (map[netip.Addr]string, error
 	}
 	held := map[netip.Addr]string{}
 	names := map[int]string{}
+	name := func(index int) string {
+		n, ok := names[index]
+		if !ok {
+			n = "ifindex " + strconv.Itoa(index)
+			if l, err := h.LinkByIndex(index); err == nil {
+				n = l.Attrs().Name
+			} // else gone since the dump: the address was held, and its ifindex says where
+			names[index] = n
+		}
+		return n
+	}
 	for _, a := range list {
 		if a.IPNet == nil {
 			continue
 		}
-		ip, ok := netip.AddrFromSlice(a.IP)
-		if !ok || !want[ip.Unmap()] {
-			continue
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && want[ip.Unmap()] {
+			held[ip.Unmap()] = name(a.LinkIndex)
 		}
-		name, ok := names[a.LinkIndex]
-		if !ok {
-			name = "ifindex " + strconv.Itoa(a.LinkIndex)
-			if l, err := h.LinkByIndex(a.LinkIndex); err == nil {
-				name = l.Attrs().Name
-			} // else gone since the dump: the address was held, and its ifindex says where
-			names[a.LinkIndex] = name
+		// The subnet's directed broadcast: the stack takes what is sent
+		// to it as the node's (and its neighbours').
+		if brd, ok := netip.AddrFromSlice(a.Broadcast); ok && want[brd.Unmap()] {
+			if _, unicast := held[brd.Unmap()]; !unicast {
+				held[brd.Unmap()] = name(a.LinkIndex) + "'s broadcast"
+			}
 		}
-		held[ip.Unmap()] = name
 	}
 	return held, nil
 }
