@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"slices"
 
 	"github.com/xdpq/xdpq/pkg/api"
@@ -28,6 +29,10 @@ type PodDirectory interface {
 	Done(uid string)
 	// Touch has Next return uid again: its allocation changed.
 	Touch(uid string)
+	// ByIP returns the node's pods that hold address a as their own
+	// (status.podIPs; not hostNetwork pods, nor pods that ended), as
+	// last seen.
+	ByIP(a netip.Addr) []kubepods.Pod
 }
 
 // claimPod is the broker's Config.ClaimPod: an allocation kubelet's

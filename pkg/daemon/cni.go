@@ -64,6 +64,9 @@ func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachmen
 		if err := d.checkNotNode(req.Flows, shared); err != nil {
 			return nil, fmt.Errorf("pool %s: %w", a.Pool, err)
 		}
+		if err := d.checkNotOtherPod(req, shared); err != nil {
+			return nil, fmt.Errorf("pool %s: %w", a.Pool, err)
+		}
 	}
 	flows, err := agentFlows(req.Flows, a.Queues)
 	if err != nil {
@@ -155,6 +158,29 @@ func (d *Daemon) checkNotNode(flows []api.CNIFlow, shared []netip.Prefix) error 
 	}
 	if err := flow.CheckNode(flows, node, shared); err != nil {
 		return api.Errorf(api.ErrInvalid, "%w", err)
+	}
+	return nil
+}
+
+// checkNotOtherPod refuses a flow whose destination is the address of
+// another pod of this node (its status.podIPs, as the pod directory last
+// saw them): a network configuration's IPAM naming a neighbour's primary
+// address as the pod's would take that pod's traffic arriving on the
+// pool's netdev. Pods of other nodes are not this node's traffic; a
+// hostNetwork pod's addresses are the node's (checkNotNode). Without a
+// pod directory (standalone) there is nothing to ask.
+func (d *Daemon) checkNotOtherPod(req api.CNIAddRequest, shared []netip.Prefix) error {
+	if d.opts.Pods == nil {
+		return nil
+	}
+	for _, a := range flow.Claimed(req.Flows, shared) {
+		for _, p := range d.opts.Pods.ByIP(a) {
+			if p.UID == req.PodUID || req.PodUID == "" && p.Namespace == req.PodNamespace && p.Name == req.PodName {
+				continue // the pod's own
+			}
+			return api.Errorf(api.ErrConflict, "address %s is pod %s/%s's (its podIPs): a pod's flows may not take another pod's traffic; "+
+				"an operator grants an address several pods serve with the pool's sharedDestinations", a, p.Namespace, p.Name)
+		}
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/deviceplugin"
+	"github.com/xdpq/xdpq/pkg/kubepods"
 	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/nic"
 )
@@ -823,6 +824,70 @@ func TestClaimDecisions(t *testing.T) {
 			}
 			if _, err := d.CNIAdd(ctx, req); err != nil {
 				t.Errorf("the ADD once the first attachment is gone: %v", err)
+			}
+		})
+	}
+}
+
+// TestOtherPodAddressDecisions: an ADD whose flows claim, as the pod's
+// own, the primary address of another pod of this node (a NAD's static
+// IPAM naming a neighbour's podIP) is refused as a conflict naming that
+// pod, before any kernel work; the pod's own podIP, a pod named by
+// namespace and name when no UID came, and an address the pool grants
+// attach.
+func TestOtherPodAddressDecisions(t *testing.T) {
+	victim := netip.MustParseAddr("10.244.0.5")
+	flowTo := func(port uint16) []api.CNIFlow {
+		return []api.CNIFlow{{Protocol: "udp", Dst: netip.PrefixFrom(victim, 32), DstPort: port}}
+	}
+	for _, c := range []struct {
+		name   string
+		shared string
+		req    api.CNIAddRequest
+		says   string // "" attached
+	}{
+		{name: "a neighbour's podIP", req: api.CNIAddRequest{PodUID: "uid-thief", PodNamespace: "evil", PodName: "thief"},
+			says: "pool upf: address 10.244.0.5 is pod shop/web-0's (its podIPs): a pod's flows may not take another pod's traffic"},
+		{name: "the pod's own podIP", req: api.CNIAddRequest{PodUID: "uid-web", PodNamespace: "shop", PodName: "web-0"}},
+		{name: "the pod's own, by name when no UID came", req: api.CNIAddRequest{PodNamespace: "shop", PodName: "web-0"}},
+		{name: "another pod by name when no UID came", req: api.CNIAddRequest{PodNamespace: "evil", PodName: "thief"},
+			says: "address 10.244.0.5 is pod shop/web-0's"},
+		{name: "granted to the pool", shared: ", sharedDestinations: [10.244.0.0/24]",
+			req: api.CNIAddRequest{PodUID: "uid-thief", PodNamespace: "evil", PodName: "thief"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			n := newFakeNode(t, fakeNetdev("xa", 4))
+			d, _ := n.daemon("pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-3']}" + c.shared + "}]\n")
+			d.opts.Pods = newFakePods(kubepods.Pod{UID: "uid-web", Namespace: "shop", Name: "web-0", IPs: []netip.Addr{victim}})
+			if err := d.start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 1, UID: 1000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := c.req
+			req.ContainerID, req.IfName, req.Allocation = "c1", "net1", a.ID
+			req.Addresses, req.Flows = []netip.Addr{victim}, flowTo(80)
+			_, err = d.CNIAdd(ctx, req)
+			if c.says == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, api.ErrConflict) || !strings.Contains(fmt.Sprint(err), c.says) {
+				t.Fatalf("ADD: %v (code %s); want a conflict saying %q", err, api.CodeOf(err), c.says)
+			}
+			if _, ok := d.ledger.Attachment("c1/net1"); ok {
+				t.Error("the refused ADD left an attachment")
+			}
+			n.agent.mu.Lock()
+			flows := len(n.agent.flows["xa"])
+			n.agent.mu.Unlock()
+			if flows != 0 {
+				t.Errorf("the refused ADD left flows of %d owners on xa", flows)
 			}
 		})
 	}

@@ -348,7 +348,9 @@ func TestDRAClaim(t *testing.T) {
 	// claim the scheduler makes for a pod asking for the extended
 	// resource): its pod's flows annotation is steered, as with the
 	// device plugin.
-	pods.set(kubepods.Pod{UID: podB, Namespace: "default", Name: "dns-1", IPs: []netip.Addr{netip.MustParseAddr("10.99.0.7")},
+	// Its own address: dns-0's is dns-0's still (the fake directory
+	// keeps it running), which dns-1's flows may not take.
+	pods.set(kubepods.Pod{UID: podB, Namespace: "default", Name: "dns-1", IPs: []netip.Addr{netip.MustParseAddr("10.99.0.8")},
 		Annotations: map[string]string{FlowsAnnotation: `[{"protocol": "udp", "destinationPort": "5001"}]`}})
 	if r := e.prepare(t, thief); r.Error != "" {
 		t.Errorf("the other claim, once the queue is free: %+v", r)

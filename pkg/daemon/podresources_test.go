@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -241,6 +242,18 @@ func (f *fakePods) Next(ctx context.Context) (string, bool) {
 	case <-ctx.Done():
 		return "", false
 	}
+}
+
+func (f *fakePods) ByIP(a netip.Addr) []kubepods.Pod {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []kubepods.Pod
+	for _, p := range f.pods {
+		if slices.Contains(p.IPs, a) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func (f *fakePods) Done(string)      {}

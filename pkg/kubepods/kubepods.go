@@ -23,7 +23,10 @@ import (
 	"k8s.io/client-go/util/workqueue"
 )
 
-const byUID = "uid"
+const (
+	byUID = "uid"
+	byIP  = "ip"
+)
 
 // Pods lists and watches the pods of every namespace: client-go's
 // CoreV1().Pods("") and internal/kubeclient's Pods("") are ones.
@@ -81,8 +84,8 @@ func New(pods Pods, node string) (*Directory, error) {
 			return nil, nil
 		}
 		return []string{string(p.UID)}, nil
-	}}); err != nil {
-		return nil, fmt.Errorf("index pods by uid: %w", err)
+	}, byIP: ipsOf}); err != nil {
+		return nil, fmt.Errorf("index pods by uid and address: %w", err)
 	}
 	d := &Directory{pods: pods, node: node, informer: inf, changed: workqueue.NewTyped[string]()}
 	add := func(obj any) {
@@ -159,6 +162,39 @@ func (d *Directory) Cached(uid string) (Pod, bool) {
 		return Pod{}, false
 	}
 	return podOf(p), true
+}
+
+// ByIP returns the node's pods that hold address a as their own
+// (status.podIPs), as the informer has them: not hostNetwork pods (their
+// addresses are the node's), nor pods that ended (a new pod may hold
+// their address).
+func (d *Directory) ByIP(a netip.Addr) []Pod {
+	objs, err := d.informer.GetIndexer().ByIndex(byIP, a.Unmap().String())
+	if err != nil {
+		return nil
+	}
+	var out []Pod
+	for _, o := range objs {
+		if p, ok := o.(*corev1.Pod); ok {
+			out = append(out, podOf(p))
+		}
+	}
+	return out
+}
+
+// ipsOf indexes a pod by the addresses it holds as its own; see ByIP.
+func ipsOf(obj any) ([]string, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok || p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		return nil, nil
+	}
+	var out []string
+	for _, ip := range p.Status.PodIPs {
+		if a, err := netip.ParseAddr(ip.IP); err == nil {
+			out = append(out, a.Unmap().String())
+		}
+	}
+	return out, nil
 }
 
 func podOf(p *corev1.Pod) Pod {

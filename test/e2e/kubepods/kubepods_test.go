@@ -3,12 +3,15 @@ package kubepods
 
 import (
 	"context"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/xdpq/xdpq/internal/kubeclient"
 	"github.com/xdpq/xdpq/internal/testnet"
@@ -97,5 +100,89 @@ func TestDirectory(t *testing.T) {
 		}
 		seen[uid] = true
 		d.Done(uid)
+	}
+}
+
+// TestByIP: the directory finds n1's pods by the addresses they hold as
+// their own (status.podIPs, both families), as the daemon asks when a
+// network configuration names an address as a pod's: not a hostNetwork
+// pod's (the node's), nor a pod's that ended (a new pod holds its
+// address now), nor another node's; a pod that ends leaves the index.
+func TestByIP(t *testing.T) {
+	testnet.RequireRoot(t)
+	cp := cluster.StartControlPlaneForTest(t, cluster.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := cp.Client.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}},
+		metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// pod is created on node and given phase and ips, as kubelet would.
+	pod := func(name, node string, host bool, phase corev1.PodPhase, ips ...string) *corev1.Pod {
+		t.Helper()
+		p, err := cp.Client.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec:       corev1.PodSpec{NodeName: node, HostNetwork: host, Containers: []corev1.Container{{Name: "c", Image: "xdpq.io/none"}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Status.Phase = phase
+		for _, ip := range ips {
+			p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip})
+		}
+		if p, err = cp.Client.CoreV1().Pods("default").UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	web := pod("web-0", "n1", false, corev1.PodRunning, "10.244.0.5", "fd00:244::5")
+	pod("host", "n1", true, corev1.PodRunning, "192.0.2.2")
+	pod("job-old", "n1", false, corev1.PodSucceeded, "10.244.0.6")
+	pod("job-new", "n1", false, corev1.PodRunning, "10.244.0.6")
+	pod("elsewhere", "n2", false, corev1.PodRunning, "10.244.1.5")
+
+	kc, err := kubeclient.NewForConfig(cp.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := kubepods.New(kc.Pods(""), "n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- d.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	names := func(a string) string {
+		var out []string
+		for _, p := range d.ByIP(netip.MustParseAddr(a)) {
+			out = append(out, p.Name)
+		}
+		slices.Sort(out)
+		return strings.Join(out, ",")
+	}
+	// The informer has them all once job-new is in.
+	if err := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
+		return d.Synced() && names("10.244.0.6") != "", nil
+	}); err != nil {
+		t.Fatal("the directory never synced")
+	}
+	for addr, want := range map[string]string{
+		"10.244.0.5": "web-0", "fd00:244::5": "web-0", "::ffff:10.244.0.5": "web-0",
+		"192.0.2.2": "", "10.244.0.6": "job-new", "10.244.1.5": "", "10.244.0.7": "",
+	} {
+		if got := names(addr); got != want {
+			t.Errorf("ByIP(%s) = %q; want %q", addr, got, want)
+		}
+	}
+	web.Status.Phase = corev1.PodFailed
+	if _, err := cp.Client.CoreV1().Pods("default").UpdateStatus(ctx, web, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
+		return names("10.244.0.5") == "", nil
+	}); err != nil {
+		t.Errorf("a pod that ended still holds its address: %q", names("10.244.0.5"))
 	}
 }
