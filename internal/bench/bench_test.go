@@ -40,7 +40,7 @@ func TestBenchRuns(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	want := 3 + 2*3 // (a) to (c); (e) and (f) on 1, 2 and 4 queues
+	want := 3 + 2 + 2*3 // (a) to (c); (a) on 2 and 4 queues; (e) and (f) on 1, 2 and 4 queues
 	if testpmd != "" {
 		want++
 	}
@@ -61,7 +61,7 @@ func TestBenchRuns(t *testing.T) {
 			t.Errorf("%s, %d queues: drops %v", r.Name, r.Queues, r.Drops)
 		}
 	}
-	for _, s := range []string{"b/a = ", "(e) 1 queue: rate/(a) = ", "4 queues/1 queue = ", "1 sender core"} {
+	for _, s := range []string{"b/a = ", "(a) XDP_DROP: 2 queues/1 queue = ", "(e) 1 queue: rate/(a) = ", "4 queues/1 queue = ", "1 sender core"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("no %q in the output:\n%s", s, out.String())
 		}
