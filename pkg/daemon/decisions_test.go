@@ -706,27 +706,14 @@ func TestNodeAddressDecisions(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, err = d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Addresses: c.addresses, Flows: c.flows})
-			switch {
-			case c.kind == nil && err != nil:
-				t.Fatalf("refused: %v", err)
-			case c.kind != nil && (!errors.Is(err, c.kind) || !strings.Contains(fmt.Sprint(err), c.says)):
-				t.Fatalf("ADD: %v (code %s); want %v saying %q", err, api.CodeOf(err), c.kind, c.says)
-			}
+			refused := refusedAs(t, err, c.kind, c.says)
 			if got := n.asked.take(); !slices.Equal(got, c.wantAsked) {
 				t.Errorf("the node asked about %q; want %q", got, c.wantAsked)
 			}
-			if c.kind == nil {
+			if !refused {
 				return
 			}
-			if _, ok := d.ledger.Attachment("c1/net1"); ok {
-				t.Error("the refused ADD left an attachment")
-			}
-			n.agent.mu.Lock()
-			flows := len(n.agent.flows["xa"])
-			n.agent.mu.Unlock()
-			if flows != 0 {
-				t.Errorf("the refused ADD left flows of %d owners on xa", flows)
-			}
+			n.leftAfterRefusal(d, "c1/net1")
 			n.addrsErr = nil
 			good := api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Addresses: addrs("10.77.0.4"),
 				Flows: []api.CNIFlow{udp("10.77.0.4/32", 2152)}}
@@ -800,25 +787,10 @@ func TestClaimDecisions(t *testing.T) {
 			if req.IfName == "" {
 				req.IfName = "net1"
 			}
-			_, err = d.CNIAdd(ctx, req)
-			if c.says == "" {
-				if err != nil {
-					t.Fatalf("refused: %v", err)
-				}
+			if _, err = d.CNIAdd(ctx, req); !refusedAs(t, err, api.ErrConflict, c.says) {
 				return
 			}
-			if !errors.Is(err, api.ErrConflict) || !strings.Contains(fmt.Sprint(err), c.says) {
-				t.Fatalf("ADD: %v (code %s); want a conflict saying %q", err, api.CodeOf(err), c.says)
-			}
-			if _, ok := d.ledger.Attachment(ledger.Key(req.ContainerID, req.IfName)); ok {
-				t.Error("the refused ADD left an attachment")
-			}
-			n.agent.mu.Lock()
-			owners := slices.Sorted(maps.Keys(n.agent.flows["xa"]))
-			n.agent.mu.Unlock()
-			if !slices.Equal(owners, []string{"c1/net1"}) {
-				t.Errorf("flows on xa by %v; want c1/net1's alone", owners)
-			}
+			n.leftAfterRefusal(d, ledger.Key(req.ContainerID, req.IfName), "c1/net1")
 			if err := d.CNIDel(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 				t.Fatal(err)
 			}
@@ -870,25 +842,41 @@ func TestOtherPodAddressDecisions(t *testing.T) {
 			req := c.req
 			req.ContainerID, req.IfName, req.Allocation = "c1", "net1", a.ID
 			req.Addresses, req.Flows = []netip.Addr{victim}, flowTo(80)
-			_, err = d.CNIAdd(ctx, req)
-			if c.says == "" {
-				if err != nil {
-					t.Fatalf("refused: %v", err)
-				}
+			if _, err = d.CNIAdd(ctx, req); !refusedAs(t, err, api.ErrConflict, c.says) {
 				return
 			}
-			if !errors.Is(err, api.ErrConflict) || !strings.Contains(fmt.Sprint(err), c.says) {
-				t.Fatalf("ADD: %v (code %s); want a conflict saying %q", err, api.CodeOf(err), c.says)
-			}
-			if _, ok := d.ledger.Attachment("c1/net1"); ok {
-				t.Error("the refused ADD left an attachment")
-			}
-			n.agent.mu.Lock()
-			flows := len(n.agent.flows["xa"])
-			n.agent.mu.Unlock()
-			if flows != 0 {
-				t.Errorf("the refused ADD left flows of %d owners on xa", flows)
-			}
+			n.leftAfterRefusal(d, "c1/net1")
 		})
 	}
+}
+
+// leftAfterRefusal checks what a refused ADD of attachment key left: no
+// record of it, and flows on xa of the owners others alone.
+func (n *fakeNode) leftAfterRefusal(d *Daemon, key string, others ...string) {
+	n.t.Helper()
+	if _, ok := d.ledger.Attachment(key); ok {
+		n.t.Errorf("the refused ADD left attachment %s", key)
+	}
+	n.agent.mu.Lock()
+	owners := slices.Sorted(maps.Keys(n.agent.flows["xa"]))
+	n.agent.mu.Unlock()
+	if !slices.Equal(owners, others) && len(owners)+len(others) > 0 {
+		n.t.Errorf("flows on xa by %v after the refused ADD; want %v's alone", owners, others)
+	}
+}
+
+// refusedAs checks an ADD's outcome: attached when says is "", else
+// refused as kind, saying says. It reports whether the ADD was refused.
+func refusedAs(t *testing.T, err, kind error, says string) bool {
+	t.Helper()
+	if says == "" {
+		if err != nil {
+			t.Fatalf("refused: %v", err)
+		}
+		return false
+	}
+	if !errors.Is(err, kind) || !strings.Contains(fmt.Sprint(err), says) {
+		t.Fatalf("ADD: %v (code %s); want %v saying %q", err, api.CodeOf(err), kind, says)
+	}
+	return true
 }

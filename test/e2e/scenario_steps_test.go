@@ -413,6 +413,13 @@ func allocationIDs(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, 
 // and returns its note; FlowsApplied instead fails the test.
 func waitFlowsRefused(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, ns, pod string) string {
 	t.Helper()
+	return waitFlowsEvent(ctx, t, cp, ns, pod, "FlowsRefused", "FlowsApplied")
+}
+
+// waitFlowsEvent waits for the daemon's Event of reason want on the pod
+// and returns its note; one of reason not instead fails the test.
+func waitFlowsEvent(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, ns, pod, want, not string) string {
+	t.Helper()
 	var note string
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		evs, err := cp.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
@@ -420,10 +427,10 @@ func waitFlowsRefused(ctx context.Context, t *testing.T, cp *cluster.ControlPlan
 			return false, err
 		}
 		for _, e := range evs.Items {
-			if e.Regarding.Name == pod && e.Reason == "FlowsApplied" {
-				return false, fmt.Errorf("flows applied: %s", e.Note)
+			if e.Regarding.Name == pod && e.Reason == not {
+				return false, fmt.Errorf("%s: %s", not, e.Note)
 			}
-			if e.Regarding.Name == pod && e.Reason == "FlowsRefused" {
+			if e.Regarding.Name == pod && e.Reason == want {
 				note = e.Note
 				return true, nil
 			}
@@ -432,7 +439,7 @@ func waitFlowsRefused(ctx context.Context, t *testing.T, cp *cluster.ControlPlan
 	})
 	if err != nil {
 		out, _ := cp.Kubectl(ctx, "-n", ns, "get", "events")
-		t.Fatalf("pod %s's flows were not refused: %v\n%s", pod, err, out)
+		t.Fatalf("pod %s: no %s Event: %v\n%s", pod, want, err, out)
 	}
 	return note
 }

@@ -650,25 +650,7 @@ func waitAllocatableOf(ctx context.Context, t testing.TB, cp *cluster.ControlPla
 // waitFlowsApplied waits for the daemon's FlowsApplied Event on the pod.
 func waitFlowsApplied(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, ns, pod string) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		evs, err := cp.Client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, err
-		}
-		for _, e := range evs.Items {
-			if e.Regarding.Name == pod && e.Reason == "FlowsRefused" {
-				return false, fmt.Errorf("flows refused: %s", e.Note)
-			}
-			if e.Regarding.Name == pod && e.Reason == "FlowsApplied" {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		out, _ := cp.Kubectl(ctx, "-n", ns, "get", "events")
-		t.Fatalf("pod %s's flows never applied: %v\n%s", pod, err, out)
-	}
+	waitFlowsEvent(ctx, t, cp, ns, pod, "FlowsApplied", "FlowsRefused")
 }
 
 // podUnschedulable is true when the scheduler found no node for the pod.

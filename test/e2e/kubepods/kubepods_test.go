@@ -47,20 +47,7 @@ func TestDirectory(t *testing.T) {
 	}
 	a, b := create("a", "n1"), create("b", "n2")
 
-	// The daemon's own client (internal/kubeclient), as cmd/deviceplugin
-	// makes it.
-	kc, err := kubeclient.NewForConfig(cp.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := kubepods.New(kc.Pods(""), "n1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- d.Run(runCtx) }()
-	defer func() { stop(); <-done }()
+	d := runDirectory(ctx, t, cp, "n1")
 	for !d.Synced() {
 		select {
 		case <-ctx.Done():
@@ -142,18 +129,7 @@ func TestByIP(t *testing.T) {
 	pod("job-new", "n1", false, corev1.PodRunning, "10.244.0.6")
 	pod("elsewhere", "n2", false, corev1.PodRunning, "10.244.1.5")
 
-	kc, err := kubeclient.NewForConfig(cp.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := kubepods.New(kc.Pods(""), "n1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- d.Run(runCtx) }()
-	defer func() { stop(); <-done }()
+	d := runDirectory(ctx, t, cp, "n1")
 	names := func(a string) string {
 		var out []string
 		for _, p := range d.ByIP(netip.MustParseAddr(a)) {
@@ -185,4 +161,24 @@ func TestByIP(t *testing.T) {
 	}); err != nil {
 		t.Errorf("a pod that ended still holds its address: %q", names("10.244.0.5"))
 	}
+}
+
+// runDirectory runs node's pod directory until the test ends, with the
+// daemon's own client (internal/kubeclient), as cmd/deviceplugin makes
+// it.
+func runDirectory(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, node string) *kubepods.Directory {
+	t.Helper()
+	kc, err := kubeclient.NewForConfig(cp.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := kubepods.New(kc.Pods(""), node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- d.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	return d
 }
