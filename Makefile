@@ -87,6 +87,7 @@ bench:
 	$(GO) test -run '^$$' -bench BusyQueues -benchtime 10x ./pkg/xsk
 	$(GO) test -run '^$$' -bench CNIToolAddDel -benchtime 100x ./pkg/cni
 	$(GO) test -run '^$$' -bench ExecCPU -benchtime 300x ./cmd/cni
+	$(GO) test -run '^$$' -bench Holders -benchtime 200x ./pkg/nic
 
 # On the e2e node (root, the cluster binaries as make e2e builds them):
 # pod creation to Running with and without an xdpq resource, side by side

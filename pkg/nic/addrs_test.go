@@ -1,10 +1,14 @@
 package nic
 
 import (
+	"net"
 	"net/netip"
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/xdpq/xdpq/internal/testnet"
 )
@@ -38,4 +42,44 @@ func TestHolders(t *testing.T) {
 	if held, err := Holders(p.NSPath(), nil); err != nil || len(held) != 0 {
 		t.Errorf("asked nothing: %v, %v", held, err)
 	}
+}
+
+// BenchmarkHolders is what a queue pool's CNI ADD with flows pays to ask
+// the node for its addresses: one dump of a namespace's addresses, the
+// host's own (as the daemon's in Kubernetes) and one holding 1000 more
+// (as many as a node with a pod veth's link-local address each; the
+// pair's namespace has IPv6 off, so IPv4 ones).
+func BenchmarkHolders(b *testing.B) {
+	testnet.RequireRoot(b)
+	ask := []netip.Addr{netip.MustParseAddr("10.77.0.4")}
+	b.Run("host", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := Holders("", ask); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("1000 addresses", func(b *testing.B) {
+		p := testnet.NewPair(b, 1)
+		if err := p.NS.Do(func(ns.NetNS) error {
+			l, err := netlink.LinkByName(p.B.Name)
+			if err != nil {
+				return err
+			}
+			for i := range 1000 {
+				ip := netip.AddrFrom4([4]byte{10, 200, byte(i >> 8), byte(i)})
+				if err := netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			if _, err := Holders(p.NSPath(), ask); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
