@@ -8,6 +8,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // maxDumpTries bounds the retries of an address dump the kernel
@@ -17,7 +18,8 @@ const maxDumpTries = 5
 // Holders returns which of addrs a netdev of the network namespace at
 // netnsPath ("" for the caller's) holds, and that netdev's name: the
 // addresses whose traffic the namespace's own stack takes (a subnet's
-// broadcast address among them, named "<netdev>'s broadcast"). It asks the
+// broadcast address among them, named "<netdev>'s broadcast", and an
+// address a local route holds, "a local route on <netdev>"). It asks the
 // kernel each time, so an address added a moment ago counts; only the
 // netdevs of addresses asked for are named, so a node with thousands of
 // pod veths (each with its link-local address) costs one dump.
@@ -69,6 +71,28 @@ func Holders(netnsPath string, addrs []netip.Addr) (map[netip.Addr]string, error
 		if brd, ok := netip.AddrFromSlice(a.Broadcast); ok && want[brd.Unmap()] {
 			if _, unicast := held[brd.Unmap()]; !unicast {
 				held[brd.Unmap()] = name(a.LinkIndex) + "'s broadcast"
+			}
+		}
+	}
+	// A local route holds whole prefixes without an address on any
+	// netdev (AnyIP: ip route add local 10.0.0.0/24 dev lo): the stack
+	// takes their traffic as the node's too. The kernel's route lookup
+	// says so of each address the dump did not find.
+	for _, a := range addrs {
+		if _, ok := held[a.Unmap()]; ok {
+			continue
+		}
+		routes, err := h.RouteGet(a.Unmap().AsSlice())
+		if errors.Is(err, unix.ENETUNREACH) || errors.Is(err, unix.EHOSTUNREACH) || errors.Is(err, unix.EINVAL) {
+			continue // no route, or none without an output device (link-local): not the node's
+		}
+		if err != nil {
+			return nil, fmt.Errorf("look up the route to %s in netns %q: %w", a, netnsPath, err)
+		}
+		for _, r := range routes {
+			if r.Type == unix.RTN_LOCAL || r.Type == unix.RTN_BROADCAST {
+				held[a.Unmap()] = "a local route on " + name(r.LinkIndex)
+				break
 			}
 		}
 	}

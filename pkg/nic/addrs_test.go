@@ -9,6 +9,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/xdpq/xdpq/internal/testnet"
 )
@@ -16,17 +17,32 @@ import (
 // TestHolders: of the addresses asked, those a netdev of the namespace
 // holds are named with that netdev (xa's own); one that no netdev holds
 // (B's source address, the pod's) is not; xa's subnet broadcast is
-// named as such; the caller's namespace is
+// named as such, and so is an address of a local route (AnyIP); an
+// address with no route, or of a family the namespace has off, is not
+// the node's; the caller's namespace is
 // asked without a path (its loopback, v4 and v6, and not xa's).
 func TestHolders(t *testing.T) {
 	p := testnet.NewPair(t, 1)
 	brd := netip.MustParseAddr("10.99.0.255") // xa's /24
-	held, err := Holders(p.NSPath(), []netip.Addr{p.A.Addr, p.B.Addr, p.PodAddr, brd})
+	// AnyIP: a local route holds 10.99.5.0/24 without an address.
+	if err := p.NS.Do(func(ns.NetNS) error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.RouteAdd(&netlink.Route{Type: unix.RTN_LOCAL, Table: unix.RT_TABLE_LOCAL, Scope: netlink.SCOPE_HOST,
+			LinkIndex: lo.Attrs().Index, Dst: &net.IPNet{IP: net.IPv4(10, 99, 5, 0).To4(), Mask: net.CIDRMask(24, 32)}})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	anyIP := netip.MustParseAddr("10.99.5.7")
+	noRoute, v6 := netip.MustParseAddr("10.77.0.4"), netip.MustParseAddr("fd00::9") // the namespace has IPv6 off
+	held, err := Holders(p.NSPath(), []netip.Addr{p.A.Addr, p.B.Addr, p.PodAddr, brd, anyIP, noRoute, v6})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(held) != 2 || held[p.A.Addr] != "xa" || held[brd] != "xa's broadcast" {
-		t.Errorf("held %v; want %s on xa and its broadcast %s alone", held, p.A.Addr, brd)
+	if len(held) != 3 || held[p.A.Addr] != "xa" || held[brd] != "xa's broadcast" || held[anyIP] != "a local route on lo" {
+		t.Errorf("held %v; want %s on xa, its broadcast %s and %s of a local route alone", held, p.A.Addr, brd, anyIP)
 	}
 	want := []netip.Addr{netip.MustParseAddr("127.0.0.1")}
 	if b, err := os.ReadFile("/proc/sys/net/ipv6/conf/lo/disable_ipv6"); err == nil && strings.TrimSpace(string(b)) == "0" {

@@ -163,7 +163,8 @@ func checkTotals(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, na
 			s.r.name, s.counted, s.r.queues, rx)
 		for _, q := range s.r.queues {
 			if rx[q] != s.counted {
-				t.Errorf("%s: queue %d received %d frames, want %d (lost %d)", s.r.name, q, rx[q], s.counted, int64(s.counted)-int64(rx[q]))
+				t.Errorf("%s: queue %d received %d frames, want %d (lost %d); its own counters:\n%s", s.r.name, q, rx[q], s.counted,
+					int64(s.counted)-int64(rx[q]), strings.Join(s.r.counters, "\n"))
 			}
 		}
 		if len(rx) != len(s.r.queues) {

@@ -509,6 +509,9 @@ type perfRun struct {
 	queues []int
 	ready  time.Time // when it said it had its sockets
 	lines  chan string
+	// counters are the pod's last words on where frames went: its
+	// sockets' drops and its loop's longest absence (totals fills it).
+	counters []string
 }
 
 var perfStart = regexp.MustCompile(`^xdpqperf rxdrop: allocation \S+, (\S+) queues \[([0-9 ]*)\]`)
@@ -615,6 +618,9 @@ func (r *perfRun) totals(t *testing.T) map[int]uint64 {
 		if m := perfTotal.FindStringSubmatch(l); m != nil {
 			q, _ := strconv.Atoi(m[1])
 			rx[q], _ = strconv.ParseUint(m[2], 10, 64)
+		}
+		if strings.HasPrefix(l, "drops q") || strings.HasPrefix(l, "away q") {
+			r.counters = append(r.counters, l) // the kernel's drops at its sockets, its loop's longest absence
 		}
 	}
 	if len(rx) == 0 {
