@@ -854,21 +854,7 @@ func (a *Agent) linkByIndex(ifindex int) (netlink.Link, error) {
 }
 
 func (a *Agent) inNetNS(f func(*netlink.Handle) error) error {
-	ns := netns.None()
-	if a.cfg.NetNS != "" {
-		var err error
-		if ns, err = netns.GetFromPath(a.cfg.NetNS); err != nil {
-			return err
-		}
-		defer func() { _ = ns.Close() }() // a namespace handle only read
-	}
-	var h *netlink.Handle
-	var err error
-	if ns.IsOpen() {
-		h, err = netlink.NewHandleAt(ns)
-	} else {
-		h, err = netlink.NewHandle()
-	}
+	h, err := nic.Handle(a.cfg.NetNS)
 	if err != nil {
 		return err
 	}

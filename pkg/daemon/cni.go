@@ -61,10 +61,11 @@ func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachmen
 		if err := flow.CheckOwn(req.Flows, req.Addresses, shared); err != nil {
 			return nil, api.Errorf(api.ErrInvalid, "pool %s: %w", a.Pool, err)
 		}
-		if err := d.checkNotNode(req.Flows, shared); err != nil {
+		claimed := flow.Claimed(req.Flows, shared)
+		if err := d.checkNotNode(req.Flows, claimed, shared); err != nil {
 			return nil, fmt.Errorf("pool %s: %w", a.Pool, err)
 		}
-		if err := d.checkNotOtherPod(req, shared); err != nil {
+		if err := d.checkNotOtherPod(req, claimed); err != nil {
 			return nil, fmt.Errorf("pool %s: %w", a.Pool, err)
 		}
 	}
@@ -139,7 +140,8 @@ func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachmen
 }
 
 // checkNotNode refuses a flow that would take the node's own traffic:
-// one whose destination a netdev of the node holds (flow.CheckNode). The
+// one whose destination (among claimed, flow.Claimed's) a netdev of the
+// node holds (flow.CheckNode). The
 // "own" addresses CheckOwn trusts are what the network configuration's
 // IPAM says, and static IPAM may name the node's. The node is asked at
 // each ADD rather than kept in a cache fed by address notifications:
@@ -147,8 +149,7 @@ func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachmen
 // has no window in which an address the node just took is missing (nor a
 // goroutine and a resync to keep). It asks the kernel, so it is called
 // with no lock held.
-func (d *Daemon) checkNotNode(flows []api.CNIFlow, shared []netip.Prefix) error {
-	claimed := flow.Claimed(flows, shared)
+func (d *Daemon) checkNotNode(flows []api.CNIFlow, claimed []netip.Addr, shared []netip.Prefix) error {
 	if len(claimed) == 0 {
 		return nil
 	}
@@ -162,18 +163,18 @@ func (d *Daemon) checkNotNode(flows []api.CNIFlow, shared []netip.Prefix) error 
 	return nil
 }
 
-// checkNotOtherPod refuses a flow whose destination is the address of
+// checkNotOtherPod refuses a flow whose destination (among claimed) is the address of
 // another pod of this node (its status.podIPs, as the pod directory last
 // saw them): a network configuration's IPAM naming a neighbour's primary
 // address as the pod's would take that pod's traffic arriving on the
 // pool's netdev. Pods of other nodes are not this node's traffic; a
 // hostNetwork pod's addresses are the node's (checkNotNode). Without a
 // pod directory (standalone) there is nothing to ask.
-func (d *Daemon) checkNotOtherPod(req api.CNIAddRequest, shared []netip.Prefix) error {
+func (d *Daemon) checkNotOtherPod(req api.CNIAddRequest, claimed []netip.Addr) error {
 	if d.opts.Pods == nil {
 		return nil
 	}
-	for _, a := range flow.Claimed(req.Flows, shared) {
+	for _, a := range claimed {
 		for _, p := range d.opts.Pods.ByIP(a) {
 			if p.UID == req.PodUID || req.PodUID == "" && p.Namespace == req.PodNamespace && p.Name == req.PodName {
 				continue // the pod's own

@@ -12,12 +12,12 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/dra"
 	"github.com/xdpq/xdpq/pkg/flow"
 	"github.com/xdpq/xdpq/pkg/ledger"
+	"github.com/xdpq/xdpq/pkg/nic"
 	"github.com/xdpq/xdpq/pkg/nri"
 )
 
@@ -160,14 +160,12 @@ func (d *Daemon) moveClaimNetdev(ctx context.Context, p nri.Pod, a ledger.Alloca
 // setAddresses puts the addresses on interface name in the network
 // namespace at path, and sets it up.
 func setAddresses(path, name string, prefixes []netip.Prefix) error {
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		return fmt.Errorf("netns %s: %w", path, err)
+	if path == "" {
+		return errors.New("the pod's network namespace is unknown: no addresses set") // never the node's own
 	}
-	h, err := netlink.NewHandleAt(ns)
-	_ = ns.Close() // the handle's sockets are in the namespace now; a read-only nsfs descriptor has nothing to lose
+	h, err := nic.Handle(path)
 	if err != nil {
-		return fmt.Errorf("netns %s: %w", path, err)
+		return err // names the netns
 	}
 	defer h.Close()
 	l, err := h.LinkByName(name)

@@ -27,7 +27,7 @@ func Holders(netnsPath string, addrs []netip.Addr) (map[netip.Addr]string, error
 	if len(addrs) == 0 {
 		return nil, nil
 	}
-	h, err := handle(netnsPath)
+	h, err := Handle(netnsPath)
 	if err != nil {
 		return nil, err
 	}
@@ -99,9 +99,10 @@ func Holders(netnsPath string, addrs []netip.Addr) (map[netip.Addr]string, error
 	return held, nil
 }
 
-// handle is a netlink handle in the network namespace at path ("" for
-// the caller's).
-func handle(path string) (*netlink.Handle, error) {
+// Handle returns a netlink handle in the network namespace at path (""
+// for the caller's), for the agent, the daemon and Holders alike. The
+// caller closes it.
+func Handle(path string) (*netlink.Handle, error) {
 	if path == "" {
 		h, err := netlink.NewHandle()
 		if err != nil {
