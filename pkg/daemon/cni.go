@@ -34,6 +34,7 @@ func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachmen
 	if req.ContainerID == "" || req.IfName == "" {
 		return nil, api.Errorf(api.ErrInvalid, "container id and interface name are required")
 	}
+	req = unmapped(req)
 	a, err := d.findAllocation(ctx, req)
 	if err != nil {
 		return nil, err
@@ -137,6 +138,27 @@ func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachmen
 		d.opts.Pods.Touch(req.PodUID) // bound to its pod: its flows annotation applies now
 	}
 	return &got.Attachment, nil
+}
+
+// unmapped is req with its v4-mapped IPv6 addresses written as the v4
+// addresses they are: the XDP filter matches a v4-mapped destination as
+// the v4 one, so every check (the node's addresses, another pod's) and
+// the ledger must see it so. The CNI plugin and the annotation's parser
+// send them so already; a client of the API may not.
+func unmapped(req api.CNIAddRequest) api.CNIAddRequest {
+	if slices.ContainsFunc(req.Addresses, netip.Addr.Is4In6) || slices.ContainsFunc(req.Flows, func(f api.CNIFlow) bool { return f.Dst.Addr().Is4In6() }) {
+		req.Addresses = slices.Clone(req.Addresses)
+		for i, a := range req.Addresses {
+			req.Addresses[i] = a.Unmap()
+		}
+		req.Flows = slices.Clone(req.Flows)
+		for i, f := range req.Flows {
+			if f.Dst.Addr().Is4In6() && f.Dst.Bits() >= 96 {
+				req.Flows[i].Dst = netip.PrefixFrom(f.Dst.Addr().Unmap(), f.Dst.Bits()-96)
+			}
+		}
+	}
+	return req
 }
 
 // checkNotNode refuses a flow that would take the node's own traffic:
