@@ -3,8 +3,10 @@ package client
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"os"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -30,13 +32,20 @@ const RXBatch = 64
 // those besides it.
 //
 // The fill ring stays topped up: the socket's RX frames are on it when
-// Connect returns, and its spare frames (an RX ring's worth) wait in the
-// Receiver; each round gives the kernel back the frames it handed over,
-// and the spare frames keep the fill ring full while the application
-// still holds frames (Peek). Frames are lost only when the application
-// falls behind the wire by more than a ring's worth (2048 frames at the
-// default ring size: 1.4 ms at 1.5 Mpps): a burst of 1024 frames into a
-// loop that keeps up on average loses none.
+// Connect returns, and each round gives the kernel back the frames it
+// handed over, in the order they came, so the same ring's worth of
+// frames comes round in the same order, as in a C loop: the kernel's
+// copy finds each frame's memory and buffer head where it left them, a
+// ring ago. (A stack that gave spare frames out too put twice the frames
+// in circulation, out of order: on veth the sender's core, which does the
+// copy, spent 16% more per frame at 4 queues, make bench row (e).) The
+// socket's spare frames (an RX ring's worth) wait in the Receiver for an
+// application that holds frames (Peek): once it holds so many that the
+// fill ring would be less than half full, they stand in for them. Frames
+// are lost only when the application falls behind the wire by more than a
+// ring's worth (2048 frames at the default ring size: 1.4 ms at 1.5
+// Mpps): a burst of 1024 frames into a loop that keeps up on average
+// loses none.
 //
 // When nothing has arrived, a round waits the way the socket's pool says.
 // By default, while frames keep coming it naps for tens of microseconds
@@ -78,13 +87,17 @@ const RXBatch = 64
 // rings (a loop asleep in a wait returns ErrLeaseClosed; one taking
 // frames at that moment would touch unmapped memory).
 type Receiver struct {
-	s      *xsk.Socket
-	umem   *xsk.UMEM
-	descs  []xsk.Desc
-	refill []uint64  // frames for the fill ring, a stack: the last given back goes first
-	mask   uint64    // a frame's address from any address inside it
-	busy   bool      // the pool busy-polls
-	last   time.Time // when frames last came
+	s     *xsk.Socket
+	umem  *xsk.UMEM
+	descs []xsk.Desc
+	back  frameQueue // frames given back, in the order they came: the fill ring takes them first
+	spare []uint64   // frames on no ring, a stack
+	ring  int        // the fill ring's entries
+	held  int        // frames Peek handed out and the application has not given back
+	lent  int        // spare frames in circulation, standing in for held ones (at most held)
+	mask  uint64     // a frame's address from any address inside it
+	busy  bool       // the pool busy-polls
+	last  time.Time  // when frames last came
 	// looked is when the loop last looked at the RX ring; flowing, that
 	// frames had come within idleAfter then; away the longest time
 	// between two looks that began while frames were flowing, in
@@ -109,8 +122,9 @@ func (l *Lease) Receiver(i int) *Receiver {
 		s := l.Sockets[i]
 		r := &Receiver{s: s, umem: s.UMEM(), descs: make([]xsk.Desc, RXBatch),
 			mask: ^uint64(s.UMEM().Config().FrameSize - 1), busy: l.BusyPoll != nil}
-		r.refill = make([]uint64, 0, len(l.rx[i])+len(l.spare[i]))
-		r.Recycle(l.spare[i]...)
+		r.ring = len(l.rx[i]) // the fill ring's worth, on it since Connect
+		r.back.init(len(l.rx[i]) + len(l.spare[i]))
+		r.spare = slices.Clone(l.spare[i])
 		if r.file, r.fileErr = pollable(s.FD()); r.fileErr == nil {
 			r.conn, r.fileErr = r.file.SyscallConn()
 		}
@@ -137,7 +151,7 @@ func (r *Receiver) Receive(wait time.Duration, fn func(frame []byte)) (int, erro
 	n := 0
 	for _, d := range descs {
 		b, whole := r.gather.Add(d, r.umem.Bytes(d.Addr, d.Len))
-		r.refill = append(r.refill, d.Addr&r.mask)
+		r.give(d.Addr & r.mask)
 		if !whole {
 			continue
 		}
@@ -162,6 +176,7 @@ func (r *Receiver) Peek(wait time.Duration) ([]xsk.Desc, error) {
 			return nil, err
 		}
 	}
+	r.held += n
 	if n == len(r.descs) {
 		runtime.Gosched()
 	}
@@ -173,27 +188,82 @@ func (r *Receiver) Peek(wait time.Duration) ([]xsk.Desc, error) {
 // Receiver for the next round.
 func (r *Receiver) Recycle(addrs ...uint64) {
 	for _, a := range addrs {
-		r.refill = append(r.refill, a&r.mask)
+		r.give(a & r.mask)
 	}
 	r.fill()
 }
 
-// fill puts frames from the top of the refill stack on the fill ring, as
-// many as it has room for. The frames a round gave back go first, so the
-// same frames circulate between the rings and the spare ones stay put
-// until a backlog needs them: the kernel writes into as few frames as the
-// ring's depth allows, which the cache holds better (a FIFO circulated
-// the spare frames too, twice the frames for the same ring). Taking
-// from the top costs nothing per frame left behind (the FIFO moved them
-// all down each round: with ring 8192 that was most of a pod's CPU).
-func (r *Receiver) fill() {
-	k := min(len(r.refill), r.s.FillFree())
-	if k == 0 {
+// give takes back frame a: to the queue for the fill ring, or to the
+// spares when a spare frame stood in for it.
+func (r *Receiver) give(a uint64) {
+	r.held = max(r.held-1, 0)
+	if r.lent > r.held {
+		r.lent--
+		r.spare = append(r.spare, a)
 		return
 	}
-	top := len(r.refill) - k
-	n := r.s.Fill(r.refill[top:]) // k: this Receiver is the ring's one producer
-	r.refill = append(r.refill[:top], r.refill[top+n:]...)
+	r.back.push(a)
+}
+
+// fill puts the frames given back on the fill ring in the order they
+// came, as many as the ring has room for. While the application holds
+// so many frames that the ring would be less than half full, spare
+// frames stand in for them, up to a full ring: below that, the frames
+// the ring holds come round in the same order, and the spares stay out
+// of it.
+func (r *Receiver) fill() {
+	free := r.s.FillFree()
+	free -= r.back.fill(r.s, free)
+	if r.ring-free >= r.ring/2 {
+		return
+	}
+	k := min(free, r.held-r.lent, len(r.spare))
+	if k <= 0 {
+		return
+	}
+	top := len(r.spare) - k
+	n := r.s.Fill(r.spare[top:])
+	r.spare = append(r.spare[:top], r.spare[top+n:]...)
+	r.lent += n
+}
+
+// A frameQueue is a FIFO of frame addresses.
+type frameQueue struct {
+	buf        []uint64 // a power of two long
+	head, tail uint
+}
+
+func (q *frameQueue) init(n int) {
+	q.buf = make([]uint64, 1<<bits.Len(uint(max(n, 1)-1)))
+}
+
+func (q *frameQueue) push(a uint64) {
+	if q.tail-q.head == uint(len(q.buf)) {
+		buf := make([]uint64, 2*len(q.buf))
+		for i := q.head; i != q.tail; i++ {
+			buf[i-q.head] = q.buf[i&uint(len(q.buf)-1)]
+		}
+		q.buf, q.head, q.tail = buf, 0, q.tail-q.head
+	}
+	q.buf[q.tail&uint(len(q.buf)-1)] = a
+	q.tail++
+}
+
+// fill puts up to free frames from the queue's head on s's fill ring and
+// returns how many.
+func (q *frameQueue) fill(s *xsk.Socket, free int) int {
+	n := 0
+	for n < free && q.head != q.tail {
+		i := q.head & uint(len(q.buf)-1)
+		end := min(uint(len(q.buf)), i+(q.tail-q.head), i+uint(free-n))
+		m := s.Fill(q.buf[i:end])
+		q.head += uint(m)
+		n += m
+		if m < int(end-i) {
+			break
+		}
+	}
+	return n
 }
 
 // wait waits up to d for frames and takes them off the RX ring.
