@@ -427,6 +427,18 @@ func printRatios(w io.Writer, rs []*Result) {
 		}
 		fmt.Fprintln(w)
 	}
+	for _, r := range rs {
+		// A row of the default ring divided among its queues (and no
+		// 1-queue row of its own): beside its kind's rows.
+		base, _, ok := strings.Cut(r.Name, ", ring ")
+		one, full := find(base, 1), find(base, r.Queues)
+		if !ok || r.Ring == 0 || find(r.Name, 1) != nil || one == nil || full == nil || full.Ring != 0 {
+			continue
+		}
+		fmt.Fprintf(w, "%s %d queues of ring %d (the frames of 1 queue's ring in all): %d queues/1 queue = %.2f, against %.2f with the default ring each "+
+			"(what N queues cost here is N rings of frames in circulation through the one core that copies them, on veth the sender's; "+
+			"on a NIC each queue copies on its own queue's core)\n", base[:3], r.Queues, r.Ring, r.Queues, rate(r)/rate(one), rate(full)/rate(one))
+	}
 	if find("(e)", 1) != nil {
 		fmt.Fprintln(w, "(one sender core bounds every row but (f): N queues can at best equal the 1-queue rate, a ratio of 1.00; a busy-polling pod (f) runs the queue's NAPI, the receive side's XDP work, on its own core, so it can pass (a))")
 	}

@@ -40,7 +40,9 @@ func TestBenchRuns(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	want := 3 + 2 + 2*3 // (a) to (c); (a) on 2 and 4 queues; (e) and (f) on 1, 2 and 4 queues
+	// (a) to (c); (a) on 2 and 4 queues; (e) and (f) on 1, 2 and 4
+	// queues; (g), or (e) without it, on 4 queues of ring 512.
+	want := 3 + 2 + 2*3 + 1
 	if testpmd != "" {
 		want++
 	}
@@ -61,7 +63,8 @@ func TestBenchRuns(t *testing.T) {
 			t.Errorf("%s, %d queues: drops %v", r.Name, r.Queues, r.Drops)
 		}
 	}
-	for _, s := range []string{"b/a = ", "(a) XDP_DROP: 2 queues/1 queue = ", "(e) 1 queue: rate/(a) = ", "4 queues/1 queue = ", "1 sender core"} {
+	for _, s := range []string{"b/a = ", "(a) XDP_DROP: 2 queues/1 queue = ", "(e) 1 queue: rate/(a) = ", "4 queues/1 queue = ", "1 sender core",
+		" 4 queues of ring 512 (the frames of 1 queue's ring in all): 4 queues/1 queue = "} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("no %q in the output:\n%s", s, out.String())
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/xdpq/xdpq/internal/perf"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/client"
 	"github.com/xdpq/xdpq/pkg/daemon"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
@@ -244,7 +245,32 @@ func (pd *podDaemon) receivers(cfg Config) []receiver {
 			}
 		}
 	}
+	if len(cfg.PodRings) == 0 && len(kinds) > 0 {
+		// The C client's kind (xdpqperf's where it has none) at the
+		// most queues, each with the default ring divided among them:
+		// as many frames in circulation as its 1-queue row. Set beside
+		// that kind's row at the same queue count, it measures what
+		// the frames of N rings cost the one core that copies them
+		// (on veth, the sender's).
+		k, n := kinds[0], slices.Max(cfg.PodQueues)
+		if cfg.Pods.CRxdrop != "" {
+			k = kinds[len(kinds)-1]
+		}
+		if ring := defaultRing(cfg) / uint32(n); n > 1 && ring >= 64 && ring&(ring-1) == 0 {
+			k = k.withRing(ring)
+			rs = append(rs, receiver{name: k.name, queues: n, ring: ring, pod: true, start: pd.startPod(k, n, cfg)})
+		}
+	}
 	return rs
+}
+
+// defaultRing is the clients' default ring size (the C client's is
+// pkg/client's).
+func defaultRing(cfg Config) uint32 {
+	if cfg.Jumbo() {
+		return client.DefaultRingMultiBuffer
+	}
+	return client.DefaultRing
 }
 
 // perfReceived adds up xdpqperf's "total qN: rx M tx K" lines.
