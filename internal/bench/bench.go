@@ -111,9 +111,14 @@ type Result struct {
 	// has none that the bench reads (XDP_DROP, DPDK).
 	Drops []Drops
 	// Away is, per round, the longest a receive loop of the pod left its
-	// RX ring while frames came (client.Receiver.LongestAway); nil where
-	// the receiver does not say (all but the pods' rows).
+	// RX ring while frames came (client.Receiver.LongestAway), or the
+	// spinning loop of (b) and (c) between two looks; nil where the
+	// receiver does not say.
 	Away []time.Duration
+	// Waited is, per round, how long the spinning loop's thread waited
+	// for its core, runnable (schedstat): what other tasks took of it;
+	// nil but for (b) and (c).
+	Waited []time.Duration
 }
 
 // Drops are the kernel's counters (XDP_STATISTICS) of a receiver's
@@ -164,6 +169,7 @@ type outcome struct {
 	received uint64
 	drops    *Drops         // nil: not read
 	away     *time.Duration // the receive loops' longest absence from their rings; nil: not said
+	waited   *time.Duration // the spinning loop's thread runnable, waiting for its core; nil: not said
 }
 
 // Run measures every receiver and prints the table to cfg.Out.
@@ -321,6 +327,9 @@ func Run(cfg Config) ([]*Result, error) {
 			if m.away != nil {
 				res.Away = append(res.Away, *m.away)
 			}
+			if m.waited != nil {
+				res.Waited = append(res.Waited, *m.waited)
+			}
 			fmt.Fprintf(cfg.Out, "  round %d  %-34s q%d %8.3f Mpps received, %8.3f Mpps sent, sender core %6.0f ns/pkt, receiver %s ns/pkt\n",
 				round+1, r.name, r.queues, m.rate/1e6, m.sent/1e6, m.senderNS, cpu)
 		}
@@ -331,7 +340,7 @@ func Run(cfg Config) ([]*Result, error) {
 
 func printTable(w io.Writer, rs []*Result, frameSize int) {
 	fmt.Fprintf(w, "\n1 sender core (cpu of the sender: see above); medians of the rounds; drops are the kernel's XDP_STATISTICS of the receiver's sockets over a run; "+
-		"away is the longest a pod's receive loop left its RX ring while frames came, the worst round (the pods' rows): the kernel drops once it exceeds the ring's depth at the rate (2048 frames at 2 Mpps: 1024 µs)\n")
+		"away is the longest a receive loop left its RX ring while frames came, the worst round: the kernel drops once it exceeds the ring's depth at the rate (2048 frames at 2 Mpps: 1024 µs)\n")
 	fmt.Fprintf(w, "%-34s %2s %9s %7s %9s %10s %16s %10s %10s %10s %9s %7s\n",
 		"receiver (median)", "q", "rx Mpps", "rx", "sent Mpps", "sender", "receiver CPU", "rx", "rx ring", "fill ring", "away", "vs (a)")
 	fmt.Fprintf(w, "%-34s %2s %9s %7s %9s %10s %16s %10s %10s %10s %9s %7s\n",
@@ -358,7 +367,7 @@ func printTable(w io.Writer, rs []*Result, frameSize int) {
 		fmt.Fprintf(w, "%-34s %2d %9.3f %7.2f %9.3f %10.0f %16s %10s %10s %10s %9s %7.2f\n", r.Name, r.Queues,
 			Median(r.Rates)/1e6, Median(r.Rates)*float64(frameSize)*8/1e9, Median(r.SentPPS)/1e6, Median(r.SenderNS), cpu, dropped, full, empty, away, Median(r.Rates)/ceiling)
 	}
-	printRatios(w, rs)
+	printRatios(w, rs, frameSize)
 }
 
 func medianDrop(ds []Drops, f func(Drops) uint64) string {
@@ -370,7 +379,7 @@ func medianDrop(ds []Drops, f func(Drops) uint64) string {
 }
 
 // printRatios prints the ratios issue 15's goals are stated in.
-func printRatios(w io.Writer, rs []*Result) {
+func printRatios(w io.Writer, rs []*Result, frameSize int) {
 	find := func(prefix string, queues int) *Result {
 		for _, r := range rs {
 			if strings.HasPrefix(r.Name, prefix) && r.Queues == queues {
@@ -387,6 +396,9 @@ func printRatios(w io.Writer, rs []*Result) {
 		fmt.Fprintf(w, "   b/d = %.2f", rate(b)/rate(d))
 	}
 	fmt.Fprintln(w)
+	for _, r := range []*Result{b, c, find("(e)", 1), find("(g)", 1)} {
+		printGap(w, r, frameSize)
+	}
 	var drops []string
 	for _, r := range rs {
 		if r != a && strings.HasPrefix(r.Name, "(a)") {
@@ -451,11 +463,41 @@ func printRatios(w io.Writer, rs []*Result) {
 	}
 }
 
+// printGap says how long a receive loop was away from its ring at worst,
+// beside how long other tasks kept its threads off their core that
+// round: a gap no task explains is the core stopped under it.
+func printGap(w io.Writer, r *Result, frameSize int) {
+	if r == nil || len(r.Away) == 0 || len(r.Away) != len(r.Waited) {
+		return
+	}
+	i := 0
+	for j := range r.Away {
+		if r.Away[j] > r.Away[i] {
+			i = j
+		}
+	}
+	away, waited := r.Away[i], r.Waited[i]
+	ring := uint32(spinRing)
+	switch {
+	case r.Ring != 0:
+		ring = r.Ring
+	case strings.HasPrefix(r.Name, "(e)") || strings.HasPrefix(r.Name, "(g)"):
+		ring = defaultRing(Config{FrameSize: frameSize})
+	}
+	fmt.Fprintf(w, "%s %d queue: the longest its loop was away from its RX ring while frames came was %d µs (%.0f frames at its rate, its ring holds %d); "+
+		"its threads waited for the core %d µs in all that round, runnable while another task ran",
+		r.Name[:3], r.Queues, away.Microseconds(), away.Seconds()*r.Rates[i], ring, waited.Microseconds())
+	if waited < away/2 {
+		fmt.Fprint(w, ": no task of this machine held the core for the gap; the core itself was not running the loop (the hypervisor ran the vCPU late, or an interrupt ran long)")
+	}
+	fmt.Fprintln(w)
+}
+
 type measurement struct {
 	rate, sent, senderNS float64
 	rxCPU                *float64 // receiver CPU ns per packet received; nil: none
 	drops                *Drops
-	away                 *time.Duration
+	away, waited         *time.Duration
 }
 
 func measure(p *testnet.Pair, r receiver, snd *sender, cfg Config) (measurement, error) {
@@ -483,7 +525,7 @@ func measure(p *testnet.Pair, r receiver, snd *sender, cfg Config) (measurement,
 	}
 	secs := elapsed.Seconds()
 	m := measurement{rate: float64(out.received) / secs, sent: float64(sent) / secs,
-		senderNS: float64(busy1-busy0) / float64(max(sent, 1)), drops: out.drops, away: out.away}
+		senderNS: float64(busy1-busy0) / float64(max(sent, 1)), drops: out.drops, away: out.away, waited: out.waited}
 	if run.cpu != nil {
 		ns := float64(cpu1-cpu0) / float64(max(out.received, 1))
 		m.rxCPU = &ns
@@ -686,6 +728,10 @@ func startDrop(p *testnet.Pair) (*running, error) {
 	}}, nil
 }
 
+// spinRing is the entries of the spinning loops' ((b), (c)) fill and RX
+// rings.
+const spinRing = 4096
+
 func startXSK(kind xdp.Kind, cfg Config) func(p *testnet.Pair) (*running, error) {
 	cpu := cfg.RxCPU
 	return func(p *testnet.Pair) (*running, error) {
@@ -700,8 +746,8 @@ func startXSK(kind xdp.Kind, cfg Config) func(p *testnet.Pair) (*running, error)
 			}
 		}
 		dev := xsk.Netdev{Name: p.A.Name, Ifindex: p.A.Index, NetNS: p.NSPath()}
-		rings := xsk.Rings{Fill: 4096, Completion: 64, RX: 4096}
-		umem, socks, err := xsk.Open(dev, []uint32{0}, 8192, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: rings, MultiBuffer: cfg.Jumbo()})
+		rings := xsk.Rings{Fill: spinRing, Completion: 64, RX: spinRing}
+		umem, socks, err := xsk.Open(dev, []uint32{0}, 2*spinRing, xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048}, Rings: rings, MultiBuffer: cfg.Jumbo()})
 		if err != nil {
 			_ = prog.Close() // never attached
 			return nil, err
@@ -710,7 +756,7 @@ func startXSK(kind xdp.Kind, cfg Config) func(p *testnet.Pair) (*running, error)
 		cleanup := func() error {
 			return errors.Join(sock.Close(), umem.Close(), prog.Close())
 		}
-		addrs := make([]uint64, 4096)
+		addrs := make([]uint64, spinRing)
 		for i := range addrs {
 			addrs[i] = umem.FrameAddr(i)
 		}
@@ -725,6 +771,7 @@ func startXSK(kind xdp.Kind, cfg Config) func(p *testnet.Pair) (*running, error)
 		var stopFlag atomic.Bool
 		var wg sync.WaitGroup
 		var loopErr error
+		var away, waited time.Duration
 		tid := make(chan int, 1) // the loop's thread, for its CPU time
 		wg.Add(1)
 		go func() {
@@ -736,7 +783,11 @@ func startXSK(kind xdp.Kind, cfg Config) func(p *testnet.Pair) (*running, error)
 			}
 			defer unpin()
 			tid <- unix.Gettid()
-			loopErr = rxdrop(sock, &received, &stopFlag)
+			w0, err0 := threadWaited()
+			away, loopErr = rxdrop(sock, &received, &stopFlag)
+			w1, err1 := threadWaited()
+			waited = w1 - w0
+			loopErr = errors.Join(loopErr, err0, err1)
 		}()
 		stat := ""
 		if t, ok := <-tid; ok {
@@ -749,7 +800,7 @@ func startXSK(kind xdp.Kind, cfg Config) func(p *testnet.Pair) (*running, error)
 			st, errStats := sock.Statistics()
 			drops.add(st)
 			err := errors.Join(loopErr, errStats, xdp.Detach(p.NSPath(), p.A.Index, xdp.ModeNative, prog.Prog()), cleanup())
-			return outcome{received: received.Load(), drops: &drops}, err
+			return outcome{received: received.Load(), drops: &drops, away: &away, waited: &waited}, err
 		}
 		if stat == "" { // the loop could not start
 			_, err := finish()
@@ -757,6 +808,40 @@ func startXSK(kind xdp.Kind, cfg Config) func(p *testnet.Pair) (*running, error)
 		}
 		return &running{cpu: func() (time.Duration, error) { return schedstat(stat) }, finish: finish}, nil
 	}
+}
+
+// threadWaited returns how long the calling thread has waited on a run
+// queue, runnable but not running.
+func threadWaited() (time.Duration, error) { return waited("/proc/thread-self/schedstat") }
+
+// waited returns how long the threads whose schedstat files match
+// pattern (a glob) have waited on a run queue, runnable but not running:
+// their second field. A thread that ended is no longer counted.
+func waited(pattern string) (time.Duration, error) {
+	files, err := filepath.Glob(pattern)
+	if err != nil {
+		return 0, err
+	}
+	var sum time.Duration
+	for _, file := range files {
+		b, err := os.ReadFile(file)
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+			continue // the thread ended since the listing
+		}
+		if err != nil {
+			return 0, err
+		}
+		f := strings.Fields(string(b))
+		if len(f) < 2 {
+			return 0, fmt.Errorf("%s: %q", file, b)
+		}
+		ns, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %q: %w", file, b, err)
+		}
+		sum += time.Duration(ns)
+	}
+	return sum, nil
 }
 
 // schedstat returns the CPU time of the threads whose schedstat files
@@ -798,23 +883,35 @@ func processCPU(pid int) (time.Duration, error) {
 
 // rxdrop is xdpsock's rxdrop: take received frames and give them straight
 // back to the fill ring, spinning. Frames the fill ring does not take yet
-// (the kernel publishes its consumer index lazily) wait in refill.
-func rxdrop(s *xsk.Socket, received *atomic.Uint64, stop *atomic.Bool) error {
+// (the kernel publishes its consumer index lazily) wait in refill. It
+// returns the longest time between two of its looks at the RX ring while
+// frames came (within a millisecond): a spinning thread is away only
+// while something else has its core.
+func rxdrop(s *xsk.Socket, received *atomic.Uint64, stop *atomic.Bool) (time.Duration, error) {
 	descs := make([]xsk.Desc, 256)
 	refill := make([]uint64, 0, s.UMEM().NumFrames())
 	mask := ^uint64(s.UMEM().Config().FrameSize - 1)
+	var away time.Duration
+	last := time.Now()
+	lastFrame := last.Add(-time.Second)
 	for i := 0; ; i++ {
 		if len(refill) > 0 {
 			n := s.Fill(refill)
 			refill = refill[:copy(refill, refill[n:])]
 		}
 		n := s.Receive(descs)
+		now := time.Now()
+		if gap := now.Sub(last); gap > away && last.Sub(lastFrame) < time.Millisecond {
+			away = gap
+		}
+		last = now
 		if n == 0 {
 			if i&1023 == 0 && stop.Load() {
-				return nil
+				return away, nil
 			}
 			continue
 		}
+		lastFrame = now
 		packets := 0
 		for _, d := range descs[:n] {
 			refill = append(refill, d.Addr&mask)

@@ -64,10 +64,14 @@ func TestBenchRuns(t *testing.T) {
 		}
 	}
 	for _, s := range []string{"b/a = ", "(a) XDP_DROP: 2 queues/1 queue = ", "(e) 1 queue: rate/(a) = ", "4 queues/1 queue = ", "1 sender core",
-		" 4 queues of ring 512 (the frames of 1 queue's ring in all): 4 queues/1 queue = "} {
+		" 4 queues of ring 512 (the frames of 1 queue's ring in all): 4 queues/1 queue = ",
+		"(b) 1 queue: the longest its loop was away from its RX ring while frames came was "} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("no %q in the output:\n%s", s, out.String())
 		}
+	}
+	if cc != "" && !strings.Contains(out.String(), "(g) 1 queue: the longest its loop was away") {
+		t.Errorf("no gap line for (g) in the output:\n%s", out.String())
 	}
 	t.Log(out.String())
 

@@ -364,12 +364,23 @@ func (pd *podDaemon) startPod(k podKind, n int, cfg Config) func(*testnet.Pair) 
 			_ = pod.Cmd.Process.Kill() // given up; a pod that exited meanwhile says so next
 			return nil, fmt.Errorf("%w (pod: %v)", err, <-exited)
 		}
+		tasks := fmt.Sprintf("/proc/%d/task/*/schedstat", pid)
+		waited0, err := waited(tasks)
+		if err != nil {
+			_ = pod.Cmd.Process.Kill() // given up; a pod that exited meanwhile says so next
+			return nil, fmt.Errorf("%w (pod: %v)", err, <-exited)
+		}
 		return &running{
 			// The process's, not its threads' now: a Go pod makes and
 			// ends threads as its loops block in poll.
 			cpu: func() (time.Duration, error) { return processCPU(pid) },
 			finish: func() (outcome, error) {
 				drops, errDrops := pd.drops(n)
+				// Its threads' waits for the core: exact for the C
+				// client's one thread; a Go pod's threads that ended
+				// are left out.
+				waited1, errWaited := waited(tasks)
+				wait := max(waited1-waited0, 0)
 				// A pod that exited already fails the signal, and its exit
 				// below says how it went.
 				_ = pod.Cmd.Process.Signal(syscall.SIGTERM)
@@ -387,8 +398,8 @@ func (pd *podDaemon) startPod(k podKind, n int, cfg Config) func(*testnet.Pair) 
 				if errCount != nil {
 					errCount = fmt.Errorf("%w:\n%s", errCount, out.String())
 				}
-				err := errors.Join(errDrops, errExit, errCount, pd.d.Free(context.Background(), alloc.ID), pd.setPool(false, false))
-				o := outcome{received: received, drops: &drops}
+				err := errors.Join(errDrops, errWaited, errExit, errCount, pd.d.Free(context.Background(), alloc.ID), pd.setPool(false, false))
+				o := outcome{received: received, drops: &drops, waited: &wait}
 				if k.away != nil {
 					if a, ok := k.away(out.String()); ok {
 						o.away = &a
