@@ -32,6 +32,7 @@ func main() {
 	queues := flag.String("queues", "", "comma-separated queues to use (default: all of the allocation's)")
 	ring := flag.Uint("ring", 0, "entries per ring (default: pkg/client's, 2048, or 4096 with -multi-buffer)")
 	flag.IntVar(&cfg.Size, "size", 64, "txpush: frame size in bytes (above 2048 with -multi-buffer)")
+	flag.StringVar(&cfg.Loops, "loops", "", "rxdrop: \"one\" loop over all queues (client.Poller), a loop per \"queue\" (client.Receiver); default: one when the process has fewer cores than queues (GOMAXPROCS)")
 	flag.BoolVar(&cfg.MultiBuffer, "multi-buffer", false, "ask for multi-buffer sockets: frames larger than a UMEM frame (jumbo frames, to 9014 bytes at a 9000-byte MTU) are received and sent whole")
 	srcMAC := flag.String("src-mac", "02:00:00:00:00:01", "txpush: source MAC")
 	dstMAC := flag.String("dst-mac", "ff:ff:ff:ff:ff:ff", "txpush: destination MAC")

@@ -39,6 +39,8 @@ type Config struct {
 	BusyPoll *wire.BusyPoll
 	// MTU, if set, is the veth pair's (9000 for jumbo frames).
 	MTU int
+	// PeerQueues are xb's queues StartTB's Peer opens; nil: queue 0.
+	PeerQueues []uint32
 }
 
 // Node is the running node.

@@ -47,7 +47,10 @@ func StartTB(tb testing.TB, cfg Config) (*Node, *Peer) {
 			tb.Error(err)
 		}
 	})
-	p, err := n.Peer([]uint32{0})
+	if cfg.PeerQueues == nil {
+		cfg.PeerQueues = []uint32{0}
+	}
+	p, err := n.Peer(cfg.PeerQueues)
 	if err != nil {
 		tb.Fatal(err)
 	}

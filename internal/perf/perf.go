@@ -30,6 +30,12 @@ const (
 	L2Fwd  = "l2fwd"  // send every received frame back with MACs swapped
 )
 
+// Config.Loops's choices.
+const (
+	LoopPerQueue = "queue"
+	LoopOne      = "one"
+)
+
 // Config is what the command's flags set.
 type Config struct {
 	Socket   string // "" means $XDPQ_SOCKET
@@ -41,7 +47,12 @@ type Config struct {
 	// MultiBuffer asks for multi-buffer sockets: frames larger than a
 	// UMEM frame (jumbo frames) are received and sent whole.
 	MultiBuffer bool
-	Out         io.Writer
+	// Loops is how rxdrop runs its queues: LoopPerQueue (a goroutine
+	// each, client.Receiver), LoopOne (one client.Poller over them all),
+	// or "" for LoopOne when the process has fewer cores than queues
+	// (GOMAXPROCS) and LoopPerQueue otherwise.
+	Loops string
+	Out   io.Writer
 	// Reported, if set, is called after each report line with the totals
 	// so far.
 	Reported func(Totals)
@@ -99,6 +110,11 @@ func Run(ctx context.Context, cfg Config) (Totals, error) {
 	default:
 		return Totals{}, fmt.Errorf("mode %q: want %s, %s or %s", cfg.Mode, RXDrop, TXPush, L2Fwd)
 	}
+	switch cfg.Loops {
+	case "", LoopOne, LoopPerQueue:
+	default:
+		return Totals{}, fmt.Errorf("loops %q: want %s or %s", cfg.Loops, LoopOne, LoopPerQueue)
+	}
 	if cfg.Interval == 0 {
 		cfg.Interval = time.Second
 	}
@@ -143,7 +159,24 @@ func Run(ctx context.Context, cfg Config) (Totals, error) {
 	}
 	errs := make([]error, len(l.Sockets))
 	var wg sync.WaitGroup
+	loops := cfg.Loops
+	if loops == "" {
+		loops = LoopPerQueue
+		if runtime.GOMAXPROCS(0) < len(l.Sockets) {
+			loops = LoopOne
+		}
+	}
+	if cfg.Mode == RXDrop && loops == LoopOne && len(l.Sockets) > 1 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[0] = rxdropAll(ctx, l.Poller(), cs)
+		}()
+	}
 	for i, s := range l.Sockets {
+		if cfg.Mode == RXDrop && loops == LoopOne && len(l.Sockets) > 1 {
+			break
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -229,6 +262,25 @@ func rxdrop(ctx context.Context, r *client.Receiver, c *counters) error {
 	for ctx.Err() == nil {
 		n, err := r.Receive(wait, func([]byte) {})
 		c.rx.Add(uint64(n))
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rxdropAll is rxdrop over all the queues in one loop (client.Poller).
+func rxdropAll(ctx context.Context, p *client.Poller, cs []counters) error {
+	n := make([]uint64, len(cs))
+	count := func(socket int, _ []byte) { n[socket]++ }
+	for ctx.Err() == nil {
+		_, err := p.Receive(wait, count)
+		for i := range n {
+			if n[i] > 0 {
+				cs[i].rx.Add(n[i])
+				n[i] = 0
+			}
+		}
 		if err != nil {
 			return err
 		}

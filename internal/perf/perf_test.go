@@ -268,3 +268,57 @@ func TestTotalsLines(t *testing.T) {
 		t.Error("totals read from output without any")
 	}
 }
+
+// TestRXDropLoops: with one loop over the queues (client.Poller) and with
+// a loop per queue, every frame is counted on the queue it came to.
+func TestRXDropLoops(t *testing.T) {
+	for _, loops := range []string{LoopOne, LoopPerQueue} {
+		t.Run(loops, func(t *testing.T) {
+			n, p := node.StartTB(t, node.Config{Queues: 2, Alloc: []uint32{0, 1}, PeerQueues: []uint32{0, 1}})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			want := []uint64{300, 200}
+			counted := make(chan struct{})
+			var once sync.Once
+			reported := func(t Totals) {
+				if reflect.DeepEqual(t.RX, want) {
+					once.Do(func() { close(counted) })
+				}
+			}
+			done := make(chan Totals, 1)
+			go func() {
+				tot, err := Run(ctx, Config{Socket: n.Alloc.SocketPath(), Mode: RXDrop, Loops: loops, Ring: 1024,
+					Interval: 50 * time.Millisecond, Out: io.Discard, Reported: reported})
+				if err != nil {
+					t.Error(err)
+				}
+				done <- tot
+			}()
+			if err := n.WaitSockets(2, 5*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			for q, k := range want {
+				var frames [][]byte
+				for i := range int(k) {
+					frames = append(frames, udp(n, 1, q, i))
+				}
+				if err := p.Send[q].Send(frames, time.Now().Add(5*time.Second)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			select {
+			case <-counted:
+			case <-time.After(10 * time.Second):
+				t.Error("no report counted 300 and 200 frames")
+			}
+			cancel()
+			tot := <-done
+			if !reflect.DeepEqual(tot.RX, want) || len(tot.Away) != 2 {
+				t.Errorf("counted %v, away %v; want %v and two queues' away", tot.RX, tot.Away, want)
+			}
+		})
+	}
+	if _, err := Run(context.Background(), Config{Mode: RXDrop, Loops: "two"}); err == nil {
+		t.Error("loops \"two\" was taken")
+	}
+}

@@ -28,8 +28,11 @@
 // Lease.Receiver(i) is socket i's receive fast path: it takes frames off
 // the RX ring in batches, keeps the fill ring topped up from the frames
 // the lease gave the socket, and waits the way the pool says (see
-// Receiver). Run one goroutine per socket (ExampleLease_Receiver); Peek
-// and Recycle are for loops that keep frames, such as forwarders.
+// Receiver). Run one goroutine per socket (ExampleLease_Receiver) when
+// the process has a core per socket; on fewer cores, Lease.Poller runs
+// one loop over them all, which looks at every socket each round and
+// waits only when none has frames. Peek and Recycle are for loops that
+// keep frames, such as forwarders.
 //
 // # Jumbo frames
 //

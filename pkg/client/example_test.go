@@ -39,3 +39,23 @@ func ExampleLease_Receiver() {
 		}
 	}
 }
+
+// A pod's receive loop on one core: one loop over all its queues.
+func ExampleLease_Poller() {
+	ctx := context.Background() // yours: cancelled on SIGTERM, say
+	handle := func(queue uint32, frame []byte) {}
+
+	l, err := client.ConnectContext(ctx, "", client.Options{Name: "myapp"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	p := l.Poller() // all the lease's sockets
+	for ctx.Err() == nil {
+		// Wait up to 100 ms for frames: ctx is looked at that often.
+		if _, err := p.Receive(100*time.Millisecond, func(socket int, frame []byte) { handle(l.Queues[socket], frame) }); err != nil {
+			log.Print(err)
+			return
+		}
+	}
+}
