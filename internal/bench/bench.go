@@ -451,6 +451,16 @@ func printRatios(w io.Writer, rs []*Result, frameSize int) {
 			"(what N queues cost here is N rings of frames in circulation through the one core that copies them, on veth the sender's; "+
 			"on a NIC each queue copies on its own queue's core)\n", base[:3], r.Queues, r.Ring, r.Queues, rate(r)/rate(one), rate(full)/rate(one))
 	}
+	for _, r := range rs {
+		base, ok := strings.CutSuffix(r.Name, perLoopSuffix)
+		if !ok {
+			continue
+		}
+		if one := find(base, r.Queues); one != nil && one != r {
+			fmt.Fprintf(w, "%s %d queues: one loop over them all (client.Poller, xdpqperf's default with fewer cores than queues) %.3f Mpps, "+
+				"a goroutine per queue (client.Receiver) %.3f: %.2fx\n", base[:3], r.Queues, rate(one)/1e6, rate(r)/1e6, rate(one)/rate(r))
+		}
+	}
 	if find("(e)", 1) != nil {
 		fmt.Fprintln(w, "(one sender core bounds every row but (f): N queues can at best equal the 1-queue rate, a ratio of 1.00; a busy-polling pod (f) runs the queue's NAPI, the receive side's XDP work, on its own core, so it can pass (a))")
 	}

@@ -41,8 +41,9 @@ func TestBenchRuns(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	// (a) to (c); (a) on 2 and 4 queues; (e) and (f) on 1, 2 and 4
-	// queues; (g), or (e) without it, on 4 queues of ring 512.
-	want := 3 + 2 + 2*3 + 1
+	// queues; (e) with a loop per queue on 4; (g), or (e) without it, on
+	// 4 queues of ring 512.
+	want := 3 + 2 + 2*3 + 1 + 1
 	if testpmd != "" {
 		want++
 	}
@@ -65,7 +66,8 @@ func TestBenchRuns(t *testing.T) {
 	}
 	for _, s := range []string{"b/a = ", "(a) XDP_DROP: 2 queues/1 queue = ", "(e) 1 queue: rate/(a) = ", "4 queues/1 queue = ", "1 sender core",
 		" 4 queues of ring 512 (the frames of 1 queue's ring in all): 4 queues/1 queue = ",
-		"(b) 1 queue: the longest its loop was away from its RX ring while frames came was "} {
+		"(b) 1 queue: the longest its loop was away from its RX ring while frames came was ",
+		"(e) 4 queues: one loop over them all (client.Poller, xdpqperf's default with fewer cores than queues) "} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("no %q in the output:\n%s", s, out.String())
 		}

@@ -207,6 +207,20 @@ func (k podKind) withRing(ring uint32) podKind {
 	return k
 }
 
+// withArgs is k with args added to its command, and suffix to its name.
+func (k podKind) withArgs(suffix string, args ...string) podKind {
+	command := k.command
+	k.command = func(p Pods) (string, []string) {
+		bin, a := command(p)
+		return bin, append(slices.Clone(a), args...)
+	}
+	k.name += suffix
+	return k
+}
+
+// perLoopSuffix names the row of xdpqperf with a goroutine per queue.
+const perLoopSuffix = ", a loop per queue"
+
 func (pd *podDaemon) receivers(cfg Config) []receiver {
 	var kinds []podKind
 	if cfg.Pods.Perf != "" {
@@ -244,6 +258,13 @@ func (pd *podDaemon) receivers(cfg Config) []receiver {
 				rs = append(rs, receiver{name: k.name, queues: n, spins: k.busyPoll, pod: true, ring: ring, start: pd.startPod(k, n, cfg)})
 			}
 		}
+	}
+	if n := slices.Max(cfg.PodQueues); len(cfg.PodRings) == 0 && cfg.Pods.Perf != "" && n > 1 {
+		// xdpqperf on the most queues with a goroutine per queue
+		// (client.Receiver), where its default on the pod's one core is
+		// one loop over them all (client.Poller): what that choice buys.
+		k := kinds[0].withArgs(perLoopSuffix, "-loops", "queue")
+		rs = append(rs, receiver{name: k.name, queues: n, pod: true, start: pd.startPod(k, n, cfg)})
 	}
 	if len(cfg.PodRings) == 0 && len(kinds) > 0 {
 		// The C client's kind (xdpqperf's where it has none) at the
