@@ -38,7 +38,8 @@ const RXBatch = 64
 // copy finds each frame's memory and buffer head where it left them, a
 // ring ago. (A stack that gave spare frames out too put twice the frames
 // in circulation, out of order: on veth the sender's core, which does the
-// copy, spent 16% more per frame at 4 queues, make bench row (e).) The
+// copy, spent 1.44 to 1.52 times the C client's time per frame at 4
+// queues, make bench rows (e) and (g); 1.09 to 1.15 times since.) The
 // socket's spare frames (an RX ring's worth) wait in the Receiver for an
 // application that holds frames (Peek): once it holds so many that the
 // fill ring would be less than half full, they stand in for them. Frames
