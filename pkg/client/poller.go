@@ -65,6 +65,9 @@ func (p *Poller) Receive(wait time.Duration, fn func(socket int, frame []byte)) 
 		case p.busy:
 			// Each socket's queue's NAPI, on this core (see Receiver).
 			for _, r := range p.rs {
+				if r.closed.Load() {
+					return 0, ErrLeaseClosed
+				}
 				if err := r.s.WakeRX(); err != nil {
 					return 0, err
 				}

@@ -8,15 +8,25 @@ import (
 
 	"github.com/xdpq/xdpq/internal/node"
 	"github.com/xdpq/xdpq/pkg/client"
+	"github.com/xdpq/xdpq/pkg/wire"
 )
 
 // TestPoller: one loop over a lease's two sockets hands over every frame
 // of bursts on both queues, byte for byte, in order per queue and with
-// its socket's index; a loop asleep with nothing anywhere wakes for a
-// frame on either queue; and one asleep when the lease closes returns
-// ErrLeaseClosed.
+// its socket's index; a loop waiting with nothing anywhere (asleep, or
+// spinning on a busy-polling pool) wakes for a frame on either queue;
+// and one waiting when the lease closes returns ErrLeaseClosed.
 func TestPoller(t *testing.T) {
-	n, p := node.StartTB(t, node.Config{Queues: 2, Alloc: []uint32{0, 1}, PeerQueues: []uint32{0, 1}})
+	for _, tc := range []struct {
+		name string
+		busy *wire.BusyPoll
+	}{{name: "defaults"}, {name: "busy poll", busy: &wire.BusyPoll{TimeoutMicros: 20, Budget: 64}}} {
+		t.Run(tc.name, func(t *testing.T) { testPoller(t, tc.busy) })
+	}
+}
+
+func testPoller(t *testing.T, busy *wire.BusyPoll) {
+	n, p := node.StartTB(t, node.Config{Queues: 2, Alloc: []uint32{0, 1}, PeerQueues: []uint32{0, 1}, BusyPoll: busy})
 	l, err := client.Connect(n.Alloc.SocketPath(), client.Options{Name: "poller"})
 	if err != nil {
 		t.Fatal(err)

@@ -272,6 +272,9 @@ func (r *Receiver) wait(d time.Duration) (int, error) {
 	if r.busy {
 		deadline := time.Now().Add(d)
 		for {
+			if r.closed.Load() {
+				return 0, ErrLeaseClosed
+			}
 			if err := r.s.WakeRX(); err != nil {
 				return 0, err
 			}
