@@ -115,9 +115,9 @@ type Result struct {
 	// spinning loop of (b) and (c) between two looks; nil where the
 	// receiver does not say.
 	Away []time.Duration
-	// Waited is, per round, how long the spinning loop's thread waited
-	// for its core, runnable (schedstat): what other tasks took of it;
-	// nil but for (b) and (c).
+	// Waited is, per round, how long the receive loop's threads waited
+	// for their core, runnable (schedstat): what other tasks took of it;
+	// nil for XDP_DROP and DPDK.
 	Waited []time.Duration
 }
 
@@ -169,7 +169,7 @@ type outcome struct {
 	received uint64
 	drops    *Drops         // nil: not read
 	away     *time.Duration // the receive loops' longest absence from their rings; nil: not said
-	waited   *time.Duration // the spinning loop's thread runnable, waiting for its core; nil: not said
+	waited   *time.Duration // the receive loop's threads runnable, waiting for their core; nil: not said
 }
 
 // Run measures every receiver and prints the table to cfg.Out.
@@ -816,21 +816,33 @@ func startXSK(kind xdp.Kind, cfg Config) func(p *testnet.Pair) (*running, error)
 			_, err := finish()
 			return nil, err
 		}
-		return &running{cpu: func() (time.Duration, error) { return schedstat(stat) }, finish: finish}, nil
+		return &running{cpu: func() (time.Duration, error) { return schedstat(stat, onCPU) }, finish: finish}, nil
 	}
 }
 
+// The fields of a thread's schedstat file: nanoseconds on a CPU, and
+// nanoseconds runnable on a run queue, waiting for one.
+const (
+	onCPU = iota
+	runnable
+)
+
 // threadWaited returns how long the calling thread has waited on a run
 // queue, runnable but not running.
-func threadWaited() (time.Duration, error) { return waited("/proc/thread-self/schedstat") }
+func threadWaited() (time.Duration, error) {
+	return schedstat("/proc/thread-self/schedstat", runnable)
+}
 
-// waited returns how long the threads whose schedstat files match
-// pattern (a glob) have waited on a run queue, runnable but not running:
-// their second field. A thread that ended is no longer counted.
-func waited(pattern string) (time.Duration, error) {
+// schedstat returns the sum of field (onCPU or runnable) of the threads
+// whose schedstat files match pattern (a glob). A thread that ended
+// since the listing is left out.
+func schedstat(pattern string, field int) (time.Duration, error) {
 	files, err := filepath.Glob(pattern)
 	if err != nil {
 		return 0, err
+	}
+	if len(files) == 0 {
+		return 0, fmt.Errorf("no thread at %s (it exited)", pattern)
 	}
 	var sum time.Duration
 	for _, file := range files {
@@ -842,38 +854,12 @@ func waited(pattern string) (time.Duration, error) {
 			return 0, err
 		}
 		f := strings.Fields(string(b))
-		if len(f) < 2 {
-			return 0, fmt.Errorf("%s: %q", file, b)
+		if len(f) <= field {
+			return 0, fmt.Errorf("%s: %q: no field %d", file, b, field)
 		}
-		ns, err := strconv.ParseInt(f[1], 10, 64)
+		ns, err := strconv.ParseInt(f[field], 10, 64)
 		if err != nil {
 			return 0, fmt.Errorf("%s: %q: %w", file, b, err)
-		}
-		sum += time.Duration(ns)
-	}
-	return sum, nil
-}
-
-// schedstat returns the CPU time of the threads whose schedstat files
-// match pattern (a glob), from their first field: nanoseconds on a CPU.
-func schedstat(pattern string) (time.Duration, error) {
-	files, err := filepath.Glob(pattern)
-	if err != nil {
-		return 0, err
-	}
-	if len(files) == 0 {
-		return 0, fmt.Errorf("no thread at %s (it exited)", pattern)
-	}
-	var sum time.Duration
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return 0, err
-		}
-		first, _, _ := strings.Cut(string(b), " ")
-		ns, err := strconv.ParseInt(first, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s: %q: %w", f, b, err)
 		}
 		sum += time.Duration(ns)
 	}
@@ -969,7 +955,7 @@ func startTestpmd(cfg Config) func(p *testnet.Pair) (*running, error) {
 		}
 		// ip netns exec and stdbuf exec testpmd: the pid is testpmd's.
 		threads := fmt.Sprintf("/proc/%d/task/*/schedstat", cmd.Process.Pid)
-		return &running{cpu: func() (time.Duration, error) { return schedstat(threads) }, finish: func() (outcome, error) {
+		return &running{cpu: func() (time.Duration, error) { return schedstat(threads, onCPU) }, finish: func() (outcome, error) {
 			_ = stdin.Close() // "enter" to exit: Wait says how it went
 			if err := cmd.Wait(); err != nil {
 				return outcome{}, fmt.Errorf("testpmd: %w\n%s", err, out.String())

@@ -386,7 +386,7 @@ func (pd *podDaemon) startPod(k podKind, n int, cfg Config) func(*testnet.Pair) 
 			return nil, fmt.Errorf("%w (pod: %v)", err, <-exited)
 		}
 		tasks := fmt.Sprintf("/proc/%d/task/*/schedstat", pid)
-		waited0, err := waited(tasks)
+		waited0, err := schedstat(tasks, runnable)
 		if err != nil {
 			_ = pod.Cmd.Process.Kill() // given up; a pod that exited meanwhile says so next
 			return nil, fmt.Errorf("%w (pod: %v)", err, <-exited)
@@ -400,7 +400,7 @@ func (pd *podDaemon) startPod(k podKind, n int, cfg Config) func(*testnet.Pair) 
 				// Its threads' waits for the core: exact for the C
 				// client's one thread; a Go pod's threads that ended
 				// are left out.
-				waited1, errWaited := waited(tasks)
+				waited1, errWaited := schedstat(tasks, runnable)
 				wait := max(waited1-waited0, 0)
 				// A pod that exited already fails the signal, and its exit
 				// below says how it went.
