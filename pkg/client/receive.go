@@ -93,7 +93,6 @@ type Receiver struct {
 	descs []xsk.Desc
 	back  frameQueue // frames given back, in the order they came: the fill ring takes them first
 	spare []uint64   // frames on no ring, a stack
-	ring  int        // the fill ring's entries
 	held  int        // frames Peek handed out and the application has not given back
 	lent  int        // spare frames in circulation, standing in for held ones (at most held)
 	mask  uint64     // a frame's address from any address inside it
@@ -123,7 +122,6 @@ func (l *Lease) Receiver(i int) *Receiver {
 		s := l.Sockets[i]
 		r := &Receiver{s: s, umem: s.UMEM(), descs: make([]xsk.Desc, RXBatch),
 			mask: ^uint64(s.UMEM().Config().FrameSize - 1), busy: l.BusyPoll != nil}
-		r.ring = len(l.rx[i]) // the fill ring's worth, on it since Connect
 		r.back.init(len(l.rx[i]) + len(l.spare[i]))
 		r.spare = slices.Clone(l.spare[i])
 		if r.file, r.fileErr = pollable(s.FD()); r.fileErr == nil {
@@ -215,7 +213,7 @@ func (r *Receiver) give(a uint64) {
 func (r *Receiver) fill() {
 	free := r.s.FillFree()
 	free -= r.back.fill(r.s, free)
-	if r.ring-free >= r.ring/2 {
+	if ring := int(r.s.Rings().Fill); ring-free >= ring/2 {
 		return
 	}
 	k := min(free, r.held-r.lent, len(r.spare))
