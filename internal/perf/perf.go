@@ -158,37 +158,29 @@ func Run(ctx context.Context, cfg Config) (Totals, error) {
 		}
 	}
 	errs := make([]error, len(l.Sockets))
+	var oneErr error // the one loop's, over all the queues
 	var wg sync.WaitGroup
-	loops := cfg.Loops
-	if loops == "" {
-		loops = LoopPerQueue
-		if runtime.GOMAXPROCS(0) < len(l.Sockets) {
-			loops = LoopOne
-		}
-	}
-	if cfg.Mode == RXDrop && loops == LoopOne && len(l.Sockets) > 1 {
+	if oneLoop(cfg, len(l.Sockets)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[0] = rxdropAll(ctx, l.Poller(), cs)
+			oneErr = rxdropAll(ctx, l.Poller(), cs)
 		}()
-	}
-	for i, s := range l.Sockets {
-		if cfg.Mode == RXDrop && loops == LoopOne && len(l.Sockets) > 1 {
-			break
+	} else {
+		for i, s := range l.Sockets {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				switch cfg.Mode {
+				case RXDrop:
+					errs[i] = rxdrop(ctx, rs[i], &cs[i])
+				case TXPush:
+					errs[i] = txpush(ctx, s, l.TXFrames(i), txFrame, &cs[i])
+				case L2Fwd:
+					errs[i] = l2fwd(ctx, s, rs[i], l.TXFrames(i), &cs[i])
+				}
+			}()
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			switch cfg.Mode {
-			case RXDrop:
-				errs[i] = rxdrop(ctx, rs[i], &cs[i])
-			case TXPush:
-				errs[i] = txpush(ctx, s, l.TXFrames(i), txFrame, &cs[i])
-			case L2Fwd:
-				errs[i] = l2fwd(ctx, s, rs[i], l.TXFrames(i), &cs[i])
-			}
-		}()
 	}
 	report(ctx, cfg, l, rs, cs)
 	wg.Wait()
@@ -209,12 +201,27 @@ func Run(ctx context.Context, cfg Config) (Totals, error) {
 		}
 		t.Drops = append(t.Drops, st)
 	}
+	if oneErr != nil {
+		return t, fmt.Errorf("the loop over queues %v: %w", l.Queues, oneErr)
+	}
 	for i := range cs {
 		if errs[i] != nil {
 			return t, fmt.Errorf("queue %d: %w", l.Queues[i], errs[i])
 		}
 	}
 	return t, nil
+}
+
+// oneLoop says whether rxdrop runs one loop over the lease's n queues
+// (Config.Loops).
+func oneLoop(cfg Config, n int) bool {
+	if cfg.Mode != RXDrop || n < 2 {
+		return false
+	}
+	if cfg.Loops == "" {
+		return runtime.GOMAXPROCS(0) < n
+	}
+	return cfg.Loops == LoopOne
 }
 
 func report(ctx context.Context, cfg Config, l *client.Lease, rs []*client.Receiver, cs []counters) {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"reflect"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -320,5 +321,27 @@ func TestRXDropLoops(t *testing.T) {
 	}
 	if _, err := Run(context.Background(), Config{Mode: RXDrop, Loops: "two"}); err == nil {
 		t.Error("loops \"two\" was taken")
+	}
+}
+
+// TestOneLoop: which runs get one loop over their queues.
+func TestOneLoop(t *testing.T) {
+	procs := runtime.GOMAXPROCS(0)
+	for _, c := range []struct {
+		cfg  Config
+		n    int
+		want bool
+	}{
+		{Config{Mode: RXDrop, Loops: LoopOne}, 4, true},
+		{Config{Mode: RXDrop, Loops: LoopOne}, 1, false}, // one queue: its Receiver
+		{Config{Mode: RXDrop, Loops: LoopPerQueue}, 4, false},
+		{Config{Mode: RXDrop}, procs + 1, true}, // fewer cores than queues
+		{Config{Mode: RXDrop}, max(procs, 2), procs < 2},
+		{Config{Mode: L2Fwd, Loops: LoopOne}, 4, false}, // rxdrop alone has one
+		{Config{Mode: TXPush}, procs + 1, false},
+	} {
+		if got := oneLoop(c.cfg, c.n); got != c.want {
+			t.Errorf("mode %s, loops %q, %d queues, GOMAXPROCS %d: one loop %v, want %v", c.cfg.Mode, c.cfg.Loops, c.n, procs, got, c.want)
+		}
 	}
 }
