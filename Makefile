@@ -3,7 +3,7 @@ GO          ?= go
 STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 ERRCHECK    ?= $(shell $(GO) env GOPATH)/bin/errcheck
 
-.PHONY: all build image manifests test e2e bench bench-e2e generate lint demo tools cclient
+.PHONY: all build image manifests packages test-builds test e2e-binaries e2e bench bench-e2e generate lint demo tools cclient
 
 all: build
 
@@ -29,7 +29,7 @@ IMAGE_ARCHES ?= amd64 arm64
 image:
 	@for a in $(IMAGE_ARCHES); do \
 	  echo "$(GO) run ./cmd/xdpqimage -arch $$a -version $(VERSION) -o bin/xdpq-image-$$a.tar"; \
-	  $(GO) run ./cmd/xdpqimage -arch $$a -version $(VERSION) -revision $(REVISION) -created "$(CREATED)" -o bin/xdpq-image-$$a.tar || exit 1; \
+	  $(STATIC) $(GO) run ./cmd/xdpqimage -arch $$a -version $(VERSION) -revision $(REVISION) -created "$(CREATED)" -o bin/xdpq-image-$$a.tar || exit 1; \
 	done
 
 # manifests/xdpq.yaml: the Helm chart charts/xdpq rendered with its
@@ -38,27 +38,60 @@ image:
 manifests:
 	cd test/chart && $(GO) run ./cmd/manifests -o ../../manifests/xdpq.yaml
 
-# The test command of the README; CI runs it as root with CI=true. The
-# second line runs xdpq's device plugins against kubelet's own device
-# manager (test/kubelet, a module of its own; its first build takes
-# minutes); the third lints and renders the Helm chart (test/chart).
-test:
+# The Debian packages the tests need, one list (.ci/packages) that .ci/run
+# installs from too: as root the missing ones are installed; as another
+# user they are named, and the tests that need them skip (under CI=true
+# they fail).
+packages:
+	@if [ "$$(id -u)" = 0 ]; then .ci/packages; \
+	else .ci/packages --check || echo "make: going on without them: the tests that need them skip"; fi
+
+# The builds tests use, in a step of their own before the tests, showing
+# what they build: xdpq's image for both architectures (make image; on an
+# empty build cache the arm64 cross-compile alone takes minutes), which
+# internal/image then builds again from the cache and compares with the
+# Dockerfile. A test's timeout then measures the test.
+test-builds: packages
+	@echo "make test: building the image for $(IMAGE_ARCHES) first (make image)"
+	@$(MAKE) --no-print-directory image
+
+# One build of each package for every use of it: what needs neither the
+# race detector nor cgo (lint, the image, the e2e module and its cluster's
+# binaries, test/chart) is built static and -trimpath, as the image's and
+# the cluster's binaries must be, so a package compiled for one is in the
+# build cache for the others. (The main module's tests keep cgo, which
+# -race needs.)
+STATIC := CGO_ENABLED=0 GOFLAGS="-trimpath $(GOFLAGS)"
+
+# The test command of the README; CI runs it as root with CI=true. Its
+# first line installs the packages the tests need and builds what they
+# build (test-builds); the next runs every package's tests, with the race
+# detector; then xdpq's device plugins against kubelet's own device
+# manager (test/e2e/devicemanager, in the e2e module, whose kubelet it
+# shares: its first build takes minutes); the last lints and renders the
+# Helm chart (test/chart).
+test: test-builds
 	$(GO) test -count=1 -race ./...
-	cd test/kubelet && $(GO) test -count=1 ./...
-	cd test/chart && $(GO) test -count=1 ./...
+	cd test/e2e && $(STATIC) $(GO) test -count=1 ./devicemanager
+	cd test/chart && $(STATIC) $(GO) test -count=1 ./...
 
 # The end-to-end tests (test/e2e, a module of its own) on a real
 # single-node cluster: etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler and a kubelet v1.37.2 with containerd. Needs root,
 # containerd, runc and containernetworking-plugins. The cluster's binaries
-# are built once into /var/cache/xdpq-e2e ($$XDPQ_E2E_CACHE), about 12
-# minutes on a fresh machine: the first line builds them, showing its
-# progress (go test would hold it back until the end).
+# are built once into /var/cache/xdpq-e2e ($$XDPQ_E2E_CACHE) by
+# e2e-binaries first, showing its progress (go test would hold it back
+# until the end).
 # One package at a time (-p 1): a machine runs one e2e node, and a
 # package that wants one waits for the other's to stop.
-e2e:
-	cd test/e2e && $(GO) run ./cmd/kubebin >/dev/null
-	cd test/e2e && $(GO) test -p 1 -count=1 -timeout 40m ./...
+# (make test runs test/e2e/devicemanager.)
+e2e: e2e-binaries
+	cd test/e2e && $(STATIC) $(GO) test -p 1 -count=1 -timeout 40m $$($(GO) list ./... | grep -v /devicemanager$$)
+
+# The cluster's binaries alone (into $$XDPQ_E2E_CACHE); .ci/run builds them
+# in the background while the other checks run.
+e2e-binaries:
+	cd test/e2e && $(STATIC) $(GO) run ./cmd/kubebin >/dev/null
 
 # Receive rates side by side on one veth pair (a table: XDP_DROP, pkg/xsk,
 # DPDK, and pods through the daemon's broker, xdpqperf and the C client's
@@ -93,11 +126,10 @@ bench:
 # pod creation to Running with and without an xdpq resource, side by side
 # (20 pods each, p50 and their ratio), and the XdpqNode's API writes idle
 # and under allocation churn at a real API server.
-bench-e2e:
-	cd test/e2e && $(GO) run ./cmd/kubebin >/dev/null
-	cd test/e2e && $(GO) test -run '^$$' -bench PodStartupXdpq -benchtime 20x -timeout 30m .
-	cd test/e2e && $(GO) test -run '^$$' -bench PodStartupDRA -benchtime 20x -timeout 30m .
-	cd test/e2e && $(GO) test -run '^$$' -bench XdpqNodeWrites -benchtime 1x -timeout 30m ./crd
+bench-e2e: e2e-binaries
+	cd test/e2e && $(STATIC) $(GO) test -run '^$$' -bench PodStartupXdpq -benchtime 20x -timeout 30m .
+	cd test/e2e && $(STATIC) $(GO) test -run '^$$' -bench PodStartupDRA -benchtime 20x -timeout 30m .
+	cd test/e2e && $(STATIC) $(GO) test -run '^$$' -bench XdpqNodeWrites -benchtime 1x -timeout 30m ./crd
 
 # The C client (clients/c): libxdpq.a and xdpq-rxdrop in bin/c (clang or
 # clang-14; its tests run with the others in make test).
@@ -127,13 +159,15 @@ tools:
 # a setup step whose error matters is checked by hand (t.Fatal).
 ERRCHECK_FLAGS := -ignoretests -exclude $(CURDIR)/.errcheck-excludes
 
+# Static and -trimpath (STATIC): the packages it compiles are those the
+# image, the e2e module and test/chart build.
 lint: tools
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
-	$(GO) vet ./...
-	$(STATICCHECK) ./...
-	$(ERRCHECK) $(ERRCHECK_FLAGS) ./...
-	cd test/chart && $(GO) vet ./... && $(STATICCHECK) ./... && $(ERRCHECK) $(ERRCHECK_FLAGS) ./...
-	cd test/e2e && $(GO) vet ./... && $(STATICCHECK) ./... && $(ERRCHECK) $(ERRCHECK_FLAGS) ./...
+	$(STATIC) $(GO) vet ./...
+	$(STATIC) $(STATICCHECK) ./...
+	$(STATIC) $(ERRCHECK) $(ERRCHECK_FLAGS) ./...
+	cd test/chart && $(STATIC) $(GO) vet ./... && $(STATIC) $(STATICCHECK) ./... && $(STATIC) $(ERRCHECK) $(ERRCHECK_FLAGS) ./...
+	cd test/e2e && $(STATIC) $(GO) vet ./... && $(STATIC) $(STATICCHECK) ./... && $(STATIC) $(ERRCHECK) $(ERRCHECK_FLAGS) ./...
 
 demo:
 	@echo "building xdpqdemo, xdpqperf, the xdpq CNI plugin, host-local and cnitool into bin/"

@@ -1,5 +1,5 @@
 // Package kubelettest is kubelet's device plugin registration service and
-// nothing more, for tests of the plugin side; test/kubelet runs the real
+// nothing more, for tests of the plugin side; test/e2e/devicemanager runs the real
 // device manager.
 package kubelettest
 

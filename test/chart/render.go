@@ -11,8 +11,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 
 	"helm.sh/helm/v4/pkg/action"
@@ -52,10 +52,25 @@ type Rendered struct {
 	Notes string
 }
 
-// Dir is the chart's directory in this repository.
+// Dir is the chart's directory in this repository: charts/xdpq in the
+// working directory or the nearest of its parents that has one (tests run
+// in their package's directory, make's commands in test/chart). It is
+// not found from this file's path, which a -trimpath build (make lint,
+// make test) leaves as an import path.
 func Dir() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "charts", "xdpq")
+	const rel = "charts/xdpq"
+	wd, err := os.Getwd()
+	if err != nil {
+		return rel
+	}
+	for d := wd; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, rel, "Chart.yaml")); err == nil {
+			return filepath.Join(d, rel)
+		}
+		if filepath.Dir(d) == d {
+			return filepath.Join(wd, rel) // not found: the error names this path
+		}
+	}
 }
 
 // Render renders the chart in dir as `helm template` does, client-side:

@@ -98,8 +98,11 @@ func binaries() map[string]binary {
 		Containerd:     containerd("github.com/containerd/containerd/v2/cmd/containerd"),
 		ContainerdShim: containerd("github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"),
 		Ctr:            containerd("github.com/containerd/containerd/v2/cmd/ctr"),
-		// In a module of its own (kubebin/prometheus), as containerd.
+		// In a module of its own (kubebin/prometheus), as containerd,
+		// with Kubernetes discovery its only one (Prometheus's own build
+		// tags): the cloud providers' SDKs are most of its build.
 		Prometheus: {pkg: "github.com/prometheus/prometheus/cmd/prometheus", module: "github.com/prometheus/prometheus", dir: "kubebin/prometheus",
+			tags:    []string{"remove_all_sd", "enable_kubernetes_sd"},
 			ldflags: func(v string) []string { return []string{"-X", "github.com/prometheus/common/version.Version=" + v} }},
 	}
 }

@@ -1,9 +1,13 @@
-// Package kubelet tests xdpq's device plugins against the device manager
-// of kubelet v1.37.2 itself (k8s.io/kubernetes/pkg/kubelet/cm/devicemanager).
-// It is a module of its own so that the main module does not depend on
-// k8s.io/kubernetes. It needs root: the device manager serves on the fixed
-// /var/lib/kubelet/device-plugins and removes the sockets there on Start.
-package kubelet
+// Package devicemanager tests xdpq's device plugins against the device
+// manager of kubelet v1.37.2 itself (k8s.io/kubernetes/pkg/kubelet/cm/devicemanager).
+// It is in the e2e module, not the main one, so that the main module does
+// not depend on k8s.io/kubernetes; there it shares the versions, and so
+// the build cache, of the e2e cluster's kubelet: make test builds it as
+// make e2e-binaries builds kubelet (CGO_ENABLED=0, -trimpath), so the
+// kubelet's packages are compiled once for both. It needs root: the
+// device manager serves on the fixed /var/lib/kubelet/device-plugins and
+// removes the sockets there on Start. make e2e leaves it to make test.
+package devicemanager
 
 import (
 	"context"
