@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"time"
 
@@ -75,6 +76,10 @@ func build(ctx context.Context, goTool, arch, version, revision, created, out st
 	}
 	img, err := image.Build(spec, arch, files, at)
 	if err != nil {
+		return err
+	}
+	// bin/ is not in a fresh clone: make image made no image there.
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
 	}
 	if err := image.WriteArchive(out, tag, img); err != nil {
