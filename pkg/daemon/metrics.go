@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
 
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/broker"
@@ -301,13 +302,35 @@ func listenMetrics(addr string) (net.Listener, error) {
 	return ln, nil
 }
 
+// The metrics server's limits. It listens on the host's network, where
+// every pod of the cluster can reach it, so a connection costs the daemon
+// a descriptor for a bounded time and there are at most
+// metricsMaxConns of them: a flood of idle or slow connections gets
+// scrapes wait or fail, never the API, the broker, the kubelet's
+// sockets or the config watcher a descriptor (a daemon with nofile 1024
+// once had none left). A connection accepted past the limit waits in
+// the kernel's backlog, not in the daemon. Prometheus and kubelet's
+// probes need a handful; a scrape reuses its connection across intervals
+// up to metricsIdleTimeout.
+const (
+	metricsMaxConns          = 64
+	metricsReadHeaderTimeout = 10 * time.Second
+	metricsReadTimeout       = 15 * time.Second
+	metricsWriteTimeout      = 30 * time.Second
+	metricsIdleTimeout       = 90 * time.Second
+	metricsMaxHeaderBytes    = 16 << 10
+)
+
 // serveMetrics serves the metrics handler at the metrics address until
 // ctx ends.
 func (d *Daemon) serveMetrics(ctx context.Context) error {
-	srv := &http.Server{Handler: d.metricsHandler(ctx), ReadHeaderTimeout: 10 * time.Second,
+	srv := &http.Server{Handler: d.metricsHandler(ctx),
+		ReadHeaderTimeout: metricsReadHeaderTimeout, ReadTimeout: metricsReadTimeout,
+		WriteTimeout: metricsWriteTimeout, IdleTimeout: metricsIdleTimeout, MaxHeaderBytes: metricsMaxHeaderBytes,
 		ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelDebug)}
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(d.metricsLn) }()
+	ln := netutil.LimitListener(d.metricsLn, metricsMaxConns)
+	go func() { done <- srv.Serve(ln) }()
 	d.log.Info("serving metrics", "addr", d.metricsLn.Addr().String())
 	select {
 	case err := <-done:
