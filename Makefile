@@ -3,7 +3,7 @@ GO          ?= go
 STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 ERRCHECK    ?= $(shell $(GO) env GOPATH)/bin/errcheck
 
-.PHONY: all build image manifests packages test-builds test e2e-binaries e2e bench bench-e2e generate lint demo tools cclient
+.PHONY: all build image manifests packages test-builds test e2e-binaries e2e-node-binaries e2e-tests e2e bench bench-e2e generate lint demo tools cclient
 
 all: build
 
@@ -86,12 +86,22 @@ test: test-builds
 # package that wants one waits for the other's to stop.
 # (make test runs test/e2e/devicemanager.)
 e2e: e2e-binaries
+	@$(MAKE) --no-print-directory e2e-tests
+
+# The e2e tests alone, the binaries built (a test builds one missing, or
+# waits for another process's build of it).
+e2e-tests:
 	cd test/e2e && $(STATIC) $(GO) test -p 1 -count=1 -timeout 40m $$($(GO) list ./... | grep -v /devicemanager$$)
 
 # The cluster's binaries alone (into $$XDPQ_E2E_CACHE); .ci/run builds them
-# in the background while the other checks run.
+# in the background while the other checks run: first the node's
+# (E2E_NODE_BINARIES, which every e2e test needs; e2e-node-binaries),
+# then Prometheus, which only one scenario's last steps need.
+E2E_NODE_BINARIES := etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl helm containerd containerd-shim-runc-v2 ctr
 e2e-binaries:
 	cd test/e2e && $(STATIC) $(GO) run ./cmd/kubebin >/dev/null
+e2e-node-binaries:
+	cd test/e2e && $(STATIC) $(GO) run ./cmd/kubebin $(E2E_NODE_BINARIES) >/dev/null
 
 # Receive rates side by side on one veth pair (a table: XDP_DROP, pkg/xsk,
 # DPDK, and pods through the daemon's broker, xdpqperf and the C client's
