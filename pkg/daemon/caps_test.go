@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,7 +18,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/testutils"
 
 	"github.com/xdpq/xdpq/internal/handover"
-	"github.com/xdpq/xdpq/internal/syncbuf"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 )
@@ -106,54 +104,12 @@ func runWithCaps(t *testing.T, bin string, caps []string) capRun {
 	for _, c := range caps {
 		set += ",+" + c
 	}
-	start := func(o Options) (stop func(), out *syncbuf.Buffer, err error) {
-		cmd := exec.Command("setpriv", "--inh-caps="+set, "--bounding-set="+set, "--",
-			filepath.Join(bin, "deviceplugin"), "--standalone", "--config", o.ConfigPath, "--netns", o.NetNS,
-			"--pin-dir", o.PinDir, "--state-dir", o.StateDir, "--alloc-dir", o.AllocDir, "--api-socket", o.APISocket, "--metrics-addr", "")
-		out = new(syncbuf.Buffer)
-		cmd.Stdout, cmd.Stderr = out, out
-		if err := cmd.Start(); err != nil {
-			return nil, out, err
-		}
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
-		stop = func() {
-			cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-exited:
-			case <-time.After(20 * time.Second):
-				cmd.Process.Kill()
-				<-exited
-			}
-		}
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			if s, err := api.NewClient(o.APISocket).Status(); err == nil && len(s.Pools) > 0 {
-				if s.ConfigError != "" || len(s.StateErrors) > 0 {
-					stop()
-					return nil, out, fmt.Errorf("status: %s %v\n%s", s.ConfigError, s.StateErrors, out)
-				}
-				return stop, out, nil
-			}
-			select {
-			case err := <-exited:
-				exited <- err
-				stop()
-				return nil, out, fmt.Errorf("exited: %v\n%s", err, out)
-			case <-time.After(20 * time.Millisecond):
-			}
-			if time.Now().After(deadline) {
-				stop()
-				return nil, out, fmt.Errorf("not ready in 20s\n%s", out)
-			}
-		}
-	}
-
-	stop, out, err := start(o)
+	d, err := startDaemonProcess(filepath.Join(bin, "deviceplugin"), o,
+		[]string{"setpriv", "--inh-caps=" + set, "--bounding-set=" + set, "--"}, "--metrics-addr", "")
 	if err != nil {
 		return capRun{step: "start", err: err}
 	}
-	defer stop()
+	defer d.stop()
 	c := api.NewClient(o.APISocket)
 	a, err := c.Alloc("q", 2, 65534)
 	if err != nil {
@@ -190,13 +146,13 @@ func runWithCaps(t *testing.T, bin string, caps []string) capRun {
 			if s != nil {
 				nd = s.Netdevs
 			}
-			return capRun{step: "the pod's lease", err: fmt.Errorf("not active (pod: %q); netdevs %+v; the daemon says: %s", strings.TrimSpace(stderr.String()), nd, problem(out.String()))}
+			return capRun{step: "the pod's lease", err: fmt.Errorf("not active (pod: %q); netdevs %+v; the daemon says: %s", strings.TrimSpace(stderr.String()), nd, problem(d.out.String()))}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	sendFrames(t, pair, 300)
 	if err := perf.Wait(); err != nil {
-		return capRun{step: "the pod's lease", err: fmt.Errorf("xdpqperf: %v\n%s\ndaemon: %s", err, stderr.String(), out)}
+		return capRun{step: "the pod's lease", err: fmt.Errorf("xdpqperf: %v\n%s\ndaemon: %s", err, stderr.String(), d.out)}
 	}
 	totals := map[uint32]int{}
 	sc := bufio.NewScanner(&stdout)
@@ -229,7 +185,7 @@ func runWithCaps(t *testing.T, bin string, caps []string) capRun {
 			break
 		}
 		if time.Now().After(deadline) {
-			return capRun{step: "reload to a netdev pool", err: fmt.Errorf("status %+v %v\n%s", s, err, out)}
+			return capRun{step: "reload to a netdev pool", err: fmt.Errorf("status %+v %v\n%s", s, err, d.out)}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -241,18 +197,18 @@ func runWithCaps(t *testing.T, bin string, caps []string) capRun {
 		return capRun{step: "CNI ADD (netdev pool)", err: err}
 	}
 	if err := dpdkHandshake(t, nd.Socket, pod, pair); err != nil {
-		return capRun{step: "DPDK in the pod", err: fmt.Errorf("%w\n%s", err, out)}
+		return capRun{step: "DPDK in the pod", err: fmt.Errorf("%w\n%s", err, d.out)}
 	}
 	if err := c.CNIDel("c2", "net1"); err != nil {
 		return capRun{step: "CNI DEL (netdev pool)", err: err}
 	}
 	if s, err := c.Status(); err != nil || s.ConfigError != "" || len(s.StateErrors) > 0 {
-		return capRun{step: "status at the end", err: fmt.Errorf("%+v %v\n%s", s, err, out)}
+		return capRun{step: "status at the end", err: fmt.Errorf("%+v %v\n%s", s, err, d.out)}
 	}
-	if l := problem(out.String()); l != "" {
+	if l := problem(d.out.String()); l != "" {
 		return capRun{step: "the daemon's log", err: errors.New(l)}
 	}
-	return capRun{log: out.String()}
+	return capRun{log: d.out.String()}
 }
 
 // problem returns the first warning or error of a daemon's log, "" if

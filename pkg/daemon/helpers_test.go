@@ -2,14 +2,21 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
+	"slices"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 
+	"github.com/xdpq/xdpq/internal/syncbuf"
+	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
 
@@ -82,4 +89,60 @@ func newPodNS(t testing.TB) ns.NetNS {
 		}
 	})
 	return pod
+}
+
+// daemonProcess is the daemon's binary running as a process of its own.
+type daemonProcess struct {
+	pid  int             // the daemon's (a wrapper execs it)
+	out  *syncbuf.Buffer // its standard output and error
+	stop func()          // SIGTERM, then SIGKILL after 20 s; waits
+}
+
+// startDaemonProcess runs the daemon's binary bin standalone on o's
+// config, netns and directories, behind wrap (a command that execs the
+// rest, such as setpriv or prlimit; nil for none), with extra flags. It
+// returns once the API answers with the config's pools, or an error with
+// the daemon's output: it exited, it reports a config or state error, or
+// it was not ready in 20 s.
+func startDaemonProcess(bin string, o Options, wrap []string, extra ...string) (*daemonProcess, error) {
+	args := append(slices.Clone(wrap), bin, "--standalone", "--config", o.ConfigPath, "--netns", o.NetNS,
+		"--pin-dir", o.PinDir, "--state-dir", o.StateDir, "--alloc-dir", o.AllocDir, "--api-socket", o.APISocket)
+	cmd := exec.Command(args[0], append(args[1:], extra...)...)
+	out := new(syncbuf.Buffer)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stop := func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if s, err := api.NewClient(o.APISocket).Status(); err == nil && len(s.Pools) > 0 {
+			if s.ConfigError != "" || len(s.StateErrors) > 0 {
+				stop()
+				return nil, fmt.Errorf("status: %s %v\n%s", s.ConfigError, s.StateErrors, out)
+			}
+			return &daemonProcess{pid: cmd.Process.Pid, out: out, stop: stop}, nil
+		}
+		select {
+		case err := <-exited:
+			exited <- err
+			stop()
+			return nil, fmt.Errorf("exited: %v\n%s", err, out)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return nil, fmt.Errorf("not ready in 20s\n%s", out)
+		}
+	}
 }

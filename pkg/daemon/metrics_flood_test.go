@@ -10,11 +10,9 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/xdpq/xdpq/internal/syncbuf"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 )
@@ -47,47 +45,21 @@ func TestMetricsFlood(t *testing.T) {
 	ln.Close()
 
 	const nofile = 1024
-	cmd := exec.Command(prlimit, fmt.Sprintf("--nofile=%d:%d", nofile, nofile), "--",
-		filepath.Join(bin, "deviceplugin"), "--standalone", "--config", o.ConfigPath, "--netns", o.NetNS,
-		"--pin-dir", o.PinDir, "--state-dir", o.StateDir, "--alloc-dir", o.AllocDir, "--api-socket", o.APISocket,
-		"--metrics-addr", addr)
-	out := new(syncbuf.Buffer)
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
+	d, err := startDaemonProcess(filepath.Join(bin, "deviceplugin"), o,
+		[]string{prlimit, fmt.Sprintf("--nofile=%d:%d", nofile, nofile), "--"}, "--metrics-addr", addr)
+	if err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(20 * time.Second):
-			cmd.Process.Kill()
-			<-exited
-		}
+		d.stop()
 		if t.Failed() {
-			t.Logf("daemon's log:\n%s", out)
+			t.Logf("daemon's log:\n%s", d.out)
 		}
 	})
 	c := api.NewClient(o.APISocket)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if s, err := c.Status(); err == nil && len(s.Pools) > 0 {
-			break
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("daemon exited: %v\n%s", err, out)
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("daemon not ready in 20s\n%s", out)
-		}
-	}
 	// The process prlimit started is the daemon (prlimit execs it).
 	fds := func() int {
-		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", cmd.Process.Pid))
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", d.pid))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -155,8 +127,8 @@ func TestMetricsFlood(t *testing.T) {
 	if err := c.Free(a.ID); err != nil {
 		t.Fatalf("free under the flood: %v", err)
 	}
-	if strings.Contains(out.String(), "too many open files") {
-		t.Errorf("the daemon ran out of descriptors:\n%s", out)
+	if strings.Contains(d.out.String(), "too many open files") {
+		t.Errorf("the daemon ran out of descriptors:\n%s", d.out)
 	}
 
 	// The flood goes: a scrape is answered.
@@ -165,7 +137,7 @@ func TestMetricsFlood(t *testing.T) {
 	}
 	conns = nil
 	hc := &http.Client{Timeout: 5 * time.Second}
-	deadline = time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		resp, err := hc.Get("http://" + addr + "/metrics")
 		if err == nil {
