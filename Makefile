@@ -95,13 +95,12 @@ e2e-tests:
 
 # The cluster's binaries alone (into $$XDPQ_E2E_CACHE); .ci/run builds them
 # in the background while the other checks run: first the node's
-# (E2E_NODE_BINARIES, which every e2e test needs; e2e-node-binaries),
-# then Prometheus, which only one scenario's last steps need.
-E2E_NODE_BINARIES := etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl helm containerd containerd-shim-runc-v2 ctr
+# (kubebin -node: every e2e test needs them; e2e-node-binaries), then
+# Prometheus, which only one scenario's last steps need.
 e2e-binaries:
 	cd test/e2e && $(STATIC) $(GO) run ./cmd/kubebin >/dev/null
 e2e-node-binaries:
-	cd test/e2e && $(STATIC) $(GO) run ./cmd/kubebin $(E2E_NODE_BINARIES) >/dev/null
+	cd test/e2e && $(STATIC) $(GO) run ./cmd/kubebin -node >/dev/null
 
 # Receive rates side by side on one veth pair (a table: XDP_DROP, pkg/xsk,
 # DPDK, and pods through the daemon's broker, xdpqperf and the C client's

@@ -133,8 +133,13 @@ func kubeVersion(v string) []string {
 }
 
 // All returns the names of every binary Ensure can build.
-func All() []string {
-	return []string{Etcd, KubeAPIServer, KubeControllerManager, KubeScheduler, Kubelet, Kubectl, Helm, Containerd, ContainerdShim, Ctr, Prometheus}
+func All() []string { return append(Node(), Prometheus) }
+
+// Node returns the names of the binaries every e2e test's node needs: all
+// but Prometheus, which only the scenario that scrapes needs (it builds it
+// or waits for another process's build).
+func Node() []string {
+	return []string{Etcd, KubeAPIServer, KubeControllerManager, KubeScheduler, Kubelet, Kubectl, Helm, Containerd, ContainerdShim, Ctr}
 }
 
 // Options configure Ensure. The zero value builds with the go command

@@ -18,13 +18,21 @@ import (
 )
 
 func main() {
+	node := flag.Bool("node", false, fmt.Sprintf("build the node's binaries only: %v", kubebin.Node()))
 	flag.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: kubebin [name ...]\n\nBuilds into %s ($%s) the named binaries, all by default: %v\n",
+		fmt.Fprintf(os.Stderr, "usage: kubebin [-node] [name ...]\n\nBuilds into %s ($%s) the named binaries, all by default: %v\n",
 			kubebin.CacheDir(), kubebin.CacheEnv, kubebin.All())
+		flag.PrintDefaults()
 	}
 	flag.Parse()
 	names := flag.Args()
-	if len(names) == 0 {
+	switch {
+	case *node && len(names) > 0:
+		fmt.Fprintln(os.Stderr, "kubebin: -node or names, not both")
+		os.Exit(2)
+	case *node:
+		names = kubebin.Node()
+	case len(names) == 0:
 		names = kubebin.All()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
