@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/xdpq/xdpq/internal/testbin"
 )
 
 // BenchmarkExecCPU: the CPU (user and system) one exec of the plugin
@@ -21,9 +23,7 @@ func BenchmarkExecCPU(b *testing.B) {
 		{"xdpq", "."},
 	}
 	for _, bin := range bins {
-		if out, err := exec.Command("go", "build", "-o", filepath.Join(dir, bin.name), bin.pkg).CombinedOutput(); err != nil {
-			b.Fatalf("build %s: %v\n%s", bin.pkg, err, out)
-		}
+		testbin.Build(b, filepath.Join(dir, bin.name), bin.pkg)
 	}
 	cpu := make([]time.Duration, len(bins))
 	b.ResetTimer()

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xdpq/xdpq/internal/testbin"
 	"github.com/xdpq/xdpq/internal/testnet"
 )
 
@@ -27,9 +28,7 @@ func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
 func TestInterrupt(t *testing.T) {
 	testnet.RequireRoot(t)
 	bin := filepath.Join(t.TempDir(), "xdpqbench")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	testbin.Build(t, bin, ".")
 	// A deadline, so that a run that stalls fails the test instead of
 	// hanging it; and killed at the end whatever happens, so that it
 	// cannot outlive the test (and die of SIGPIPE, leaving its netns).

@@ -17,6 +17,7 @@ import (
 	"github.com/xdpq/xdpq/internal/frame"
 	"github.com/xdpq/xdpq/internal/node"
 	"github.com/xdpq/xdpq/internal/syncbuf"
+	"github.com/xdpq/xdpq/internal/testbin"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/client"
 )
@@ -26,9 +27,7 @@ func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }
 func build(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "xdpqperf")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	testbin.Build(t, bin, ".")
 	return bin
 }
 

@@ -24,6 +24,7 @@ import (
 
 	"github.com/xdpq/xdpq/internal/handover"
 	"github.com/xdpq/xdpq/internal/perf"
+	"github.com/xdpq/xdpq/internal/testbin"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/client"
@@ -61,8 +62,8 @@ func BuildPods(dir, cc string) (Pods, error) {
 		return p, fmt.Errorf("find the module's directory (go list -m): %w; run it in xdpq's source tree with go in root's PATH (make bench does), or pass -pods=false to leave out the pod rows", err)
 	}
 	perf := filepath.Join(dir, "xdpqperf")
-	if out, err := exec.Command("go", "build", "-o", perf, "github.com/xdpq/xdpq/cmd/xdpqperf").CombinedOutput(); err != nil {
-		return p, fmt.Errorf("build xdpqperf: %w\n%s", err, out)
+	if err := testbin.Run(perf, "github.com/xdpq/xdpq/cmd/xdpqperf"); err != nil {
+		return p, err
 	}
 	p.Perf = perf
 	if cc == "" {

@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/xdpq/xdpq/internal/testbin"
 	"github.com/xdpq/xdpq/internal/testnet"
 )
 
@@ -30,9 +30,7 @@ func TestDemo(t *testing.T) {
 		filepath.Join(bin.CNIDir, "xdpq"):       "github.com/xdpq/xdpq/cmd/cni",
 		filepath.Join(bin.CNIDir, "host-local"): "github.com/containernetworking/plugins/plugins/ipam/host-local",
 	} {
-		if b, err := exec.Command("go", "build", "-o", out, pkg).CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", pkg, err, b)
-		}
+		testbin.Build(t, out, pkg)
 	}
 	var out bytes.Buffer
 	if err := Run(context.Background(), &out, bin, 4); err != nil {

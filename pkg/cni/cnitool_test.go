@@ -18,6 +18,7 @@ import (
 
 	"github.com/xdpq/xdpq/internal/frame"
 	"github.com/xdpq/xdpq/internal/handover"
+	"github.com/xdpq/xdpq/internal/testbin"
 	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/xsk"
@@ -38,9 +39,7 @@ type cnitool struct {
 func build(t testing.TB, dir string, pkgs map[string]string) {
 	t.Helper()
 	for name, pkg := range pkgs {
-		if out, err := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg).CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", pkg, err, out)
-		}
+		testbin.Build(t, filepath.Join(dir, name), pkg)
 	}
 }
 

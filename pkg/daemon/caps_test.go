@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/testutils"
 
 	"github.com/xdpq/xdpq/internal/handover"
+	"github.com/xdpq/xdpq/internal/testbin"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 )
@@ -44,9 +44,7 @@ func TestCapabilities(t *testing.T) {
 	testnet.RequireTool(t, "util-linux", "setpriv")
 	bin := t.TempDir()
 	for _, c := range []string{"deviceplugin", "xdpqperf"} {
-		if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, c), "github.com/xdpq/xdpq/cmd/"+c).CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", c, err, out)
-		}
+		testbin.Build(t, filepath.Join(bin, c), "github.com/xdpq/xdpq/cmd/"+c)
 	}
 	all := make([]string, 0, len(Capabilities))
 	for c := range Capabilities {

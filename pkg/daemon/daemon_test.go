@@ -14,6 +14,7 @@ import (
 
 	"github.com/xdpq/xdpq/internal/frame"
 	"github.com/xdpq/xdpq/internal/handover"
+	"github.com/xdpq/xdpq/internal/testbin"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/api"
@@ -37,9 +38,7 @@ func TestStandalone(t *testing.T) {
 	dir := t.TempDir()
 	bin := t.TempDir()
 	for _, c := range []string{"xdpqctl", "xdpqperf"} {
-		if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, c), "github.com/xdpq/xdpq/cmd/"+c).CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", c, err, out)
-		}
+		testbin.Build(t, filepath.Join(bin, c), "github.com/xdpq/xdpq/cmd/"+c)
 	}
 	cfgPath := filepath.Join(dir, "config.yaml")
 	os.WriteFile(cfgPath, []byte("pools: [{name: demo, steering: hardware, devices: {netdevs: ['xa#0-1']}}]\n"), 0o644)

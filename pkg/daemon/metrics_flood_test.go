@@ -6,13 +6,13 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/xdpq/xdpq/internal/testbin"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 )
@@ -31,9 +31,7 @@ func TestMetricsFlood(t *testing.T) {
 	testnet.RequireRoot(t)
 	prlimit := testnet.RequireTool(t, "util-linux", "prlimit")
 	bin := t.TempDir()
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/xdpq/xdpq/cmd/deviceplugin").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	testbin.Build(t, filepath.Join(bin, "deviceplugin"), "github.com/xdpq/xdpq/cmd/deviceplugin")
 	p := testnet.NewPair(t, 2)
 	o := standaloneOpts(t, p, t.TempDir(), testPins(t), "pools: [{name: q, steering: software, devices: {netdevs: ['xa#0-1']}}]\n")
 	// A free port for the metrics address: the daemon's flag takes an

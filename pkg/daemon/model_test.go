@@ -20,6 +20,7 @@ import (
 
 	"github.com/xdpq/xdpq/internal/syncbuf"
 
+	"github.com/xdpq/xdpq/internal/testbin"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/broker"
@@ -226,9 +227,7 @@ func (p *daemonProc) fdsNow() []string {
 func TestModel(t *testing.T) {
 	p := testnet.NewPair(t, 4)
 	bin := t.TempDir()
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/xdpq/xdpq/cmd/deviceplugin").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	testbin.Build(t, filepath.Join(bin, "deviceplugin"), "github.com/xdpq/xdpq/cmd/deviceplugin")
 	seqs, first := 200, uint64(1)
 	if s, err := strconv.ParseUint(os.Getenv("XDPQ_MODEL_SEED"), 10, 64); err == nil {
 		first, seqs = s, 1

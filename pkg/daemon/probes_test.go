@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/xdpq/xdpq/internal/syncbuf"
+	"github.com/xdpq/xdpq/internal/testbin"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/api"
@@ -42,9 +43,7 @@ func TestAPISocketUnusable(t *testing.T) {
 	p := testnet.NewPair(t, 2)
 	pins := testPins(t)
 	bin := t.TempDir()
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/xdpq/xdpq/cmd/deviceplugin").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	testbin.Build(t, filepath.Join(bin, "deviceplugin"), "github.com/xdpq/xdpq/cmd/deviceplugin")
 	for name, setup := range map[string]func(path string){
 		"a file":              func(path string) { os.WriteFile(path, []byte("keep me"), 0o644) },
 		"an empty directory":  func(path string) { os.Mkdir(path, 0o755) },
@@ -387,9 +386,7 @@ func TestFDLimit(t *testing.T) {
 	})
 	t.Run("hard limit too low", func(t *testing.T) {
 		bin := t.TempDir()
-		if out, err := exec.Command("go", "build", "-o", bin, "github.com/xdpq/xdpq/cmd/deviceplugin").CombinedOutput(); err != nil {
-			t.Fatalf("build: %v\n%s", err, out)
-		}
+		testbin.Build(t, filepath.Join(bin, "deviceplugin"), "github.com/xdpq/xdpq/cmd/deviceplugin")
 		o := standaloneOpts(t, p, t.TempDir(), testPins(t), config)
 		cmd := exec.Command("prlimit", "--nofile=1050:5000", "--", filepath.Join(bin, "deviceplugin"), "--standalone", "--config", o.ConfigPath,
 			"--netns", o.NetNS, "--pin-dir", o.PinDir, "--state-dir", o.StateDir, "--alloc-dir", o.AllocDir, "--api-socket", o.APISocket)

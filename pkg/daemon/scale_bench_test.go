@@ -38,6 +38,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/xdpq/xdpq/internal/kubelettest"
+	"github.com/xdpq/xdpq/internal/testbin"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/cni"
@@ -215,10 +216,7 @@ func buildScaleBins(b *testing.B) scaleBins {
 	dir := b.TempDir()
 	bins := scaleBins{daemon: filepath.Join(dir, "deviceplugin"), cni: filepath.Join(dir, "xdpq")}
 	for bin, pkg := range map[string]string{bins.daemon: "./cmd/deviceplugin", bins.cni: "./cmd/cni"} {
-		cmd := exec.Command("go", "build", "-o", bin, "github.com/xdpq/xdpq/"+strings.TrimPrefix(pkg, "./"))
-		if out, err := cmd.CombinedOutput(); err != nil {
-			b.Fatalf("build %s: %v\n%s", pkg, err, out)
-		}
+		testbin.Build(b, bin, "github.com/xdpq/xdpq/"+strings.TrimPrefix(pkg, "./"))
 	}
 	return bins
 }

@@ -1,0 +1,45 @@
+// Package testbin builds the repository's commands for the tests that
+// run them as processes, the way the image is built (make image): static
+// (CGO_ENABLED=0) and -trimpath. A plain `go build` in a test compiles
+// every dependency once more, with cgo and the source's paths, for no
+// other use: on a machine with an empty build cache that was minutes of
+// its CPUs, since a dozen tests' builds shared nothing with the image's,
+// the e2e module's or lint's. Built as the image is, a test's build
+// reuses what those compiled, and the tests run the binaries a node
+// runs.
+package testbin
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+)
+
+// Build builds the main package pkg (an import path, or a directory
+// such as ".") into the file out, as Command does, and fails the test if
+// the build fails.
+func Build(tb testing.TB, out, pkg string) {
+	tb.Helper()
+	if b, err := Command(out, pkg).CombinedOutput(); err != nil {
+		tb.Fatalf("build %s: %v\n%s", pkg, err, b)
+	}
+}
+
+// Command returns the go command that builds the main package pkg into
+// the file out, static and -trimpath (the go command on PATH, in the
+// current directory), for callers that are not tests (internal/bench).
+func Command(out, pkg string) *exec.Cmd {
+	cmd := exec.Command("go", "build", "-trimpath", "-o", out, pkg)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	return cmd
+}
+
+// Run runs the build of Command and returns an error that carries the
+// go command's output.
+func Run(out, pkg string) error {
+	if b, err := Command(out, pkg).CombinedOutput(); err != nil {
+		return fmt.Errorf("build %s: %w\n%s", pkg, err, b)
+	}
+	return nil
+}
