@@ -1,13 +1,16 @@
 package e2e_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/xdpq/xdpq/internal/promtest"
+	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/test/e2e/cluster"
 	"github.com/xdpq/xdpq/test/e2e/kubebin"
 )
@@ -52,16 +56,28 @@ type serviceMonitor struct {
 // discovery names it in its meta labels.
 var labelName = regexp.MustCompile(`[^a-zA-Z0-9_]`)
 
+// kubernetesSD is the kubernetes_sd_configs entry the Prometheus
+// operator generates for sm's endpoints (pkg/prometheus/promcfg.go, with
+// EndpointSlice discovery): the EndpointSlices of sm's namespaces,
+// through the API server at api, with a CA file and a bearer token file.
+func kubernetesSD(sm serviceMonitor, api, caFile, tokenFile string) ([]byte, error) {
+	return yaml.Marshal(map[string]any{
+		"role":          "endpointslice",
+		"api_server":    api,
+		"tls_config":    map[string]any{"ca_file": caFile},
+		"authorization": map[string]any{"credentials_file": tokenFile},
+		"namespaces":    map[string]any{"names": sm.Spec.NamespaceSelector.MatchNames},
+	})
+}
+
 // scrapeConfigs is the scrape config the Prometheus operator generates
-// for sm (pkg/prometheus/promcfg.go, generateServiceMonitorConfig, with
-// EndpointSlice discovery): discovery of the selected Services'
-// EndpointSlices in sm's namespaces through the API server at api; keep
-// the Services with sm's labels and the endpoints of its port; the
-// target labels the operator sets (namespace, service, pod, container,
-// node or pod of the address' target, job as the Service's name,
-// endpoint as the port's); then sm's own relabelings. auth is the
-// discovery's: a CA file and a bearer token file.
-func scrapeConfigs(sm serviceMonitor, api, caFile, tokenFile string) (string, error) {
+// for sm (pkg/prometheus/promcfg.go, generateServiceMonitorConfig): the
+// targets of kubernetesSD's discovery, which kubesd writes to the file_sd
+// file targets; keep the Services with sm's labels and the endpoints of
+// its port; the target labels the operator sets (namespace, service,
+// pod, container, node or pod of the address' target, job as the
+// Service's name, endpoint as the port's); then sm's own relabelings.
+func scrapeConfigs(sm serviceMonitor, targets string) (string, error) {
 	var jobs []map[string]any
 	for i, ep := range sm.Spec.Endpoints {
 		var relabel []map[string]any
@@ -108,13 +124,7 @@ func scrapeConfigs(sm serviceMonitor, api, caFile, tokenFile string) (string, er
 			"scrape_interval": ep.Interval,
 			"scrape_timeout":  ep.ScrapeTimeout,
 			"metrics_path":    ep.Path,
-			"kubernetes_sd_configs": []map[string]any{{
-				"role":          "endpointslice",
-				"api_server":    api,
-				"tls_config":    map[string]any{"ca_file": caFile},
-				"authorization": map[string]any{"credentials_file": tokenFile},
-				"namespaces":    map[string]any{"names": sm.Spec.NamespaceSelector.MatchNames},
-			}},
+			"file_sd_configs": []map[string]any{{"files": []string{targets}}},
 			"relabel_configs": relabel,
 		})
 	}
@@ -129,7 +139,11 @@ func scrapeConfigs(sm serviceMonitor, api, caFile, tokenFile string) (string, er
 // the node's daemon as the Prometheus operator would from the chart's
 // ServiceMonitor (rendered with a 1s interval): through the chart's
 // metrics Service's EndpointSlice, discovered with a ServiceAccount
-// token whose ClusterRole allows only what discovery reads. While frames
+// token whose ClusterRole allows only what discovery reads. Debian's
+// Prometheus server is built without Kubernetes discovery: Prometheus's
+// own (kubesd, kubebin's) discovers and hands the targets, with their
+// meta labels, to the server's file discovery; the server relabels,
+// scrapes and answers the queries. While frames
 // flow to pod's queues, the target carries the labels the dashboard and
 // the alerts expect (job, node); events makes what the panels of
 // latencies show happen while Prometheus scrapes. Every panel of the chart's
@@ -139,9 +153,8 @@ func scrapeConfigs(sm serviceMonitor, api, caFile, tokenFile string) (string, er
 // would put there.
 func checkPrometheusThroughService(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, node, ns string, pod *perfRun, events func(t *testing.T)) {
 	t.Helper()
-	// Debian's Prometheus has no Kubernetes service discovery: kubebin
-	// builds one that has.
-	bins, err := kubebin.Ensure(ctx, kubebin.Options{}, kubebin.Prometheus)
+	promBin := testnet.RequireTool(t, "prometheus", "prometheus")
+	bins, err := kubebin.Ensure(ctx, kubebin.Options{}, kubebin.KubeSD)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,15 +200,25 @@ func checkPrometheusThroughService(ctx context.Context, t *testing.T, cp *cluste
 	if err != nil {
 		t.Fatal(err)
 	}
-	tokenFile := filepath.Join(t.TempDir(), "token")
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
 	if err := os.WriteFile(tokenFile, []byte(tok.Status.Token), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := scrapeConfigs(sm, cp.URL, cp.CAFile, tokenFile)
+	sd, err := kubernetesSD(sm, cp.URL, cp.CAFile, tokenFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	prom := promtest.Start(t, bins[kubebin.Prometheus], promtest.Config{ScrapeConfigs: cfg})
+	sdFile, targetsFile := filepath.Join(dir, "kubernetes-sd.yaml"), filepath.Join(dir, "targets.json")
+	if err := os.WriteFile(sdFile, sd, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	startKubeSD(t, bins[kubebin.KubeSD], sdFile, targetsFile)
+	cfg, err := scrapeConfigs(sm, targetsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prom := promtest.Start(t, promBin, promtest.Config{ScrapeConfigs: cfg})
 	start := time.Now()
 	// The job the alerts name, the node the dashboard's variable lists.
 	prom.WaitFor(t, fmt.Sprintf(`up{job="xdpq-metrics", node=%q, service="xdpq-metrics", endpoint="metrics"} == 1`, node))
@@ -263,5 +286,38 @@ func checkPrometheusThroughService(ctx context.Context, t *testing.T, cp *cluste
 		"Re-attach latency":        "no operator's program takes the netdev's hook here",
 		"CNI latency":              "the pod's flows come from its annotation: no CNI call reaches the daemon",
 		"CNI operations by result": "the pod's flows come from its annotation: no CNI call reaches the daemon",
+	})
+}
+
+// startKubeSD runs kubesd, Prometheus's Kubernetes discovery, on the
+// kubernetes_sd_configs entry in config, writing the targets it finds to
+// the file_sd file targets, until the test ends; its output goes to the
+// test's log when the test fails.
+func startKubeSD(t *testing.T, bin, config, targets string) {
+	t.Helper()
+	var out bytes.Buffer
+	cmd := exec.Command(bin, "-config", config, "-output", targets)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM) // it may have exited already: Wait says
+		var err error
+		select {
+		case err = <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill() // stuck: its exit is what matters
+			err = <-exited
+		}
+		if err != nil || t.Failed() {
+			b, rerr := os.ReadFile(targets)
+			t.Logf("kubesd (%v):\n%s\nits targets (%v):\n%s", err, out.Bytes(), rerr, b)
+		}
+		if err != nil {
+			t.Errorf("kubesd exited: %v", err)
+		}
 	})
 }

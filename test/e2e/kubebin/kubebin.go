@@ -4,7 +4,9 @@
 // repository.
 //
 // A cached binary is named <name>-<module version>-<go version>, so a
-// change of either builds it again and never reuses a stale one. A
+// change of either builds it again and never reuses a stale one (a
+// program of the repository's own, kubesd, has a hash of its files
+// beside its module's version). A
 // binary is built under a temporary name in the cache directory and
 // renamed into place: a killed build leaves no half-written binary
 // under a cached name (its temporary file is removed by the next
@@ -21,6 +23,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -49,10 +53,11 @@ const (
 	Containerd     = "containerd"
 	ContainerdShim = "containerd-shim-runc-v2"
 	Ctr            = "ctr"
-	// A Prometheus server with Kubernetes service discovery, which
-	// Debian's package lacks: the e2e scrapes the daemons as the chart's
-	// ServiceMonitor says.
-	Prometheus = "prometheus"
+	// Prometheus's Kubernetes service discovery, which Debian's
+	// Prometheus server lacks, as a program of its own that feeds the
+	// server's file discovery (kubebin/kubesd): the e2e scrapes the
+	// daemons as the chart's ServiceMonitor says.
+	KubeSD = "kubesd"
 )
 
 // DefaultCacheDir is where binaries are cached unless XDPQ_E2E_CACHE
@@ -72,6 +77,9 @@ type binary struct {
 	// dir is the module it is built in, relative to the e2e module's
 	// directory; "" is the e2e module.
 	dir string
+	// source: the program is dir's own code, so its cache key has a hash
+	// of dir's files beside module's version.
+	source bool
 	// tags are its build tags.
 	tags []string
 	// ldflags: -X settings of the version a program reports (an ad-hoc
@@ -98,12 +106,11 @@ func binaries() map[string]binary {
 		Containerd:     containerd("github.com/containerd/containerd/v2/cmd/containerd"),
 		ContainerdShim: containerd("github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"),
 		Ctr:            containerd("github.com/containerd/containerd/v2/cmd/ctr"),
-		// In a module of its own (kubebin/prometheus), as containerd,
-		// with Kubernetes discovery its only one (Prometheus's own build
-		// tags): the cloud providers' SDKs are most of its build.
-		Prometheus: {pkg: "github.com/prometheus/prometheus/cmd/prometheus", module: "github.com/prometheus/prometheus", dir: "kubebin/prometheus",
-			tags:    []string{"remove_all_sd", "enable_kubernetes_sd"},
-			ldflags: func(v string) []string { return []string{"-X", "github.com/prometheus/common/version.Version=" + v} }},
+		// In a module of its own, as containerd; a few of Prometheus's
+		// packages and client-go, where a whole Prometheus server built
+		// with Kubernetes discovery only took 4 minutes of a cold 2-core
+		// machine.
+		KubeSD: {pkg: ".", module: "github.com/prometheus/prometheus", dir: "kubebin/kubesd", source: true},
 	}
 }
 
@@ -133,10 +140,10 @@ func kubeVersion(v string) []string {
 }
 
 // All returns the names of every binary Ensure can build.
-func All() []string { return append(Node(), Prometheus) }
+func All() []string { return append(Node(), KubeSD) }
 
 // Node returns the names of the binaries every e2e test's node needs: all
-// but Prometheus, which only the scenario that scrapes needs (it builds it
+// but kubesd, which only the scenario that scrapes needs (it builds it
 // or waits for another process's build).
 func Node() []string {
 	return []string{Etcd, KubeAPIServer, KubeControllerManager, KubeScheduler, Kubelet, Kubectl, Helm, Containerd, ContainerdShim, Ctr}
@@ -198,9 +205,18 @@ func ensure(ctx context.Context, opts Options, all map[string]binary, names []st
 		return nil, err
 	}
 	paths := make(Paths, len(names))
+	keys := make(map[string]string, len(names))
 	var missing []string
 	for _, n := range names {
-		paths[n] = filepath.Join(opts.Dir, fmt.Sprintf("%s-%s-%s", n, versions[all[n].module], goVersion))
+		keys[n] = versions[all[n].module]
+		if all[n].source {
+			h, err := sourceHash(all[n].dir)
+			if err != nil {
+				return nil, err
+			}
+			keys[n] += "-" + h
+		}
+		paths[n] = filepath.Join(opts.Dir, fmt.Sprintf("%s-%s-%s", n, keys[n], goVersion))
 		if !executable(paths[n]) {
 			missing = append(missing, n)
 		}
@@ -212,7 +228,7 @@ func ensure(ctx context.Context, opts Options, all map[string]binary, names []st
 	start := time.Now()
 	built := 0
 	for _, n := range missing {
-		ok, err := buildLocked(ctx, opts, n, all[n], versions[all[n].module], paths[n])
+		ok, err := buildLocked(ctx, opts, n, all[n], keys[n], paths[n])
 		if err != nil {
 			return nil, err
 		}
@@ -284,6 +300,29 @@ func moduleVersions(ctx context.Context, opts Options, names []string, all map[s
 		}
 	}
 	return goVersion, versions, nil
+}
+
+// sourceHash returns a short hash of the files of the module in dir
+// (not of its subdirectories): its go.mod, go.sum and Go files.
+func sourceHash(dir string) (string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "", fmt.Errorf("kubebin: %w", err)
+	}
+	h := sha256.New()
+	for _, e := range entries {
+		n := e.Name()
+		if !e.Type().IsRegular() || n != "go.mod" && n != "go.sum" && !strings.HasSuffix(n, ".go") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, n))
+		if err != nil {
+			return "", fmt.Errorf("kubebin: %w", err)
+		}
+		h.Write(fmt.Appendf(nil, "%s %d\n", n, len(b)))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:12], nil
 }
 
 // buildLocked builds b into dst under dst's lock, unless another

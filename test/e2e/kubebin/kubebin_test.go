@@ -162,3 +162,41 @@ func assertOnly(t *testing.T, dir string, names ...string) {
 		t.Errorf("cache holds %q, want %q", got, names)
 	}
 }
+
+// TestSourceHash: a program of the repository's own (kubesd) is cached
+// under a hash of its module's files, which changes with any of its Go
+// files, go.mod or go.sum, and not with another file.
+func TestSourceHash(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hash := func() string {
+		t.Helper()
+		h, err := sourceHash(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	write("go.mod", "module example.com/x\n")
+	write("main.go", "package main\n\nfunc main() {}\n")
+	first := hash()
+	write("README", "not source")
+	if h := hash(); h != first {
+		t.Fatalf("hash %s after a README was added, want %s", h, first)
+	}
+	for _, f := range []string{"main.go", "go.mod", "go.sum"} {
+		before := hash()
+		write(f, "changed\n")
+		if h := hash(); h == before {
+			t.Fatalf("hash %s unchanged after %s changed", h, f)
+		}
+	}
+	if _, err := sourceHash(filepath.Join(dir, "missing")); err == nil {
+		t.Fatal("hash of a missing directory: no error")
+	}
+}
