@@ -210,6 +210,8 @@ type netdev struct {
 	status    Status
 	busy      bool // a token holder is changing the netdev
 	stale     bool // a reconcile was skipped while busy
+	// lock makes this agent the only one on the netdev (netdevLock).
+	lock *netdevLock
 	// reattach times the re-attaches of xdpq's program after a foreign
 	// one left, for metrics.
 	reattach histogram
@@ -471,6 +473,7 @@ func (a *Agent) Close() error {
 		}
 		d.setRunning(nil)
 		errs = append(errs, d.prog.Close())
+		d.lock.release()
 	}
 	if own != nil {
 		errs = append(errs, own.Close())
@@ -728,6 +731,10 @@ func (a *Agent) reconcile(d *netdev) {
 		st.State, st.Mode, st.Program, st.Foreign = StateOverridden, att.Mode, att.ID, att.Name
 		st.Reason = fmt.Sprintf("foreign program %q (id %d) has precedence; xsks pinned at %s", att.Name, att.ID, filepath.Join(d.pins, "xsks"))
 	case want:
+		// xdpq takes its program off only through detachOurs (and a
+		// re-created netdev drops it), which forget it: one still running
+		// here was taken off by someone else.
+		behindItsBack := d.running != nil
 		mode, err := a.attach(d)
 		if errors.Is(err, xdp.ErrOccupied) {
 			// A program appeared since the query; its notification follows.
@@ -744,6 +751,10 @@ func (a *Agent) reconcile(d *netdev) {
 		id, _ := info.ID()
 		st.State, st.Mode, st.Program = state, mode, id
 		reattached = prev.State == StateOverridden
+		if behindItsBack {
+			a.log.Warn("xdpq's program was taken off the netdev behind its back: attached again", "netdev", d.name,
+				"program", id, "mode", mode)
+		}
 	default:
 		st.State, st.Reason = StateNone, "no socket bound"
 	}

@@ -163,8 +163,20 @@ func (a *Agent) manage(name string, p Policy) (*netdev, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Before anything of the netdev is touched: another daemon's program,
+	// pins and flows are not this one's to take.
+	lk, err := lockNetdev(a.cfg.NetNS, name)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			lk.release()
+		}
+	}()
 	queues := l.Attrs().NumRxQueues
-	d := &netdev{name: name, ifindex: l.Attrs().Index, queues: queues, policy: p,
+	d := &netdev{name: name, ifindex: l.Attrs().Index, queues: queues, policy: p, lock: lk,
 		pins: filepath.Join(a.cfg.PinDir, name), sockets: map[uint32]uint64{}, orphans: map[uint32]bool{}}
 	steer, err := a.resolveSteering(name, p.Steering)
 	if err != nil {
@@ -176,7 +188,6 @@ func (a *Agent) manage(name string, p Policy) (*netdev, error) {
 	if err != nil {
 		return nil, err
 	}
-	ok := false
 	defer func() {
 		if !ok {
 			_ = d.prog.Close() // not managed: its pinned maps stay for the next try
@@ -663,6 +674,7 @@ func (a *Agent) Unmanage(name string) error {
 		errs = append(errs, fmt.Errorf("busy poll: %w", err))
 	}
 	errs = append(errs, d.detachOurs(a.cfg.Hook, a.cfg.NetNS, d.status.Mode), d.prog.Unpin(), d.prog.Close(), os.Remove(d.pins))
+	d.lock.release()
 	a.mu.Lock()
 	delete(a.netdevs, name)
 	a.idle.Broadcast()

@@ -398,6 +398,80 @@ func (s *steering) verify(owner string) error {
 	return nil
 }
 
+// repair puts back, where xdpq put them, the owners' flows that are gone
+// from the NIC's rules or the filter's flow map (deleted behind xdpq's
+// back: an operator's ethtool or bpftool, another daemon), and returns
+// how many flows of each owner it put back. A rule of someone else at a
+// location of xdpq's range in an owner's place is replaced: the range is
+// xdpq's.
+func (s *steering) repair() (map[string]int, error) {
+	back := map[string]int{}
+	var errs []error
+	if s.mode == SteerHardware {
+		rules, err := s.dev.Rules(s.ifname)
+		if err != nil {
+			return nil, fmt.Errorf("read the rules of %s: %w", s.ifname, err)
+		}
+		at := map[uint32]ethtool.Rule{}
+		for _, r := range rules {
+			at[r.Location] = r
+		}
+		for _, owner := range slices.Sorted(maps.Keys(s.owners)) {
+			for _, in := range s.owners[owner] {
+				want, err := in.flow.rule(in.loc, in.ctx)
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				r, ok := at[in.loc]
+				if ok && ruleEqual(want, r) {
+					continue
+				}
+				if ok {
+					err = s.dev.DeleteRule(s.ifname, in.loc)
+				}
+				if err == nil {
+					err = s.dev.AddRule(s.ifname, want)
+				}
+				if err != nil {
+					errs = append(errs, fmt.Errorf("put back %s's flow %v at location %d of %s: %w", owner, in.flow, in.loc, s.ifname, err))
+					continue
+				}
+				back[owner]++
+			}
+		}
+		return back, errors.Join(errs...)
+	}
+	have, err := s.prog.Flows()
+	if err != nil {
+		return nil, fmt.Errorf("read the flow map of %s: %w", s.ifname, err)
+	}
+	for _, owner := range slices.Sorted(maps.Keys(s.owners)) {
+		for _, in := range s.owners[owner] {
+			sfs, err := in.flow.softFlows()
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			put := false
+			for _, sf := range sfs {
+				if _, ok := have[sf]; ok {
+					continue
+				}
+				if err := s.prog.AddFlow(sf, 1); err != nil {
+					errs = append(errs, fmt.Errorf("put back %s's flow %v in the flow map of %s: %w", owner, in.flow, s.ifname, err))
+					continue
+				}
+				put = true
+			}
+			if put {
+				back[owner]++
+			}
+		}
+	}
+	return back, errors.Join(errs...)
+}
+
 // removeOwner removes every flow of owner; an unknown owner is no error.
 func (s *steering) removeOwner(owner string) error {
 	var errs []error
@@ -731,6 +805,24 @@ func (a *Agent) Unsteer(name, owner string) error {
 // map, that every flow of the owner is installed on the netdev.
 func (a *Agent) VerifySteering(name, owner string) error {
 	return a.withSteering(name, "verify steering", func(s *steering) error { return s.verify(owner) })
+}
+
+// RepairSteering puts back the flows of the netdev's owners that are
+// gone from the kernel (the NIC's rules, the filter's flow map) where
+// xdpq put them, says so in the log, and returns how many of each
+// owner's it put back. The daemon runs it on each of its reconciles: a
+// flow deleted behind its back stops its pod's traffic, and nothing else
+// would notice.
+func (a *Agent) RepairSteering(name string) (map[string]int, error) {
+	var back map[string]int
+	err := a.withSteering(name, "repair steering", func(s *steering) (err error) {
+		back, err = s.repair()
+		return err
+	})
+	for _, owner := range slices.Sorted(maps.Keys(back)) {
+		a.log.Warn("put back flows that were gone from the kernel", "netdev", name, "owner", owner, "count", back[owner])
+	}
+	return back, err
 }
 
 // SyncSteering is for a restarted daemon, or one that can read all its

@@ -234,6 +234,13 @@ func New(opts Options) (_ *Daemon, err error) {
 	if err := os.MkdirAll(filepath.Join(opts.AllocDir, dpdkLinkDir), 0o700); err != nil {
 		return nil, fmt.Errorf("allocation directory: %w", err)
 	}
+	// Before anything in it is removed as stale.
+	unlockAlloc, err := lockAllocDir(opts.AllocDir)
+	if err != nil {
+		return nil, err
+	}
+	unlockState := d.unlock
+	d.unlock = func() { unlockAlloc(); unlockState() }
 	if opts.NetNS != "" && opts.SysRoot == "" {
 		if err := d.mountSysfs(); err != nil {
 			return nil, err
@@ -250,8 +257,8 @@ func New(opts Options) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	unlockState := d.unlock
-	d.unlock = func() { unlockPins(); unlockState() }
+	unlockOthers := d.unlock
+	d.unlock = func() { unlockPins(); unlockOthers() }
 	m, err := mover.New(mover.Config{Node: opts.NetNS})
 	if err != nil {
 		return nil, err

@@ -172,6 +172,9 @@ func (f *fakeAgent) VerifySteering(netdev, owner string) error {
 	return nil
 }
 
+// RepairSteering: the fake's flows are never gone behind its back.
+func (f *fakeAgent) RepairSteering(string) (map[string]int, error) { return nil, nil }
+
 func (f *fakeAgent) SyncSteering(netdev string, keep map[string][]agent.Flow) (int, error) {
 	f.add("sync-steering %s keep %s", netdev, strings.Join(slices.Sorted(maps.Keys(keep)), ","))
 	f.mu.Lock()

@@ -52,19 +52,33 @@ func lockStateDir(dir string) (release func(), err error) {
 // lockPinDir makes this daemon the only one on the pin directory, where
 // the netdevs' XSKMAPs and flow maps are pinned: a second daemon with
 // state of its own but the same pins would adopt the first's programs
-// and strip its live pods' flows. bpffs holds no regular file, so the
-// lock is the directory's own (flock works on any file system's
-// directory), and the holder is found in /proc/locks.
+// and strip its live pods' flows. (The netdevs themselves are locked by
+// the node agent, whatever the directories: agent.ErrNetdevHeld.)
 func lockPinDir(dir string) (release func(), err error) {
+	return lockDir(dir, "pin directory", "the netdevs' programs and flows", "--pin-dir")
+}
+
+// lockAllocDir makes this daemon the only one on the allocation
+// directory: a second daemon with state of its own would take the
+// first's allocations' sockets there for stale and remove them.
+func lockAllocDir(dir string) (release func(), err error) {
+	return lockDir(dir, "allocation directory", "the pods' sockets", "--alloc-dir")
+}
+
+// lockDir takes an exclusive flock of the directory dir itself: bpffs
+// holds no regular file, and flock works on any file system's directory.
+// The holder is found in /proc/locks for the error, which says what the
+// directory holds and which flag gives this daemon another.
+func lockDir(dir, what, holds, flag string) (release func(), err error) {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("pin directory lock: %w", err)
+		return nil, fmt.Errorf("%s lock: %w", what, err)
 	}
 	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		defer func() { _ = unix.Close(fd) }() // not locked by us
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("another xdpq daemon (%s) manages the pin directory %s, and with it the netdevs' programs and flows: "+
-				"stop it first, or give this one another --pin-dir", lockHolder(fd), dir)
+			return nil, fmt.Errorf("another xdpq daemon (%s) manages the %s %s, and with it %s: "+
+				"stop it first, or give this one another %s", lockHolder(fd), what, dir, holds, flag)
 		}
 		return nil, fmt.Errorf("lock %s: %w", dir, err)
 	}

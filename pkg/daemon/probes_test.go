@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -18,6 +19,7 @@ import (
 	"github.com/xdpq/xdpq/internal/testbin"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
+	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/client"
 	"golang.org/x/sys/unix"
@@ -142,6 +144,111 @@ func TestSecondDaemonOnPins(t *testing.T) {
 		t.Errorf("the first daemon's netdev: %+v; want its flow", n)
 	}
 	pod.expect(t, pair, "after the second daemon was refused")
+}
+
+// TestSecondDaemonOnNetdev: a second daemon with every directory of
+// its own (state, API, pins, allocations) but the first one's netdev
+// does not manage it: its status names the first one's process, and the
+// first one's pod keeps its flow and its frames. Given the first one's
+// allocation directory, a daemon is refused before it removes anything
+// there. Once the first stops, the second takes the netdev at its next
+// reconcile. (Before, the second took the first's program back without
+// pins and removed the pod's flow as stale: the pod received nothing,
+// and given the allocation directory the second removed its socket.)
+func TestSecondDaemonOnNetdev(t *testing.T) {
+	pair := testnet.NewPair(t, 4)
+	cfg := "pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n"
+	o1 := standaloneOpts(t, pair, t.TempDir(), testPins(t), cfg)
+	d, stop := runDaemon(t, o1)
+	a := allocWithFlow(t, d, pair, "upf")
+	pod := connectPod(t, a.Socket)
+
+	o3 := standaloneOpts(t, pair, t.TempDir(), testPins(t), cfg)
+	o3.AllocDir = o1.AllocDir
+	if _, err := New(o3); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("another xdpq daemon (pid %d: ", os.Getpid())) ||
+		!strings.Contains(err.Error(), "allocation directory "+o1.AllocDir) {
+		t.Errorf("a daemon on the first one's allocation directory: %v", err)
+	}
+	if _, err := os.Stat(a.Socket); err != nil {
+		t.Errorf("the first daemon's allocation socket: %v", err)
+	}
+
+	o2 := standaloneOpts(t, pair, t.TempDir(), testPins(t), cfg)
+	o2.Resync = 100 * time.Millisecond
+	d2, _ := runDaemon(t, o2)
+	st, err := d2.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("another xdpq daemon manages the netdev (pid %d: ", os.Getpid())
+	if !strings.Contains(st.ConfigError, want) {
+		t.Errorf("the second daemon's status says %q; want %q", st.ConfigError, want)
+	}
+	if n := netdevOf(t, d, "xa"); n.Flows != 1 || n.State != "Filter" {
+		t.Errorf("the first daemon's netdev: %+v; want its flow, filtering", n)
+	}
+	pod.expect(t, pair, "with a second daemon on the netdev")
+
+	// The first goes (its pod with it): the second takes the netdev.
+	pod.lease.Close()
+	stop()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		st, err := d2.Status(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(st.ConfigError, "another xdpq daemon") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the first daemon stopped, the second still says %q", st.ConfigError)
+		}
+	}
+	if _, err := d2.Alloc(context.Background(), api.AllocRequest{Pool: "upf", Count: 2}); err != nil {
+		t.Errorf("an allocation of the second daemon once the first stopped: %v", err)
+	}
+}
+
+// TestFlowsPutBack: a pod's flow deleted from the filter's flow map
+// behind the daemon's back (bpftool map delete, or a daemon of another
+// install that took it for stale) is put back at the daemon's next
+// reconcile, and the pod receives again. (Before, status still counted
+// the flow, and the pod received nothing until a restart.)
+func TestFlowsPutBack(t *testing.T) {
+	pair := testnet.NewPair(t, 4)
+	o := standaloneOpts(t, pair, t.TempDir(), testPins(t), "pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n")
+	o.Resync = 100 * time.Millisecond
+	d, _ := runDaemon(t, o)
+	a := allocWithFlow(t, d, pair, "upf")
+	pod := connectPod(t, a.Socket)
+	pod.expect(t, pair, "before")
+
+	prog, err := d.agent.(*agent.Agent).Program("xa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	have, err := prog.Flows()
+	if err != nil || len(have) == 0 {
+		t.Fatalf("the flow map: %v, %v", have, err)
+	}
+	for f := range have {
+		if err := prog.DeleteFlow(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		now, err := prog.Flows()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if maps.Equal(now, have) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the flow map is %v, want %v put back", now, have)
+		}
+	}
+	pod.expect(t, pair, "after its flow was put back")
 }
 
 // TestBrokenRecord: the daemon stops; its allocation's record is cut in

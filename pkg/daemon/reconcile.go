@@ -317,14 +317,32 @@ func (r *reconciler) reconcile(req reconcileRequest) error {
 // daemon. A netdev managed afresh while the daemon runs (back from a
 // pod, a first Set that failed before, a netdev that came back) takes its
 // attachments' flows back: those still installed, and again those that
-// are not. The live allocations' limits and the device plugins follow the
+// are not; on every managed netdev, flows gone from the kernel are put
+// back. The live allocations' limits and the device plugins follow the
 // pools in force.
 func (d *Daemon) afterReconcile(fresh []string) {
 	if len(fresh) > 0 && d.started() {
 		d.syncSteering(true, fresh...)
 	}
+	d.repairSteering()
 	d.updateLimits()
 	d.syncPlugins()
+}
+
+// repairSteering puts back, on each managed netdev, the attachments'
+// flows that are gone from the kernel (deleted behind the daemon's back:
+// its pods would receive nothing, and its status would not say).
+// RepairSteering logs what it puts back; each reconcile (a resync, a
+// SIGHUP, a change) checks.
+func (d *Daemon) repairSteering() {
+	if !d.started() {
+		return // the start's syncSteering settles the flows first
+	}
+	for _, n := range d.rec.managedNetdevs() {
+		if _, err := d.agent.RepairSteering(n); err != nil {
+			d.log.Error("flows gone from the kernel could not all be put back", "netdev", n, "err", err)
+		}
+	}
 }
 
 // plan turns the pools in force and what they resolved to on this node
