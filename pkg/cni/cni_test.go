@@ -262,6 +262,76 @@ func TestAddRefused(t *testing.T) {
 	}
 }
 
+// TestAddRetriedKeepsCache: a runtime's retry of an ADD that succeeded
+// (same container and interface) fails at host-local, which refuses a
+// second lease for them; the first ADD's cache of its configuration,
+// which DEL needs, stays as it was, and DEL then undoes the first ADD:
+// its flows and its lease go. (Before, the failed retry removed the
+// cache.)
+func TestAddRetriedKeepsCache(t *testing.T) {
+	n := startNode(t)
+	args := &skel.CmdArgs{ContainerID: "c1", Netns: n.pair.NSPath(), IfName: "net1",
+		Args: "XDPQ_ALLOCATION=" + n.alloc, StdinData: n.conf("1.1.0")}
+	if _, _, err := testutils.CmdAddWithArgs(args, func() error { return CmdAdd(args) }); err != nil {
+		t.Fatal(err)
+	}
+	cache := testPlugin.cachePath(args)
+	first, err := os.ReadFile(cache)
+	if err != nil {
+		t.Fatalf("the first ADD's cache: %v", err)
+	}
+	retry := *args
+	retry.StdinData = []byte(strings.Replace(string(n.conf("1.1.0")), `"name":"upf"`, `"name":"upf", "mtu": 0`, 1))
+	_, _, err = testutils.CmdAddWithArgs(&retry, func() error { return CmdAdd(&retry) })
+	var ce *types.Error
+	if !errors.As(err, &ce) || ce.Code != ErrIPAM {
+		t.Fatalf("the retried ADD: %v; want host-local's refusal", err)
+	}
+	if now, err := os.ReadFile(cache); err != nil || string(now) != string(first) {
+		t.Fatalf("the cache after the retry failed: %q, %v; want the first ADD's %q", now, err, first)
+	}
+	if err := testutils.CmdDelWithArgs(args, func() error { return CmdDel(args) }); err != nil {
+		t.Fatal(err)
+	}
+	if got := n.flows(t); got != 0 {
+		t.Errorf("%d flows after DEL, want none", got)
+	}
+	if _, err := os.Stat(cache); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the cache after DEL: %v", err)
+	}
+}
+
+// TestAddNetnsNotANamespace: an ADD whose CNI_NETNS is no network
+// namespace (a path that does not exist, a regular file) is refused
+// with CNI's code 4 naming the path, before IPAM or the daemon: no
+// lease, no flow, no cache. (Before, a missing path was accepted and its
+// attachment never collected.)
+func TestAddNetnsNotANamespace(t *testing.T) {
+	n := startNode(t)
+	file := filepath.Join(t.TempDir(), "not-a-netns")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, netns := range []string{"/var/run/netns/xdpq-test-no-such-pod", file} {
+		args := &skel.CmdArgs{ContainerID: "c1", Netns: netns, IfName: "net1",
+			Args: "XDPQ_ALLOCATION=" + n.alloc, StdinData: n.conf("1.1.0")}
+		_, _, err := testutils.CmdAddWithArgs(args, func() error { return CmdAdd(args) })
+		var ce *types.Error
+		if !errors.As(err, &ce) || ce.Code != types.ErrInvalidEnvironmentVariables || !strings.Contains(ce.Msg, netns) {
+			t.Errorf("ADD in %s: %v; want code 4 naming it", netns, err)
+		}
+		if got := n.flows(t); got != 0 {
+			t.Errorf("ADD in %s: %d flows", netns, got)
+		}
+		if _, err := os.Stat(testPlugin.cachePath(args)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("ADD in %s left a cache: %v", netns, err)
+		}
+		if entries, _ := os.ReadDir(filepath.Join(n.data, "upf")); len(entries) > 2 { // last_reserved_ip and lock only
+			t.Errorf("ADD in %s took an IPAM lease: %v", netns, entries)
+		}
+	}
+}
+
 // TestGCAndStatus: GC removes what is not in the valid list, nothing
 // without a list; STATUS reports an unreachable daemon with code 50.
 func TestGCAndStatus(t *testing.T) {

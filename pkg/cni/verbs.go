@@ -100,15 +100,32 @@ func (p Plugin) Add(args *skel.CmdArgs) (err error) {
 			return fieldError("prevResult", "%v", err)
 		}
 	}
+	// The pod's namespace must be one: a path that is not (gone, a
+	// typo) would be recorded, its flows steered, and nothing would ever
+	// find the pod gone.
+	if args.Netns != "" {
+		n, err := ns.GetNS(args.Netns)
+		if err != nil {
+			return &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: "CNI_NETNS " + args.Netns, Details: err.Error()}
+		}
+		_ = n.Close() // only looked at
+	}
 	// What DEL needs, before anything else happens; gone again if ADD
 	// fails or has nothing to do. Best effort: without it DEL works from
 	// the configuration the runtime gives it, as it did before the cache.
+	// An ADD of a container and interface that has one already (a
+	// runtime's retry) leaves it: it is the one that succeeded's, which
+	// DEL needs, whatever this ADD comes to.
 	cache := p.cachePath(args)
-	if err := os.MkdirAll(p.cacheDir(), 0o700); err == nil {
-		_ = atomicfile.WriteFile(cache, args.StdinData, 0o600)
+	_, statErr := os.Lstat(cache)
+	ours := errors.Is(statErr, fs.ErrNotExist)
+	if ours {
+		if err := os.MkdirAll(p.cacheDir(), 0o700); err == nil {
+			_ = atomicfile.WriteFile(cache, args.StdinData, 0o600)
+		}
 	}
 	defer func() {
-		if err != nil {
+		if err != nil && ours {
 			// The runtime's DEL after a failed ADD removes it again.
 			_ = atomicfile.Remove(cache)
 		}
@@ -144,7 +161,9 @@ func (p Plugin) Add(args *skel.CmdArgs) (err error) {
 	if prev != nil && errors.Is(err, api.ErrNoDevices) {
 		// Nothing for DEL to undo; a cache left behind only repeats the
 		// configuration DEL is given.
-		_ = atomicfile.Remove(cache)
+		if ours {
+			_ = atomicfile.Remove(cache)
+		}
 		return types.PrintResult(prev, c.CNIVersion)
 	}
 	if err != nil {

@@ -69,6 +69,9 @@ func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachmen
 		if err := d.checkNotOtherPod(req, claimed); err != nil {
 			return nil, fmt.Errorf("pool %s: %w", a.Pool, err)
 		}
+		if err := d.checkNotGrantedElsewhere(a.Pool, claimed); err != nil {
+			return nil, fmt.Errorf("pool %s: %w", a.Pool, err)
+		}
 	}
 	flows, err := agentFlows(req.Flows, a.Queues)
 	if err != nil {
@@ -203,6 +206,30 @@ func (d *Daemon) checkNotOtherPod(req api.CNIAddRequest, claimed []netip.Addr) e
 			}
 			return api.Errorf(api.ErrConflict, "address %s is pod %s/%s's (its podIPs): a pod's flows may not take another pod's traffic; "+
 				"an operator grants an address several pods serve with the pool's sharedDestinations", a, p.Namespace, p.Name)
+		}
+	}
+	return nil
+}
+
+// checkNotGrantedElsewhere refuses a flow that claims as the pod's own
+// (among claimed) an address another pool's sharedDestinations grant: a
+// grant is its pool's, the operator's choice for that pool's pods (a VIP
+// they serve), and a pod of another pool whose IPAM names the address
+// would take their traffic.
+func (d *Daemon) checkNotGrantedElsewhere(pool string, claimed []netip.Addr) error {
+	if len(claimed) == 0 {
+		return nil
+	}
+	for _, m := range d.ledger.Metas() {
+		if m.Name == pool {
+			continue
+		}
+		shared := m.Config.SharedPrefixes()
+		for _, a := range claimed {
+			if flow.Granted(netip.PrefixFrom(a, a.BitLen()), shared) {
+				return api.Errorf(api.ErrConflict, "address %s is granted to pool %s (its sharedDestinations): a grant is its pool's, "+
+					"and a pod of another pool may not claim the address as its own; an operator grants it to this pool too", a, m.Name)
+			}
 		}
 	}
 	return nil
@@ -469,16 +496,44 @@ func (d *Daemon) CNICheck(ctx context.Context, ref api.AttachmentRef) (*api.Atta
 			continue
 		}
 		if s.State == agent.StateMissing || s.State == agent.StateOverridden {
-			return &att.Attachment, fmt.Errorf("netdev %s is %s: %s", att.Netdev, s.State, s.Reason)
+			// The node's state, which may pass (the netdev comes back,
+			// the foreign program goes): not the daemon failing.
+			return &att.Attachment, api.Errorf(api.ErrUnavailable, "netdev %s is %s: %s", att.Netdev, s.State, s.Reason)
 		}
 		if len(att.Flows) > 0 {
 			if err := verify(name, key); err != nil {
 				return &att.Attachment, err
 			}
 		}
+		if att.Mode == api.ModeQueue {
+			if err := d.stillAllowed(att.Attachment); err != nil {
+				return &att.Attachment, err
+			}
+		}
 		return &att.Attachment, nil
 	}
-	return &att.Attachment, fmt.Errorf("netdev %s is not managed", att.Netdev)
+	return &att.Attachment, api.Errorf(api.ErrUnavailable, "netdev %s is not managed (the daemon's status says why)", att.Netdev)
+}
+
+// stillAllowed refuses an attachment of a queue pool whose flows its
+// pool no longer allows: a destination its sharedDestinations granted at
+// ADD and no longer do (an operator revoked the grant). The flows stay
+// steered until the pod's DEL (taking them from a running pod is not the
+// daemon's call), and CHECK says so.
+func (d *Daemon) stillAllowed(att api.Attachment) error {
+	a, ok := d.ledger.Get(att.AllocationID)
+	if !ok {
+		return nil // freed meanwhile: its attachments go with it
+	}
+	pool, ok := d.ledger.Meta(a.Pool)
+	if !ok {
+		return nil
+	}
+	if err := flow.CheckOwn(att.Flows, att.Addresses, pool.Config.SharedPrefixes()); err != nil {
+		return api.Errorf(api.ErrConflict, "pool %s no longer allows the attachment's flows (its sharedDestinations changed since ADD; "+
+			"they stay until the pod's DEL): %w", a.Pool, err)
+	}
+	return nil
 }
 
 // CNIGC removes every CNI attachment not in valid ("containerID/ifName");

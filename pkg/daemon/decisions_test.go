@@ -732,9 +732,10 @@ func TestNodeAddressDecisions(t *testing.T) {
 // steers as its own (two NADs with static IPAM naming one address) is
 // refused as a conflict naming the other attachment, and leaves nothing;
 // the same pod's attachments (by pod UID, sandbox or network namespace),
-// another netdev, an address the pool grants and an address no flow
-// takes are no conflict; once the first attachment is gone, the address
-// is free.
+// another netdev and an address no flow takes are no conflict; once the
+// first attachment is gone, the address is free. (An address a pool
+// grants is no pod's own, and no pod of another pool may claim it:
+// TestGrantIsItsPools.)
 func TestClaimDecisions(t *testing.T) {
 	own := netip.MustParseAddr("10.77.0.4")
 	netns := fmt.Sprintf("/proc/%d/ns/net", os.Getpid()) // the first pod's
@@ -758,8 +759,6 @@ func TestClaimDecisions(t *testing.T) {
 			req: api.CNIAddRequest{ContainerID: "c2", Netns: netns, Addresses: []netip.Addr{own}, Flows: flowTo(own, 80)}},
 		{name: "another netdev", pool: "dns",
 			req: api.CNIAddRequest{ContainerID: "c2", PodUID: "uid-b", Addresses: []netip.Addr{own}, Flows: flowTo(own, 80)}},
-		{name: "an address the pool grants", pool: "vip",
-			req: api.CNIAddRequest{ContainerID: "c2", PodUID: "uid-b", Addresses: []netip.Addr{own}, Flows: flowTo(own, 80)}},
 		{name: "the address held, but no flow of the pod takes it", pool: "upf",
 			req: api.CNIAddRequest{ContainerID: "c2", PodUID: "uid-b", Addresses: []netip.Addr{own, netip.MustParseAddr("10.77.0.9")},
 				Flows: flowTo(netip.MustParseAddr("10.77.0.9"), 80)}},
@@ -767,7 +766,7 @@ func TestClaimDecisions(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			n := newFakeNode(t, fakeNetdev("xa", 4), fakeNetdev("xb", 4))
 			d, _ := n.daemon("pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}, sharedDestinations: [192.0.2.0/28]}, " +
-				"{name: vip, steering: software, devices: {netdevs: ['xa#2-3']}, sharedDestinations: [10.77.0.0/24]}, " +
+				"{name: vip, steering: software, devices: {netdevs: ['xa#2-3']}, sharedDestinations: [10.78.0.0/24]}, " +
 				"{name: dns, steering: software, devices: {netdevs: ['xb#0-3']}}]\n")
 			if err := d.start(context.Background()); err != nil {
 				t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/dra"
+	"github.com/xdpq/xdpq/pkg/flow"
 	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/nic"
 )
@@ -189,6 +191,14 @@ func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (_ dra.Edits, er
 		}
 	} else if c.Interface != nil {
 		return dra.Edits{}, api.Errorf(api.ErrInvalid, "claim config: interface: pool %s shares queues of a netdev that stays the node's; interface applies to pools of mode netdev", c.Pool)
+	} else if c.Flows != nil {
+		// Refused now, before anything is held, as the CNI path refuses
+		// it: a flow whose destination is the node's own address would
+		// take the node's traffic (its SSH, its kubelet) off the stack.
+		// Flows to the pod's address are checked once it has one.
+		if err := d.checkClaimFlows(c.Flows, p.Config.SharedPrefixes()); err != nil {
+			return dra.Edits{}, err
+		}
 	}
 	ids, err := d.deviceIDs(c.Pool, c.Devices)
 	if err != nil {
@@ -221,6 +231,30 @@ func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (_ dra.Edits, er
 		d.opts.Pods.Touch(owner.PodUID) // its claim's flows apply once it has an address
 	}
 	return d.claimEdits(a), nil
+}
+
+// checkClaimFlows refuses a queue claim's flows whose own destination
+// (not the pod's address, "ipam" or none) is an address of the node,
+// unless shared grants it.
+func (d *Daemon) checkClaimFlows(raw []byte, shared []netip.Prefix) error {
+	parsed, err := flow.ParseList(raw, "flows")
+	if err != nil {
+		return api.Errorf(api.ErrInvalid, "claim config: %w", err)
+	}
+	var own []flow.Parsed
+	for _, f := range parsed {
+		if f.Dst.IsValid() {
+			own = append(own, f)
+		}
+	}
+	flows, err := flow.Resolve(own, nil)
+	if err != nil {
+		return api.Errorf(api.ErrInvalid, "claim config: %w", err)
+	}
+	if err := d.checkNotNode(flows, flow.Claimed(flows, shared), shared); err != nil {
+		return fmt.Errorf("claim config: flows: %w", err)
+	}
+	return nil
 }
 
 // deviceIDs are the ledger's ids of a pool's devices named as in its

@@ -1,10 +1,17 @@
 package daemon
 
 import (
+	"errors"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/client"
 )
 
@@ -50,5 +57,38 @@ func TestNetdevRecreatedUnderAllocation(t *testing.T) {
 	}
 	if p := s.Pools[0]; p.Free != 0 || p.Allocations != 1 {
 		t.Errorf("pool %+v; want its 2 queues held by the one allocation", p)
+	}
+}
+
+// TestCNICheckNetdevMissing: CHECK of an attachment whose netdev is
+// gone answers unavailable (503: it may pass once the netdev is back),
+// naming the netdev and its state, not internal (500: the daemon
+// failed), as it did.
+func TestCNICheckNetdevMissing(t *testing.T) {
+	pair := testnet.NewPair(t, 4)
+	d, _ := runDaemon(t, standaloneOpts(t, pair, t.TempDir(), testPins(t),
+		"pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n"))
+	allocWithFlow(t, d, pair, "upf")
+	ref := api.AttachmentRef{ContainerID: "c1", IfName: "net1"}
+	if _, err := d.CNICheck(t.Context(), ref); err != nil {
+		t.Fatalf("check with the netdev there: %v", err)
+	}
+	if err := pair.NS.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("xa")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkDel(l)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); netdevOf(t, d, "xa").State != string(agent.StateMissing); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("xa deleted: %+v", netdevOf(t, d, "xa"))
+		}
+	}
+	_, err := d.CNICheck(t.Context(), ref)
+	if !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "netdev xa is Missing") {
+		t.Fatalf("check with the netdev gone: %v; want unavailable, naming it Missing", err)
 	}
 }

@@ -18,8 +18,10 @@ const maxDumpTries = 5
 // Holders returns which of addrs a netdev of the network namespace at
 // netnsPath ("" for the caller's) holds, and that netdev's name: the
 // addresses whose traffic the namespace's own stack takes (a subnet's
-// broadcast address among them, named "<netdev>'s broadcast", and an
-// address a local route holds, "a local route on <netdev>"). It asks the
+// broadcast address among them, named "<netdev>'s broadcast", an IPv6
+// prefix's subnet-router anycast address while the node forwards,
+// "<netdev>'s subnet-router anycast", and an address a local route
+// holds, "a local route on <netdev>"). It asks the
 // kernel each time, so an address added a moment ago counts; only the
 // netdevs of addresses asked for are named, so a node with thousands of
 // pod veths (each with its link-local address) costs one dump.
@@ -47,6 +49,9 @@ func Holders(netnsPath string, addrs []netip.Addr) (map[netip.Addr]string, error
 		want[a.Unmap()] = true
 	}
 	held := map[netip.Addr]string{}
+	// The netdev of each IPv6 prefix whose subnet-router anycast address
+	// is asked (the route to it names lo).
+	subnetRouter := map[netip.Addr]int{}
 	names := map[int]string{}
 	name := func(index int) string {
 		n, ok := names[index]
@@ -63,8 +68,14 @@ func Holders(netnsPath string, addrs []netip.Addr) (map[netip.Addr]string, error
 		if a.IPNet == nil {
 			continue
 		}
-		if ip, ok := netip.AddrFromSlice(a.IP); ok && want[ip.Unmap()] {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if ok && want[ip.Unmap()] {
 			held[ip.Unmap()] = name(a.LinkIndex)
+		}
+		if ones, bits := a.Mask.Size(); ok && ip.Is6() && !ip.Is4In6() && bits == 128 && ones < 127 {
+			if p, err := ip.Prefix(ones); err == nil && want[p.Addr()] {
+				subnetRouter[p.Addr()] = a.LinkIndex
+			}
 		}
 		// The subnet's directed broadcast: the stack takes what is sent
 		// to it as the node's (and its neighbours').
@@ -92,6 +103,17 @@ func Holders(netnsPath string, addrs []netip.Addr) (map[netip.Addr]string, error
 		for _, r := range routes {
 			if r.Type == unix.RTN_LOCAL || r.Type == unix.RTN_BROADCAST {
 				held[a.Unmap()] = "a local route on " + name(r.LinkIndex)
+				break
+			}
+			// The subnet-router anycast address of an IPv6 prefix of a
+			// netdev (the prefix with its host part zero, RFC 4291
+			// 2.6.1), which the node answers while it forwards.
+			if r.Type == unix.RTN_ANYCAST {
+				index, ok := subnetRouter[a.Unmap()]
+				if !ok {
+					index = r.LinkIndex
+				}
+				held[a.Unmap()] = name(index) + "'s subnet-router anycast"
 				break
 			}
 		}

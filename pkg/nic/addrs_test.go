@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -57,6 +58,65 @@ func TestHolders(t *testing.T) {
 	}
 	if held, err := Holders(p.NSPath(), nil); err != nil || len(held) != 0 {
 		t.Errorf("asked nothing: %v, %v", held, err)
+	}
+}
+
+// TestHoldersSubnetRouterAnycast: while a node forwards IPv6, it
+// answers its prefixes' subnet-router anycast addresses (2001:db8:1::
+// of 2001:db8:1::2/64) as its own: a pod may not claim one. Without
+// forwarding the node does not answer it, and it is no one's.
+func TestHoldersSubnetRouterAnycast(t *testing.T) {
+	testnet.RequireRoot(t)
+	netns, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { netns.Close(); testutils.UnmountNS(netns) })
+	anycast := netip.MustParseAddr("2001:db8:1::")
+	forwarding := func(on string) {
+		t.Helper()
+		if err := netns.Do(func(ns.NetNS) error {
+			return os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte(on), 0o644)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := netns.Do(func(ns.NetNS) error {
+		if err := os.WriteFile("/proc/sys/net/ipv6/conf/all/disable_ipv6", []byte("0"), 0o644); err != nil {
+			return err
+		}
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "up0"}, PeerName: "up1"}); err != nil {
+			return err
+		}
+		for _, n := range []string{"up1", "up0"} {
+			l, err := netlink.LinkByName(n)
+			if err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
+		}
+		l, err := netlink.LinkByName("up0")
+		if err != nil {
+			return err
+		}
+		return netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("2001:db8:1::2"), Mask: net.CIDRMask(64, 128)},
+			Flags: unix.IFA_F_NODAD})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	forwarding("1")
+	held, err := Holders(netns.Path(), []netip.Addr{anycast, netip.MustParseAddr("2001:db8:1::7")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(held) != 1 || held[anycast] != "up0's subnet-router anycast" {
+		t.Errorf("forwarding: held %v; want %s as up0's subnet-router anycast alone", held, anycast)
+	}
+	forwarding("0")
+	if held, err := Holders(netns.Path(), []netip.Addr{anycast}); err != nil || len(held) != 0 {
+		t.Errorf("not forwarding: held %v, %v; want none", held, err)
 	}
 }
 

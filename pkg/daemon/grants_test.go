@@ -1,0 +1,68 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/pkg/api"
+)
+
+// TestGrantIsItsPools: pool rp grants the VIP 192.0.2.10; a pod of pool
+// rp2 on the same netdev whose IPAM names the VIP as its own address is
+// refused (before, its flow to the VIP was steered to it). rp's pod
+// steers the VIP; once the operator revokes the grant, CHECK of that
+// pod's attachment fails and says why, and still does after a restart
+// (before, it answered 200 while the flow stayed).
+func TestGrantIsItsPools(t *testing.T) {
+	pair := testnet.NewPair(t, 4)
+	const pools = "pools: [{name: rp, steering: software, devices: {netdevs: ['xa#0-1']}%s}, {name: rp2, steering: software, devices: {netdevs: ['xa#2-3']}}]\n"
+	o := standaloneOpts(t, pair, t.TempDir(), testPins(t), strings.Replace(pools, "%s", ", sharedDestinations: [192.0.2.10]", 1))
+	d, stop := runDaemon(t, o)
+	ctx := context.Background()
+	vip := netip.MustParseAddr("192.0.2.10")
+	toVIP := []api.CNIFlow{{Protocol: "udp", Dst: netip.PrefixFrom(vip, 32), DstPort: 81}}
+
+	other, err := d.Alloc(ctx, api.AllocRequest{Pool: "rp2", Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c2", IfName: "net1", Allocation: other.ID, Flows: toVIP, Addresses: []netip.Addr{vip}})
+	if !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), "192.0.2.10 is granted to pool rp") {
+		t.Fatalf("a pod of rp2 claiming rp's VIP as its own: %v; want it refused, naming rp", err)
+	}
+
+	granted, err := d.Alloc(ctx, api.AllocRequest{Pool: "rp", Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: granted.ID, Flows: toVIP}); err != nil {
+		t.Fatalf("rp's pod steering the VIP rp grants: %v", err)
+	}
+	ref := api.AttachmentRef{ContainerID: "c1", IfName: "net1"}
+	if _, err := d.CNICheck(ctx, ref); err != nil {
+		t.Fatalf("check while granted: %v", err)
+	}
+
+	if err := os.WriteFile(o.ConfigPath, []byte(strings.Replace(pools, "%s", "", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	revoked := func(d *Daemon, when string) {
+		t.Helper()
+		_, err := d.CNICheck(ctx, ref)
+		if !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), "pool rp no longer allows") || !strings.Contains(err.Error(), "udp 192.0.2.10:81") {
+			t.Errorf("check %s: %v; want it refused, naming the flow", when, err)
+		}
+	}
+	revoked(d, "once the grant was revoked")
+	stop()
+	d, _ = runDaemon(t, o)
+	revoked(d, "after a restart")
+}
