@@ -28,8 +28,9 @@ func queueClaim(name, params string) *resourceapi.ResourceClaim {
 // TestAdmissionPolicy: with the chart installed, the API server itself
 // (the chart's ValidatingAdmissionPolicy, CEL, no webhook) refuses a
 // claim, a claim template or a DeviceClass whose xdpq.io config is not
-// valid, saying which field; a valid one, and another driver's config,
-// are accepted.
+// valid, saying which field (an unknown one by its name: before, "a
+// field QueueConfig does not have"); a valid one, and another driver's
+// config, are accepted.
 func TestAdmissionPolicy(t *testing.T) {
 	testnet.RequireRoot(t)
 	cp := cluster.StartControlPlaneForTest(t, cluster.Options{})
@@ -56,7 +57,7 @@ func TestAdmissionPolicy(t *testing.T) {
 	for _, c := range []struct{ name, params, refusal string }{
 		{"good", head + `, "flows": [{"protocol": "udp", "destinationPort": "2152"}, {"protocol": "tcp", "destination": "ipam", "destinationPort": "80-81", "sourcePort": "5", "vlan": 7}], "interface": {"name": "net1", "mtu": 9000, "addresses": ["192.0.2.7/24", "2001:db8::7/64"]}}`, ""},
 		{"version", `{"apiVersion": "xdpq.io/v1", "kind": "QueueConfig"}`, "apiVersion must be xdpq.io/v1alpha1"},
-		{"case", head + `, "Flows": []}`, "names are case-sensitive"},
+		{"case", head + `, "Flows": []}`, "QueueConfig has no field Flows (it has apiVersion, kind, flows, interface; names are case-sensitive)"},
 		{"flows-object", head + `, "flows": {"protocol": "udp"}}`, "flows must be a list"},
 		{"flow-field", head + `, "flows": [{"protocol": "udp", "port": "53"}]}`, "flows must be a list"},
 		{"protocol", head + `, "flows": [{"protocol": "sctp"}]}`, "flows[].protocol"},
@@ -68,7 +69,8 @@ func TestAdmissionPolicy(t *testing.T) {
 		{"ifname-long", head + `, "interface": {"name": "abcdefghijklmnop"}}`, "interface.name"},
 		{"mtu", head + `, "interface": {"mtu": 40}}`, "interface.mtu"},
 		{"address", head + `, "interface": {"addresses": ["192.0.2.7"]}}`, "interface.addresses"},
-		{"iface-field", head + `, "interface": {"ips": []}}`, "interface has name, mtu and addresses"},
+		{"iface-field", head + `, "interface": {"ips": []}}`, "interface has no field ips (it has name, mtu and addresses)"},
+		{"iface-string", head + `, "interface": "net1"}`, "interface has name, mtu and addresses"},
 	} {
 		_, err := claims.Create(ctx, queueClaim(c.name, c.params), metav1.CreateOptions{})
 		switch {
