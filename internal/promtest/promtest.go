@@ -5,7 +5,6 @@
 package promtest
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -18,9 +17,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/xdpq/xdpq/internal/testproc"
 )
 
 // Config is what Start's Prometheus scrapes and evaluates. It scrapes
@@ -66,35 +66,22 @@ func Start(t testing.TB, bin string, cfg Config) *Server {
 	if err := ln.Close(); err != nil { // Prometheus listens there next
 		t.Fatal(err)
 	}
-	var out bytes.Buffer
-	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
-		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+listen, "--log.level=warn")
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
+	p, err := testproc.Start(exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
+		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+listen, "--log.level=warn"))
+	if err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM) // it may have exited already: Wait says
-		var exit error
-		select {
-		case exit = <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill() // stuck: its exit is what matters
-			exit = <-exited
-		}
+		exit := p.Stop(10 * time.Second)
 		if t.Failed() {
-			t.Logf("prometheus (exit %v; config:\n%s):\n%s", exit, text.String(), out.String())
+			t.Logf("prometheus (exit %v; config:\n%s):\n%s", exit, text.String(), p.Out)
 		}
 	})
+	out := p.Out
 	s := &Server{Base: "http://" + listen}
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) { // its start tells no one: polled
-		select {
-		case err := <-exited:
-			exited <- err
+		if exited, err := p.Exited(); exited {
 			t.Fatalf("prometheus exited: %v\n%s", err, out.String())
-		default:
 		}
 		resp, err := http.Get(s.Base + "/-/ready")
 		if err == nil {

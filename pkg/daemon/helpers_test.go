@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"slices"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/testutils"
 
 	"github.com/xdpq/xdpq/internal/syncbuf"
+	"github.com/xdpq/xdpq/internal/testproc"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
@@ -107,23 +107,12 @@ type daemonProcess struct {
 func startDaemonProcess(bin string, o Options, wrap []string, extra ...string) (*daemonProcess, error) {
 	args := append(slices.Clone(wrap), bin, "--standalone", "--config", o.ConfigPath, "--netns", o.NetNS,
 		"--pin-dir", o.PinDir, "--state-dir", o.StateDir, "--alloc-dir", o.AllocDir, "--api-socket", o.APISocket)
-	cmd := exec.Command(args[0], append(args[1:], extra...)...)
-	out := new(syncbuf.Buffer)
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
+	p, err := testproc.Start(exec.Command(args[0], append(args[1:], extra...)...))
+	if err != nil {
 		return nil, err
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stop := func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(20 * time.Second):
-			cmd.Process.Kill()
-			<-exited
-		}
-	}
+	out := p.Out
+	stop := func() { p.Stop(20 * time.Second) }
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if s, err := api.NewClient(o.APISocket).Status(); err == nil && len(s.Pools) > 0 {
@@ -131,15 +120,12 @@ func startDaemonProcess(bin string, o Options, wrap []string, extra ...string) (
 				stop()
 				return nil, fmt.Errorf("status: %s %v\n%s", s.ConfigError, s.StateErrors, out)
 			}
-			return &daemonProcess{pid: cmd.Process.Pid, out: out, stop: stop}, nil
+			return &daemonProcess{pid: p.Cmd.Process.Pid, out: out, stop: stop}, nil
 		}
-		select {
-		case err := <-exited:
-			exited <- err
-			stop()
+		if exited, err := p.Exited(); exited {
 			return nil, fmt.Errorf("exited: %v\n%s", err, out)
-		case <-time.After(20 * time.Millisecond):
 		}
+		time.Sleep(20 * time.Millisecond)
 		if time.Now().After(deadline) {
 			stop()
 			return nil, fmt.Errorf("not ready in 20s\n%s", out)

@@ -1,7 +1,6 @@
 package e2e_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -10,7 +9,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +20,7 @@ import (
 
 	"github.com/xdpq/xdpq/internal/promtest"
 	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testproc"
 	"github.com/xdpq/xdpq/test/e2e/cluster"
 	"github.com/xdpq/xdpq/test/e2e/kubebin"
 )
@@ -291,30 +290,20 @@ func checkPrometheusThroughService(ctx context.Context, t *testing.T, cp *cluste
 
 // startKubeSD runs kubesd, Prometheus's Kubernetes discovery, on the
 // kubernetes_sd_configs entry in config, writing the targets it finds to
-// the file_sd file targets, until the test ends; its output goes to the
-// test's log when the test fails.
+// the file_sd file targets, until the test ends, when it must exit
+// cleanly; its output and targets go to the test's log when the test
+// fails.
 func startKubeSD(t *testing.T, bin, config, targets string) {
 	t.Helper()
-	var out bytes.Buffer
-	cmd := exec.Command(bin, "-config", config, "-output", targets)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
+	p, err := testproc.Start(exec.Command(bin, "-config", config, "-output", targets))
+	if err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM) // it may have exited already: Wait says
-		var err error
-		select {
-		case err = <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill() // stuck: its exit is what matters
-			err = <-exited
-		}
+		err := p.Stop(10 * time.Second)
 		if err != nil || t.Failed() {
 			b, rerr := os.ReadFile(targets)
-			t.Logf("kubesd (%v):\n%s\nits targets (%v):\n%s", err, out.Bytes(), rerr, b)
+			t.Logf("kubesd (%v):\n%s\nits targets (%v):\n%s", err, p.Out, rerr, b)
 		}
 		if err != nil {
 			t.Errorf("kubesd exited: %v", err)
