@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
@@ -32,7 +33,8 @@ func lockName(netdev string) string { return "@xdpq.io/netdev/" + netdev }
 // (SO_PEERCRED of its connection).
 type netdevLock struct {
 	ln   *net.UnixListener
-	done chan struct{}
+	stop chan struct{} // closed by release
+	done chan struct{} // closed when the accept loop returned
 }
 
 // lockNetdev takes the lock of the netdev name in the network namespace
@@ -51,21 +53,32 @@ func lockNetdev(netnsPath, name string) (*netdevLock, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lock the netdev: %w", err)
 	}
-	l := &netdevLock{ln: ln, done: make(chan struct{})}
-	go func() {
-		defer close(l.done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				if errors.Is(err, net.ErrClosed) {
-					return
-				}
-				continue // the peer went before it was accepted
-			}
-			_ = c.Close() // its peer asked only who holds the lock
-		}
-	}()
+	l := &netdevLock{ln: ln, stop: make(chan struct{}), done: make(chan struct{})}
+	go l.serve()
 	return l, nil
+}
+
+// serve accepts the connections of those who ask who holds the lock,
+// and closes them: the kernel told them at connect. An accept that fails
+// (out of descriptors: a flood) is tried again after a pause that grows
+// to a second, not at once: the lock holds whether it accepts or not.
+func (l *netdevLock) serve() {
+	defer close(l.done)
+	pause := 5 * time.Millisecond
+	for {
+		c, err := l.ln.Accept()
+		if err == nil {
+			_ = c.Close() // its peer asked only who holds the lock
+			pause = 5 * time.Millisecond
+			continue
+		}
+		select {
+		case <-l.stop:
+			return
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, time.Second)
+	}
 }
 
 // release frees the lock; a nil lock is none.
@@ -73,6 +86,7 @@ func (l *netdevLock) release() {
 	if l == nil {
 		return
 	}
+	close(l.stop)
 	_ = l.ln.Close() // an abstract socket: nothing to unlink; closing frees the name
 	<-l.done
 }
