@@ -106,7 +106,8 @@ func (p Plugin) Add(args *skel.CmdArgs) (err error) {
 	if args.Netns != "" {
 		n, err := ns.GetNS(args.Netns)
 		if err != nil {
-			return &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: "CNI_NETNS " + args.Netns, Details: err.Error()}
+			return &types.Error{Code: types.ErrInvalidEnvironmentVariables,
+				Msg: "CNI_NETNS " + args.Netns + " is not a network namespace (the pod's sandbox gone, or a wrong path)", Details: err.Error()}
 		}
 		_ = n.Close() // only looked at
 	}
