@@ -230,3 +230,66 @@ func TestProgramPutBack(t *testing.T) {
 		t.Fatalf("after the program was put back: %v", err)
 	}
 }
+
+// TestEnsureAfterRestart: one of an owner's two flows is deleted while
+// no agent runs; the next agent's sync takes the one it finds, and
+// EnsureSteering installs the other (before, the daemon's check of the
+// owner's flows passed on the one held, and the other stayed missing).
+func TestEnsureAfterRestart(t *testing.T) {
+	p := testnet.NewPair(t, 4)
+	pins, state := pinDir(t), t.TempDir()
+	flows := []agent.Flow{
+		{Protocol: xdp.UDP, Dst: host("10.0.0.1"), DstPort: 5000, Queues: []uint32{0}},
+		{Protocol: xdp.TCP, Dst: host("10.0.0.1"), DstPort: 443, Queues: []uint32{1}},
+	}
+	a := startWith(t, agent.Config{NetNS: p.NSPath(), PinDir: pins, StateDir: state})
+	policy := agent.Policy{Steering: agent.SteerSoftware, Mode: xdp.ModeNative}
+	if err := a.Set("xa", policy); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Steer("xa", "pod-a", flows); err != nil {
+		t.Fatal(err)
+	}
+	prog, err := a.Program("xa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	have, err := prog.Flows()
+	if err != nil || len(have) != 2 {
+		t.Fatalf("the flow map: %v, %v", have, err)
+	}
+	for f := range have {
+		if f.Port == 443 {
+			if err := prog.DeleteFlow(f); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	a.Close()
+
+	a = startWith(t, agent.Config{NetNS: p.NSPath(), PinDir: pins, StateDir: state})
+	if err := a.Set("xa", policy); err != nil {
+		t.Fatal(err)
+	}
+	keep := map[string][]agent.Flow{"pod-a": flows}
+	if n, err := a.SyncSteering("xa", keep); err != nil || n != 0 {
+		t.Fatalf("sync removed %d, %v", n, err)
+	}
+	if err := a.VerifySteering("xa", "pod-a"); err != nil {
+		t.Fatalf("verify after sync: %v (it checks the flows held, the one found)", err)
+	}
+	added, err := a.EnsureSteering("xa", "pod-a", flows)
+	if err != nil || added != 1 {
+		t.Fatalf("ensure installed %d, %v; want the missing flow", added, err)
+	}
+	prog, err = a.Program("xa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now, err := prog.Flows(); err != nil || !maps.Equal(now, have) {
+		t.Fatalf("the flow map after ensure: %v, %v; want %v", now, err, have)
+	}
+	if added, err := a.EnsureSteering("xa", "pod-a", flows); err != nil || added != 0 {
+		t.Fatalf("ensure again: %d, %v", added, err)
+	}
+}

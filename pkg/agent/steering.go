@@ -472,6 +472,30 @@ func (s *steering) repair() (map[string]int, error) {
 	return back, errors.Join(errs...)
 }
 
+// ensure installs those of flows that owner does not hold, all or
+// none, and returns how many: sync takes only the flows it finds
+// installed, so an attachment that lost one of its flows while no daemon
+// ran holds the others and not that one.
+func (s *steering) ensure(owner string, flows []Flow) (int, error) {
+	held := map[string]bool{}
+	for _, in := range s.owners[owner] {
+		held[in.flow.String()] = true
+	}
+	var missing []Flow
+	for _, f := range flows {
+		if !held[f.String()] {
+			missing = append(missing, f)
+		}
+	}
+	if len(missing) == 0 {
+		return 0, nil
+	}
+	if err := s.add(owner, missing); err != nil {
+		return 0, err
+	}
+	return len(missing), nil
+}
+
 // removeOwner removes every flow of owner; an unknown owner is no error.
 func (s *steering) removeOwner(owner string) error {
 	var errs []error
@@ -823,6 +847,20 @@ func (a *Agent) RepairSteering(name string) (map[string]int, error) {
 		a.log.Warn("put back flows that were gone from the kernel", "netdev", name, "owner", owner, "count", back[owner])
 	}
 	return back, err
+}
+
+// EnsureSteering has owner hold every one of flows on the netdev,
+// installing those it does not hold (all or none), and returns how many
+// it installed. With SyncSteering or AdoptSteering, which take the flows
+// found installed, and RepairSteering, which puts back those held and
+// gone from the kernel, it is how a restarted daemon brings its
+// attachments' flows back whole.
+func (a *Agent) EnsureSteering(name, owner string, flows []Flow) (added int, err error) {
+	err = a.withSteering(name, "ensure steering", func(s *steering) (err error) {
+		added, err = s.ensure(owner, flows)
+		return err
+	})
+	return added, err
 }
 
 // SyncSteering is for a restarted daemon, or one that can read all its

@@ -175,6 +175,18 @@ func (f *fakeAgent) VerifySteering(netdev, owner string) error {
 // RepairSteering: the fake's flows are never gone behind its back.
 func (f *fakeAgent) RepairSteering(string) (map[string]int, error) { return nil, nil }
 
+// EnsureSteering steers owner's flows unless it has some (the fake
+// keeps an owner's flows whole).
+func (f *fakeAgent) EnsureSteering(netdev, owner string, flows []agent.Flow) (int, error) {
+	if f.VerifySteering(netdev, owner) == nil {
+		return 0, nil
+	}
+	if err := f.Steer(netdev, owner, flows); err != nil {
+		return 0, err
+	}
+	return len(flows), nil
+}
+
 func (f *fakeAgent) SyncSteering(netdev string, keep map[string][]agent.Flow) (int, error) {
 	f.add("sync-steering %s keep %s", netdev, strings.Join(slices.Sorted(maps.Keys(keep)), ","))
 	f.mu.Lock()

@@ -39,8 +39,10 @@ type flowSteerer interface {
 	Steer(netdev, owner string, flows []agent.Flow) error
 	Unsteer(netdev, owner string) error
 	VerifySteering(netdev, owner string) error
-	// RepairSteering puts back the flows gone from the kernel.
+	// RepairSteering puts back the flows gone from the kernel;
+	// EnsureSteering installs those of flows the owner does not hold.
 	RepairSteering(netdev string) (map[string]int, error)
+	EnsureSteering(netdev, owner string, flows []agent.Flow) (int, error)
 	// SyncSteering keeps the flows in keep and removes every other;
 	// AdoptSteering keeps them and leaves every other in place.
 	SyncSteering(netdev string, keep map[string][]agent.Flow) (removed int, err error)

@@ -324,7 +324,7 @@ func (d *Daemon) afterReconcile(fresh []string) {
 	if len(fresh) > 0 && d.started() {
 		d.syncSteering(true, fresh...)
 	}
-	d.repairSteering()
+	d.repairSteering(fresh)
 	d.updateLimits()
 	d.syncPlugins()
 }
@@ -333,12 +333,16 @@ func (d *Daemon) afterReconcile(fresh []string) {
 // flows that are gone from the kernel (deleted behind the daemon's back:
 // its pods would receive nothing, and its status would not say).
 // RepairSteering logs what it puts back; each reconcile (a resync, a
-// SIGHUP, a change) checks.
-func (d *Daemon) repairSteering() {
+// SIGHUP, a change) checks, but for the netdevs in done, which
+// syncSteering has just settled.
+func (d *Daemon) repairSteering(done []string) {
 	if !d.started() {
 		return // the start's syncSteering settles the flows first
 	}
 	for _, n := range d.rec.managedNetdevs() {
+		if slices.Contains(done, n) {
+			continue
+		}
 		if _, err := d.agent.RepairSteering(n); err != nil {
 			d.log.Error("flows gone from the kernel could not all be put back", "netdev", n, "err", err)
 		}

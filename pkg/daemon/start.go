@@ -3,8 +3,10 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/xdpq/xdpq/pkg/agent"
@@ -164,18 +166,19 @@ func (d *Daemon) syncSteering(removeUnowned bool, netdevs ...string) {
 			d.log.Warn("flows no readable record owns are left in place", "netdev", n, "unknown", unknown, "err", err)
 		}
 		// A flow its attachment lost (a NIC reset, a steering kind changed
-		// while the daemon was away) is installed again.
-		for key, flows := range keep[n] {
-			if err := d.agent.VerifySteering(n, key); err == nil {
-				continue
-			}
+		// while the daemon was away, an entry deleted) is installed again:
+		// sync took only the flows it found.
+		if _, err := d.agent.RepairSteering(n); err != nil {
+			d.log.Error("flows gone from the kernel could not all be put back", "netdev", n, "err", err)
+		}
+		for _, key := range slices.Sorted(maps.Keys(keep[n])) {
 			if att, ok := d.ledger.Attachment(key); !ok || att.State != ledger.Active {
 				continue // gone meanwhile, or an ADD steering now
 			}
-			if err := d.agent.Steer(n, key, flows); err != nil {
+			if added, err := d.agent.EnsureSteering(n, key, keep[n][key]); err != nil {
 				d.log.Error("a flow of an attachment could not be installed again", "attachment", key, "netdev", n, "err", err)
-			} else {
-				d.log.Info("flows of an attachment installed again", "attachment", key, "netdev", n)
+			} else if added > 0 {
+				d.log.Info("flows of an attachment installed again", "attachment", key, "netdev", n, "count", added)
 			}
 		}
 	}
