@@ -17,28 +17,23 @@ import (
 )
 
 // Build builds the main package pkg (an import path, or a directory
-// such as ".") into the file out, as Command does, and fails the test if
+// such as ".") into the file out, as Run does, and fails the test if
 // the build fails.
 func Build(tb testing.TB, out, pkg string) {
 	tb.Helper()
-	if b, err := Command(out, pkg).CombinedOutput(); err != nil {
-		tb.Fatalf("build %s: %v\n%s", pkg, err, b)
+	if err := Run(out, pkg); err != nil {
+		tb.Fatal(err)
 	}
 }
 
-// Command returns the go command that builds the main package pkg into
-// the file out, static and -trimpath (the go command on PATH, in the
-// current directory), for callers that are not tests (internal/bench).
-func Command(out, pkg string) *exec.Cmd {
+// Run builds the main package pkg into the file out, static and
+// -trimpath, with the go command on PATH in the current directory, for
+// callers that are not tests (internal/bench); its error carries the go
+// command's output.
+func Run(out, pkg string) error {
 	cmd := exec.Command("go", "build", "-trimpath", "-o", out, pkg)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	return cmd
-}
-
-// Run runs the build of Command and returns an error that carries the
-// go command's output.
-func Run(out, pkg string) error {
-	if b, err := Command(out, pkg).CombinedOutput(); err != nil {
+	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("build %s: %w\n%s", pkg, err, b)
 	}
 	return nil
