@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -35,39 +36,67 @@ type PodDirectory interface {
 	ByIP(a netip.Addr) []kubepods.Pod
 }
 
-// claimPod is the broker's Config.ClaimPod: an allocation kubelet's
-// Allocate made for a pod it did not name is bound to the pod of the
-// first process that connects, if kubelet says that pod holds the
-// allocation's devices. The owner is recorded before the broker takes it,
-// so a restarted daemon keeps it.
+// claimPod is the broker's Config.ClaimPod: an allocation made for a pod
+// not named yet is bound to the pod of the first process that connects,
+// if that pod holds it: kubelet's Allocate (the device plugin) names no
+// pod, and kubelet's PodResources says which pod holds the devices; a
+// claim shared by several pods (DRA) is prepared once for all of them,
+// and its status.reservedFor says which pods may use it. Its queues
+// serve one of them: the first to connect, until it is gone
+// (collectClaims); the others are refused, naming it. The owner is
+// recorded before the broker takes it, so a restarted daemon keeps it.
 func (d *Daemon) claimPod(ctx context.Context, id string, pod broker.PodIdentity) error {
 	a, ok := d.ledger.Get(id)
 	if !ok {
 		return api.Errorf(api.ErrNotFound, "no allocation %q", id)
 	}
 	if a.Owner.PodUID != "" && a.Owner.PodUID != pod.PodUID {
-		return fmt.Errorf("the allocation belongs to pod %s", a.Owner.PodUID)
+		return d.ownedBy(ctx, a)
 	}
 	kp, err := d.opts.Pods.PodByUID(ctx, pod.PodUID)
 	if err != nil {
 		return err
 	}
 	namespace, name := kp.Namespace, kp.Name
-	devs, err := d.kubelet.podDevices(ctx, namespace, name)
-	if err != nil {
-		return err
-	}
-	p, _ := d.ledger.Meta(a.Pool)
-	res := resourceOf(a, p)
-	for _, dev := range a.Devices {
-		if !slices.Contains(devs[res], dev) {
-			return fmt.Errorf("kubelet says pod %s/%s does not hold %s %s of this allocation", namespace, name, res, dev)
+	if a.Claim != nil {
+		if err := d.claimReservedFor(ctx, a, pod.PodUID); err != nil {
+			return err
+		}
+	} else {
+		devs, err := d.kubelet.podDevices(ctx, namespace, name)
+		if err != nil {
+			return err
+		}
+		p, _ := d.ledger.Meta(a.Pool)
+		res := resourceOf(a, p)
+		for _, dev := range a.Devices {
+			if !slices.Contains(devs[res], dev) {
+				return fmt.Errorf("kubelet says pod %s/%s does not hold %s %s of this allocation", namespace, name, res, dev)
+			}
 		}
 	}
-	if err := d.ledger.SetOwner(id, ledger.Owner{PodUID: pod.PodUID}); err != nil {
+	if err := d.ledger.BindOwner(id, pod.PodUID); err != nil {
+		if errors.Is(err, api.ErrConflict) { // another pod came first
+			a, _ = d.ledger.Get(id)
+			return d.ownedBy(ctx, a)
+		}
 		return err
 	}
 	d.log.Info("allocation bound to its pod", "allocation", id, "pod", namespace+"/"+name, "pod_uid", pod.PodUID)
 	d.opts.Pods.Touch(pod.PodUID) // its flows annotation applies now
 	return nil
+}
+
+// ownedBy is the refusal of a pod that is not allocation a's owner,
+// naming the owner (and the claim it shares, if any).
+func (d *Daemon) ownedBy(ctx context.Context, a ledger.Allocation) error {
+	owner := "pod " + a.Owner.PodUID
+	if kp, err := d.opts.Pods.PodByUID(ctx, a.Owner.PodUID); err == nil {
+		owner = fmt.Sprintf("pod %s/%s (%s)", kp.Namespace, kp.Name, a.Owner.PodUID)
+	}
+	if a.Claim != nil {
+		return fmt.Errorf("claim %s/%s is shared, and its queues serve one pod at a time: %s connected first and holds them until it is gone; "+
+			"give each pod a claim of its own (a ResourceClaimTemplate) to give each its queues", a.Claim.Namespace, a.Claim.Name, owner)
+	}
+	return fmt.Errorf("the allocation belongs to %s", owner)
 }

@@ -544,10 +544,21 @@ func (d *Daemon) collectClaims(ctx context.Context) (freed []string) {
 				continue
 			}
 		}
-		why, err := d.claimGone(ctx, a)
+		why, others, err := d.claimGone(ctx, a)
 		if err != nil {
 			d.log.Warn("cannot read the claim of an allocation whose pod is gone; kept", "allocation", a.ID,
 				"claim", a.Claim.Namespace+"/"+a.Claim.Name, "err", err)
+			continue
+		}
+		if others {
+			// kubelet keeps the claim prepared for its other pods: the
+			// queues wait for the first of them to connect.
+			if err := d.setOwner(a.ID, ledger.Owner{AnyPod: true}); err != nil {
+				d.log.Warn("set owner", "allocation", a.ID, "err", err)
+				continue
+			}
+			d.log.Info("the pod that held a shared claim's queues is gone; the next of the claim's pods to connect takes them",
+				"allocation", a.ID, "claim", a.Claim.Namespace+"/"+a.Claim.Name, "pod_uid", a.Owner.PodUID)
 			continue
 		}
 		if why != "" {
@@ -588,19 +599,47 @@ func (d *Daemon) claimOf(ctx context.Context, a ledger.Allocation) (*resourceapi
 
 // claimGone says why allocation a's claim no longer needs it ("" if it
 // does): the claim is not in the API server under its UID, or is
-// reserved for none of the allocation's pods.
-func (d *Daemon) claimGone(ctx context.Context, a ledger.Allocation) (string, error) {
+// reserved for none of the allocation's pods. others says the claim is
+// still reserved for pods, none of them the allocation's owner: a
+// claim several pods share outlived the one that held its queues.
+func (d *Daemon) claimGone(ctx context.Context, a ledger.Allocation) (why string, others bool, err error) {
 	c, gone, err := d.claimOf(ctx, a)
 	if err != nil || gone != "" {
-		return gone, err
+		return gone, false, err
 	}
 	for _, r := range c.Status.ReservedFor {
 		if a.Owner.AnyPod || string(r.UID) == a.Owner.PodUID {
-			return "", nil
+			return "", false, nil
 		}
 	}
 	if a.Owner.AnyPod {
-		return "reserved for no pod", nil
+		return "reserved for no pod", false, nil
 	}
-	return "no longer reserved for pod " + a.Owner.PodUID, nil
+	if len(c.Status.ReservedFor) > 0 {
+		return "", true, nil
+	}
+	return "no longer reserved for pod " + a.Owner.PodUID, false, nil
+}
+
+// claimReservedFor refuses pod uid the queues of claim allocation a
+// unless the API server's claim is reserved for it. kubelet's
+// PodResources does not list DRA devices: the claim's status is what
+// says which pods may use them.
+func (d *Daemon) claimReservedFor(ctx context.Context, a ledger.Allocation, uid string) error {
+	if d.opts.DRA == nil || d.opts.DRA.Kube == nil {
+		return fmt.Errorf("claim %s/%s: no API server to read it from", a.Claim.Namespace, a.Claim.Name)
+	}
+	c, gone, err := d.claimOf(ctx, a)
+	if err != nil {
+		return fmt.Errorf("claim %s/%s: %w", a.Claim.Namespace, a.Claim.Name, err)
+	}
+	if gone != "" {
+		return fmt.Errorf("claim %s/%s was %s", a.Claim.Namespace, a.Claim.Name, gone)
+	}
+	for _, r := range c.Status.ReservedFor {
+		if string(r.UID) == uid {
+			return nil
+		}
+	}
+	return fmt.Errorf("claim %s/%s is not reserved for this pod (status.reservedFor)", a.Claim.Namespace, a.Claim.Name)
 }

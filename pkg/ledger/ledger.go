@@ -1014,6 +1014,29 @@ func (l *Ledger) SetOwner(id string, o Owner) error {
 	return l.persist(id)
 }
 
+// BindOwner makes pod uid the owner of an allocation any pod may use,
+// and records it. An allocation another pod owns already is refused
+// with ErrConflict: of two pods binding at once, one wins.
+func (l *Ledger) BindOwner(id, uid string) error {
+	l.mu.Lock()
+	a := l.allocs[id]
+	switch {
+	case a == nil:
+		l.mu.Unlock()
+		return api.Errorf(api.ErrNotFound, "no allocation %q", id)
+	case a.Owner.PodUID == uid:
+		l.mu.Unlock()
+		return nil
+	case !a.Owner.AnyPod:
+		o := a.Owner
+		l.mu.Unlock()
+		return api.Errorf(api.ErrConflict, "allocation %s belongs to %+v", id, o)
+	}
+	a.Owner = Owner{PodUID: uid}
+	l.mu.Unlock()
+	return l.persist(id)
+}
+
 // SetLease records the sockets of an allocation's lease (nil when it
 // ended).
 func (l *Ledger) SetLease(id string, socks []LeaseSocket) error {

@@ -711,3 +711,49 @@ func TestCountAndAllocationsOf(t *testing.T) {
 		t.Errorf("AllocationsOf(nope): %v", err)
 	}
 }
+
+// TestBindOwner: pods binding an allocation any pod may use at the same
+// moment: exactly one wins, the others get ErrConflict, binding again as
+// the winner is a no-op, and the winner is what a reopened ledger reads.
+func TestBindOwner(t *testing.T) {
+	dir := t.TempDir()
+	l := open(t, dir)
+	l.SetPools([]Pool{queuePool("upf", []string{"eth1"}, 0, 1)})
+	a, err := l.Reserve(Reservation{Pool: "upf", Devices: []string{"eth1-q0"}, Owner: Owner{AnyPod: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Commit(a.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	errs := make([]error, 8)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Go(func() { errs[i] = l.BindOwner(a.ID, fmt.Sprintf("pod-%d", i)) })
+	}
+	wg.Wait()
+	winner := -1
+	for i, err := range errs {
+		switch {
+		case err == nil && winner < 0:
+			winner = i
+		case err == nil:
+			t.Errorf("pods %d and %d both bound it", winner, i)
+		case !errors.Is(err, ErrConflict):
+			t.Errorf("pod %d: %v, want a conflict", i, err)
+		}
+	}
+	if winner < 0 {
+		t.Fatal("no pod bound it")
+	}
+	w := fmt.Sprintf("pod-%d", winner)
+	if err := l.BindOwner(a.ID, w); err != nil {
+		t.Errorf("the winner again: %v", err)
+	}
+	if got, _ := open(t, dir).Get(a.ID); got.Owner != (Owner{PodUID: w}) {
+		t.Errorf("reopened, the owner is %+v, want %s", got.Owner, w)
+	}
+	if err := l.BindOwner("upf-none", w); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("no such allocation: %v", err)
+	}
+}
