@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"strings"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -204,6 +205,9 @@ func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (_ dra.Edits, er
 	if err != nil {
 		return dra.Edits{}, err
 	}
+	if err := d.checkOneNetdev(c, ids); err != nil {
+		return dra.Edits{}, err
+	}
 	owner := ledger.Owner{AnyPod: true}
 	if len(c.Pods) == 1 {
 		owner = ledger.Owner{PodUID: c.Pods[0]}
@@ -231,6 +235,29 @@ func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (_ dra.Edits, er
 		d.opts.Pods.Touch(owner.PodUID) // its claim's flows apply once it has an address
 	}
 	return d.claimEdits(a), nil
+}
+
+// checkOneNetdev refuses a claim given queues of several netdevs: an
+// allocation, and the lease a pod takes of it, is on one netdev. The
+// scheduler allocates so whatever the slices say when a request has no
+// matchAttribute constraint on xdpq.io/netdev, which the claim it makes
+// for a pod asking the extended resource never has: the refusal names
+// both ways out.
+func (d *Daemon) checkOneNetdev(c dra.Claim, ids []string) error {
+	p, _ := d.ledger.Pool(c.Pool)
+	var netdevs []string
+	for _, dv := range p.Devices {
+		if slices.Contains(ids, dv.ID) && !slices.Contains(netdevs, dv.Netdev) {
+			netdevs = append(netdevs, dv.Netdev)
+		}
+	}
+	if len(netdevs) < 2 {
+		return nil
+	}
+	slices.Sort(netdevs)
+	return api.Errorf(api.ErrInvalid, "claim %s/%s was given queues of netdevs %s, and its queues must be of one netdev (a lease is): "+
+		"ask with the constraint matchAttribute: %s/netdev on its requests; a pod asking for the extended resource of pool %s gets no such constraint, so give that pool one netdev per node",
+		c.Namespace, c.Name, strings.Join(netdevs, " and "), dra.DriverName, c.Pool)
 }
 
 // checkClaimFlows refuses a queue claim's flows whose own destination

@@ -120,3 +120,29 @@ func TestSharedClaim(t *testing.T) {
 		t.Errorf("owner %+v, want pod %s", a.Owner, loser)
 	}
 }
+
+// TestPrepareRefusesTwoNetdevs: a claim the scheduler gave queues of two
+// netdevs (a request without matchAttribute on xdpq.io/netdev, as the
+// claim it makes for the extended resource is) is refused at Prepare,
+// naming both netdevs and both ways out, and holds nothing; a claim of
+// queues of one netdev of the same pool prepares. (Before, the ledger's
+// "span netdevs" was all the pod's events said.)
+func TestPrepareRefusesTwoNetdevs(t *testing.T) {
+	split := allocatedClaim("split", "d1000000-0000-4000-8000-000000000001", podA, []string{"xa-q3", "xb-q0"}, "")
+	one := allocatedClaim("one", "d1000000-0000-4000-8000-000000000002", podA, []string{"xb-q0", "xb-q1"}, "")
+	e := newDRAEnvWith(t, newFakePods(kubepods.Pod{UID: podA, Namespace: "default", Name: "dns-0"}),
+		"pools: [{name: dns, servedBy: dra, steering: software, devices: {netdevs: ['xa#2-3', 'xb#0-1']}}]\n", nil, split, one)
+	r := e.prepare(t, split)
+	for _, want := range []string{"claim default/split was given queues of netdevs xa and xb", "matchAttribute: xdpq.io/netdev",
+		"the extended resource of pool dns"} {
+		if !strings.Contains(r.Error, want) {
+			t.Errorf("prepare of a claim of two netdevs: %q; want %q", r.Error, want)
+		}
+	}
+	if a := e.d.ledger.Allocations(); len(a) != 0 {
+		t.Errorf("the refused claim holds %+v", a)
+	}
+	if r := e.prepare(t, one); r.Error != "" {
+		t.Errorf("a claim of one netdev: %s", r.Error)
+	}
+}
