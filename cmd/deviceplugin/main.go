@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -46,6 +47,7 @@ func main() {
 	flag.StringVar(&o.ServedBy, "served-by", "", `how a pool whose config does not say is served: "dra" or "devicePlugin" (default)`)
 	draPluginDir := flag.String("dra-plugin-dir", "", "the DRA driver's socket directory (default /var/lib/kubelet/plugins/xdpq.io)")
 	cdiDir := flag.String("cdi-dir", "", "where the DRA driver writes the claims' CDI specs (default /var/run/cdi)")
+	uninstallWait := flag.Duration("dra-uninstall-wait", 10*time.Minute, "on uninstall (-daemonset deleted), how long to wait for kubelet to unprepare the claims still prepared before freeing them; the pod's terminationGracePeriodSeconds must exceed it by 30 s")
 	nriSocket := flag.String("nri-socket", "", "the container runtime's NRI socket, through which DRA moves netdev-mode pools' netdevs into pods ("+nri.DefaultSocket+"; empty: DRA serves no netdev-mode pool)")
 	debug := flag.Bool("debug", false, "log at debug level")
 	flag.Parse()
@@ -84,7 +86,7 @@ func main() {
 		// POD_UID (the downward API) lets a new daemon register beside
 		// the old one in a rolling update with maxSurge.
 		o.DRA = &daemon.DRA{Kube: cs, RegistryDir: o.RegistryDir, PluginDir: *draPluginDir, CDIDir: *cdiDir, RollingUpdate: os.Getenv("POD_UID"),
-			NRISocket: *nriSocket}
+			NRISocket: *nriSocket, UninstallWait: *uninstallWait}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -152,6 +152,9 @@ type Daemon struct {
 	netdevsChanged chan struct{}
 	// draChanged wakes draLoop to publish; capacity 1.
 	draChanged chan struct{}
+	// unprepared wakes an uninstall waiting for kubelet to unprepare
+	// claims; capacity 1.
+	unprepared chan struct{}
 	// goneClaims are the claims the collector found gone (collectClaims).
 	goneClaims goneClaims
 	// pcieRoots are the pools' PCI devices' PCIe roots (draNode.Devices).
@@ -302,7 +305,8 @@ func newDaemon(opts Options) *Daemon {
 	}
 	d := &Daemon{opts: opts, log: opts.Logger, kubelet: kubeletAPI{opts.PodResourcesSocket}, ready: make(chan struct{}),
 		retry: map[string]error{}, ifindexes: map[string]int{},
-		health: health{running: map[string]bool{}}, netdevsChanged: make(chan struct{}, 1), draChanged: make(chan struct{}, 1)}
+		health: health{running: map[string]bool{}}, netdevsChanged: make(chan struct{}, 1), draChanged: make(chan struct{}, 1),
+		unprepared: make(chan struct{}, 1)}
 	d.discover = func() ([]nic.Netdev, error) {
 		return nic.Discoverer{SysRoot: d.opts.SysRoot, NetNS: d.opts.NetNS}.List()
 	}

@@ -48,6 +48,13 @@ type DRA struct {
 	// mode pools move their netdevs into pods through it. Empty: DRA
 	// serves no netdev-mode pool.
 	NRISocket string
+	// UninstallWait is how long an uninstall waits for kubelet to
+	// unprepare the claims still prepared (it does as their pods are
+	// deleted) before it frees them anyway. Without the driver kubelet
+	// cannot unprepare a claim, and its pod stays Terminating; the pod
+	// must give the daemon this long and more to stop
+	// (terminationGracePeriodSeconds). 0 frees them at once.
+	UninstallWait time.Duration
 }
 
 // servedBy is how pool p is served now: as its config (or the daemon's
@@ -319,7 +326,14 @@ func (n draNode) UnprepareClaim(ctx context.Context, uid string) (err error) {
 	if !ok {
 		return nil
 	}
-	return n.d.free(ctx, a.ID, "its claim was unprepared")
+	if err := n.d.free(ctx, a.ID, "its claim was unprepared"); err != nil {
+		return err
+	}
+	select {
+	case n.d.unprepared <- struct{}{}:
+	default:
+	}
+	return nil
 }
 
 // Devices are the devices of the pools DRA serves, with what discovery

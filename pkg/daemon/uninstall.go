@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/config"
+	"github.com/xdpq/xdpq/pkg/dra"
 	"github.com/xdpq/xdpq/pkg/ledger"
 )
 
@@ -36,8 +38,8 @@ func (d *Daemon) stopping(ctx context.Context) {
 		return
 	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), uninstallTimeout)
-	defer cancel()
 	yes, why := d.opts.Uninstalling(actx)
+	cancel()
 	if !yes {
 		d.log.Info("stopping; the datapath stays for the next daemon", "reason", why)
 		return
@@ -47,11 +49,69 @@ func (d *Daemon) stopping(ctx context.Context) {
 		return
 	}
 	d.log.Info("xdpq is being uninstalled: removing its datapath from the node", "reason", why)
+	d.mu.Lock()
+	d.uninstalling = true // nothing new from now on
+	d.mu.Unlock()
+	d.awaitUnprepare(ctx)
+	actx, cancel = context.WithTimeout(context.WithoutCancel(ctx), uninstallTimeout)
+	defer cancel()
 	if err := d.uninstall(actx); err != nil {
 		d.log.Error("uninstall left something on the node; its records and pins stay, so that a new install adopts it or an operator can remove it", "err", err)
 		return
 	}
 	d.log.Info("uninstalled: no allocation, flow, program or netdev of xdpq remains on the node")
+}
+
+// claimsHeld are the claims (namespace/name) whose allocations remain.
+func (d *Daemon) claimsHeld() []string {
+	var held []string
+	for _, a := range d.ledger.Allocations() {
+		if a.Claim != nil {
+			held = append(held, a.Claim.Namespace+"/"+a.Claim.Name)
+		}
+	}
+	return held
+}
+
+// awaitUnprepare waits, up to DRA.UninstallWait, for kubelet to unprepare
+// the claims still prepared: kubelet unprepares a claim through the
+// driver only, so one freed by the uninstall instead would leave its pod
+// Terminating for good (kubelet: "DRA driver xdpq.io is not registered")
+// and its CDI spec on the node. Their pods keep their queues until then;
+// no claim is prepared and no allocation made meanwhile.
+func (d *Daemon) awaitUnprepare(ctx context.Context) {
+	if d.opts.DRA == nil || d.opts.DRA.UninstallWait <= 0 || len(d.claimsHeld()) == 0 {
+		return
+	}
+	deadline := time.NewTimer(d.opts.DRA.UninstallWait)
+	defer deadline.Stop()
+	tell := time.NewTicker(30 * time.Second)
+	defer tell.Stop()
+	end := time.Now().Add(d.opts.DRA.UninstallWait)
+	said := ""
+	for {
+		held := d.claimsHeld()
+		if len(held) == 0 {
+			d.log.Info("uninstall: kubelet unprepared every claim")
+			return
+		}
+		if s := strings.Join(held, " "); s != said {
+			said = s
+			d.log.Warn("uninstall waits for kubelet to unprepare the claims still prepared: delete their pods",
+				"claims", held, "until", end.Format(time.RFC3339))
+		}
+		select {
+		case <-d.unprepared:
+		case <-tell.C:
+			said = "" // said again, as a reminder
+		case <-deadline.C:
+			d.log.Error("uninstall: claims not unprepared in time are freed now; their pods stay Terminating until xdpq is installed again and kubelet can unprepare them",
+				"claims", held, "waited", d.opts.DRA.UninstallWait)
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // uninstall ends every allocation (their attachments undone, netdevs in
@@ -74,6 +134,19 @@ func (d *Daemon) uninstall(ctx context.Context) error {
 			err = d.free(ctx, a.ID, "xdpq uninstalled")
 		}
 		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if d.opts.DRA != nil {
+		// The specs of claims freed without kubelet's unprepare; those
+		// of allocations that could not end stay with their records.
+		keep := map[string]bool{}
+		for _, a := range d.ledger.Allocations() {
+			if a.Claim != nil {
+				keep[a.Claim.UID] = true
+			}
+		}
+		if err := dra.RemoveSpecsExcept(d.opts.DRA.CDIDir, keep); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -370,6 +370,16 @@ func (d *Driver) RemoveSpecsExcept(keep map[string]bool) error {
 	return removeSpecsExcept(d.opts.CDIDir, keep)
 }
 
+// RemoveSpecsExcept removes the driver's claim CDI specs in dir ("":
+// DefaultCDIDir) whose claim UID is not in keep, with no driver running
+// (an uninstall that freed claims kubelet did not unprepare).
+func RemoveSpecsExcept(dir string, keep map[string]bool) error {
+	if dir == "" {
+		dir = DefaultCDIDir
+	}
+	return removeSpecsExcept(dir, keep)
+}
+
 // HandleError is told of errors in the background, mostly publishing
 // slices; the helper's controller retries them.
 func (d *Driver) HandleError(_ context.Context, err error, msg string) {

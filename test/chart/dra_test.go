@@ -57,9 +57,27 @@ func TestDRA(t *testing.T) {
 	}
 	ds := daemonSet(t, objs)
 	c := ds.Spec.Template.Spec.Containers[0]
-	for _, arg := range []string{"--dra", "--served-by=dra", "--dra-plugin-dir=/var/lib/kubelet/plugins/xdpq.io", "--cdi-dir=/var/run/cdi"} {
+	for _, arg := range []string{"--dra", "--served-by=dra", "--dra-plugin-dir=/var/lib/kubelet/plugins/xdpq.io", "--cdi-dir=/var/run/cdi",
+		"--dra-uninstall-wait=600s"} {
 		if !slices.Contains(c.Args, arg) {
 			t.Errorf("args %v lack %s", c.Args, arg)
+		}
+	}
+	// An uninstall waits for kubelet to unprepare the claims, then has
+	// the datapath to remove: the pod is given the wait and 30 s.
+	if g := ds.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || *g != 630 {
+		t.Errorf("terminationGracePeriodSeconds %v with DRA, want 630", g)
+	}
+	for _, tc := range []struct {
+		dra   map[string]any
+		grace int64
+	}{
+		{map[string]any{"uninstallWaitSeconds": 0}, 30},
+		{map[string]any{"enabled": false}, 30},
+	} {
+		ds := daemonSet(t, objects(t, render(t, Options{APIVersions: []string{draAPI}, Values: map[string]any{"config": draPools["config"], "dra": tc.dra}})))
+		if g := ds.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || *g != tc.grace {
+			t.Errorf("dra %v: terminationGracePeriodSeconds %v, want %d", tc.dra, g, tc.grace)
 		}
 	}
 	if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {

@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -42,8 +43,9 @@ const (
 // flow; a pod whose claim's config is invalid is refused, the field
 // named in its events, leaving nothing; a pod that asks for the
 // extended resource, as for the device plugin, is served by DRA; the
-// pods gone, the queues are free; helm uninstall removes the slices and
-// the class.
+// pods gone, the queues are free; helm uninstall while a claim is
+// prepared waits for kubelet to unprepare it (its pod keeps receiving,
+// and goes when deleted), then removes the slices and the class.
 func TestDRAScenario(t *testing.T) {
 	testnet.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute) // a fresh build included
@@ -293,12 +295,48 @@ func TestDRAScenario(t *testing.T) {
 		t.Errorf("CDI specs left: %v", specs)
 	}
 
-	// 8. helm uninstall: no slice, no class.
+	// 8. helm uninstall while a claim is prepared: its pod keeps
+	// receiving, and the daemon keeps the driver registered until
+	// kubelet has unprepared the claim; the pod deleted, it goes (it
+	// stayed Terminating for good when the driver went first), then the
+	// daemon, leaving no CDI spec, no slice, no class.
+	claimTemplate(ctx, t, cp, ns, "rx-u", `[{"protocol": "udp", "destinationPort": "5003"}]`)
+	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, draPerfPod(ns, "rx-u", ref, 5003, "rx-u"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	u := followPerfPod(ctx, t, cp, ns, "rx-u", 5003)
+	waitFlowsApplied(ctx, t, cp, ns, u.name)
+	su := openPeerSender(t, nic, u)
 	if out, err := cp.Helm(ctx, "uninstall", "xdpq", "-n", "kube-system", "--wait", "--timeout=2m"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
+	// The DaemonSet's pod is deleted by the garbage collector, soon
+	// after: it stops, and stays so while the claim is prepared.
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := cp.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=xdpq"})
+		if err != nil {
+			return false, err
+		}
+		if len(l.Items) == 0 {
+			return false, errors.New("the daemon's pod is gone while a claim is prepared")
+		}
+		return l.Items[0].DeletionTimestamp != nil, nil
+	})
+	if err != nil {
+		t.Fatalf("the daemon's pod after helm uninstall with a claim prepared: %v", err)
+	}
+	if err := su.send(1000, true); err != nil {
+		t.Fatal(err)
+	}
+	checkTotals(ctx, t, cp, ns, su) // deletes the pod
+	if out, err := cp.Kubectl(ctx, "-n", ns, "wait", "--for=delete", "pod/rx-u", "--timeout=60s"); err != nil {
+		t.Errorf("the claim's pod deleted after helm uninstall: %v\n%s", err, out)
+	}
 	if out, err := cp.Kubectl(ctx, "-n", "kube-system", "wait", "--for=delete", "pod", "-l", "app.kubernetes.io/name=xdpq", "--timeout=2m"); err != nil {
 		t.Errorf("the daemon's pod after helm uninstall: %v\n%s", err, out)
+	}
+	if specs, _ := filepath.Glob("/var/run/cdi/xdpq.io-claim_*"); len(specs) != 0 {
+		t.Errorf("CDI specs left by helm uninstall: %v", specs)
 	}
 	// The daemon deletes its node's slices as it stops, if its RBAC is
 	// still there (helm deletes it at the same moment); kubelet deletes
