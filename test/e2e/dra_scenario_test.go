@@ -294,6 +294,8 @@ func TestDRAScenario(t *testing.T) {
 	if specs, _ := filepath.Glob("/var/run/cdi/xdpq.io-claim_*"); len(specs) != 0 {
 		t.Errorf("CDI specs left: %v", specs)
 	}
+	sa.close()
+	sb.close()
 
 	// 8. helm uninstall while a claim is prepared: its pod keeps
 	// receiving, and the daemon keeps the driver registered until

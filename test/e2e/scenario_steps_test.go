@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,6 +44,9 @@ type peerSender struct {
 	// counted is the frames of the flow sent per queue while xdpq's
 	// program held the hook: what the pod must report.
 	counted uint64
+	// close closes the peer's sockets (at the test's end if not before):
+	// their queues are another sender's to open then.
+	close func()
 }
 
 func openPeerSender(t *testing.T, nic *cluster.NIC, r *perfRun) *peerSender {
@@ -68,12 +72,16 @@ func openPeerSender(t *testing.T, nic *cluster.NIC, r *perfRun) *peerSender {
 		t.Fatalf("open the peer's queues %v: %v", qs, err)
 	}
 	s := &peerSender{r: r, nic: nic, socks: socks}
-	t.Cleanup(func() {
-		for _, s := range socks {
-			s.Close()
-		}
-		umem.Close()
-	})
+	var once sync.Once
+	s.close = func() {
+		once.Do(func() {
+			for _, s := range socks {
+				s.Close()
+			}
+			umem.Close()
+		})
+	}
+	t.Cleanup(s.close)
 	for i, sock := range socks {
 		addrs := make([]uint64, frames)
 		for j := range addrs {
