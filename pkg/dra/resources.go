@@ -60,6 +60,13 @@ const (
 	AttrZeroCopy = "zeroCopy"
 	AttrSteering = "steering"
 	AttrSpeed    = "linkSpeedMbps"
+	// AttrExtended marks the devices a pod asking for the pool's
+	// extended resource may be given (the chart's DeviceClass
+	// <pool>.extended.xdpq.io selects them): the claim the scheduler
+	// makes for it cannot ask for one netdev, and an allocation's queues
+	// are on one, so only one netdev's queues per node and pool are
+	// offered to it. Every netdev of a netdev-mode pool is.
+	AttrExtended = "extendedResource"
 )
 
 // TaintKey is the key of the taint of a device new claims must avoid.
@@ -77,11 +84,12 @@ const maxPerSlice = resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures
 func Resources(node string, pools map[string][]Device) resourceslice.DriverResources {
 	res := resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{}}
 	for name, devs := range pools {
+		extended := extendedNetdev(devs)
 		var ss []resourceslice.Slice
 		for chunk := range slices.Chunk(devs, maxPerSlice) {
 			s := resourceslice.Slice{Devices: make([]resourceapi.Device, 0, len(chunk))}
 			for _, d := range chunk {
-				s.Devices = append(s.Devices, apiDevice(name, d))
+				s.Devices = append(s.Devices, apiDevice(name, d, d.Queue < 0 || d.Netdev == extended))
 			}
 			ss = append(ss, s)
 		}
@@ -93,8 +101,26 @@ func Resources(node string, pools map[string][]Device) resourceslice.DriverResou
 	return res
 }
 
-// apiDevice is a device of pool as its ResourceSlice shows it.
-func apiDevice(pool string, d Device) resourceapi.Device {
+// extendedNetdev is the netdev whose queues a pool's extended resource
+// is given: the first of devs's netdevs that is available (the first if
+// none is). A netdev that becomes unavailable hands it to the next;
+// allocations made already keep their queues.
+func extendedNetdev(devs []Device) string {
+	first := ""
+	for _, d := range devs {
+		if first == "" {
+			first = d.Netdev
+		}
+		if d.Unavailable == "" {
+			return d.Netdev
+		}
+	}
+	return first
+}
+
+// apiDevice is a device of pool as its ResourceSlice shows it; extended
+// says whether the pool's extended resource may be given it.
+func apiDevice(pool string, d Device, extended bool) resourceapi.Device {
 	str := func(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: ptr.To(s)} }
 	num := func(n int) resourceapi.DeviceAttribute {
 		return resourceapi.DeviceAttribute{IntValue: ptr.To(int64(n))}
@@ -106,6 +132,7 @@ func apiDevice(pool string, d Device) resourceapi.Device {
 		AttrQueues:   num(d.Queues),
 		AttrNative:   flag(d.Native),
 		AttrZeroCopy: flag(d.ZeroCopy),
+		AttrExtended: flag(extended),
 	}
 	name := DeviceName(d.Netdev, d.Queue)
 	if d.Queue >= 0 {

@@ -3,6 +3,7 @@ package dra
 import (
 	"fmt"
 	"strings"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -131,7 +132,7 @@ func TestResources(t *testing.T) {
 		return map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 			"pool": str("upf"), "netdev": str("eth1"), "queue": num(q), "queues": num(1), "mode": str("queue"),
 			"steering": str("ntuple"), "driver": str("ice"), "nativeXDP": flag(true), "zeroCopy": flag(true),
-			"linkSpeedMbps":                   num(25000),
+			"linkSpeedMbps": num(25000), "extendedResource": flag(true),
 			"resource.kubernetes.io/pciBusID": str("0000:3b:00.0"),
 			"resource.kubernetes.io/pcieRoot": str("pci0000:3a"),
 			"resource.kubernetes.io/numaNode": num(1),
@@ -147,11 +148,11 @@ func TestResources(t *testing.T) {
 		"node-1/dns": {Slices: []resourceslice.Slice{{Devices: []resourceapi.Device{
 			{Name: "veth0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 				"pool": str("dns"), "netdev": str("veth0"), "queues": num(4), "mode": str("netdev"),
-				"nativeXDP": flag(false), "zeroCopy": flag(false),
+				"nativeXDP": flag(false), "zeroCopy": flag(false), "extendedResource": flag(true),
 			}},
 			{Name: DeviceName("ens1f0.100", -1), Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 				"pool": str("dns"), "netdev": str("ens1f0.100"), "queues": num(8), "mode": str("netdev"),
-				"driver": str("mlx5_core"), "nativeXDP": flag(true), "zeroCopy": flag(false),
+				"driver": str("mlx5_core"), "nativeXDP": flag(true), "zeroCopy": flag(false), "extendedResource": flag(true),
 				"resource.kubernetes.io/pciBusID": str("0000:5e:00.0"),
 				"resource.kubernetes.io/numaNode": num(0), // node 0 is known
 			}},
@@ -169,6 +170,44 @@ func TestResources(t *testing.T) {
 	}
 	if TaintKey != "xdpq.io/unavailable" {
 		t.Errorf("TaintKey %q", TaintKey)
+	}
+}
+
+// TestExtendedResourceOneNetdev: of a queue pool of two netdevs, the
+// queues of one are offered to the pool's extended resource (the claim
+// the scheduler makes for it cannot ask for one netdev, and an
+// allocation is on one): the first that is available, the first at all
+// when none is. Every netdev of a netdev-mode pool is offered.
+func TestExtendedResourceOneNetdev(t *testing.T) {
+	extended := func(devs []Device) []string {
+		var out []string
+		for _, d := range Resources("n", map[string][]Device{"p": devs}).Pools["n/p"].Slices[0].Devices {
+			if v := d.Attributes[AttrExtended].BoolValue; v != nil && *v {
+				out = append(out, d.Name)
+			}
+		}
+		return out
+	}
+	down := func(devs []Device) []Device {
+		for i := range devs {
+			devs[i].Unavailable, devs[i].Reason = "netdev "+devs[i].Netdev+"'s link is down", "LinkDown"
+		}
+		return devs
+	}
+	for _, c := range []struct {
+		name string
+		devs []Device
+		want []string
+	}{
+		{"both well", append(queueDevices("eth1", 0, 2), queueDevices("eth2", 0, 2)...), []string{"eth1-q0", "eth1-q1"}},
+		{"the first down", append(down(queueDevices("eth1", 0, 2)), queueDevices("eth2", 0, 2)...), []string{"eth2-q0", "eth2-q1"}},
+		{"both down", down(append(queueDevices("eth1", 0, 2), queueDevices("eth2", 0, 2)...)), []string{"eth1-q0", "eth1-q1"}},
+		{"netdevs", []Device{{ID: "vf0", Netdev: "vf0", Queue: -1, Queues: 2, NUMA: -1}, {ID: "vf1", Netdev: "vf1", Queue: -1, Queues: 2, NUMA: -1}},
+			[]string{"vf0", "vf1"}},
+	} {
+		if got := extended(c.devs); !slices.Equal(got, c.want) {
+			t.Errorf("%s: offered to the extended resource %v, want %v", c.name, got, c.want)
+		}
 	}
 }
 

@@ -40,20 +40,31 @@ func TestDRA(t *testing.T) {
 	for _, o := range find(objs, "DeviceClass") {
 		dc := decode[resourceapi.DeviceClass](t, o)
 		classes = append(classes, dc.Name)
-		pool := strings.TrimSuffix(dc.Name, ".xdpq.io")
-		if dc.Spec.ExtendedResourceName == nil || *dc.Spec.ExtendedResourceName != "example.com/"+pool {
-			t.Errorf("DeviceClass %s: extendedResourceName %v", dc.Name, dc.Spec.ExtendedResourceName)
+		pool, extended := strings.CutSuffix(dc.Name, ".extended.xdpq.io")
+		if !extended {
+			pool = strings.TrimSuffix(dc.Name, ".xdpq.io")
 		}
 		want := `device.driver == "xdpq.io" && device.attributes["xdpq.io"].pool == "` + pool + `"`
+		switch {
+		case extended:
+			// The extended resource's class: one netdev's queues per
+			// node, those the daemon marks.
+			want += ` && "extendedResource" in device.attributes["xdpq.io"] && device.attributes["xdpq.io"].extendedResource`
+			if dc.Spec.ExtendedResourceName == nil || *dc.Spec.ExtendedResourceName != "example.com/"+pool {
+				t.Errorf("DeviceClass %s: extendedResourceName %v", dc.Name, dc.Spec.ExtendedResourceName)
+			}
+		case dc.Spec.ExtendedResourceName != nil:
+			t.Errorf("DeviceClass %s, of claims: extendedResourceName %s", dc.Name, *dc.Spec.ExtendedResourceName)
+		}
 		if len(dc.Spec.Selectors) != 1 || dc.Spec.Selectors[0].CEL == nil || dc.Spec.Selectors[0].CEL.Expression != want {
-			t.Errorf("DeviceClass %s: selectors %+v", dc.Name, dc.Spec.Selectors)
+			t.Errorf("DeviceClass %s: selectors %+v, want %s", dc.Name, dc.Spec.Selectors, want)
 		}
 		if errs, ok := validate(t, o, nil); !ok || len(errs) > 0 {
 			t.Errorf("DeviceClass %s is not valid: %v", dc.Name, errs)
 		}
 	}
-	if strings.Join(classes, " ") != "upf.xdpq.io lb.xdpq.io" {
-		t.Errorf("DeviceClasses %v, want upf and lb (dns is the device plugin's)", classes)
+	if strings.Join(classes, " ") != "upf.xdpq.io upf.extended.xdpq.io lb.xdpq.io lb.extended.xdpq.io" {
+		t.Errorf("DeviceClasses %v, want upf's and lb's (dns is the device plugin's)", classes)
 	}
 	ds := daemonSet(t, objs)
 	c := ds.Spec.Template.Spec.Containers[0]
@@ -128,7 +139,7 @@ func TestDRA(t *testing.T) {
 	}
 	// servedBy devicePlugin by default: only the pool that says dra.
 	objs = objects(t, render(t, Options{APIVersions: []string{draAPI}, Values: map[string]any{"config": draPools["config"], "dra": map[string]any{"servedBy": "devicePlugin"}}}))
-	if dcs := find(objs, "DeviceClass"); len(dcs) != 1 || dcs[0].Name != "lb.xdpq.io" {
+	if dcs := find(objs, "DeviceClass"); len(dcs) != 2 || dcs[0].Name != "lb.xdpq.io" || dcs[1].Name != "lb.extended.xdpq.io" {
 		t.Errorf("with servedBy devicePlugin: DeviceClasses %v", dcs)
 	}
 }

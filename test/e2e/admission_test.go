@@ -9,6 +9,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/test/e2e/cluster"
@@ -78,6 +79,24 @@ func TestAdmissionPolicy(t *testing.T) {
 			t.Errorf("%s: refused: %v", c.name, err)
 		case c.refusal != "" && (err == nil || !strings.Contains(err.Error(), c.refusal)):
 			t.Errorf("%s: %v, want a refusal saying %q", c.name, err, c.refusal)
+		}
+	}
+	// More than one queue: one netdev, which only the claim can say.
+	two := func(name, class string, constrained bool) *resourceapi.ResourceClaim {
+		c := queueClaim(name, head+"}")
+		c.Spec.Devices.Requests[0].Exactly.Count, c.Spec.Devices.Requests[0].Exactly.DeviceClassName = 2, class
+		if constrained {
+			c.Spec.Devices.Constraints = []resourceapi.DeviceConstraint{{Requests: []string{"queues"}, MatchAttribute: ptr.To(resourceapi.FullyQualifiedName("xdpq.io/netdev"))}}
+		}
+		return c
+	}
+	if _, err := claims.Create(ctx, two("two", "upf.xdpq.io", false), metav1.CreateOptions{}); err == nil ||
+		!strings.Contains(err.Error(), "devices.requests queues: more than one device of xdpq.io needs the constraint matchAttribute: xdpq.io/netdev") {
+		t.Errorf("a claim of 2 queues without matchAttribute: %v", err)
+	}
+	for _, c := range []*resourceapi.ResourceClaim{two("two-on-one", "upf.xdpq.io", true), two("two-extended", "upf.extended.xdpq.io", false)} {
+		if _, err := claims.Create(ctx, c, metav1.CreateOptions{}); err != nil {
+			t.Errorf("%s: %v", c.Name, err)
 		}
 	}
 	// Another driver's config is not xdpq's to judge.

@@ -96,8 +96,8 @@ func TestDRAScenario(t *testing.T) {
 	// them.
 	out, err = cp.Kubectl(ctx, "get", "deviceclasses")
 	t.Logf("kubectl get deviceclasses:\n%s", out)
-	if classes := tableNames(out); err != nil || !slices.Equal(classes, []string{scenarioClass, draNetdevPool + ".xdpq.io"}) {
-		t.Errorf("kubectl get deviceclasses: %q %v, want %s and %s.xdpq.io", classes, err, scenarioClass, draNetdevPool)
+	if classes, want := tableNames(out), []string{scenarioPool + ".extended.xdpq.io", scenarioClass, draNetdevPool + ".extended.xdpq.io", draNetdevPool + ".xdpq.io"}; err != nil || !slices.Equal(classes, want) {
+		t.Errorf("kubectl get deviceclasses: %q %v, want %q", classes, err, want)
 	}
 
 	const ns = "telco"
