@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"sync"
 	"strings"
+	"sync"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"

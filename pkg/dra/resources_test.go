@@ -2,8 +2,8 @@ package dra
 
 import (
 	"fmt"
-	"strings"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"

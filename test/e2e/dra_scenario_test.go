@@ -157,6 +157,20 @@ func TestDRAScenario(t *testing.T) {
 	out, _ = cp.Kubectl(ctx, "-n", ns, "get", "resourceclaims")
 	t.Logf("kubectl get resourceclaims:\n%s", out)
 	waitClaimsReady(ctx, t, cp, ns, "True")
+	// kubectl get xdpqnodes counts the claims' queues as allocated (it
+	// read 0 of all while claims held them), within the status's
+	// coalescing of pod churn (10 s).
+	var queues string
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		out, err := cp.Kubectl(ctx, "get", "xdpqnode", node.Name, "-o", "jsonpath={.status.summary.queues}")
+		queues = string(out)
+		return err == nil && strings.HasPrefix(queues, "4/"), nil
+	})
+	out, _ = cp.Kubectl(ctx, "get", "xdpqnodes")
+	t.Logf("kubectl get xdpqnodes:\n%s", out)
+	if err != nil {
+		t.Errorf("the XdpqNode's queues with rx-a's and rx-b's claims prepared: %q, want 4 allocated", queues)
+	}
 
 	// 4b. A pod with a claim of the netdev pool: its NIC is in the pod
 	// (the claim's networkData says as what), it receives everything
