@@ -3,7 +3,7 @@ GO          ?= go
 STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 ERRCHECK    ?= $(shell $(GO) env GOPATH)/bin/errcheck
 
-.PHONY: all build image manifests packages test-builds test e2e-binaries e2e-node-binaries e2e-tests e2e bench bench-e2e generate lint demo tools cclient
+.PHONY: all build image version manifests packages test-builds test e2e-binaries e2e-node-binaries e2e-tests e2e bench bench-e2e generate lint demo tools cclient
 
 all: build
 
@@ -20,9 +20,10 @@ build:
 
 # The image of the Dockerfile, built without Docker (cmd/xdpqimage): one
 # docker-archive per architecture, bin/xdpq-image-<arch>.tar, tagged
-# xdpq.io/xdpq:$(VERSION), for `ctr -n k8s.io images import` or
-# `docker load`.
-VERSION      ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# xdpq.io/xdpq:$(VERSION), the release (the file VERSION, which is the
+# chart's appVersion: helm install takes the image make image built), for
+# `ctr -n k8s.io images import` or `docker load`.
+VERSION      ?= $(shell cat VERSION)
 REVISION     ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 CREATED      ?= $(shell git log -1 --format=%cI 2>/dev/null)
 IMAGE_ARCHES ?= amd64 arm64
@@ -31,6 +32,15 @@ image:
 	  echo "$(GO) run ./cmd/xdpqimage -arch $$a -version $(VERSION) -o bin/xdpq-image-$$a.tar"; \
 	  $(STATIC) $(GO) run ./cmd/xdpqimage -arch $$a -version $(VERSION) -revision $(REVISION) -created "$(CREATED)" -o bin/xdpq-image-$$a.tar || exit 1; \
 	done
+
+# A new release: `make version V=0.2.0` writes it to VERSION and to the
+# chart's version and appVersion, and renders manifests/xdpq.yaml again
+# (test/chart fails when they differ). Add its section to CHANGELOG.md.
+version:
+	@test -n "$(V)" || { echo "make version V=x.y.z"; exit 2; }
+	echo $(V) > VERSION
+	sed -i -e 's/^version: .*/version: $(V)/' -e 's/^appVersion: .*/appVersion: "$(V)"/' charts/xdpq/Chart.yaml
+	$(MAKE) --no-print-directory manifests
 
 # manifests/xdpq.yaml: the Helm chart charts/xdpq rendered with its
 # default values (helm template, by Helm's SDK in test/chart); a test of

@@ -5,10 +5,11 @@ package main
 import (
 	"github.com/containernetworking/cni/pkg/skel"
 
+	"github.com/xdpq/xdpq"
 	"github.com/xdpq/xdpq/pkg/cni"
 )
 
 func main() {
 	skel.PluginMainFuncs(cni.Plugin{CacheDir: cni.DefaultCacheDir}.Funcs(),
-		cni.SupportedVersions, "xdpq: AF_XDP queues for pods")
+		cni.SupportedVersions, "xdpq "+xdpq.Version()+": AF_XDP queues for pods")
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/xdpq/xdpq"
 	"github.com/xdpq/xdpq/internal/dsowner"
 	"github.com/xdpq/xdpq/internal/kubeclient"
 	"github.com/xdpq/xdpq/pkg/daemon"
@@ -50,7 +51,12 @@ func main() {
 	uninstallWait := flag.Duration("dra-uninstall-wait", 10*time.Minute, "on uninstall (-daemonset deleted), how long to wait for kubelet to unprepare the claims still prepared before freeing them; the pod's terminationGracePeriodSeconds must exceed it by 30 s")
 	nriSocket := flag.String("nri-socket", "", "the container runtime's NRI socket, through which DRA moves netdev-mode pools' netdevs into pods ("+nri.DefaultSocket+"; empty: DRA serves no netdev-mode pool)")
 	debug := flag.Bool("debug", false, "log at debug level")
+	showVersion := flag.Bool("version", false, "print the release and exit")
 	flag.Parse()
+	if *showVersion {
+		fmt.Println("deviceplugin", xdpq.Version())
+		return
+	}
 	level := slog.LevelInfo
 	if *debug {
 		level = slog.LevelDebug

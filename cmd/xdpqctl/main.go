@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/xdpq/xdpq"
 	"github.com/xdpq/xdpq/pkg/api"
 )
 
@@ -33,6 +34,7 @@ commands:
   status                               print the daemon's pools, allocations and who holds them, CNI attachments and netdevs
                                        (-o json: the status answer alone, pools with their allocation counts and netdevs)
   allocations [-pool POOL]             print the allocations (of POOL) and who holds them, and their CNI attachments
+  version                              print xdpqctl's release and the daemon's (its release and API version)
 
 flags (before or after the command):
   -api-socket PATH   the daemon's local API (default ` + api.DefaultSocket + `)
@@ -120,6 +122,22 @@ func commands() map[string]command {
 				return statusView{Status: s, list: l}, nil
 			}
 		}},
+		"version": {"version", "Print xdpqctl's release and the daemon's: its release and the version of the\n" +
+			"local API it speaks (GET /v1/version). A daemon that does not answer is said\n" +
+			"so after xdpqctl's own release, and the command fails.", func(*flag.FlagSet) func(*api.Client, bool, []string) (any, error) {
+			return func(c *api.Client, _ bool, args []string) (any, error) {
+				if len(args) > 0 {
+					return nil, newUsageError("takes no arguments, got %q", args)
+				}
+				v := versionView{Client: xdpq.Version()}
+				d, err := c.VersionInfo()
+				if err != nil {
+					return partial{v, err}, nil
+				}
+				v.Daemon = &d
+				return v, nil
+			}
+		}},
 		"allocations": {"allocations [-pool POOL]", "Print the allocations, of every pool or of POOL, each with who holds it (the uid\n" +
 			"of a standalone allocation, the pod of a Kubernetes one) and the queues a client\n" +
 			"holds sockets of (LEASE), and their CNI attachments (container, interface, netns,\n" +
@@ -190,6 +208,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "xdpqctl %s: %v\n", name, err)
 		return 1
 	}
+	var failed error
+	if p, ok := out.(partial); ok {
+		out, failed = p.out, p.err
+	}
 	if g.output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -201,7 +223,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "xdpqctl %s: %v\n", name, err)
 		return 1
 	}
+	if failed != nil {
+		fmt.Fprintf(stderr, "xdpqctl %s: %v\n", name, failed)
+		return 1
+	}
 	return 0
+}
+
+// partial is an answer printed before the command fails with err.
+type partial struct {
+	out any
+	err error
+}
+
+// versionView is what the version command shows: xdpqctl's release, and
+// the daemon's version (nil when it did not answer).
+type versionView struct {
+	Client string           `json:"client"`
+	Daemon *api.VersionInfo `json:"daemon,omitempty"`
 }
 
 // bad reports a bad command line (help asked for is not one: it prints

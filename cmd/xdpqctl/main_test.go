@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/xdpq/xdpq"
 	"github.com/xdpq/xdpq/pkg/api"
 )
 
@@ -170,5 +171,30 @@ func TestCommandLine(t *testing.T) {
 				t.Errorf("daemon asked %q, want %q", asked, tt.asked)
 			}
 		})
+	}
+}
+
+// TestVersion: xdpqctl version prints its release and the daemon's
+// (release and API version), as a table or JSON; a daemon that does not
+// answer is said so after xdpqctl's own release, and the command fails.
+func TestVersion(t *testing.T) {
+	socket, _ := fakeDaemon(t)
+	v := xdpq.Version()
+	for _, tt := range []struct {
+		args           []string
+		code           int
+		stdout, stderr string
+	}{
+		{[]string{"-api-socket", socket, "version"}, 0, "xdpqctl:  " + v + "\ndaemon:   " + v + " (API 2)\n", ""},
+		{[]string{"-api-socket", socket, "-o", "json", "version"}, 0,
+			"{\n  \"client\": \"" + v + "\",\n  \"daemon\": {\n    \"api\": 2,\n    \"release\": \"" + v + "\"\n  }\n}\n", ""},
+		{[]string{"-api-socket", filepath.Join(t.TempDir(), "none.sock"), "version"}, 1, "xdpqctl:  " + v + "\n", "xdpqctl version: the xdpq daemon's API at"},
+		{[]string{"-api-socket", socket, "version", "now"}, 2, "", `xdpqctl version: takes no arguments, got ["now"]`},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(tt.args, &stdout, &stderr)
+		if code != tt.code || stdout.String() != tt.stdout || !strings.Contains(stderr.String(), tt.stderr) {
+			t.Errorf("xdpqctl %q: exit %d, stdout %q, stderr %q; want %d, %q, %q", tt.args, code, stdout.String(), stderr.String(), tt.code, tt.stdout, tt.stderr)
+		}
 	}
 }

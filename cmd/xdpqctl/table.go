@@ -25,6 +25,15 @@ func printTable(w io.Writer, out any, now time.Time) error {
 		printStatus(tw, v, now)
 	case *api.AllocationList:
 		printAllocations(tw, v, now)
+	case versionView:
+		fmt.Fprintf(tw, "xdpqctl:\t%s\n", v.Client)
+		if v.Daemon != nil {
+			release := v.Daemon.Release
+			if release == "" {
+				release = "before releases"
+			}
+			fmt.Fprintf(tw, "daemon:\t%s (API %d)\n", release, v.Daemon.API)
+		}
 	default:
 		return fmt.Errorf("no table for %T", out)
 	}

@@ -259,6 +259,9 @@ type GCAnswer struct {
 // VersionInfo answers GET /v1/version.
 type VersionInfo struct {
 	API int `json:"api"` // the daemon's [Version]
+	// Release is the daemon's release (xdpq.Version, "0.1.0"); empty
+	// from a daemon before releases were.
+	Release string `json:"release,omitempty"`
 }
 
 // Error is the body of every answer that is not 200: the refusal's

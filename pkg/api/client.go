@@ -146,11 +146,15 @@ func (c *Client) noAnswer(method, path string, err error) error {
 
 // Version returns the API version the daemon speaks (see [Version]).
 func (c *Client) Version() (int, error) {
+	v, err := c.VersionInfo()
+	return v.API, err
+}
+
+// VersionInfo returns the daemon's API version and release.
+func (c *Client) VersionInfo() (VersionInfo, error) {
 	var v VersionInfo
-	if err := c.call(http.MethodGet, "/v1/version", nil, &v); err != nil {
-		return 0, err
-	}
-	return v.API, nil
+	err := c.call(http.MethodGet, "/v1/version", nil, &v)
+	return v, err
 }
 
 // Status reports the daemon's pools and netdevs and how many allocations

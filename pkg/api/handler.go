@@ -18,6 +18,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/xdpq/xdpq"
 )
 
 // Backend is what the local API serves; the daemon implements it. Each
@@ -93,7 +95,7 @@ func NewHandler(b Backend, log *slog.Logger) http.Handler {
 	}
 	h := &handler{log: log, routes: map[string]route{
 		"/v1/version": {method: http.MethodGet, call: func(context.Context, url.Values, []byte) (any, error) {
-			return VersionInfo{API: Version}, nil
+			return VersionInfo{API: Version, Release: xdpq.Version()}, nil
 		}},
 		"/v1/status": {method: http.MethodGet, call: func(ctx context.Context, _ url.Values, _ []byte) (any, error) {
 			return answer(b.Status(ctx))

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xdpq/xdpq"
 	"github.com/xdpq/xdpq/internal/testnet"
 )
 
@@ -167,7 +168,7 @@ func TestHandlerRoutes(t *testing.T) {
 		req                any    // what it is asked
 		answer             string // the answer's body, as JSON
 	}{
-		{"GET", "/v1/version", "", "", nil, `{"api":2}`},
+		{"GET", "/v1/version", "", "", nil, `{"api":2,"release":"` + xdpq.Version() + `"}`},
 		{"GET", "/v1/status", "", "Status", nil, `{"pools":[{"name":"p","resource":"xdpq.io/p","queues":4,"free":2,"allocations":1}],"allocations":1,"attachments":0,"netdevs":null}`},
 		{"GET", "/v1/allocations", "", "Allocations", "",
 			`{"allocations":[{"id":"p-1","pool":"p","netdev":"eth1","queues":[2,3],"socket":"","created":"0001-01-01T00:00:00Z","devices":null}],"attachments":[]}`},

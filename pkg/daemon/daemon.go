@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/xdpq/xdpq"
 	"github.com/xdpq/xdpq/internal/kubeevents"
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/api"
@@ -434,7 +435,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		part("collector", d.collectLoop)
 		close(d.ready)
 		d.node.Changed() // Ready
-		d.log.Info("daemon ready", "standalone", d.opts.Standalone, "api", d.opts.APISocket, "state", d.opts.StateDir)
+		d.log.Info("daemon ready", "release", xdpq.Version(), "standalone", d.opts.Standalone, "api", d.opts.APISocket, "state", d.opts.StateDir)
 	}
 	err := g.Wait()
 	d.mu.Lock()

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/net/netutil"
 
+	"github.com/xdpq/xdpq"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/wire"
@@ -121,9 +124,26 @@ func newMetrics(d *Daemon) *metrics {
 				"(success, or the error's code), and how long each took: a pod's containers start after its claims' Prepare.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}},
 			[]string{"verb", "result"})}
+	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "xdpq_build_info",
+		Help:        "Always 1: the daemon's release (version), the commit it was built from (revision) and its Go.",
+		ConstLabels: prometheus.Labels{"version": xdpq.Version(), "revision": revision(), "goversion": runtime.Version()}})
+	build.Set(1)
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.cni, m.dra, daemonCollector{d})
+		m.cni, m.dra, build, daemonCollector{d})
 	return m
+}
+
+// revision is the commit the binary was built from, as the Go toolchain
+// stamped it; "unknown" when it did not (a build outside a checkout).
+func revision() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && s.Value != "" {
+				return s.Value
+			}
+		}
+	}
+	return "unknown"
 }
 
 // daemonCollector reads the daemon's state at scrape time.

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/xdpq/xdpq"
 	"github.com/xdpq/xdpq/internal/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/client"
@@ -128,6 +130,16 @@ func TestMetrics(t *testing.T) {
 		if got, ok := m[series]; !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v", series, got, ok, want)
 		}
+	}
+	build := 0
+	for series, v := range m {
+		if strings.HasPrefix(series, "xdpq_build_info{") && v == 1 &&
+			strings.Contains(series, `version="`+xdpq.Version()+`"`) && strings.Contains(series, `goversion="`+runtime.Version()+`"`) {
+			build++
+		}
+	}
+	if build != 1 {
+		t.Errorf("%d xdpq_build_info series of release %s, want 1", build, xdpq.Version())
 	}
 	if fill := m[`xdpq_socket_fill_ring_empty_total{netdev="xa",queue="0"}`]; fill < 36 {
 		t.Errorf("fill ring found empty %v times; 36 frames found it so", fill)

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/xdpq/xdpq"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/apis/xdpq/v1alpha1"
 	"github.com/xdpq/xdpq/pkg/flow"
@@ -100,6 +101,7 @@ func Convert(s *api.Status, l *api.AllocationList, serving bool, prev []metav1.C
 	}
 	slices.SortFunc(out.Pools, func(a, b v1alpha1.Pool) int { return strings.Compare(a.Name, b.Name) })
 	out.Summary.Queues = fmt.Sprintf("%d/%d", out.Summary.QueuesAllocated, out.Summary.QueuesTotal)
+	out.Summary.Version = xdpq.Version()
 
 	flows := map[string][]string{}
 	for _, att := range l.Attachments {

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/xdpq/xdpq"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/apis/xdpq/v1alpha1"
 	"github.com/xdpq/xdpq/pkg/nodestatus"
@@ -33,7 +34,8 @@ func TestConvert(t *testing.T) {
 		}}}}},
 	}
 	st := nodestatus.Convert(s, l, true, nil, t0)
-	if got, want := st.Summary, (v1alpha1.Summary{Netdevs: 2, Overridden: 1, QueuesAllocated: 2, QueuesTotal: 10, Queues: "2/10", Allocations: 1, Config: "deadbeefcafe"}); got != want {
+	if got, want := st.Summary, (v1alpha1.Summary{Netdevs: 2, Overridden: 1, QueuesAllocated: 2, QueuesTotal: 10, Queues: "2/10", Allocations: 1, Config: "deadbeefcafe",
+		Version: xdpq.Version()}); got != want {
 		t.Errorf("summary %+v, want %+v", got, want)
 	}
 	if st.Netdevs[0].Name != "eth1" || st.Netdevs[1].Name != "eth2" {

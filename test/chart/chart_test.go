@@ -750,3 +750,29 @@ func TestCapabilitiesMeasured(t *testing.T) {
 		t.Errorf("values.yaml adds %v; the daemon needs %v (pkg/daemon.Capabilities, measured)", got, want)
 	}
 }
+
+// TestChartVersionIsTheRelease: the chart's version and appVersion (the
+// image tag it installs by default) are the release in the file VERSION,
+// which make image tags the image with: set them together with
+// `make version V=x.y.z`.
+func TestChartVersionIsTheRelease(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(Dir(), "..", "..", "VERSION"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := strings.TrimSpace(string(b))
+	meta, err := os.ReadFile(filepath.Join(Dir(), "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chart struct {
+		Version    string `json:"version"`
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal(meta, &chart); err != nil {
+		t.Fatal(err)
+	}
+	if chart.Version != release || chart.AppVersion != release {
+		t.Errorf("Chart.yaml has version %q and appVersion %q; the release (VERSION) is %q: make version V=%s sets them", chart.Version, chart.AppVersion, release, release)
+	}
+}

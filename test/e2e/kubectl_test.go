@@ -27,6 +27,7 @@ import (
 	watchtools "k8s.io/client-go/tools/watch"
 	"sigs.k8s.io/yaml"
 
+	"github.com/xdpq/xdpq"
 	"github.com/xdpq/xdpq/internal/kubeclient"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/apis/xdpq/v1alpha1"
@@ -281,10 +282,10 @@ upf-0  worker-1  ens1f0  upf   8-9     udp 10.20.0.5:2152, udp 10.20.0.5:8805 fr
 				{"worker-1", "2", "3/24", "1", "True", "3f2a9c1d8e7b"},
 				{"worker-2", "1", "1/4", "0", "False", "0badc0ffee00", "(refused", "newer)"},
 			}},
-			{[]string{"get", "xqn", "-o", "wide"}, 3, [][]string{
-				{"NAME", "NETDEVS", "QUEUES", "OVERRIDDEN", "READY", "CONFIG", "DEGRADED", "ALLOCATIONS"},
-				{"worker-1", "2", "3/24", "1", "True", "3f2a9c1d8e7b", "NetdevOverridden", "2"},
-				{"worker-2", "1", "1/4", "0", "False", "0badc0ffee00", "(refused", "newer)", "PoolLimited", "1"},
+			{[]string{"get", "xqn", "-o", "wide"}, 4, [][]string{
+				{"NAME", "NETDEVS", "QUEUES", "OVERRIDDEN", "READY", "CONFIG", "DEGRADED", "ALLOCATIONS", "VERSION"},
+				{"worker-1", "2", "3/24", "1", "True", "3f2a9c1d8e7b", "NetdevOverridden", "2", xdpq.Version()},
+				{"worker-2", "1", "1/4", "0", "False", "0badc0ffee00", "(refused", "newer)", "PoolLimited", "1", xdpq.Version()},
 			}},
 		} {
 			out, _ := k.must(ctx, t, tc.args...)

@@ -20,6 +20,7 @@ import (
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:printcolumn:name="Degraded",type=string,JSONPath=`.status.conditions[?(@.type=="Degraded")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Allocations",type=integer,JSONPath=`.status.summary.allocations`,priority=1
+// +kubebuilder:printcolumn:name="Version",type=string,JSONPath=`.status.summary.version`,description="The daemon's release",priority=1
 type XdpqNode struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -87,6 +88,11 @@ type Summary struct {
 	// when the file on disk was refused.
 	// +optional
 	Config string `json:"config,omitempty"`
+	// Version is the release of the daemon that wrote the status
+	// (xdpqctl version says the same): during a rolling upgrade, which
+	// nodes run which.
+	// +optional
+	Version string `json:"version,omitempty"`
 }
 
 // ProgramState is what a netdev has on its XDP hook.
