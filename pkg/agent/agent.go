@@ -394,13 +394,14 @@ func (a *Agent) RemoveSocket(name string, queue uint32, inode uint64) error {
 // XSKMapFD returns a new descriptor of the netdev's XSKMAP, for a client
 // that inserts its own sockets (DPDK's af_xdp PMD). The caller closes it.
 func (a *Agent) XSKMapFD(name string) (int, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	d := a.idleNetdev(name)
+	// The token keeps the program from being replaced or closed while
+	// its map is duplicated, outside the agent's lock (a syscall).
+	d := a.takeUnlocked(name)
 	if d == nil {
 		return -1, fmt.Errorf("dup xskmap of %s: it is not managed", name)
 	}
 	fd, err := unix.FcntlInt(uintptr(d.prog.XSKMap().FD()), unix.F_DUPFD_CLOEXEC, 0)
+	a.release(d)
 	if err != nil {
 		return -1, fmt.Errorf("dup xskmap of %s: %w", name, err)
 	}
