@@ -8,15 +8,24 @@
 // daemon per state and pin directory, the API socket, the config, the
 // records); Run recovers what a previous daemon left half done, then
 // serves until its context ends, the datapath staying in the kernel for
-// the next daemon to adopt. The files say what is in them: alloc.go
-// (allocations from kubelet or xdpqctl, free), cni.go (the CNI verbs),
-// netdev.go and pods.go (netdev-mode pools' netdevs moved into pods),
-// reconcile.go (a config put in force), collect.go (what no one else
-// ends), start.go (recovery), status.go (status, netdevs' included),
-// policy.go (a pool's settings as a netdev's policy), serve.go (how the
-// broker serves allocations), plugins.go (kubelet's device plugins),
-// recreated.go (a netdev made again under its name), lock.go (one daemon
-// per node's datapath).
+// the next daemon to adopt. The files say what is in them:
+// daemon.go (Options, New, Run), kernel.go (the interfaces of the
+// kernel-facing packages), start.go (recovery), reconcile.go (a config
+// put in force), policy.go (a pool's settings as a netdev's policy),
+// alloc.go (allocations from kubelet or xdpqctl, free), serve.go (how the
+// broker serves allocations), cni.go (the CNI verbs), claim.go (binding
+// an allocation to its pod), podresources.go (kubelet's PodResources),
+// podflows.go (the xdpq.io/flows annotation), plugins.go (kubelet's
+// device plugins), dra.go (the DRA driver's node: Prepare, Unprepare,
+// slices, stale claims), nri.go (netdev-mode claims moved in and out
+// with the pod's sandbox), netdev.go, pods.go and moved.go (netdev-mode
+// pools' netdevs moved into pods and back), recreated.go (a netdev made
+// again under its name), collect.go (what no one else ends), status.go
+// (status, netdevs' included), node.go (the XdpqNode and Events),
+// metrics.go (/metrics and the probes), dpdk.go (DPDK's paths), caps.go
+// (the capabilities it needs), fdlimit.go (what it may hold open),
+// lock.go (one daemon per node's datapath), uninstall.go (removing it
+// all when xdpq is uninstalled).
 // docs/architecture.md is the whole picture: the path of an allocation,
 // the ledger's two-phase records, and what each lock guards.
 package daemon
