@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io/fs"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -78,7 +79,15 @@ func newDRAEnvWith(t *testing.T, pods PodDirectory, cfgText string, mod func(*Op
 	}
 	e.d, e.stop = runDaemon(t, e.opts)
 	sock := filepath.Join(plugin, "dra.sock")
-	waitFor(t, "the DRA socket", func() bool { _, err := os.Stat(sock); return err == nil })
+	// Listening, not only bound: the socket's file exists from bind on,
+	// and a dial before listen is refused.
+	waitFor(t, "the DRA socket", func() bool {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
