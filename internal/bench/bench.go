@@ -135,6 +135,29 @@ func (d *Drops) add(st xsk.Statistics) {
 	d.FillEmpty += st.RXFillRingEmptyDescs
 }
 
+// Ratio is x over y as the table gives it: the median of the rounds'
+// ratios x[i]/y[i], each round's rows measured one after the other in
+// that round, so that a machine that changes speed between rounds (a VM
+// whose XDP_DROP ran 1.43 Mpps in two rounds and 2.28 in the third)
+// compares each row with its own round, and a receiver cannot read above
+// its ceiling because its median came from a faster round than the
+// ceiling's. With rounds missing on either side: the medians' ratio.
+func Ratio(x, y []float64) float64 {
+	if len(x) == 0 || len(x) != len(y) {
+		if m := Median(y); m != 0 {
+			return Median(x) / m
+		}
+		return 0
+	}
+	r := make([]float64, 0, len(x))
+	for i := range x {
+		if y[i] != 0 {
+			r = append(r, x[i]/y[i])
+		}
+	}
+	return Median(r)
+}
+
 // Median returns the median of v.
 func Median(v []float64) float64 {
 	if len(v) == 0 {
@@ -345,7 +368,6 @@ func printTable(w io.Writer, rs []*Result, frameSize int) {
 		"receiver (median)", "q", "rx Mpps", "rx", "sent Mpps", "sender", "receiver CPU", "rx", "rx ring", "fill ring", "away", "vs (a)")
 	fmt.Fprintf(w, "%-34s %2s %9s %7s %9s %10s %16s %10s %10s %10s %9s %7s\n",
 		"", "", "", "Gbit/s", "", "ns/pkt", "ns/pkt", "dropped", "full", "empty", "max µs", "")
-	ceiling := Median(rs[0].Rates)
 	for _, r := range rs {
 		cpu := "-"
 		if r.RxCPUNS != nil {
@@ -365,7 +387,7 @@ func printTable(w io.Writer, rs []*Result, frameSize int) {
 			away = strconv.FormatInt(slices.Max(r.Away).Microseconds(), 10)
 		}
 		fmt.Fprintf(w, "%-34s %2d %9.3f %7.2f %9.3f %10.0f %16s %10s %10s %10s %9s %7.2f\n", r.Name, r.Queues,
-			Median(r.Rates)/1e6, Median(r.Rates)*float64(frameSize)*8/1e9, Median(r.SentPPS)/1e6, Median(r.SenderNS), cpu, dropped, full, empty, away, Median(r.Rates)/ceiling)
+			Median(r.Rates)/1e6, Median(r.Rates)*float64(frameSize)*8/1e9, Median(r.SentPPS)/1e6, Median(r.SenderNS), cpu, dropped, full, empty, away, Ratio(r.Rates, rs[0].Rates))
 	}
 	printRatios(w, rs, frameSize)
 }
@@ -389,11 +411,13 @@ func printRatios(w io.Writer, rs []*Result, frameSize int) {
 		return nil
 	}
 	rate := func(r *Result) float64 { return Median(r.Rates) }
-	cpu := func(r *Result) float64 { return Median(r.RxCPUNS) }
+	// Ratios within a round, the median of the rounds' (Ratio).
+	rates := func(x, y *Result) float64 { return Ratio(x.Rates, y.Rates) }
+	cpus := func(x, y *Result) float64 { return Ratio(x.RxCPUNS, y.RxCPUNS) }
 	a, b, c, d := find("(a)", 1), find("(b)", 1), find("(c)", 1), find("(d)", 1)
-	fmt.Fprintf(w, "\nb/a = %.2f   c/a = %.2f", rate(b)/rate(a), rate(c)/rate(a))
+	fmt.Fprintf(w, "\nratios are the median of each round's (a row against its own round's):\nb/a = %.2f   c/a = %.2f", rates(b, a), rates(c, a))
 	if d != nil {
-		fmt.Fprintf(w, "   b/d = %.2f", rate(b)/rate(d))
+		fmt.Fprintf(w, "   b/d = %.2f", rates(b, d))
 	}
 	fmt.Fprintln(w)
 	for _, r := range []*Result{b, c, find("(e)", 1), find("(g)", 1)} {
@@ -402,7 +426,7 @@ func printRatios(w io.Writer, rs []*Result, frameSize int) {
 	var drops []string
 	for _, r := range rs {
 		if r != a && strings.HasPrefix(r.Name, "(a)") {
-			drops = append(drops, fmt.Sprintf("%d queues/1 queue = %.2f", r.Queues, rate(r)/rate(a)))
+			drops = append(drops, fmt.Sprintf("%d queues/1 queue = %.2f", r.Queues, rates(r, a)))
 		}
 	}
 	if drops != nil {
@@ -428,13 +452,13 @@ func printRatios(w io.Writer, rs []*Result, frameSize int) {
 		if one.Ring != 0 {
 			label += fmt.Sprintf(", ring %d", one.Ring)
 		}
-		fmt.Fprintf(w, "%s 1 queue: rate/(a) = %.2f   receiver CPU/(b)'s = %.2f", label, rate(one)/rate(a), cpu(one)/cpu(b))
+		fmt.Fprintf(w, "%s 1 queue: rate/(a) = %.2f   receiver CPU/(b)'s = %.2f", label, rates(one, a), cpus(one, b))
 		if d != nil {
-			fmt.Fprintf(w, "   receiver CPU/(d)'s = %.2f (d spins)", cpu(one)/cpu(d))
+			fmt.Fprintf(w, "   receiver CPU/(d)'s = %.2f (d spins)", cpus(one, d))
 		}
 		for _, r := range rs {
 			if r.Name == name && r.Queues > 1 {
-				fmt.Fprintf(w, "   %d queues/1 queue = %.2f", r.Queues, rate(r)/rate(one))
+				fmt.Fprintf(w, "   %d queues/1 queue = %.2f", r.Queues, rates(r, one))
 			}
 		}
 		fmt.Fprintln(w)
@@ -449,7 +473,7 @@ func printRatios(w io.Writer, rs []*Result, frameSize int) {
 		}
 		fmt.Fprintf(w, "%s %d queues of ring %d (the frames of 1 queue's ring in all): %d queues/1 queue = %.2f, against %.2f with the default ring each "+
 			"(what N queues cost here is N rings of frames in circulation through the one core that copies them, on veth the sender's; "+
-			"on a NIC each queue copies on its own queue's core)\n", base[:3], r.Queues, r.Ring, r.Queues, rate(r)/rate(one), rate(full)/rate(one))
+			"on a NIC each queue copies on its own queue's core)\n", base[:3], r.Queues, r.Ring, r.Queues, rates(r, one), rates(full, one))
 	}
 	for _, r := range rs {
 		base, ok := strings.CutSuffix(r.Name, perLoopSuffix)
@@ -458,18 +482,18 @@ func printRatios(w io.Writer, rs []*Result, frameSize int) {
 		}
 		if one := find(base, r.Queues); one != nil && one != r {
 			fmt.Fprintf(w, "%s %d queues: one loop over them all (client.Poller, xdpqperf's default with fewer cores than queues) %.3f Mpps, "+
-				"a goroutine per queue (client.Receiver) %.3f: %.2fx\n", base[:3], r.Queues, rate(one)/1e6, rate(r)/1e6, rate(one)/rate(r))
+				"a goroutine per queue (client.Receiver) %.3f: %.2fx\n", base[:3], r.Queues, rate(one)/1e6, rate(r)/1e6, rates(one, r))
 		}
 	}
 	if find("(e)", 1) != nil {
 		fmt.Fprintln(w, "(one sender core bounds every row but (f): N queues can at best equal the 1-queue rate, a ratio of 1.00; a busy-polling pod (f) runs the queue's NAPI, the receive side's XDP work, on its own core, so it can pass (a))")
 	}
 	if e, f := find("(e)", 1), find("(f)", 1); e != nil && f != nil {
-		sender := func(r *Result) float64 { return Median(r.SenderNS) }
+		senders := func(x, y *Result) float64 { return Ratio(x.SenderNS, y.SenderNS) }
 		fmt.Fprintf(w, "(busyPoll on veth: (f)/(e) rate %.2f, the sender core's ns/pkt %.2fx (e)'s. veth has no interrupt to defer: the sender's transmit "+
 			"schedules the queue's NAPI on the sender's core while the busy-polling pod polls it from its own: the sender's cost per frame "+
 			"rises instead of the pod taking the work. On a NIC, preferred busy polling defers the NIC's interrupts and the pod's core does the "+
-			"receive side alone: measure it there, not here)\n", rate(f)/rate(e), sender(f)/sender(e))
+			"receive side alone: measure it there, not here)\n", rates(f, e), senders(f, e))
 	}
 }
 

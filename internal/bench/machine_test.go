@@ -35,3 +35,32 @@ func TestReadMachine(t *testing.T) {
 		t.Errorf("this machine read as %+v", m)
 	}
 }
+
+// TestRatioWithinRounds: a VM that speeds up between a ceiling's and a
+// receiver's runs of one round (XDP_DROP at 1.43 Mpps in rounds 1 and 2,
+// the receiver already at the faster speed in round 2, both fast in
+// round 3): the medians' ratio puts the receiver above its ceiling
+// (2.20/1.43 = 1.54), the median of each round's ratio does not (0.98).
+// Rounds missing on one side fall back to the medians' ratio.
+func TestRatioWithinRounds(t *testing.T) {
+	ceiling := []float64{1.43e6, 1.43e6, 2.28e6}
+	receiver := []float64{1.40e6, 2.20e6, 2.20e6}
+	if naive := Median(receiver) / Median(ceiling); naive < 1.5 {
+		t.Fatalf("the case: medians' ratio %.2f, want above 1.5", naive)
+	}
+	for _, c := range []struct {
+		name string
+		x, y []float64
+		want float64
+	}{
+		{"speed change", receiver, ceiling, 1.40 / 1.43},
+		{"steady", []float64{1, 2, 3}, []float64{2, 4, 6}, 0.5},
+		{"rounds missing", []float64{1, 2, 3}, []float64{4}, 0.5},
+		{"a zero round", []float64{1, 2, 3}, []float64{0, 4, 6}, 0.5},
+		{"nothing", nil, nil, 0},
+	} {
+		if got := Ratio(c.x, c.y); got < c.want-1e-9 || got > c.want+1e-9 {
+			t.Errorf("%s: Ratio %v / %v = %.4f, want %.4f", c.name, c.x, c.y, got, c.want)
+		}
+	}
+}
