@@ -114,6 +114,13 @@ type Driver struct {
 
 	statusMu sync.Mutex             // guards status; never held across a call out
 	status   map[string]claimStatus // by claim UID: what was last applied
+
+	// statusDue wakes statusLoop to write the prepared claims' status
+	// (capacity 1: prepares in a burst are written together).
+	statusDue chan struct{}
+	// stopStatus ends statusLoop, which closes statusDone.
+	stopStatus func()
+	statusDone chan struct{}
 }
 
 // Start registers the driver with kubelet and publishes the devices.
@@ -146,6 +153,9 @@ func Start(ctx context.Context, o Options) (*Driver, error) {
 		h.Stop()
 		return nil, err
 	}
+	sctx, cancel := context.WithCancel(ctx)
+	d.stopStatus, d.statusDone = cancel, make(chan struct{})
+	go d.statusLoop(sctx)
 	return d, nil
 }
 
@@ -163,12 +173,19 @@ func newDriver(o Options) (*Driver, error) {
 		return nil, fmt.Errorf("CDI spec directory %s: %w", o.CDIDir, err)
 	}
 	return &Driver{opts: o, log: o.Logger, cdi: cache, changed: make(chan struct{}), status: map[string]claimStatus{},
+		statusDue:   make(chan struct{}, 1),
 		healthEvery: healthResend}, nil
 }
 
 // Stop unregisters the driver; its ResourceSlices stay (a restarting
 // daemon publishes the same) until Withdraw.
-func (d *Driver) Stop() { d.helper.Stop() }
+func (d *Driver) Stop() {
+	if d.stopStatus != nil {
+		d.stopStatus()
+		<-d.statusDone
+	}
+	d.helper.Stop()
+}
 
 // Publish publishes the node's devices as they are now, if they changed
 // since the last time: the helper's controller writes only the slices
@@ -255,19 +272,39 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) kube
 		devs = append(devs, kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, CDIDeviceIDs: []string{id}})
 	}
 	d.log.Info("claim prepared", "claim", name, "uid", c.UID, "pool", cl.Pool, "devices", cl.Devices)
-	d.mu.Lock()
-	devices := d.published
-	d.mu.Unlock()
-	// Before the first publish (kubelet may prepare as soon as the
-	// driver registers) the devices are not known: their claims are not
-	// "Gone", and the first publish writes their status.
-	if devices != nil {
-		if err := d.syncStatus(ctx, devices); err != nil {
-			// Its pods start all the same; the next publish tries again.
-			d.log.Warn("claim status not written", "claim", name, "err", err)
-		}
+	// Its status is written after kubelet hears it is prepared, by
+	// statusLoop: nothing in kubelet's call waits on the API server.
+	select {
+	case d.statusDue <- struct{}{}:
+	default: // a write is due already, and will include it
 	}
 	return kubeletplugin.PrepareResult{Devices: devs}
+}
+
+// statusLoop writes the prepared claims' status whenever a prepare asks,
+// once for a burst of them, until ctx ends. Before the first publish
+// (kubelet may prepare as soon as the driver registers) the devices are
+// not known: their claims are not "Gone", and the first publish writes
+// their status. A write that fails is tried again at the next publish
+// or prepare; the pods start all the same.
+func (d *Driver) statusLoop(ctx context.Context) {
+	defer close(d.statusDone)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.statusDue:
+		}
+		d.mu.Lock()
+		devices := d.published
+		d.mu.Unlock()
+		if devices == nil {
+			continue
+		}
+		if err := d.syncStatus(ctx, devices); err != nil && ctx.Err() == nil {
+			d.log.Warn("claims' status not written; again at the next publish", "err", err)
+		}
+	}
 }
 
 // claimOf is the claim as the daemon sees it, with the allocation

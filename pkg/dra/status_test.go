@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	resourceapi "k8s.io/api/resource/v1"
@@ -48,6 +49,23 @@ func (c *cluster) statusUpdates() int {
 		}
 	}
 	return n
+}
+
+// waitReadiness waits (a minute at most) for claim uid's xdpq entries to
+// be want: the status is written after Prepare.
+func (c *cluster) waitReadiness(t *testing.T, uid string, want []string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		got := c.readiness(t, uid)
+		if cmp.Equal(want, got) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v, want %v", uid, got, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // readiness is the xdpq entries of claim uid's status, as
@@ -167,14 +185,13 @@ func TestClaimStatus(t *testing.T) {
 		}
 	}
 
-	// A claim prepared now has its status when kubelet hears it is.
+	// A claim prepared now has its status soon after kubelet hears it
+	// is (TestPrepareWritesNoStatus: not in kubelet's call).
 	c.node.mu.Lock()
 	c.node.claims = append(c.node.claims, preparedClaim("uid-4", "eth1-q3"))
 	c.node.mu.Unlock()
 	prepare(t, c.d, "uid-4")
-	if diff := cmp.Diff([]string{"eth1-q3 True Prepared: its queues are xdpq's"}, c.readiness(t, "uid-4")); diff != "" {
-		t.Errorf("uid-4 (-want +got):\n%s", diff)
-	}
+	c.waitReadiness(t, "uid-4", []string{"eth1-q3 True Prepared: its queues are xdpq's"})
 
 	// Its device gone from the pool.
 	c.node.mu.Lock()
@@ -247,6 +264,66 @@ func TestPrepareBeforePublish(t *testing.T) {
 	prepare(t, d, "uid-1")
 	if got := c.readiness(t, "uid-1"); len(got) != 0 {
 		t.Errorf("status before the devices are known: %v", got)
+	}
+	c.log.noWarnings(t)
+}
+
+// TestPrepareWritesNoStatus: kubelet's Prepare does not wait on the API
+// server: it returns while the claims' status write is held, and the
+// claims prepared meanwhile are written together after, one update per
+// claim. (Before, each Prepare wrote its claim's status inside kubelet's
+// call: a slow API server slowed every pod's start.)
+func TestPrepareWritesNoStatus(t *testing.T) {
+	fn := &fakeNode{devices: testDevices(), edits: testEdits}
+	kube := fakeClientset(statusClaim("uid-1"), statusClaim("uid-2"), statusClaim("uid-3"))
+	held, release := make(chan struct{}, 16), make(chan struct{})
+	kube.PrependReactor("update", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() == "status" {
+			held <- struct{}{}
+			<-release
+		}
+		return false, nil, nil
+	})
+	c := startCluster(t, preparedNode{fn}, fn, kube)
+	base := c.statusUpdates()
+	add := func(uid, dev string) {
+		c.node.mu.Lock()
+		c.node.claims = append(c.node.claims, preparedClaim(uid, dev))
+		c.node.mu.Unlock()
+	}
+	add("uid-1", "eth1-q0")
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+	prepared := make(chan error, 1)
+	go func() {
+		_, err := c.d.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{testClaim("uid-1",
+			[]resourceapi.DeviceRequestAllocationResult{result("a", DriverName, PoolName(testNode, "upf"), "eth1-q0")})})
+		prepared <- err
+	}()
+	select {
+	case err := <-prepared:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Prepare has not returned in 30 s: it waits on the claim's status write")
+	}
+	<-held // the write of uid-1's status, held
+	add("uid-2", "eth1-q1")
+	add("uid-3", "eth1-q2")
+	prepare(t, c.d, "uid-2")
+	prepare(t, c.d, "uid-3")
+	close(release)
+	released = true
+	c.waitReadiness(t, "uid-1", []string{"eth1-q0 True Prepared: its queues are xdpq's"})
+	c.waitReadiness(t, "uid-2", []string{"eth1-q1 True Prepared: its queues are xdpq's"})
+	c.waitReadiness(t, "uid-3", []string{"eth1-q2 True Prepared: its queues are xdpq's"})
+	if n := c.statusUpdates() - base; n != 3 {
+		t.Errorf("%d status updates for 3 claims, want 3", n)
 	}
 	c.log.noWarnings(t)
 }
