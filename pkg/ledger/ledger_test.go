@@ -629,11 +629,10 @@ func FuzzRecord(f *testing.F) {
 	})
 }
 
-// TestEndAttachOwner: an attachment of a pod, once active, makes that pod
-// the allocation's owner, in the same record write; a failed attachment
-// leaves the owner as it was.
-func TestEndAttachOwner(t *testing.T) {
-	dir := t.TempDir()
+// anyPodAllocation is a ledger in dir with an active allocation of queue
+// eth1-q0 of pool upf that any pod may use.
+func anyPodAllocation(t *testing.T, dir string) (*Ledger, Allocation) {
+	t.Helper()
 	l := open(t, dir)
 	l.SetPools([]Pool{queuePool("upf", []string{"eth1"}, 0, 1)})
 	a, err := l.Reserve(Reservation{Pool: "upf", Devices: []string{"eth1-q0"}, Owner: Owner{AnyPod: true}})
@@ -643,6 +642,15 @@ func TestEndAttachOwner(t *testing.T) {
 	if err := l.Commit(a.ID, nil); err != nil {
 		t.Fatal(err)
 	}
+	return l, a
+}
+
+// TestEndAttachOwner: an attachment of a pod, once active, makes that pod
+// the allocation's owner, in the same record write; a failed attachment
+// leaves the owner as it was.
+func TestEndAttachOwner(t *testing.T) {
+	dir := t.TempDir()
+	l, a := anyPodAllocation(t, dir)
 	attach := func(container, pod string, ok bool) {
 		t.Helper()
 		att, _, err := l.BeginAttach(a.ID, Attachment{Attachment: api.Attachment{CNIAddRequest: api.CNIAddRequest{ContainerID: container, IfName: "net1", PodUID: pod}, Mode: api.ModeQueue}})
@@ -717,15 +725,7 @@ func TestCountAndAllocationsOf(t *testing.T) {
 // the winner is a no-op, and the winner is what a reopened ledger reads.
 func TestBindOwner(t *testing.T) {
 	dir := t.TempDir()
-	l := open(t, dir)
-	l.SetPools([]Pool{queuePool("upf", []string{"eth1"}, 0, 1)})
-	a, err := l.Reserve(Reservation{Pool: "upf", Devices: []string{"eth1-q0"}, Owner: Owner{AnyPod: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Commit(a.ID, nil); err != nil {
-		t.Fatal(err)
-	}
+	l, a := anyPodAllocation(t, dir)
 	errs := make([]error, 8)
 	var wg sync.WaitGroup
 	for i := range errs {
