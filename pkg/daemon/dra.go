@@ -682,5 +682,6 @@ func (d *Daemon) claimReservedFor(ctx context.Context, a ledger.Allocation, uid 
 			return nil
 		}
 	}
-	return fmt.Errorf("claim %s/%s is not reserved for this pod (status.reservedFor)", a.Claim.Namespace, a.Claim.Name)
+	return fmt.Errorf("claim %s/%s is not reserved for this pod (its status.reservedFor): only the pods that name the claim in spec.resourceClaims may use its queues",
+		a.Claim.Namespace, a.Claim.Name)
 }

@@ -83,11 +83,11 @@ func (d *Daemon) awaitUnprepare(ctx context.Context) {
 	if d.opts.DRA == nil || d.opts.DRA.UninstallWait <= 0 || len(d.claimsHeld()) == 0 {
 		return
 	}
-	deadline := time.NewTimer(d.opts.DRA.UninstallWait)
+	end := time.Now().Add(d.opts.DRA.UninstallWait)
+	deadline := time.NewTimer(time.Until(end))
 	defer deadline.Stop()
 	tell := time.NewTicker(30 * time.Second)
 	defer tell.Stop()
-	end := time.Now().Add(d.opts.DRA.UninstallWait)
 	said := ""
 	for {
 		held := d.claimsHeld()
