@@ -9,7 +9,7 @@
  * writes) whole frames, and gives every descriptor's frame back.
  */
 #define _GNU_SOURCE
-#include "xdpq.h"
+#include "example.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -45,18 +45,6 @@ static void on_signal(int sig)
 	stop = 1;
 }
 
-static int64_t now_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-static int64_t now_ms(void)
-{
-	return now_us() / 1000;
-}
-
 /* While frames came less than IDLE_AFTER_US ago, a loop that finds none
  * naps NAP_US between looks instead of sleeping in poll: a loop asleep in
  * poll must be woken for the next frame, from the core that received it,
@@ -64,29 +52,6 @@ static int64_t now_ms(void)
  * does the same. */
 #define NAP_US 50
 #define IDLE_AFTER_US 1000
-
-/* number parses a whole non-negative decimal of at most max. */
-static int number(const char *s, unsigned long long max, unsigned long long *v)
-{
-	char *end;
-	if (*s < '0' || *s > '9')
-		return -1;
-	errno = 0;
-	*v = strtoull(s, &end, 10);
-	return (errno || *end || *v > max) ? -1 : 0;
-}
-
-static int parse_queues(char *s, uint32_t *q, size_t *n)
-{
-	*n = 0;
-	for (char *tok = strtok(s, ","); tok; tok = strtok(NULL, ",")) {
-		unsigned long long v;
-		if (*n == XDPQ_MAX_QUEUES || number(tok, UINT32_MAX, &v) < 0)
-			return -1;
-		q[(*n)++] = (uint32_t)v;
-	}
-	return *n > 0 ? 0 : -1;
-}
 
 /* struct rxq is what is counted of one socket. */
 struct rxq {
@@ -270,7 +235,7 @@ int main(int argc, char **argv)
 	}
 	int64_t start = now_ms(), end = seconds ? start + (int64_t)seconds * 1000 : INT64_MAX;
 	uint64_t total = 0;
-	int64_t next_resume = 0, backoff = 0;
+	struct keeper keep = {.prog = "xdpq-rxdrop"};
 	int status = 0;
 
 	int64_t last_frame = 0;
@@ -327,13 +292,9 @@ int main(int argc, char **argv)
 			pfd[i] = (struct pollfd){.fd = l->sockets[i].fd, .events = POLLIN};
 		}
 		pfd[l->nsockets] = (struct pollfd){.fd = xdpq_lease_fd(l), .events = POLLIN};
-		int64_t wait = end - now_ms();
-		if (xdpq_lease_fd(l) < 0 && next_resume - now_ms() < wait)
-			wait = next_resume - now_ms();
+		int64_t wait = keeper_wait(&keep, l, end - now_ms());
 		if (wait > 1000)
 			wait = 1000;
-		if (wait < 0)
-			wait = 0;
 		struct timespec ts = {.tv_sec = wait / 1000, .tv_nsec = wait % 1000 * 1000000};
 		if (ppoll(pfd, l->nsockets + 1, &ts, &wait_mask) < 0 && errno != EINTR) {
 			fprintf(stderr, "xdpq-rxdrop: poll: %s\n", strerror(errno));
@@ -343,23 +304,9 @@ int main(int argc, char **argv)
 
 		/* The daemon went (it restarts, or the node drains): the
 		 * sockets keep receiving; resume the lease with the next one. */
-		if (xdpq_lease_fd(l) >= 0 && (pfd[l->nsockets].revents & (POLLIN | POLLHUP | POLLERR)) &&
-		    xdpq_lease_check(l, &err) == 1) {
-			fprintf(stderr, "xdpq-rxdrop: lease lost (%s); resuming\n", err.msg);
-			next_resume = now_ms();
-			backoff = 0;
-		}
-		if (xdpq_lease_fd(l) < 0 && now_ms() >= next_resume) {
-			if (xdpq_resume(l, &err) == 0) {
-				fprintf(stderr, "xdpq-rxdrop: lease resumed\n");
-			} else if (!err.retry) {
-				fprintf(stderr, "xdpq-rxdrop: cannot resume the lease: %s\n", err.msg);
-				status = 1;
-				break;
-			} else {
-				backoff = backoff ? (backoff * 2 > 2000 ? 2000 : backoff * 2) : 50;
-				next_resume = now_ms() + backoff;
-			}
+		if (keeper_step(&keep, l, pfd[l->nsockets].revents) < 0) {
+			status = 1;
+			break;
 		}
 	}
 

@@ -1,6 +1,6 @@
 // Package ctest_test tests the C client of the socket broker
-// (clients/c, whose C sources keep Go out of that directory): it builds the library, xdpq-rxdrop and the parser's test
-// with clang through the Makefile, runs the parser's test, runs
+// (clients/c, whose C sources keep Go out of that directory): it builds the library, the examples (xdpq-rxdrop,
+// xdpq-l2fwd) and the parser's test with clang through the Makefile, runs the parser's test, runs
 // xdpq-rxdrop against malformed daemons, and, as root, runs it as an
 // unprivileged pod against a real broker on a veth pair and checks every
 // frame it received byte for byte. It also builds the C program of
@@ -513,10 +513,17 @@ func frames(p *testnet.Pair, q uint32, seq, n int) [][]byte {
 // is the veth pair's.
 func startNode(t *testing.T, owner uint32, onLease func(string, []broker.LeaseSocket), mtu int) (*node.Node, *node.Peer) {
 	t.Helper()
+	return startNodeWith(t, node.Config{Owner: broker.Owner{UID: &owner}, OnLease: onLease, MTU: mtu})
+}
+
+// startNodeWith is startNode with cfg's other fields (its queues,
+// allocation, policy and logger are startNode's).
+func startNodeWith(t *testing.T, cfg node.Config) (*node.Node, *node.Peer) {
+	t.Helper()
 	testnet.RequireRoot(t)
-	n, err := node.Start(node.Config{Queues: 4, Alloc: []uint32{0, 1}, Owner: broker.Owner{UID: &owner},
-		Policy: agent.Policy{Steering: agent.SteerHardware}, OnLease: onLease, MTU: mtu,
-		Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
+	cfg.Queues, cfg.Alloc, cfg.Policy = 4, []uint32{0, 1}, agent.Policy{Steering: agent.SteerHardware}
+	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	n, err := node.Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
