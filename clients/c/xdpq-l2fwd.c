@@ -8,12 +8,13 @@
  * leases the queues through $XDPQ_SOCKET (or -s), and resumes the lease
  * when the daemon restarts.
  *
- * Every UMEM frame of a socket is on exactly one of its rings or in hand,
- * and there are as many as one ring holds (the fill ring's, filled by
- * xdpq_open): so the TX ring always has room for what was received, and
- * the fill ring for what was completed. What the loop cannot keep up with
- * the kernel drops at the RX ring (rx_ring_full) or for want of fill
- * frames (fill_ring_empty), as xdpsock's l2fwd does.
+ * A socket's frames are all in circulation: the fill ring's (filled by
+ * xdpq_open) and its spare and TX frames, three rings' worth, so that the
+ * fill ring stays full while frames wait on the TX ring for the kernel to
+ * send and complete them; while the TX ring is full, received frames wait
+ * on the RX ring. What the loop cannot keep up with the kernel drops at the RX
+ * ring (rx_ring_full) or for want of fill frames (fill_ring_empty), as
+ * xdpsock's l2fwd does.
  */
 #define _GNU_SOURCE
 #include "example.h"
@@ -55,8 +56,10 @@ static void on_signal(int sig)
 	stop = 1;
 }
 
-/* struct fwdq is what is counted of one socket. */
+/* struct fwdq is one socket's frames on no ring, and what is counted. */
 struct fwdq {
+	uint64_t *free;		/* frames on no ring, a stack */
+	uint32_t nfree;
 	uint64_t rx;		/* frames received */
 	uint64_t tx;		/* frames put on the TX ring */
 	uint64_t done;		/* of those, completed by the kernel */
@@ -82,21 +85,24 @@ static uint32_t forward(struct xdpq_lease *l, struct xdpq_socket *s, struct fwdq
 	uint32_t idx, fidx, tidx;
 	uint32_t n = xdpq_cons_peek(&s->comp, BATCH, &idx);
 
-	if (n) {
-		/* Room: the completed frames are on no ring. */
-		while (xdpq_prod_reserve(&s->fill, n, &fidx) != n)
-			;
+	for (uint32_t i = 0; i < n; i++)
+		q->free[q->nfree++] = *xdpq_comp_addr(&s->comp, idx + i);
+	xdpq_cons_release(&s->comp, n);
+	q->done += n;
+	/* The fill ring topped up from the frames on no ring. */
+	n = xdpq_prod_free(&s->fill, q->nfree);
+	if (n > q->nfree)
+		n = q->nfree;
+	if (n && xdpq_prod_reserve(&s->fill, n, &fidx) == n) {
 		for (uint32_t i = 0; i < n; i++)
-			*xdpq_fill_addr(&s->fill, fidx + i) = *xdpq_comp_addr(&s->comp, idx + i);
+			*xdpq_fill_addr(&s->fill, fidx + i) = q->free[--q->nfree];
 		xdpq_prod_submit(&s->fill, n);
-		xdpq_cons_release(&s->comp, n);
-		q->done += n;
 	}
-	n = xdpq_cons_peek(&s->rx, BATCH, &idx);
-	if (n) {
-		/* Room: the received frames are on no ring. */
-		while (xdpq_prod_reserve(&s->tx, n, &tidx) != n)
-			;
+	/* At most what the TX ring has room for: a ring's worth may wait
+	 * there for the kernel, who is kicked below. */
+	uint32_t room = xdpq_prod_free(&s->tx, BATCH);
+	n = xdpq_cons_peek(&s->rx, room < BATCH ? room : BATCH, &idx);
+	if (n && xdpq_prod_reserve(&s->tx, n, &tidx) == n) {
 		for (uint32_t i = 0; i < n; i++) {
 			const struct xdp_desc *d = xdpq_rx_desc(&s->rx, idx + i);
 			struct xdp_desc *t = xdpq_tx_desc(&s->tx, tidx + i);
@@ -207,6 +213,19 @@ int main(int argc, char **argv)
 		fprintf(stderr, "xdpq-l2fwd: out of memory\n");
 		return 1;
 	}
+	for (size_t i = 0; i < l->nsockets; i++) {
+		struct xdpq_socket *s = &l->sockets[i];
+		/* Room for every frame: the fill ring's, the spare and the TX ones. */
+		q[i].free = calloc((size_t)s->fill.size + s->rx.size + s->tx.size, sizeof(uint64_t));
+		if (!q[i].free) {
+			fprintf(stderr, "xdpq-l2fwd: out of memory\n");
+			return 1;
+		}
+		for (uint32_t k = 0; k < s->rx.size; k++)
+			q[i].free[q[i].nfree++] = s->spare_frames + (uint64_t)k * l->frame_size;
+		for (uint32_t k = 0; k < s->tx.size; k++)
+			q[i].free[q[i].nfree++] = s->tx_frames + (uint64_t)k * l->frame_size;
+	}
 	int64_t start = now_ms(), end = seconds ? start + (int64_t)seconds * 1000 : INT64_MAX;
 	struct keeper keep = {.prog = "xdpq-l2fwd"};
 	int64_t last_frame = 0;
@@ -267,6 +286,8 @@ int main(int argc, char **argv)
 	}
 	fprintf(stderr, "total: %" PRIu64 " frames forwarded, %" PRIu64 " received in %.1f s\n", tx, rx, secs);
 	xdpq_close(l);
+	for (size_t i = 0; i < l->nsockets; i++)
+		free(q[i].free);
 	free(q);
 	free(pfd);
 	return status;

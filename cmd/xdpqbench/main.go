@@ -39,7 +39,15 @@ func main() {
 	testpmd := flag.String("testpmd", "dpdk-testpmd", "DPDK testpmd binary for (d); empty to skip it")
 	pods := flag.Bool("pods", true, "the pod rows (e) to (g): builds xdpqperf from this tree")
 	cc := flag.String("cc", "clang,clang-14", "C compiler for (g)'s xdpq-rxdrop, the first found of a comma-separated list; empty to skip (g)")
+	flag.BoolVar(&cfg.Forward, "forward", true, "the forwarding table: XDP_TX, DPDK's macswap and the pods' forwarders at 1 queue and the most of -pod-queues (not with jumbo frames, nor -tx and -latency)")
+	flag.BoolVar(&cfg.Transmit, "tx", true, "the transmit table: DPDK's txonly and xdpqperf txpush")
+	flag.BoolVar(&cfg.Latency, "latency", true, "the latency table: round trips through XDP_TX, DPDK's macswap and the pods' forwarders at 10,000 frames/s and at half the slowest forwarder's rate")
+	rx := flag.Bool("rx", true, "the receive table (a) to (g)")
 	flag.Parse()
+	cfg.SkipReceive = !*rx
+	if cfg.FrameSize > 1514 { // jumbo frames: the receive table alone
+		cfg.Forward, cfg.Transmit, cfg.Latency = false, false, false
+	}
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "xdpqbench: unexpected argument %q\n", flag.Arg(0))
 		os.Exit(2)

@@ -78,6 +78,9 @@ type Config struct {
 	// included.
 	Hog bool
 	Out io.Writer
+	// Forward, Transmit and Latency add their tables after the receive
+	// table (forward.go, transmit.go); SkipReceive leaves that one out.
+	Forward, Transmit, Latency, SkipReceive bool
 	// Stop, when closed, ends the run before its next measurement: Run
 	// removes what it made (the namespace and its veth pair, the daemon,
 	// the pods) and returns ErrInterrupted. Nil runs to the end.
@@ -243,7 +246,7 @@ func Run(cfg Config) ([]*Result, error) {
 		{name: "(c) filter + pkg/xsk rxdrop", queues: 1, spins: true, start: startXSK(xdp.Filter, cfg)},
 	}
 	if cfg.Testpmd != "" {
-		receivers = append(receivers, receiver{name: "(d) DPDK af_xdp PMD rxonly", queues: 1, spins: true, start: startTestpmd(cfg)})
+		receivers = append(receivers, receiver{name: "(d) DPDK af_xdp PMD rxonly", queues: 1, spins: true, start: startTestpmd(cfg, "rxonly", 1)})
 	}
 	if cfg.Pods.Perf != "" || cfg.Pods.CRxdrop != "" {
 		// XDP_DROP on the pod rows' other queue counts: what one sender
@@ -277,7 +280,11 @@ func Run(cfg Config) ([]*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer snd.close()
+	defer func() {
+		if snd != nil {
+			snd.close()
+		}
+	}()
 	var everywhere unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &everywhere); err != nil {
 		return nil, fmt.Errorf("affinity: %w", err)
@@ -307,6 +314,9 @@ func Run(cfg Config) ([]*Result, error) {
 	if d != nil {
 		fmt.Fprintf(cfg.Out, "pods (e)-(g): the xdpq daemon in this process (standalone, pool of %s#0-%d, steering hardware); each pod a process as uid %d, no capabilities, pinned to cpu %d, pkg/client's or the C client's defaults\n",
 			p.A.Name, queues-1, podUID, cfg.RxCPU)
+	}
+	if cfg.SkipReceive {
+		receivers = nil
 	}
 	for round := range cfg.Rounds {
 		for i, r := range receivers {
@@ -357,7 +367,50 @@ func Run(cfg Config) ([]*Result, error) {
 				round+1, r.name, r.queues, m.rate/1e6, m.sent/1e6, m.senderNS, cpu)
 		}
 	}
-	printTable(cfg.Out, results, cfg.FrameSize)
+	if !cfg.SkipReceive {
+		printTable(cfg.Out, results, cfg.FrameSize)
+	}
+	// The pod rows run with the bench's own threads on the sender's
+	// core, as above.
+	place := func(pod bool) error {
+		if stopped() {
+			return ErrInterrupted
+		}
+		set := everywhere
+		if pod {
+			set = senderOnly
+		}
+		return confine(set)
+	}
+	var slowest float64 // the slowest forwarder's 1-queue rate
+	if cfg.Forward {
+		fwd, err := runForward(p, d, snd, cfg, place)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range fwd {
+			if r.Queues == 1 && (slowest == 0 || Median(r.Back) < slowest) {
+				slowest = Median(r.Back)
+			}
+		}
+	}
+	if cfg.Transmit {
+		if _, err := runTX(p, d, cfg, queues, place); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Latency {
+		// The echo binds B's queue 0, which the flooding sender holds.
+		snd.close()
+		snd = nil
+		rates := []float64{10_000}
+		if slowest > 20_000 {
+			rates = append(rates, slowest/2)
+		}
+		if _, err := runLatency(p, d, cfg, rates, place); err != nil {
+			return nil, err
+		}
+	}
 	return results, nil
 }
 
@@ -569,34 +622,59 @@ func measure(p *testnet.Pair, r receiver, snd *sender, cfg Config) (measurement,
 
 // cpuBusy returns the nanoseconds cpu has spent not idle, from /proc/stat.
 func cpuBusy(cpu int) (int64, error) {
+	t, err := readCPUTimes(cpu)
+	return t.busy, err
+}
+
+// cpuTimes are a core's times from /proc/stat, in nanoseconds: busy (not
+// idle), and of that in user space (user and nice), in the kernel for a
+// task (system), and in softirqs (the network stack's receive and
+// transmit work, veth's NAPI among them).
+type cpuTimes struct {
+	busy, user, system, softirq int64
+}
+
+func (t cpuTimes) sub(u cpuTimes) cpuTimes {
+	return cpuTimes{busy: t.busy - u.busy, user: t.user - u.user, system: t.system - u.system, softirq: t.softirq - u.softirq}
+}
+
+func readCPUTimes(cpu int) (cpuTimes, error) {
+	var t cpuTimes
 	f, err := os.Open("/proc/stat")
 	if err != nil {
-		return 0, err
+		return t, err
 	}
 	defer func() { _ = f.Close() }() // read-only
 	prefix := fmt.Sprintf("cpu%d ", cpu)
 	sc := bufio.NewScanner(f)
+	ns := func(ticks int64) int64 { return ticks * int64(time.Second) / 100 } // USER_HZ is 100 on Linux
 	for sc.Scan() {
 		line := sc.Text()
 		if !strings.HasPrefix(line, prefix) {
 			continue
 		}
-		fields := strings.Fields(line)[1:]
-		var busy int64
-		for i, v := range fields {
+		for i, v := range strings.Fields(line)[1:] {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil {
-				return 0, fmt.Errorf("/proc/stat: %q: %w", line, err)
+				return t, fmt.Errorf("/proc/stat: %q: %w", line, err)
 			}
 			// user nice system idle iowait irq softirq steal guest guest_nice
+			switch i {
+			case 0, 1:
+				t.user += ns(n)
+			case 2:
+				t.system += ns(n)
+			case 6:
+				t.softirq += ns(n)
+			}
 			if i == 3 || i == 4 || i >= 8 {
 				continue
 			}
-			busy += n
+			t.busy += ns(n)
 		}
-		return busy * int64(time.Second) / 100, nil // USER_HZ is 100 on Linux
+		return t, nil
 	}
-	return 0, fmt.Errorf("/proc/stat has no %s", strings.TrimSpace(prefix))
+	return t, fmt.Errorf("/proc/stat has no %s", strings.TrimSpace(prefix))
 }
 
 // confine moves every thread of this process to the CPUs of set; the
@@ -699,6 +777,9 @@ func newSender(p *testnet.Pair, queues int, cfg Config) (*sender, error) {
 	}
 	return s, nil
 }
+
+// queues is how many of B's queues the sender has sockets on.
+func (s *sender) queues() int { return len(s.socks) }
 
 // close frees the sender's sockets and UMEM; Linux frees them even when
 // close or munmap reports an error, and nothing is written through them.
@@ -943,19 +1024,36 @@ func rxdrop(s *xsk.Socket, received *atomic.Uint64, stop *atomic.Bool) (time.Dur
 	}
 }
 
-var rxPackets = regexp.MustCompile(`Accumulated forward statistics[^\n]*\n\s*RX-packets:\s*(\d+)`)
+// testpmdTotals reads the counters testpmd prints of all its ports as it
+// exits ("Accumulated forward statistics for all ports").
+var testpmdTotals = regexp.MustCompile(`Accumulated forward statistics[^\n]*\n\s*RX-packets:\s*(\d+)\s+RX-dropped:\s*(\d+)[^\n]*\n\s*TX-packets:\s*(\d+)\s+TX-dropped:\s*(\d+)`)
 
-// startTestpmd runs dpdk-testpmd in rxonly mode on A's queue 0; it prints
-// its count when it exits.
-func startTestpmd(cfg Config) func(p *testnet.Pair) (*running, error) {
+// startTestpmd runs dpdk-testpmd in forwarding mode mode (rxonly,
+// macswap, txonly) on A's queues 0..queues-1, a port each, one forwarding
+// lcore on the receivers' core; it prints its counts when it exits. The outcome's
+// frames are those it received in rxonly, those it transmitted
+// otherwise; in macswap, its RX-dropped (the PMD's count of frames the
+// kernel dropped for its sockets) is Drops.RXDropped.
+func startTestpmd(cfg Config, mode string, queues int) func(p *testnet.Pair) (*running, error) {
 	return func(p *testnet.Pair) (*running, error) {
 		// ip netns exec mounts the namespace's sysfs, where the PMD looks up the netdev.
 		// stdbuf: testpmd writes to a pipe, which libc would buffer.
-		cmd := exec.Command("ip", "netns", "exec", filepath.Base(p.NSPath()), "stdbuf", "-oL", cfg.Testpmd,
+		args := []string{"netns", "exec", filepath.Base(p.NSPath()), "stdbuf", "-oL", cfg.Testpmd,
 			"-l", fmt.Sprintf("%d,%d", cfg.RxCPU, cfg.SenderCPU), "--main-lcore", strconv.Itoa(cfg.SenderCPU),
-			"--no-huge", "-m", "256", "--no-pci", "--no-shconf",
-			"--vdev", "net_af_xdp0,iface="+p.A.Name+",start_queue=0,queue_count=1",
-			"--", "--forward-mode=rxonly", "--total-num-mbufs=16384")
+			"--no-huge", "-m", "512", "--no-pci", "--no-shconf"}
+		// A port per queue: the PMD takes more than one queue of a port
+		// only from a NIC with combined channels, which veth has not
+		// ("Specified queue count 4 is larger than combined queue count 1").
+		for q := range queues {
+			args = append(args, "--vdev", fmt.Sprintf("net_af_xdp%d,iface=%s,start_queue=%d,queue_count=1", q, p.A.Name, q))
+		}
+		// loop: each port sends out of itself, as the pods do.
+		args = append(args, "--", "--forward-mode="+mode, "--port-topology=loop", "--nb-cores=1",
+			fmt.Sprintf("--total-num-mbufs=%d", 16384*min(queues, 2)))
+		if mode == "txonly" {
+			args = append(args, fmt.Sprintf("--txpkts=%d", cfg.FrameSize))
+		}
+		cmd := exec.Command("ip", args...)
 		stdin, err := cmd.StdinPipe()
 		if err != nil {
 			return nil, err
@@ -984,12 +1082,24 @@ func startTestpmd(cfg Config) func(p *testnet.Pair) (*running, error) {
 			if err := cmd.Wait(); err != nil {
 				return outcome{}, fmt.Errorf("testpmd: %w\n%s", err, out.String())
 			}
-			m := rxPackets.FindStringSubmatch(out.String())
+			m := testpmdTotals.FindStringSubmatch(out.String())
 			if m == nil {
-				return outcome{}, fmt.Errorf("testpmd printed no RX-packets total:\n%s", out.String())
+				return outcome{}, fmt.Errorf("testpmd printed no totals:\n%s", out.String())
 			}
-			n, err := strconv.ParseUint(m[1], 10, 64)
-			return outcome{received: n}, err
+			var v [4]uint64
+			for i := range v {
+				if v[i], err = strconv.ParseUint(m[i+1], 10, 64); err != nil {
+					return outcome{}, err
+				}
+			}
+			switch mode {
+			case "rxonly":
+				return outcome{received: v[0]}, nil
+			case "macswap":
+				return outcome{received: v[2], drops: &Drops{RXDropped: v[1]}}, nil
+			default:
+				return outcome{received: v[2]}, nil
+			}
 		}}, nil
 	}
 }

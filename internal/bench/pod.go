@@ -37,8 +37,9 @@ const podUID = 65534
 
 // Pods are the pod programs of rows (e) to (g), built from this tree.
 type Pods struct {
-	Perf    string // xdpqperf, for (e) and (f)
+	Perf    string // xdpqperf, for (e) and (f), and the Go forwarder
 	CRxdrop string // clients/c's xdpq-rxdrop, for (g)
+	CL2fwd  string // clients/c's xdpq-l2fwd, the C forwarder
 }
 
 // FindCC returns the path of the first C compiler of names (separated by
@@ -53,7 +54,7 @@ func FindCC(names string) (string, error) {
 }
 
 // BuildPods builds xdpqperf into dir, and with cc (a C compiler) the C
-// client's xdpq-rxdrop (clients/c's Makefile); cc "" leaves (g) out. It
+// client's examples xdpq-rxdrop and xdpq-l2fwd (clients/c's Makefile); cc "" leaves (g) out. It
 // runs the go tool, so it works inside this module's tree.
 func BuildPods(dir, cc string) (Pods, error) {
 	var p Pods
@@ -75,6 +76,7 @@ func BuildPods(dir, cc string) (Pods, error) {
 		return p, fmt.Errorf("build the C client (%s): %w\n%s", strings.Join(mk.Args, " "), err, out)
 	}
 	p.CRxdrop = filepath.Join(cdir, "xdpq-rxdrop")
+	p.CL2fwd = filepath.Join(cdir, "xdpq-l2fwd")
 	return p, nil
 }
 
@@ -154,15 +156,18 @@ func (pd *podDaemon) writeConfig(yaml string) error {
 	return os.Rename(tmp, pd.config)
 }
 
-// setPool puts the pool in force (busy polling or not), or with pool
-// false none: the daemon has applied it when Reload returns.
-func (pd *podDaemon) setPool(pool, busyPoll bool) error {
+// setPool puts the pool in force as pod kind k wants it (busy polling,
+// TX), or with k nil none: the daemon has applied it when Reload returns.
+func (pd *podDaemon) setPool(k *podKind) error {
 	yaml := "pools: []\n"
-	if pool {
+	if k != nil {
 		yaml = fmt.Sprintf("pools:\n  - name: bench\n    steering: hardware\n    devices: {netdevs: ['%s#0-%d']}\n",
 			pd.pair.A.Name, pd.queues-1)
-		if busyPoll {
+		if k.busyPoll {
 			yaml += "    busyPoll: {timeoutMicros: 20, budget: 64}\n"
+		}
+		if k.tx {
+			yaml += "    allowTX: true\n"
 		}
 	}
 	if err := pd.writeConfig(yaml); err != nil {
@@ -180,6 +185,7 @@ func (pd *podDaemon) setPool(pool, busyPoll bool) error {
 type podKind struct {
 	name     string
 	busyPoll bool
+	tx       bool // it transmits: its pool allows TX
 	// command is the pod's program and arguments; ready is what it prints
 	// once its sockets are bound and their fill rings filled; received
 	// reads how many frames it counted from all it printed.
@@ -343,7 +349,7 @@ func cReceived(out string) (uint64, error) {
 // reads what it counted, frees the allocation and removes the pool.
 func (pd *podDaemon) startPod(k podKind, n int, cfg Config) func(*testnet.Pair) (*running, error) {
 	return func(p *testnet.Pair) (r *running, err error) {
-		if err := pd.setPool(true, k.busyPoll); err != nil {
+		if err := pd.setPool(&k); err != nil {
 			return nil, err
 		}
 		var alloc *api.Allocation
@@ -354,7 +360,7 @@ func (pd *podDaemon) startPod(k podKind, n int, cfg Config) func(*testnet.Pair) 
 			if alloc != nil {
 				err = errors.Join(err, pd.d.Free(context.Background(), alloc.ID))
 			}
-			err = errors.Join(err, pd.setPool(false, false))
+			err = errors.Join(err, pd.setPool(nil))
 		}()
 		alloc, err = pd.d.Alloc(context.Background(), api.AllocRequest{Pool: "bench", Count: n, UID: podUID})
 		if err != nil {
@@ -420,7 +426,7 @@ func (pd *podDaemon) startPod(k podKind, n int, cfg Config) func(*testnet.Pair) 
 				if errCount != nil {
 					errCount = fmt.Errorf("%w:\n%s", errCount, out.String())
 				}
-				err := errors.Join(errDrops, errWaited, errExit, errCount, pd.d.Free(context.Background(), alloc.ID), pd.setPool(false, false))
+				err := errors.Join(errDrops, errWaited, errExit, errCount, pd.d.Free(context.Background(), alloc.ID), pd.setPool(nil))
 				o := outcome{received: received, drops: &drops, waited: &wait}
 				if k.away != nil {
 					if a, ok := k.away(out.String()); ok {
