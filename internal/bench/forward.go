@@ -13,12 +13,12 @@ package bench
 
 import (
 	"encoding/binary"
-	"os"
-	"path/filepath"
-	"runtime/debug"
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
