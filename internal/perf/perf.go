@@ -344,28 +344,33 @@ func l2fwd(ctx context.Context, s *xsk.Socket, r *client.Receiver, txFrames []ui
 			if len(dropped) > 0 {
 				r.Recycle(dropped...)
 			}
-			if f.whole > 0 { // the TX ring is full
-				if err := s.Kick(); err != nil {
-					return err
-				}
-				runtime.Gosched() // the other queues' loops, while this one waits for the kernel
-				continue
+		}
+		// Every round the kernel is asked to send what the TX ring holds:
+		// in copy mode each ask is a syscall that sends at most the
+		// socket's TX budget (32 frames unless raised). A loop that asked
+		// only once the ring was full kept a ring's worth of frames
+		// waiting there: their latency, and frames the fill ring lacked
+		// (make bench: 0.78 of DPDK's forwarding rate on 1 queue, losing
+		// 17,373 frames to an empty fill ring and 11,506 to a full RX
+		// ring in 3 s).
+		if s.TXPending() > 0 {
+			if err := s.Kick(); err != nil {
+				return err
 			}
+		}
+		if f.whole > 0 { // the TX ring is full
+			runtime.Gosched() // the other queues' loops, while this one waits for the kernel
+			continue
 		}
 		w := wait
 		if s.TXPending() > 0 {
-			w = 0 // frames to complete: come back for them
+			w = 0 // frames to send: come back for them
 		}
 		descs, err := r.Peek(w)
 		if err != nil {
 			return err
 		}
 		if len(descs) == 0 {
-			if s.TXPending() > 0 {
-				if err := s.Kick(); err != nil {
-					return err
-				}
-			}
 			continue
 		}
 		c.rx.Add(f.add(s.UMEM(), descs))
