@@ -115,7 +115,9 @@ e2e-node-binaries:
 
 # Receive rates side by side on one veth pair (a table: XDP_DROP, pkg/xsk,
 # DPDK, and pods through the daemon's broker, xdpqperf and the C client's
-# xdpq-rxdrop, both built from this tree), the time the
+# xdpq-rxdrop, both built from this tree), then forwarding, transmit and
+# latency tables (XDP_TX, DPDK's macswap and txonly, xdpqperf l2fwd and
+# txpush, the C client's xdpq-l2fwd), the time the
 # agent takes to re-attach after a foreign program goes (100 trials),
 # status and a socket's add and remove on one netdev while another's
 # attach takes 300 ms (the agent's kernel work is outside its lock), the
@@ -131,7 +133,7 @@ e2e-node-binaries:
 # latency through cnitool (100 attachments, p50/p99).
 bench:
 	$(GO) run ./cmd/xdpqbench
-	$(GO) run ./cmd/xdpqbench -size 1514 -pod-queues 1 -cc=
+	$(GO) run ./cmd/xdpqbench -size 1514 -pod-queues 1,4 -tx=false -latency=false
 	$(GO) run ./cmd/xdpqbench -size 9014 -pod-queues 1
 	$(GO) test -run '^$$' -bench Reattach -benchtime 100x ./pkg/agent
 	$(GO) test -run '^$$' -bench SlowAttach -benchtime 200x ./pkg/agent
@@ -151,8 +153,8 @@ bench-e2e: e2e-binaries
 	cd test/e2e && $(STATIC) $(GO) test -run '^$$' -bench PodStartupDRA -benchtime 20x -timeout 30m .
 	cd test/e2e && $(STATIC) $(GO) test -run '^$$' -bench XdpqNodeWrites -benchtime 1x -timeout 30m ./crd
 
-# The C client (clients/c): libxdpq.a and xdpq-rxdrop in bin/c (clang or
-# clang-14; its tests run with the others in make test).
+# The C client (clients/c): libxdpq.a, xdpq-rxdrop and xdpq-l2fwd in
+# bin/c (clang or clang-14; its tests run with the others in make test).
 cclient:
 	$(MAKE) -C clients/c O=$(CURDIR)/bin/c
 

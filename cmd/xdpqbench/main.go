@@ -5,9 +5,12 @@
 // its sockets from the broker, xdpqperf rxdrop with the pool's default
 // settings and with its busy polling, and the C client's xdpq-rxdrop, on
 // 1, 2 and 4 queues. Each row gives the rates, the sender core's and the
-// receiver's own CPU ns per packet, and the sockets' drop counters; see
-// package internal/bench. It builds xdpqperf (and with a C compiler
-// xdpq-rxdrop) from the tree it runs in. Run it as root.
+// receiver's own CPU ns per packet, and the sockets' drop counters. Then
+// forwarding (XDP_TX, testpmd macswap, xdpqperf l2fwd, the C client's
+// xdpq-l2fwd), transmit (testpmd txonly, xdpqperf txpush) and latency
+// (round trips through each forwarder) tables; see package
+// internal/bench. It builds xdpqperf (and with a C compiler xdpq-rxdrop
+// and xdpq-l2fwd) from the tree it runs in. Run it as root.
 package main
 
 import (

@@ -24,6 +24,12 @@
 // thread's schedstat for (b) and (c), testpmd's threads' for (d), the pod
 // process's CPU clock, its ended threads included, for (e) to (g)), and the kernel's drop counters (XDP_STATISTICS) of the
 // receiver's sockets: for the pods, as the daemon's metrics report them.
+//
+// Then, in the same run, what a user plane does beyond receiving
+// (forward.go, transmit.go): forwarding (each frame back out of its
+// queue, MACs swapped) through XDP_TX, DPDK's macswap and the pods'
+// forwarders, counted on B; transmitting (DPDK's txonly, xdpqperf
+// txpush); and round trips of timestamped frames through each of them.
 package bench
 
 import (

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime/debug"
 	"slices"
@@ -640,6 +641,9 @@ func runLatency(p *testnet.Pair, pd *podDaemon, cfg Config, rates []float64, pla
 		}
 	}
 	printLatency(cfg.Out, results)
+	if err := printWakeLateness(cfg.Out, cfg.RxCPU, cfg.Hog); err != nil {
+		return nil, err
+	}
 	return results, nil
 }
 
@@ -700,4 +704,73 @@ func kthread(name string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("no kernel thread %s", name)
+}
+
+// wakeLateness measures how late a thread on cpu wakes from a 50 µs
+// sleep (clock_nanosleep, the pods' nap), n times: the percentiles of
+// the time past 50 µs. A core with nothing else to run halts; on a VM
+// the hypervisor then decides when the vCPU runs again.
+func wakeLateness(cpu, n int) (p50, p99, p999 time.Duration, err error) {
+	var late []time.Duration
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		unpin, perr := pin(cpu)
+		if err = perr; err != nil {
+			return
+		}
+		defer unpin()
+		ts := unix.NsecToTimespec(int64(50 * time.Microsecond))
+		late = make([]time.Duration, 0, n)
+		for range n {
+			t0 := time.Now()
+			// EINTR only shortens a sleep, which reads as early, not late.
+			_ = unix.Nanosleep(&ts, nil)
+			late = append(late, time.Since(t0)-50*time.Microsecond)
+		}
+	}()
+	<-done
+	p50, p99, p999, _ = percentiles(late)
+	return p50, p99, p999, err
+}
+
+// printWakeLateness prints wakeLateness on cpu as it is, and beside a
+// busy loop (a nice 19 one, which the sleeper preempts as it wakes) that
+// keeps the core from halting.
+func printWakeLateness(w io.Writer, cpu int, hog bool) error {
+	const n = 20000
+	a50, a99, a999, err := wakeLateness(cpu, n)
+	if err != nil {
+		return err
+	}
+	state := "idle but for it"
+	if hog {
+		state = "with the run's CPU hog on it"
+	}
+	fmt.Fprintf(w, "a 50 µs sleep on cpu %d (the reflectors'), %d times, %s: late by p50 %.1f µs, p99 %.1f, p99.9 %.1f", cpu, n, state,
+		float64(a50)/1e3, float64(a99)/1e3, float64(a999)/1e3)
+	if hog {
+		fmt.Fprintln(w)
+		return nil
+	}
+	cmd := exec.Command("nice", "-n", "19", "sh", "-c", "while :; do :; done")
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("busy loop: %w", err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill() // a busy loop: killing it loses nothing
+		_ = cmd.Wait()
+	}()
+	var set unix.CPUSet
+	set.Set(cpu)
+	if err := unix.SchedSetaffinity(cmd.Process.Pid, &set); err != nil {
+		return fmt.Errorf("busy loop on cpu %d: %w", cpu, err)
+	}
+	b50, b99, b999, err := wakeLateness(cpu, n)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "; beside a busy loop at nice 19, which keeps the core from halting: p50 %.1f, p99 %.1f, p99.9 %.1f\n",
+		float64(b50)/1e3, float64(b99)/1e3, float64(b999)/1e3)
+	return nil
 }
