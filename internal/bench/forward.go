@@ -687,6 +687,15 @@ func printLatency(w io.Writer, rs []*latResult) {
 		fmt.Fprintf(w, "%-34s %10.0f %9s %9s %9s %9s %9d %9d %10s %12s %10.2f\n", r.Name, r.Rate, us(medianDuration(r.P50)), us(medianDuration(r.P99)),
 			us(medianDuration(r.P999)), us(slices.Max(r.Max)), lost, echoLost, us(slices.Max(r.Away)), cpu, Median(r.Softirqd))
 	}
+	for _, def := range rs {
+		for _, busy := range rs {
+			if busy.Rate == def.Rate && busy.Name == def.Name+", busyPoll" {
+				fmt.Fprintf(w, "(busyPoll on veth at %.0f/s: p50 %s µs against the default's %s, on %.2f cores against %.2f. veth has no interrupt for preferred busy polling to defer: "+
+					"the sender's transmit still schedules the queue's NAPI from its own core while the pod polls it from its own (the receive table's busyPoll rows measure the sender's cost per frame rising); measure busy polling on a NIC)\n",
+					def.Rate, us(medianDuration(busy.P50)), us(medianDuration(def.P50)), Median(busy.CPU), Median(def.CPU))
+			}
+		}
+	}
 	fmt.Fprintln(w, "(echo away: the longest the timing loop itself was off its rings, the worst round: a tail no shorter than it may be the sender's core, not the reflector; "+
 		"ksoftirqd: the reflector core's softirq thread, busy: softirqs (veth's NAPI of the answers on their way to B) deferred to a task that waits its turn on that core)")
 }
