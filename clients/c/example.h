@@ -10,11 +10,15 @@
 #include "xdpq.h"
 
 #include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static inline int64_t now_us(void)
 {
@@ -52,6 +56,109 @@ static inline int parse_queues(char *s, uint32_t *q, size_t *n)
 		q[(*n)++] = (uint32_t)v;
 	}
 	return *n > 0 ? 0 : -1;
+}
+
+/* struct example_args holds what example_opt parsed besides opts. */
+struct example_args {
+	const char *path;	/* -s; NULL: $XDPQ_SOCKET */
+	unsigned long long seconds;	/* -d; 0: until stopped */
+	uint32_t queues[XDPQ_MAX_QUEUES];	/* -q, for opts->queues */
+	char qarg[4096];
+};
+
+/* example_opt's results besides an exit status. */
+#define OPT_TAKEN (-1)	/* c was one of the options it knows, taken */
+#define OPT_OTHER (-2)	/* c is the example's own */
+
+/*
+ * example_opt takes getopt's c if every example has it: -s socket,
+ * -q queues, -r ring, -f frame size, -d seconds, -h, and getopt's
+ * errors (':' a value missing, '?' an unknown option; the optstring must
+ * start with ':'). It returns OPT_TAKEN, OPT_OTHER, or the status to exit
+ * with: 0 after -h, 2 after a bad value or option (said on stderr).
+ */
+static inline int example_opt(const char *prog, const char *usage, int c, struct xdpq_opts *o, struct example_args *a)
+{
+	unsigned long long v;
+
+	switch (c) {
+	case 's':
+		a->path = optarg;
+		return OPT_TAKEN;
+	case 'q':
+		strncpy(a->qarg, optarg, sizeof(a->qarg) - 1);
+		if (strlen(optarg) >= sizeof(a->qarg) || parse_queues(a->qarg, a->queues, &o->nqueues) < 0) {
+			fprintf(stderr, "%s: -q %s: want queue numbers separated by commas\n", prog, optarg);
+			return 2;
+		}
+		o->queues = a->queues;
+		return OPT_TAKEN;
+	case 'r':
+		if (number(optarg, 1u << 20, &v) < 0) {
+			fprintf(stderr, "%s: -r %s: want a ring size\n", prog, optarg);
+			return 2;
+		}
+		o->ring = (uint32_t)v;
+		return OPT_TAKEN;
+	case 'f':
+		if (number(optarg, 4096, &v) < 0) {
+			fprintf(stderr, "%s: -f %s: want 2048 or 4096\n", prog, optarg);
+			return 2;
+		}
+		o->frame_size = (uint32_t)v;
+		return OPT_TAKEN;
+	case 'd':
+		if (number(optarg, INT_MAX / 1000, &a->seconds) < 0 || a->seconds == 0) {
+			fprintf(stderr, "%s: -d %s: want a number of seconds\n", prog, optarg);
+			return 2;
+		}
+		return OPT_TAKEN;
+	case 'h':
+		fputs(usage, stdout);
+		return 0;
+	case ':':
+		fprintf(stderr, "%s: -%c needs a value\n%s", prog, optopt, usage);
+		return 2;
+	case '?':
+		fprintf(stderr, "%s: unknown option -%c\n%s", prog, optopt, usage);
+		return 2;
+	}
+	return OPT_OTHER;
+}
+
+/* stop is set by SIGINT or SIGTERM (catch_stop). */
+static volatile sig_atomic_t stop;
+
+static void on_stop_signal(int sig)
+{
+	(void)sig;
+	stop = 1;
+}
+
+/* catch_stop makes SIGINT and SIGTERM set stop. They are blocked but in
+ * ppoll with *wait_mask, so that one arriving between a check of stop and
+ * the wait still ends the wait. */
+static inline void catch_stop(sigset_t *wait_mask)
+{
+	sigset_t block;
+	sigemptyset(&block);
+	sigaddset(&block, SIGINT);
+	sigaddset(&block, SIGTERM);
+	sigprocmask(SIG_BLOCK, &block, wait_mask);
+	sigdelset(wait_mask, SIGINT);
+	sigdelset(wait_mask, SIGTERM);
+	struct sigaction sa = {.sa_handler = on_stop_signal};
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+}
+
+/* print_lease writes "<prog>: allocation A netdev N queues q,q" to
+ * stderr, for the caller to end the line. */
+static inline void print_lease(const char *prog, const struct xdpq_lease *l)
+{
+	fprintf(stderr, "%s: allocation %s netdev %s queues", prog, l->allocation, l->netdev);
+	for (size_t i = 0; i < l->nsockets; i++)
+		fprintf(stderr, "%s%" PRIu32, i ? "," : " ", l->sockets[i].queue);
 }
 
 /* struct keeper keeps a lease across the daemon's restarts: the sockets

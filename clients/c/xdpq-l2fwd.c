@@ -48,14 +48,6 @@ static const char usage[] =
 	"Each frame goes back out of the queue it came in on, MAC addresses swapped.\n"
 	"It stops on SIGINT or SIGTERM too. The summary and messages go to stderr.\n";
 
-static volatile sig_atomic_t stop;
-
-static void on_signal(int sig)
-{
-	(void)sig;
-	stop = 1;
-}
-
 /* struct fwdq is one socket's frames on no ring, and what is counted. */
 struct fwdq {
 	uint64_t *free;		/* frames on no ring, a stack */
@@ -129,82 +121,29 @@ static uint32_t forward(struct xdpq_lease *l, struct xdpq_socket *s, struct fwdq
 int main(int argc, char **argv)
 {
 	struct xdpq_opts opts = {.name = "xdpq-l2fwd", .tx = true};
-	uint32_t queues[XDPQ_MAX_QUEUES];
-	char qarg[4096] = "";
-	const char *path = NULL;
-	unsigned long long v, seconds = 0;
+	struct example_args args = {0};
 	int c;
 
 	while ((c = getopt(argc, argv, ":s:q:r:f:d:h")) != -1) {
-		switch (c) {
-		case 's':
-			path = optarg;
-			break;
-		case 'q':
-			strncpy(qarg, optarg, sizeof(qarg) - 1);
-			if (strlen(optarg) >= sizeof(qarg) || parse_queues(qarg, queues, &opts.nqueues) < 0) {
-				fprintf(stderr, "xdpq-l2fwd: -q %s: want queue numbers separated by commas\n", optarg);
-				return 2;
-			}
-			opts.queues = queues;
-			break;
-		case 'r':
-			if (number(optarg, 1u << 20, &v) < 0) {
-				fprintf(stderr, "xdpq-l2fwd: -r %s: want a ring size\n", optarg);
-				return 2;
-			}
-			opts.ring = (uint32_t)v;
-			break;
-		case 'f':
-			if (number(optarg, 4096, &v) < 0) {
-				fprintf(stderr, "xdpq-l2fwd: -f %s: want 2048 or 4096\n", optarg);
-				return 2;
-			}
-			opts.frame_size = (uint32_t)v;
-			break;
-		case 'd':
-			if (number(optarg, INT_MAX / 1000, &seconds) < 0 || seconds == 0) {
-				fprintf(stderr, "xdpq-l2fwd: -d %s: want a number of seconds\n", optarg);
-				return 2;
-			}
-			break;
-		case 'h':
-			fputs(usage, stdout);
-			return 0;
-		case ':':
-			fprintf(stderr, "xdpq-l2fwd: -%c needs a value\n%s", optopt, usage);
-			return 2;
-		default:
-			fprintf(stderr, "xdpq-l2fwd: unknown option -%c\n%s", optopt, usage);
-			return 2;
-		}
+		int r = example_opt("xdpq-l2fwd", usage, c, &opts, &args);
+		if (r != OPT_TAKEN)
+			return r == OPT_OTHER ? 2 : r; /* getopt returns only the letters above */
 	}
 	if (optind < argc) {
 		fprintf(stderr, "xdpq-l2fwd: unexpected argument %s\n%s", argv[optind], usage);
 		return 2;
 	}
 
-	/* SIGINT and SIGTERM are blocked but in ppoll, as in xdpq-rxdrop. */
-	sigset_t block, wait_mask;
-	sigemptyset(&block);
-	sigaddset(&block, SIGINT);
-	sigaddset(&block, SIGTERM);
-	sigprocmask(SIG_BLOCK, &block, &wait_mask);
-	sigdelset(&wait_mask, SIGINT);
-	sigdelset(&wait_mask, SIGTERM);
-	struct sigaction sa = {.sa_handler = on_signal};
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
+	sigset_t wait_mask;
+	catch_stop(&wait_mask);
 
 	struct xdpq_error err;
-	struct xdpq_lease *l = xdpq_open(path, &opts, &err);
+	struct xdpq_lease *l = xdpq_open(args.path, &opts, &err);
 	if (!l) {
 		fprintf(stderr, "xdpq-l2fwd: %s\n", err.msg);
 		return 1;
 	}
-	fprintf(stderr, "xdpq-l2fwd: allocation %s netdev %s queues", l->allocation, l->netdev);
-	for (size_t i = 0; i < l->nsockets; i++)
-		fprintf(stderr, "%s%" PRIu32, i ? "," : " ", l->sockets[i].queue);
+	print_lease("xdpq-l2fwd", l);
 	fprintf(stderr, ": forwarding (%s%s)\n", l->zero_copy ? "zero-copy" : "copy", l->busy_poll ? ", busy polling" : "");
 
 	struct fwdq *q = calloc(l->nsockets, sizeof(*q));
@@ -226,7 +165,7 @@ int main(int argc, char **argv)
 		for (uint32_t k = 0; k < s->tx.size; k++)
 			q[i].free[q[i].nfree++] = s->tx_frames + (uint64_t)k * l->frame_size;
 	}
-	int64_t start = now_ms(), end = seconds ? start + (int64_t)seconds * 1000 : INT64_MAX;
+	int64_t start = now_ms(), end = args.seconds ? start + (int64_t)args.seconds * 1000 : INT64_MAX;
 	struct keeper keep = {.prog = "xdpq-l2fwd"};
 	int64_t last_frame = 0;
 	int status = 0;

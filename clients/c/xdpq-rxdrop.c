@@ -37,14 +37,6 @@ static const char usage[] =
 	"  -x             write each frame to stdout: \"<queue> <hex>\" per line\n"
 	"It stops on SIGINT or SIGTERM too. The summary and messages go to stderr.\n";
 
-static volatile sig_atomic_t stop;
-
-static void on_signal(int sig)
-{
-	(void)sig;
-	stop = 1;
-}
-
 /* While frames came less than IDLE_AFTER_US ago, a loop that finds none
  * naps NAP_US between looks instead of sleeping in poll: a loop asleep in
  * poll must be woken for the next frame, from the core that received it,
@@ -131,48 +123,20 @@ static int64_t rx(struct xdpq_lease *l, struct xdpq_socket *s, uint32_t limit, b
 int main(int argc, char **argv)
 {
 	struct xdpq_opts opts = {.name = "xdpq-rxdrop"};
-	uint32_t queues[XDPQ_MAX_QUEUES];
-	char qarg[4096] = "";
-	const char *path = NULL;
-	unsigned long long v, max_frames = 0, seconds = 0;
+	struct example_args args = {0};
+	unsigned long long max_frames = 0;
 	bool dump = false;
 	int c;
 
 	while ((c = getopt(argc, argv, ":s:q:r:f:md:n:xh")) != -1) {
+		int r = example_opt("xdpq-rxdrop", usage, c, &opts, &args);
+		if (r == OPT_TAKEN)
+			continue;
+		if (r != OPT_OTHER)
+			return r;
 		switch (c) {
-		case 's':
-			path = optarg;
-			break;
-		case 'q':
-			strncpy(qarg, optarg, sizeof(qarg) - 1);
-			if (strlen(optarg) >= sizeof(qarg) || parse_queues(qarg, queues, &opts.nqueues) < 0) {
-				fprintf(stderr, "xdpq-rxdrop: -q %s: want queue numbers separated by commas\n", optarg);
-				return 2;
-			}
-			opts.queues = queues;
-			break;
-		case 'r':
-			if (number(optarg, 1u << 20, &v) < 0) {
-				fprintf(stderr, "xdpq-rxdrop: -r %s: want a ring size\n", optarg);
-				return 2;
-			}
-			opts.ring = (uint32_t)v;
-			break;
-		case 'f':
-			if (number(optarg, 4096, &v) < 0) {
-				fprintf(stderr, "xdpq-rxdrop: -f %s: want 2048 or 4096\n", optarg);
-				return 2;
-			}
-			opts.frame_size = (uint32_t)v;
-			break;
 		case 'm':
 			opts.multi_buffer = true;
-			break;
-		case 'd':
-			if (number(optarg, INT_MAX / 1000, &seconds) < 0 || seconds == 0) {
-				fprintf(stderr, "xdpq-rxdrop: -d %s: want a number of seconds\n", optarg);
-				return 2;
-			}
 			break;
 		case 'n':
 			if (number(optarg, UINT64_MAX, &max_frames) < 0 || max_frames == 0) {
@@ -183,15 +147,6 @@ int main(int argc, char **argv)
 		case 'x':
 			dump = true;
 			break;
-		case 'h':
-			fputs(usage, stdout);
-			return 0;
-		case ':':
-			fprintf(stderr, "xdpq-rxdrop: -%c needs a value\n%s", optopt, usage);
-			return 2;
-		default:
-			fprintf(stderr, "xdpq-rxdrop: unknown option -%c\n%s", optopt, usage);
-			return 2;
 		}
 	}
 	if (optind < argc) {
@@ -199,28 +154,16 @@ int main(int argc, char **argv)
 		return 2;
 	}
 
-	/* SIGINT and SIGTERM are blocked but in ppoll, so that one arriving
-	 * between a check of stop and the wait still ends the wait. */
-	sigset_t block, wait_mask;
-	sigemptyset(&block);
-	sigaddset(&block, SIGINT);
-	sigaddset(&block, SIGTERM);
-	sigprocmask(SIG_BLOCK, &block, &wait_mask);
-	sigdelset(&wait_mask, SIGINT);
-	sigdelset(&wait_mask, SIGTERM);
-	struct sigaction sa = {.sa_handler = on_signal};
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
+	sigset_t wait_mask;
+	catch_stop(&wait_mask);
 
 	struct xdpq_error err;
-	struct xdpq_lease *l = xdpq_open(path, &opts, &err);
+	struct xdpq_lease *l = xdpq_open(args.path, &opts, &err);
 	if (!l) {
 		fprintf(stderr, "xdpq-rxdrop: %s\n", err.msg);
 		return 1;
 	}
-	fprintf(stderr, "xdpq-rxdrop: allocation %s netdev %s queues", l->allocation, l->netdev);
-	for (size_t i = 0; i < l->nsockets; i++)
-		fprintf(stderr, "%s%" PRIu32, i ? "," : " ", l->sockets[i].queue);
+	print_lease("xdpq-rxdrop", l);
 	fprintf(stderr, ": active (%s%s)\n", l->zero_copy ? "zero-copy" : "copy", l->multi_buffer ? ", multi-buffer" : "");
 
 	if (dump) {
@@ -233,7 +176,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "xdpq-rxdrop: out of memory\n");
 		return 1;
 	}
-	int64_t start = now_ms(), end = seconds ? start + (int64_t)seconds * 1000 : INT64_MAX;
+	int64_t start = now_ms(), end = args.seconds ? start + (int64_t)args.seconds * 1000 : INT64_MAX;
 	uint64_t total = 0;
 	struct keeper keep = {.prog = "xdpq-rxdrop"};
 	int status = 0;
@@ -325,7 +268,7 @@ int main(int argc, char **argv)
 	fprintf(stderr, "away: longest %" PRId64 "us\n", away);
 	if (max_frames && total < max_frames && !stop && status == 0) {
 		fprintf(stderr, "xdpq-rxdrop: %" PRIu64 " of %llu frames came within %llu s\n", total, max_frames,
-			seconds);
+			args.seconds);
 		status = 1;
 	}
 	xdpq_close(l);

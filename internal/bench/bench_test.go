@@ -11,29 +11,36 @@ import (
 	"github.com/xdpq/xdpq/internal/testnet"
 )
 
-// TestBenchRuns keeps `make bench` working: every receiver, DPDK's and
-// the pods' (xdpqperf with and without busy polling, the C client's
-// xdpq-rxdrop, on 1, 2 and 4 queues) included, receives frames, and the
-// table and the ratios are printed; and so with 9014-byte frames in
-// several descriptors. It measures nothing.
-func TestBenchRuns(t *testing.T) {
+// tools finds testpmd and a C compiler and builds the pods' programs:
+// testpmd or cc "" when not installed, which CI=true does not allow.
+func tools(t *testing.T) (testpmd, cc string, pods Pods) {
+	t.Helper()
 	testnet.RequireRoot(t)
 	ci := os.Getenv("CI") == "true"
 	testpmd, err := exec.LookPath("dpdk-testpmd")
 	if err != nil && ci {
 		t.Fatal("CI installs dpdk-dev for this test: ", err)
 	}
-	cc, err := FindCC("clang,clang-14")
+	cc, err = FindCC("clang,clang-14")
 	if err != nil {
 		if ci {
 			t.Fatal("CI installs clang-14 for this test: ", err)
 		}
-		t.Logf("%v: (g) left out (Debian: apt-get install clang-14)", err)
+		t.Logf("%v: the C client's rows left out (Debian: apt-get install clang-14)", err)
 	}
-	pods, err := BuildPods(t.TempDir(), cc)
-	if err != nil {
+	if pods, err = BuildPods(t.TempDir(), cc); err != nil {
 		t.Fatal(err)
 	}
+	return testpmd, cc, pods
+}
+
+// TestBenchRuns keeps `make bench` working: every receiver, DPDK's and
+// the pods' (xdpqperf with and without busy polling, the C client's
+// xdpq-rxdrop, on 1, 2 and 4 queues) included, receives frames, and the
+// table and the ratios are printed; and so with 9014-byte frames in
+// several descriptors. It measures nothing.
+func TestBenchRuns(t *testing.T) {
+	testpmd, cc, pods := tools(t)
 	var out bytes.Buffer
 	rs, err := Run(Config{Duration: 300 * time.Millisecond, Rounds: 1, FrameSize: 64, TXBatch: 256,
 		SenderCPU: 1, RxCPU: 0, Testpmd: testpmd, Pods: pods, Out: &out})

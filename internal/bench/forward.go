@@ -457,7 +457,7 @@ func (e *echo) drops() (uint64, error) {
 
 // run sends rate frames a second for d, on time (a frame late is sent at
 // once, not skipped), from a thread pinned to the sender's core that
-// spins on the rings, and waits 100 ms after for the last ones. The Go
+// spins on the rings, and waits up to a second after for the last ones. The Go
 // collector is off meanwhile: its workers would share the core.
 func (e *echo) run(rate float64, d time.Duration) (echoRun, error) {
 	var r echoRun
@@ -484,7 +484,10 @@ func (e *echo) loop(rate float64, d time.Duration) (echoRun, error) {
 	r := echoRun{rtts: make([]time.Duration, 0, int(rate*d.Seconds())+1)}
 	interval := time.Duration(float64(time.Second) / rate)
 	base := time.Now()
-	next, stop, drain := time.Duration(0), d, d+100*time.Millisecond
+	// After the last send, the loop waits for the answers until all
+	// are back, or for a second: a reflector stalled at the end (a
+	// hundred milliseconds on a loaded machine) still answers.
+	next, stop, drain := time.Duration(0), d, d+time.Second
 	rx := make([]xsk.Desc, 64)
 	comp := make([]uint64, 64)
 	tx := make([]xsk.Desc, 0, 64)
@@ -493,7 +496,7 @@ func (e *echo) loop(rate float64, d time.Duration) (echoRun, error) {
 	last := time.Duration(0)
 	for {
 		now := time.Since(base)
-		if now >= drain {
+		if now >= drain || (now >= stop && r.back >= r.sent) {
 			break
 		}
 		if now < stop {

@@ -2,15 +2,11 @@ package bench
 
 import (
 	"bytes"
-	"os"
-	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/xdpq/xdpq/internal/testnet"
 )
 
 // TestForwardTables runs the forwarding, transmit and latency tables as
@@ -18,22 +14,9 @@ import (
 // (counted there), every transmitter's frames reach B, and every
 // reflector answers the echo's frames, each timed.
 func TestForwardTables(t *testing.T) {
-	testnet.RequireRoot(t)
-	ci := os.Getenv("CI") == "true"
-	testpmd, err := exec.LookPath("dpdk-testpmd")
-	if err != nil && ci {
-		t.Fatal("CI installs dpdk-dev for this test: ", err)
-	}
-	cc, err := FindCC("clang,clang-14")
-	if err != nil && ci {
-		t.Fatal("CI installs clang-14 for this test: ", err)
-	}
-	pods, err := BuildPods(t.TempDir(), cc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	testpmd, cc, pods := tools(t)
 	var out bytes.Buffer
-	_, err = Run(Config{Duration: 300 * time.Millisecond, Rounds: 1, FrameSize: 64, TXBatch: 256,
+	_, err := Run(Config{Duration: 300 * time.Millisecond, Rounds: 1, FrameSize: 64, TXBatch: 256,
 		SenderCPU: 1, RxCPU: 0, Testpmd: testpmd, Pods: pods, PodQueues: []int{1, 2}, Out: &out,
 		SkipReceive: true, Forward: true, Transmit: true, Latency: true})
 	if err != nil {
@@ -71,7 +54,7 @@ func TestForwardTables(t *testing.T) {
 	// its way when a stalled machine ends the run); none when the
 	// reflector answers elsewhere than the echo listens.
 	for _, f := range reflectors {
-		m := regexp.MustCompile(`round 1  ` + regexp.QuoteMeta(f) + ` +10000/s  sent (\d+) back (\d+)  p50 (\S+) `).FindStringSubmatch(out.String())
+		m := regexp.MustCompile(`round 1  ` + regexp.QuoteMeta(f) + ` +10000/s  sent (\d+) back (\d+) \(echo dropped \d+\)  p50 (\S+) `).FindStringSubmatch(out.String())
 		if m == nil {
 			t.Errorf("latency, %s: no row at 10000/s", f)
 			continue
