@@ -9,7 +9,10 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"google.golang.org/grpc"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -121,6 +124,76 @@ type Driver struct {
 	// stopStatus ends statusLoop, which closes statusDone.
 	stopStatus func()
 	statusDone chan struct{}
+
+	// kubelet's calls under way, when the last one ended (UnixNano), and
+	// a wake-up for Stop when one ends (capacity 1): see Stop.
+	inflight atomic.Int64
+	lastEnd  atomic.Int64
+	rpcEnded chan struct{}
+}
+
+// answerGrace is how long after kubelet's last call returned Stop waits
+// before it stops the server, so that the answer is written: the
+// library's server stops without draining (grpc's Server.Stop), and an
+// answer whose handler has returned but which grpc has not yet written
+// is lost. kubelet then retries an Unprepare the daemon has done against
+// a driver that is gone, and the claim's pod stays Terminating (seen
+// when the uninstall ended 2 ms after kubelet's last Unprepare on a
+// loaded machine). answerWait bounds the wait for calls under way.
+const (
+	answerGrace = 500 * time.Millisecond
+	answerWait  = 10 * time.Second
+)
+
+// track counts kubelet's calls under way (a gRPC interceptor).
+func (d *Driver) track(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	d.inflight.Add(1)
+	defer func() {
+		d.lastEnd.Store(time.Now().UnixNano())
+		d.inflight.Add(-1)
+		select {
+		case d.rpcEnded <- struct{}{}:
+		default: // a wake-up is pending already
+		}
+	}()
+	return handler(ctx, req)
+}
+
+// awaitAnswers returns once no call of kubelet's is under way and the
+// last returned answerGrace ago, or after answerWait.
+func (d *Driver) awaitAnswers() {
+	give := time.NewTimer(answerWait)
+	defer give.Stop()
+	for {
+		left := time.Duration(-1) // a call under way: until one ends
+		if d.inflight.Load() == 0 {
+			if left = time.Until(time.Unix(0, d.lastEnd.Load()).Add(answerGrace)); left <= 0 {
+				return
+			}
+		}
+		if !d.awaitAnswer(left, give.C) {
+			d.log.Warn("stopping the kubelet plugin with a call of kubelet's under way", "calls", d.inflight.Load())
+			return
+		}
+	}
+}
+
+// awaitAnswer waits until a call ends, left passes (left < 0: no limit)
+// or give fires; it returns false for give.
+func (d *Driver) awaitAnswer(left time.Duration, give <-chan time.Time) bool {
+	var wait <-chan time.Time
+	if left >= 0 {
+		t := time.NewTimer(left)
+		defer t.Stop()
+		wait = t.C
+	}
+	select {
+	case <-d.rpcEnded:
+	case <-wait:
+	case <-give:
+		return false
+	}
+	return true
 }
 
 // Start registers the driver with kubelet and publishes the devices.
@@ -144,6 +217,7 @@ func Start(ctx context.Context, o Options) (*Driver, error) {
 	if o.RollingUpdate != "" {
 		opts = append(opts, kubeletplugin.RollingUpdate(types.UID(o.RollingUpdate)))
 	}
+	opts = append(opts, kubeletplugin.GRPCInterceptor(d.track))
 	h, err := kubeletplugin.Start(ctx, d, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("start the kubelet plugin: %w", err)
@@ -173,17 +247,19 @@ func newDriver(o Options) (*Driver, error) {
 		return nil, fmt.Errorf("CDI spec directory %s: %w", o.CDIDir, err)
 	}
 	return &Driver{opts: o, log: o.Logger, cdi: cache, changed: make(chan struct{}), status: map[string]claimStatus{},
-		statusDue:   make(chan struct{}, 1),
+		statusDue: make(chan struct{}, 1), rpcEnded: make(chan struct{}, 1),
 		healthEvery: healthResend}, nil
 }
 
 // Stop unregisters the driver; its ResourceSlices stay (a restarting
-// daemon publishes the same) until Withdraw.
+// daemon publishes the same) until Withdraw. It first lets kubelet's
+// calls under way finish and their answers go out (awaitAnswers).
 func (d *Driver) Stop() {
 	if d.stopStatus != nil {
 		d.stopStatus()
 		<-d.statusDone
 	}
+	d.awaitAnswers()
 	d.helper.Stop()
 }
 

@@ -489,6 +489,7 @@ type cluster struct {
 	d    *Driver
 	log  *logRecorder
 	ctx  context.Context
+	dir  string // registry/ and plugin/, kubelet's directories
 }
 
 var sliceGVR = resourceapi.SchemeGroupVersion.WithResource("resourceslices")
@@ -516,7 +517,7 @@ func startCluster(t *testing.T, node Node, fn *fakeNode, kube *fake.Clientset) *
 			t.Fatal(err)
 		}
 	}
-	c := &cluster{kube: kube, node: fn, log: &logRecorder{}}
+	c := &cluster{kube: kube, node: fn, log: &logRecorder{}, dir: dir}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.ctx = ctx
 	c.d, err = Start(ctx, Options{NodeName: testNode, Kube: kube, Node: node, RegistryDir: filepath.Join(dir, "registry"),
