@@ -53,8 +53,6 @@ import (
 	"github.com/xdpq/xdpq/internal/syncbuf"
 	"github.com/xdpq/xdpq/internal/traffic"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpq/xdpq/internal/frame"
@@ -818,35 +816,22 @@ func (s *sender) run(d time.Duration, queues int) (uint64, error) {
 }
 
 func startDrop(p *testnet.Pair) (*running, error) {
-	// With frags (BPF_F_XDP_HAS_FRAGS), as xdpq's programs: veth takes no other
-	// natively at a jumbo MTU.
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "bench_drop", Type: ebpf.XDP, License: "MIT", Flags: unix.BPF_F_XDP_HAS_FRAGS,
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()}})
-	if err != nil {
-		return nil, err
-	}
-	// The kernel counts program runs only while someone holds stats enabled.
-	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
-	// Closing a program or the stats handle drops our reference only;
-	// the errors that matter are the ones returned.
-	if err != nil {
-		_ = prog.Close()
-		return nil, fmt.Errorf("enable bpf stats: %w", err)
-	}
-	if _, err := xdp.Attach(p.NSPath(), p.A.Index, prog, xdp.ModeNative); err != nil {
-		_ = stats.Close()
-		_ = prog.Close()
-		return nil, err
-	}
-	return &running{finish: func() (outcome, error) {
-		defer func() { _ = prog.Close() }() // detached below
-		defer func() { _ = stats.Close() }()
-		st, err := prog.Stats()
+	return startCounting(startCounter)(p)
+}
+
+// startCounting is a receiver of the counting program start attaches to
+// A (startCounter, startReflector): it received what the program ran on.
+func startCounting(start func(ns string, ifindex int) (*counter, error)) func(p *testnet.Pair) (*running, error) {
+	return func(p *testnet.Pair) (*running, error) {
+		c, err := start(p.NSPath(), p.A.Index)
 		if err != nil {
-			return outcome{}, err
+			return nil, err
 		}
-		return outcome{received: st.RunCount}, xdp.Detach(p.NSPath(), p.A.Index, xdp.ModeNative, prog)
-	}}, nil
+		return &running{finish: func() (outcome, error) {
+			n, err := c.count()
+			return outcome{received: n}, errors.Join(err, c.close())
+		}}, nil
+	}
 }
 
 // spinRing is the entries of the spinning loops' ((b), (c)) fill and RX

@@ -133,16 +133,7 @@ type fwdResult struct {
 // forwarders are the forwarding rows at n queues: the reflector, DPDK,
 // and the pods.
 func (pd *podDaemon) forwarders(cfg Config, n int) []receiver {
-	rs := []receiver{{name: "XDP_TX reflector (no socket)", queues: n, start: func(p *testnet.Pair) (*running, error) {
-		c, err := startReflector(p.NSPath(), p.A.Index)
-		if err != nil {
-			return nil, err
-		}
-		return &running{finish: func() (outcome, error) {
-			n, err := c.count()
-			return outcome{received: n}, errors.Join(err, c.close())
-		}}, nil
-	}}}
+	rs := []receiver{{name: "XDP_TX reflector (no socket)", queues: n, start: startCounting(startReflector)}}
 	if cfg.Testpmd != "" {
 		rs = append(rs, receiver{name: "DPDK af_xdp PMD macswap", queues: n, spins: true, start: startTestpmd(cfg, "macswap", n)})
 	}
@@ -571,13 +562,7 @@ func runLatency(p *testnet.Pair, pd *podDaemon, cfg Config, rates []float64, pla
 		return nil, err
 	}
 	defer func() { _ = e.close() }() // the measurements are taken; what is left is the namespace's, removed with it
-	rows := []receiver{{name: "XDP_TX reflector (no socket)", queues: 1, start: func(p *testnet.Pair) (*running, error) {
-		c, err := startReflector(p.NSPath(), p.A.Index)
-		if err != nil {
-			return nil, err
-		}
-		return &running{finish: func() (outcome, error) { return outcome{}, c.close() }}, nil
-	}}}
+	rows := []receiver{{name: "XDP_TX reflector (no socket)", queues: 1, start: startCounting(startReflector)}}
 	if cfg.Testpmd != "" {
 		rows = append(rows, receiver{name: "DPDK af_xdp PMD macswap", queues: 1, spins: true, start: startTestpmd(cfg, "macswap", 1)})
 	}
