@@ -171,14 +171,17 @@ int main(int argc, char **argv)
 	int status = 0;
 	while (!stop && now_ms() < end) {
 		uint32_t got = 0;
-		bool sending = false;
+		bool completed = false;
 		for (size_t i = 0; i < l->nsockets; i++) {
+			uint64_t done = q[i].done;
 			got += forward(l, &l->sockets[i], &q[i]);
-			sending = sending || q[i].tx != q[i].done;
+			completed = completed || q[i].done != done;
 		}
-		if (got || sending) {
-			/* Frames in flight: their completions come without a
-			 * wakeup; come back for them. */
+		if (got || completed) {
+			/* Frames came, or the kernel is completing sends: come
+			 * back at once. A round with neither naps below, so that
+			 * sends the kernel does not complete (the netdev went
+			 * down) do not spin the core; each round kicks them. */
 			if (got)
 				last_frame = now_us();
 			continue;
