@@ -340,8 +340,11 @@ func (n draNode) UnprepareClaim(ctx context.Context, uid string) (err error) {
 // and the agent know of their netdevs.
 func (n draNode) Devices() map[string][]dra.Device {
 	d := n.d
+	// A netdev moved into its pod is its pod agent's (netdevStatus lists
+	// it after the node's agent, which no longer sees it): the node's
+	// would call it missing, its claim not Ready and its device tainted.
 	status := map[string]agent.Status{}
-	for _, s := range d.agent.Status() {
+	for _, s := range d.netdevStatus() {
 		status[s.Netdev] = s
 	}
 	found := d.rec.netdevs()

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -142,6 +143,21 @@ func TestDRANetdevClaim(t *testing.T) {
 			t.Fatalf("queue %d: %v", got.lease.Queues[i], err)
 		}
 	}
+	// Its device is Ready while the netdev is in the pod: the node no
+	// longer has it under that name, and it is not missing.
+	var seen string
+	waitFor(t, "the netdev claim's device Ready", func() bool {
+		c, err := e.kube.ResourceV1().ResourceClaims("default").Get(ctx, claim.Name, metav1.GetOptions{})
+		if err != nil || len(c.Status.Devices) != 1 {
+			return false
+		}
+		conds := c.Status.Devices[0].Conditions
+		if s := fmt.Sprintf("%+v", conds); s != seen {
+			t.Logf("the netdev claim's device: %s", s)
+			seen = s
+		}
+		return len(conds) == 1 && conds[0].Type == "Ready" && conds[0].Status == metav1.ConditionTrue
+	})
 	got.lease.Close()
 
 	// The sandbox stops: the netdev is back on the node, as it was; the
