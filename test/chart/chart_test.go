@@ -229,8 +229,8 @@ func TestRenderDefault(t *testing.T) {
 		t.Errorf("service account %q", spec.ServiceAccountName)
 	}
 	d := container(t, spec.Containers, "xdpq")
-	if d.Image != "xdpq.io/xdpq:0.1.0" {
-		t.Errorf("image %q, want the chart's appVersion", d.Image)
+	if want := "xdpq.io/xdpq:" + theRelease(t); d.Image != want {
+		t.Errorf("image %q, want the chart's appVersion (%s)", d.Image, want)
 	}
 	for _, a := range []string{"--config=/etc/xdpq/config.yaml", "--metrics-addr=:9476", "--pin-dir=/sys/fs/bpf/xdpq", "--daemonset=xdpq"} {
 		if !slices.Contains(d.Args, a) {
@@ -756,11 +756,7 @@ func TestCapabilitiesMeasured(t *testing.T) {
 // which make image tags the image with: set them together with
 // `make version V=x.y.z`.
 func TestChartVersionIsTheRelease(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join(Dir(), "..", "..", "VERSION"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	release := strings.TrimSpace(string(b))
+	release := theRelease(t)
 	meta, err := os.ReadFile(filepath.Join(Dir(), "Chart.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -775,4 +771,14 @@ func TestChartVersionIsTheRelease(t *testing.T) {
 	if chart.Version != release || chart.AppVersion != release {
 		t.Errorf("Chart.yaml has version %q and appVersion %q; the release (VERSION) is %q: make version V=%s sets them", chart.Version, chart.AppVersion, release, release)
 	}
+}
+
+// theRelease is the file VERSION's release.
+func theRelease(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(Dir(), "..", "..", "VERSION"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
 }
