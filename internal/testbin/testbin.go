@@ -30,8 +30,21 @@ func Build(tb testing.TB, out, pkg string) {
 // -trimpath, with the go command on PATH in the current directory, for
 // callers that are not tests (internal/bench); its error carries the go
 // command's output.
-func Run(out, pkg string) error {
+func Run(out, pkg string) error { return RunIn("", out, pkg) }
+
+// BuildIn is Build in the module at dir (another tree, such as a
+// release exported from history), "" the current directory.
+func BuildIn(tb testing.TB, dir, out, pkg string) {
+	tb.Helper()
+	if err := RunIn(dir, out, pkg); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// RunIn is Run in the module at dir, "" the current directory.
+func RunIn(dir, out, pkg string) error {
 	cmd := exec.Command("go", "build", "-trimpath", "-o", out, pkg)
+	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("build %s: %w\n%s", pkg, err, b)

@@ -46,6 +46,12 @@ func build(t testing.TB, dir string, pkgs map[string]string) {
 func newCNITool(t testing.TB, n *node) *cnitool {
 	t.Helper()
 	build(t, n.bin, map[string]string{"xdpq": "github.com/xdpq/xdpq/cmd/cni"})
+	return newCNIToolOf(t, n)
+}
+
+// newCNIToolOf is newCNITool of the plugin already in n.bin as xdpq.
+func newCNIToolOf(t testing.TB, n *node) *cnitool {
+	t.Helper()
 	tools := t.TempDir()
 	build(t, tools, map[string]string{"cnitool": "github.com/containernetworking/cni/cnitool"})
 	netdir := t.TempDir()
@@ -109,7 +115,12 @@ func TestCNIToolEndToEnd(t *testing.T) {
 }
 
 func cnitoolEndToEnd(t *testing.T, n *node, perf string, queues int) {
-	c := newCNITool(t, n)
+	cnitoolEndToEndOf(t, newCNITool(t, n), perf, queues)
+}
+
+// cnitoolEndToEndOf is cnitoolEndToEnd of cnitool c's plugin.
+func cnitoolEndToEndOf(t *testing.T, c *cnitool, perf string, queues int) {
+	n := c.n
 	podNS, err := testutils.NewNS()
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,34 @@
+package cni
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/xdpq/xdpq/internal/release"
+	"github.com/xdpq/xdpq/internal/testbin"
+)
+
+// TestCNIPreviousRelease is the CNI plugin's version skew: during a
+// rolling upgrade the plugin on the host and the daemon are of two
+// releases. The previous release's plugin (PREVIOUS_RELEASE), built from
+// its own sources out of the repository's history, is run by cnitool
+// against this tree's daemon: ADD, CHECK, a pod receiving exactly its
+// flow, GC and DEL, as TestCNIToolEndToEnd's queue pool.
+func TestCNIPreviousRelease(t *testing.T) {
+	n := startNodeFor(t, 65534)
+	root := filepath.Join("..", "..")
+	version, commit, err := release.Previous(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	if err := release.Export(context.Background(), root, commit, src); err != nil {
+		t.Fatal(err)
+	}
+	testbin.BuildIn(t, src, filepath.Join(n.bin, "xdpq"), "./cmd/cni")
+	perf := t.TempDir()
+	build(t, perf, map[string]string{"xdpqperf": "github.com/xdpq/xdpq/cmd/xdpqperf"})
+	t.Logf("the CNI plugin of release %s (%s) against this tree's daemon", version, commit[:12])
+	cnitoolEndToEndOf(t, newCNIToolOf(t, n), perf, 2)
+}
