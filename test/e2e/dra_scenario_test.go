@@ -549,6 +549,13 @@ func waitTainted(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, po
 // ns has the Ready condition with status.
 func waitClaimsReady(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, ns, status string) {
 	t.Helper()
+	waitClaimsReadyOf(ctx, t, cp, ns, status)
+}
+
+// waitClaimsReadyOf is waitClaimsReady of the claims of the pods named
+// (a pod's claim from a template is named after it), all if none is.
+func waitClaimsReadyOf(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, ns, status string, pods ...string) {
+	t.Helper()
 	var last string
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		l, err := cp.Client.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
@@ -556,7 +563,12 @@ func waitClaimsReady(ctx context.Context, t *testing.T, cp *cluster.ControlPlane
 			return false, err
 		}
 		last = ""
+		var n int
 		for _, c := range l.Items {
+			if len(pods) > 0 && !slices.ContainsFunc(pods, func(p string) bool { return strings.HasPrefix(c.Name, p+"-") }) {
+				continue
+			}
+			n++
 			if len(c.Status.Devices) == 0 {
 				last += c.Name + ": no device status; "
 			}
@@ -566,9 +578,9 @@ func waitClaimsReady(ctx context.Context, t *testing.T, cp *cluster.ControlPlane
 				}
 			}
 		}
-		return last == "" && len(l.Items) > 0, nil
+		return last == "" && n > 0 && (len(pods) == 0 || n == len(pods)), nil
 	})
 	if err != nil {
-		t.Fatalf("claims of %s, want every device Ready %s: %s (%v)", ns, status, last, err)
+		t.Fatalf("claims of %s %v, want every device Ready %s: %s (%v)", ns, pods, status, last, err)
 	}
 }

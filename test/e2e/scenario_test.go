@@ -379,12 +379,19 @@ func newScenarioEnv(ctx context.Context, tb testing.TB) *scenarioEnv {
 // failure the test's end shows the daemon's pods and logs.
 func (e *scenarioEnv) install(ctx context.Context, tb testing.TB, extra ...string) {
 	tb.Helper()
-	repo, tag, _ := strings.Cut(e.ref, ":")
+	e.installChart(ctx, tb, repoRoot+"/charts/xdpq", e.ref, extra...)
+}
+
+// installChart is install of the chart in directory chart, with the
+// image ref.
+func (e *scenarioEnv) installChart(ctx context.Context, tb testing.TB, chart, ref string, extra ...string) {
+	tb.Helper()
+	repo, tag, _ := strings.Cut(ref, ":")
 	api, err := url.Parse(e.cp.URL)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	args := append([]string{}, "install", "xdpq", repoRoot+"/charts/xdpq", "-n", "kube-system",
+	args := append([]string{}, "install", "xdpq", chart, "-n", "kube-system",
 		"--set", "image.repository="+repo, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
 		"--set", "cni.binDir="+e.node.CNIBinDir,
 		"--set", "kubelet.rootDir="+e.node.KubeletRootDir,
