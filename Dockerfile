@@ -10,7 +10,7 @@
 #
 # Where there is no Docker, `make image` builds the same image (files,
 # paths, entrypoint, user, labels, env) with go-containerregistry
-# (internal/image); internal/image's tests fail when the two differ.
+# (internal/tools/image); internal/tools/image's tests fail when the two differ.
 
 ARG GO_VERSION=1.26.8
 

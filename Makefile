@@ -59,7 +59,7 @@ packages:
 # The builds tests use, in a step of their own before the tests, showing
 # what they build: xdpq's image for both architectures (make image; on an
 # empty build cache the arm64 cross-compile alone takes minutes), which
-# internal/image then builds again from the cache and compares with the
+# internal/tools/image then builds again from the cache and compares with the
 # Dockerfile. A test's timeout then measures the test.
 test-builds: packages
 	@echo "make test: building the image for $(IMAGE_ARCHES) first (make image)"

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdpq/xdpq/internal/testbin"
+	"github.com/xdpq/xdpq/internal/testing/testbin"
 )
 
 // BenchmarkExecCPU: the CPU (user and system) one exec of the plugin

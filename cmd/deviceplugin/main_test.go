@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/xdpq/xdpq"
-	"github.com/xdpq/xdpq/internal/testbin"
+	"github.com/xdpq/xdpq/internal/testing/testbin"
 )
 
 // TestVersionFlag: deviceplugin -version prints the release the binary

@@ -9,7 +9,7 @@
 // forwarding (XDP_TX, testpmd macswap, xdpqperf l2fwd, the C client's
 // xdpq-l2fwd), transmit (testpmd txonly, xdpqperf txpush) and latency
 // (round trips through each forwarder) tables; see package
-// internal/bench. It builds xdpqperf (and with a C compiler xdpq-rxdrop
+// internal/tools/bench. It builds xdpqperf (and with a C compiler xdpq-rxdrop
 // and xdpq-l2fwd) from the tree it runs in. Run it as root.
 package main
 
@@ -25,7 +25,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/xdpq/xdpq/internal/bench"
+	"github.com/xdpq/xdpq/internal/tools/bench"
 )
 
 func main() {

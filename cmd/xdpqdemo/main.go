@@ -1,4 +1,4 @@
-// Command xdpqdemo runs the demo (see package internal/demo): the xdpq
+// Command xdpqdemo runs the demo (see package internal/tools/demo): the xdpq
 // daemon in standalone mode, an unprivileged pod (xdpqperf) taking a veth
 // NIC's queues as AF_XDP sockets from its broker, and its flow steered
 // through cnitool and the xdpq CNI plugin. Run it as root: `sudo make demo`.
@@ -13,7 +13,7 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/xdpq/xdpq/internal/demo"
+	"github.com/xdpq/xdpq/internal/tools/demo"
 )
 
 func main() {

@@ -16,7 +16,7 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/xdpq/xdpq/internal/image"
+	"github.com/xdpq/xdpq/internal/tools/image"
 )
 
 func main() {

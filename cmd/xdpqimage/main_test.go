@@ -11,7 +11,7 @@ import (
 // not there yet, writes its archive (it once failed: no such file or
 // directory). The go command is a stand-in that writes each binary's
 // file: what is tested is the archive's path, not the compiler
-// (internal/image compiles the image for real).
+// (internal/tools/image compiles the image for real).
 func TestBuildIntoNewDirectory(t *testing.T) {
 	fakeGo := filepath.Join(t.TempDir(), "go")
 	// go build [flags] -o OUT PKG: write OUT.

@@ -15,10 +15,10 @@ import (
 	"time"
 
 	"github.com/xdpq/xdpq/internal/frame"
-	"github.com/xdpq/xdpq/internal/node"
-	"github.com/xdpq/xdpq/internal/syncbuf"
-	"github.com/xdpq/xdpq/internal/testbin"
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/node"
+	"github.com/xdpq/xdpq/internal/testing/syncbuf"
+	"github.com/xdpq/xdpq/internal/testing/testbin"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/pkg/client"
 )
 

@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 )
 
 // killWriterEnv, set to a path, makes the test binary write versions of

@@ -17,7 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpq/xdpq/internal/dsowner"
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 )
 
 // helperEnv makes the test binary a stand-in for a running CNI plugin: it

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/xdpq/xdpq/internal/frame"
-	"github.com/xdpq/xdpq/internal/node"
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/node"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )
 

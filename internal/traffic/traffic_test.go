@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/xdpq/xdpq/internal/frame"
-	"github.com/xdpq/xdpq/internal/node"
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/node"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/broker"

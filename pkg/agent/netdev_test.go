@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/ethtool"
 	"github.com/xdpq/xdpq/pkg/xdp"

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdpq/xdpq/internal/syncbuf"
+	"github.com/xdpq/xdpq/internal/testing/syncbuf"
 
 	"github.com/cilium/ebpf"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -23,7 +23,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/xdpq/xdpq"
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 )
 
 func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }

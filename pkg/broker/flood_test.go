@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/xdpq/xdpq/internal/handover"
+	"github.com/xdpq/xdpq/internal/testing/handover"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/client"
 	"github.com/xdpq/xdpq/pkg/wire"

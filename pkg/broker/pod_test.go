@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdpq/xdpq/internal/handover"
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/handover"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/client"

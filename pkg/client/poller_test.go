@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdpq/xdpq/internal/node"
+	"github.com/xdpq/xdpq/internal/testing/node"
 	"github.com/xdpq/xdpq/pkg/client"
 	"github.com/xdpq/xdpq/pkg/wire"
 )

@@ -22,7 +22,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/testutils"
 
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/daemon"
 	"github.com/xdpq/xdpq/pkg/xdp"

@@ -17,8 +17,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/testutils"
 
 	"github.com/xdpq/xdpq/internal/frame"
-	"github.com/xdpq/xdpq/internal/handover"
-	"github.com/xdpq/xdpq/internal/testbin"
+	"github.com/xdpq/xdpq/internal/testing/handover"
+	"github.com/xdpq/xdpq/internal/testing/testbin"
 	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/xsk"

@@ -5,8 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/xdpq/xdpq/internal/release"
-	"github.com/xdpq/xdpq/internal/testbin"
+	"github.com/xdpq/xdpq/internal/testing/release"
+	"github.com/xdpq/xdpq/internal/testing/testbin"
 )
 
 // TestCNIPreviousRelease is the CNI plugin's version skew: during a

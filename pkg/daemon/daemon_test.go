@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/xdpq/xdpq/internal/frame"
-	"github.com/xdpq/xdpq/internal/handover"
-	"github.com/xdpq/xdpq/internal/testbin"
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/handover"
+	"github.com/xdpq/xdpq/internal/testing/testbin"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/client"

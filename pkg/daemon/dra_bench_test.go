@@ -21,8 +21,8 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
-	"github.com/xdpq/xdpq/internal/kubelettest"
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/kubelettest"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/dra"
 )

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/xdpq/xdpq/internal/handover"
+	"github.com/xdpq/xdpq/internal/testing/handover"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/client"
 	"github.com/xdpq/xdpq/pkg/kubepods"

@@ -19,7 +19,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/xdpq/xdpq/internal/syncbuf"
+	"github.com/xdpq/xdpq/internal/testing/syncbuf"
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/config"

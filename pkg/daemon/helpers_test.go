@@ -14,8 +14,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 
-	"github.com/xdpq/xdpq/internal/syncbuf"
-	"github.com/xdpq/xdpq/internal/testproc"
+	"github.com/xdpq/xdpq/internal/testing/syncbuf"
+	"github.com/xdpq/xdpq/internal/testing/testproc"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdpq/xdpq/internal/testbin"
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testbin"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 )
 

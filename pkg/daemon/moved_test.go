@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/xdpq/xdpq/internal/fieldtest"
+	"github.com/xdpq/xdpq/internal/testing/fieldtest"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/vishvananda/netns"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/xdpq/xdpq/internal/handover"
+	"github.com/xdpq/xdpq/internal/testing/handover"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/dra"
 	"github.com/xdpq/xdpq/pkg/kubepods"

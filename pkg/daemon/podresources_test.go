@@ -21,9 +21,9 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
 
-	"github.com/xdpq/xdpq/internal/handover"
-	"github.com/xdpq/xdpq/internal/kubelettest"
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/handover"
+	"github.com/xdpq/xdpq/internal/testing/kubelettest"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/client"
 	"github.com/xdpq/xdpq/pkg/kubepods"

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/xdpq/xdpq/internal/syncbuf"
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/syncbuf"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 )
 

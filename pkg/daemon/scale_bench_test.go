@@ -37,9 +37,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/xdpq/xdpq/internal/kubelettest"
-	"github.com/xdpq/xdpq/internal/testbin"
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/kubelettest"
+	"github.com/xdpq/xdpq/internal/testing/testbin"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/cni"
 	"github.com/xdpq/xdpq/pkg/xdp"

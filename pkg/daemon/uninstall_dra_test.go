@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdpq/xdpq/internal/handover"
+	"github.com/xdpq/xdpq/internal/testing/handover"
 	"github.com/xdpq/xdpq/pkg/client"
 	"github.com/xdpq/xdpq/pkg/kubepods"
 )

@@ -14,7 +14,7 @@ import (
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/xdpq/xdpq/internal/kubelettest"
+	"github.com/xdpq/xdpq/internal/testing/kubelettest"
 )
 
 func devs(netdev string, numa int, queues ...uint32) []Device {

@@ -3,7 +3,7 @@ package ethtool
 import (
 	"testing"
 
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 )
 
 func newVeth(t *testing.T) string {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/xdpq/xdpq/internal/fieldtest"
+	"github.com/xdpq/xdpq/internal/testing/fieldtest"
 )
 
 // cmpAlloc compares allocations: times as instants, prefixes by value.

@@ -18,7 +18,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 )
 
 func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/xdpq/xdpq/internal/fieldtest"
+	"github.com/xdpq/xdpq/internal/testing/fieldtest"
 )
 
 func validRecord() Record {

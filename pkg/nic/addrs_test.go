@@ -12,7 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 )
 
 // TestHolders: of the addresses asked, those a netdev of the namespace

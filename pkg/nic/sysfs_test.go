@@ -10,7 +10,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 )
 
 // TestNAPISettingsInNetNS: a sysfs mounted detached from inside a veth's

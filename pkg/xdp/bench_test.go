@@ -5,7 +5,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/pkg/xdp"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )

@@ -13,7 +13,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/xdpq/xdpq/internal/frame"
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
 

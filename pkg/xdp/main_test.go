@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 )
 
 func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }

@@ -18,9 +18,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/xdpq/xdpq/internal/promtest"
-	"github.com/xdpq/xdpq/internal/testnet"
-	"github.com/xdpq/xdpq/internal/testproc"
+	"github.com/xdpq/xdpq/internal/testing/promtest"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testproc"
 	"github.com/xdpq/xdpq/test/e2e/cluster"
 	"github.com/xdpq/xdpq/test/e2e/kubebin"
 )

@@ -29,9 +29,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpq/xdpq/internal/frame"
-	"github.com/xdpq/xdpq/internal/handover"
-	"github.com/xdpq/xdpq/internal/node"
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/handover"
+	"github.com/xdpq/xdpq/internal/testing/node"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/wire"

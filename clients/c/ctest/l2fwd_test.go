@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdpq/xdpq/internal/node"
+	"github.com/xdpq/xdpq/internal/testing/node"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/wire"
 )

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/xdpq/xdpq/internal/release"
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/release"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 )
 
 // TestRxdropPreviousRelease is the C client's version skew: xdpq-rxdrop

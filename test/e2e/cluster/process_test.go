@@ -7,7 +7,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/testutils"
 
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 )
 
 // TestProcessOutlivesNetnsThreads: a cluster process survives goroutines

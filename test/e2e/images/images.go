@@ -1,6 +1,6 @@
 // Package images builds the e2e node's container images without a
 // registry or a Docker engine: static Go programs of this directory, one
-// layer each on an empty base (internal/image), written as
+// layer each on an empty base (internal/tools/image), written as
 // docker-archives for `ctr images import`.
 package images
 
@@ -17,7 +17,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 
-	"github.com/xdpq/xdpq/internal/image"
+	"github.com/xdpq/xdpq/internal/tools/image"
 )
 
 // Image is a program of this directory and the reference its image has.
@@ -76,7 +76,7 @@ func Build(ctx context.Context, img Image, dir string) (_ string, err error) {
 	return p, nil
 }
 
-// Xdpq builds xdpq's image as `make image` does (internal/image: the
+// Xdpq builds xdpq's image as `make image` does (internal/tools/image: the
 // Dockerfile's image), for the host's architecture, tagged
 // xdpq.io/xdpq:<version>, into dir, and returns the archive's path and
 // the image's reference.

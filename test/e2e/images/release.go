@@ -12,8 +12,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/xdpq/xdpq/internal/image"
-	"github.com/xdpq/xdpq/internal/release"
+	"github.com/xdpq/xdpq/internal/testing/release"
+	"github.com/xdpq/xdpq/internal/tools/image"
 )
 
 // Previous reads the repository's PREVIOUS_RELEASE: the previous

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdpq/xdpq/internal/testproc"
+	"github.com/xdpq/xdpq/internal/testing/testproc"
 )
 
 // TestStop: a process that exits on SIGTERM is waited for, with its

@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/xdpq/xdpq/internal/syncbuf"
+	"github.com/xdpq/xdpq/internal/testing/syncbuf"
 )
 
 // Proc is a started process.

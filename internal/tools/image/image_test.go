@@ -23,11 +23,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 )
 
 const (
-	moduleDir    = "../.."
+	moduleDir    = "../../.."
 	testVersion  = "v0.0.0-test"
 	testRevision = "0123456789abcdef0123456789abcdef01234567"
 )

@@ -20,7 +20,7 @@ import (
 )
 
 // root is the module's directory, seen from this package's.
-const root = "../.."
+const root = "../../.."
 
 // TestNoPackagePrefix fails for every message given to fmt.Errorf or
 // errors.New in the module's non-test code that begins with the name of one

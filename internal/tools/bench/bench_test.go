@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 )
 
 // tools finds testpmd and a C compiler and builds the pods' programs:

@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/xdpq/xdpq/internal/testproc"
+	"github.com/xdpq/xdpq/internal/testing/testproc"
 )
 
 // Config is what Start's Prometheus scrapes and evaluates. It scrapes

@@ -12,7 +12,7 @@ import (
 // own VERSION is the version it gives, and that version is not this
 // tree's: an upgrade from it is an upgrade.
 func TestPrevious(t *testing.T) {
-	root := filepath.Join("..", "..")
+	root := filepath.Join("..", "..", "..")
 	version, commit, err := Previous(root)
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +60,7 @@ func TestPreviousParse(t *testing.T) {
 // TestExport: a commit's files under a path, as they were; a commit the
 // clone does not have is refused naming the way out.
 func TestExport(t *testing.T) {
-	root := filepath.Join("..", "..")
+	root := filepath.Join("..", "..", "..")
 	_, commit, err := Previous(root)
 	if err != nil {
 		t.Fatal(err)

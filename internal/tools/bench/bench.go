@@ -50,13 +50,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/xdpq/xdpq/internal/syncbuf"
+	"github.com/xdpq/xdpq/internal/testing/syncbuf"
 	"github.com/xdpq/xdpq/internal/traffic"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/xdpq/xdpq/internal/frame"
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/pkg/xdp"
 	"github.com/xdpq/xdpq/pkg/xsk"
 )

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 )
 
 // txResult is one transmitter's measurements, one per round.

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/xdpq/xdpq/internal/testbin"
-	"github.com/xdpq/xdpq/internal/testnet"
+	"github.com/xdpq/xdpq/internal/testing/testbin"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 )
 
 func TestMain(m *testing.M) { os.Exit(testnet.MainWithLeakCheck(m)) }

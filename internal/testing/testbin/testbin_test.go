@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/xdpq/xdpq/internal/testbin"
+	"github.com/xdpq/xdpq/internal/testing/testbin"
 )
 
 // TestBuildIsStaticAndTrimmed: a test's binary is built as the image's
@@ -27,7 +27,7 @@ func TestBuildIsStaticAndTrimmed(t *testing.T) {
 			t.Fatalf("%s has a program interpreter: built with cgo, not as the image's binaries", bin)
 		}
 	}
-	src, err := filepath.Abs("../..")
+	src, err := filepath.Abs("../../..")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,7 @@ import (
 )
 
 // root is the repository's root, from this package's directory.
-const root = "../.."
+const root = "../../.."
 
 func read(t *testing.T, path string) string {
 	t.Helper()

@@ -28,7 +28,7 @@ func Build(tb testing.TB, out, pkg string) {
 
 // Run builds the main package pkg into the file out, static and
 // -trimpath, with the go command on PATH in the current directory, for
-// callers that are not tests (internal/bench); its error carries the go
+// callers that are not tests (internal/tools/bench); its error carries the go
 // command's output.
 func Run(out, pkg string) error { return RunIn("", out, pkg) }
 
