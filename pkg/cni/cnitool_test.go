@@ -19,6 +19,7 @@ import (
 	"github.com/xdpq/xdpq/internal/frame"
 	"github.com/xdpq/xdpq/internal/testing/handover"
 	"github.com/xdpq/xdpq/internal/testing/testbin"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/internal/traffic"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/xsk"
@@ -108,6 +109,7 @@ func (n *node) leases(network string) []string {
 // no valid-attachments list) leave no flow, no socket and no lease, and
 // the netdev pool's xa back on the node.
 func TestCNIToolEndToEnd(t *testing.T) {
+	testnet.RequireRoot(t) // before building what only a root run uses
 	perf := t.TempDir()
 	build(t, perf, map[string]string{"xdpqperf": "github.com/xdpq/xdpq/cmd/xdpqperf"})
 	t.Run("queue", func(t *testing.T) { cnitoolEndToEnd(t, startNodeFor(t, 65534), perf, 2) })

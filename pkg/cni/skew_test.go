@@ -7,6 +7,7 @@ import (
 
 	"github.com/xdpq/xdpq/internal/testing/release"
 	"github.com/xdpq/xdpq/internal/testing/testbin"
+	"github.com/xdpq/xdpq/internal/testing/testnet"
 )
 
 // TestCNIPreviousRelease is the CNI plugin's version skew: during a
@@ -16,6 +17,7 @@ import (
 // against this tree's daemon: ADD, CHECK, a pod receiving exactly its
 // flow, GC and DEL, as TestCNIToolEndToEnd's queue pool.
 func TestCNIPreviousRelease(t *testing.T) {
+	testnet.RequireRoot(t)
 	n := startNodeFor(t, 65534)
 	root := filepath.Join("..", "..")
 	version, commit, err := release.Previous(root)

@@ -41,6 +41,7 @@ type capRun struct {
 // need); each case's failure is logged, the measurement behind the
 // chart's list.
 func TestCapabilities(t *testing.T) {
+	testnet.RequireRoot(t)
 	testnet.RequireTool(t, "util-linux", "setpriv")
 	bin := t.TempDir()
 	for _, c := range []string{"deviceplugin", "xdpqperf"} {

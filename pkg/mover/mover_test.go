@@ -46,6 +46,7 @@ type env struct {
 // unmounted when the test ends, unless the test did it first.
 func newNS(t testing.TB) string {
 	t.Helper()
+	testnet.RequireRoot(t) // a namespace mounted under /var/run/netns
 	n, err := testutils.NewNS()
 	if err != nil {
 		t.Fatal(err)
