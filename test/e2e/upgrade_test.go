@@ -1,10 +1,15 @@
 package e2e_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/xdpq/xdpq"
+	"github.com/xdpq/xdpq/internal/testing/testbin"
 	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/test/e2e/cluster"
 	"github.com/xdpq/xdpq/test/e2e/images"
@@ -164,6 +170,13 @@ func TestUpgradeRollback(t *testing.T) {
 	sk.r, sk.seq, sk.counted = n, 0, 0
 	sendEach(t, 1000, sk)
 	checkTotals(ctx, t, cp, ns, sk)
+
+	// 5b. This tree's CNI plugin against the previous daemon, as during
+	// an upgrade's first moments (the chart's installer replaces the
+	// plugin on the host before the new daemon is up): STATUS, then
+	// ADD, CHECK and DEL of an attachment of rx-dp chained after its
+	// bridge, a flow to a port no frame is sent to.
+	cniSkew(ctx, t, cp, node, ns, dp)
 
 	// 6. Every frame of every flow, per queue, across both.
 	checkTotals(ctx, t, cp, ns, all...)
@@ -327,6 +340,58 @@ func waitAllocations(ctx context.Context, t *testing.T, cp *cluster.ControlPlane
 		t.Fatalf("the XdpqNode lists allocations %q, want %d: %v", ids, n, err)
 	}
 	return ids
+}
+
+// cniSkew runs this tree's CNI plugin, as a runtime would, against the
+// daemon on the node: STATUS; ADD of an attachment of pod r (chained
+// after the node's bridge: its address from the previous result) with a
+// flow to UDP port 6000 of its address; CHECK; DEL.
+func cniSkew(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, node *cluster.Node, ns string, r *perfRun) {
+	t.Helper()
+	plugin := filepath.Join(t.TempDir(), "xdpq")
+	testbin.Build(t, plugin, "github.com/xdpq/xdpq/cmd/cni")
+	pod, err := cp.Client.CoreV1().Pods(ns).Get(ctx, r.name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	netns := podNetns(t, string(pod.UID))
+	conf := fmt.Sprintf(`{"cniVersion": "1.1.0", "name": "skew", "type": "xdpq", "resourceName": %q, "daemonSocket": "/run/xdpq/xdpq-api.sock",
+		"flows": [{"protocol": "udp", "destination": "ipam", "destinationPort": "6000"}],
+		"prevResult": {"cniVersion": "1.1.0", "interfaces": [{"name": "eth0", "sandbox": %q}], "ips": [{"address": "%s/24", "interface": 0}]}}`,
+		scenarioResource, netns, r.ip)
+	args := fmt.Sprintf("IgnoreUnknown=1;K8S_POD_NAMESPACE=%s;K8S_POD_NAME=%s;K8S_POD_UID=%s", ns, r.name, pod.UID)
+	for _, verb := range []string{"STATUS", "ADD", "CHECK", "DEL"} {
+		cmd := exec.CommandContext(ctx, plugin)
+		cmd.Env = append(os.Environ(), "CNI_COMMAND="+verb, "CNI_CONTAINERID=skew-"+string(pod.UID), "CNI_NETNS="+netns,
+			"CNI_IFNAME=eth0", "CNI_ARGS="+args, "CNI_PATH="+node.CNIBinDir)
+		cmd.Stdin = strings.NewReader(conf)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("this tree's CNI plugin, %s against the node's daemon: %v\n%s", verb, err, out)
+		}
+		t.Logf("this tree's CNI plugin, %s against the node's daemon: ok %s", verb, bytes.TrimSpace(out))
+	}
+}
+
+// podNetns is the network namespace of the pod uid's processes, as
+// /proc/<pid>/ns/net of one of them.
+func podNetns(t *testing.T, uid string) string {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err == nil && bytes.Contains(cg, []byte("pod"+uid)) {
+			return filepath.Join("/proc", e.Name(), "ns", "net")
+		}
+	}
+	t.Fatalf("no process of pod %s", uid)
+	return ""
 }
 
 // podReady is whether conds has Ready True.
