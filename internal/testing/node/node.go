@@ -193,29 +193,41 @@ type Peer struct {
 // Peer opens sockets on xb's queues (xdpq's direct program on xb steers
 // frames to them). Close releases them.
 func (n *Node) Peer(queues []uint32) (*Peer, error) {
-	prog, err := xdp.Load(xdp.Direct, xdp.LoadOptions{Queues: n.Pair.B.Queues()})
+	p, closePeer, err := OpenPeer(n.Pair, queues)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := xdp.Attach(n.Pair.NSPath(), n.Pair.B.Index, prog.Prog(), xdp.ModeNative); err != nil {
-		_ = prog.Close() // never attached
-		return nil, err
+	n.closers = append(n.closers, closePeer)
+	return p, nil
+}
+
+// OpenPeer opens sockets on queues of pair's xb, with xdpq's direct
+// program on xb steering frames to them: the far side of a NIC that a
+// daemon of its own (not a Node) serves. closePeer releases them.
+func OpenPeer(pair *testnet.Pair, queues []uint32) (_ *Peer, closePeer func() error, err error) {
+	prog, err := xdp.Load(xdp.Direct, xdp.LoadOptions{Queues: pair.B.Queues()})
+	if err != nil {
+		return nil, nil, err
 	}
-	dev := xsk.Netdev{Name: "xb", Ifindex: n.Pair.B.Index, NetNS: n.Pair.NSPath()}
+	if _, err := xdp.Attach(pair.NSPath(), pair.B.Index, prog.Prog(), xdp.ModeNative); err != nil {
+		_ = prog.Close() // never attached
+		return nil, nil, err
+	}
+	dev := xsk.Netdev{Name: "xb", Ifindex: pair.B.Index, NetNS: pair.NSPath()}
 	const per = 1024
 	umem, socks, err := xsk.Open(dev, queues, 2*per*len(queues), xsk.Config{UMEM: xsk.UMEMConfig{FrameSize: 2048},
 		Rings: xsk.Rings{Fill: per, Completion: per, RX: per, TX: per}, MultiBuffer: true})
 	if err != nil {
-		return nil, errors.Join(err, xdp.Detach(n.Pair.NSPath(), n.Pair.B.Index, xdp.ModeNative, prog.Prog()), prog.Close())
+		return nil, nil, errors.Join(err, xdp.Detach(pair.NSPath(), pair.B.Index, xdp.ModeNative, prog.Prog()), prog.Close())
 	}
-	n.closers = append(n.closers, func() error {
+	closePeer = func() error {
 		var errs []error
 		for _, s := range socks {
 			errs = append(errs, s.Close())
 		}
-		errs = append(errs, umem.Close(), xdp.Detach(n.Pair.NSPath(), n.Pair.B.Index, xdp.ModeNative, prog.Prog()), prog.Close())
+		errs = append(errs, umem.Close(), xdp.Detach(pair.NSPath(), pair.B.Index, xdp.ModeNative, prog.Prog()), prog.Close())
 		return errors.Join(errs...)
-	})
+	}
 	p := &Peer{}
 	for i, s := range socks {
 		rx, tx := make([]uint64, per), make([]uint64, per)
@@ -223,14 +235,14 @@ func (n *Node) Peer(queues []uint32) (*Peer, error) {
 			rx[j], tx[j] = umem.FrameAddr(2*i*per+j), umem.FrameAddr((2*i+1)*per+j)
 		}
 		r, err := traffic.NewReceiver(s, rx)
+		if err == nil {
+			err = prog.SetSocket(queues[i], s.FD())
+		}
 		if err != nil {
-			return nil, err
+			return nil, nil, errors.Join(err, closePeer())
 		}
 		p.Recv = append(p.Recv, r)
 		p.Send = append(p.Send, traffic.NewSender(s, tx, 0))
-		if err := prog.SetSocket(queues[i], s.FD()); err != nil {
-			return nil, err
-		}
 	}
-	return p, nil
+	return p, closePeer, nil
 }
