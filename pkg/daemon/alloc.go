@@ -138,8 +138,8 @@ func (d *Daemon) finishFree(ctx context.Context, a ledger.Allocation, why string
 	if err := d.ledger.EndFree(a.ID); err != nil {
 		errs = append(errs, err)
 	}
-	if a.Owner.PodUID != "" {
-		d.forgetPodFlows(podFlowsRef(a.Owner.PodUID, a.Pool))
+	if a.Owner.PodUID != "" && d.flows != nil {
+		d.flows.Forget(a.Owner.PodUID, a.Pool)
 	}
 	// A pool removed from the config may go with its last allocation, a
 	// netdev back from a pod is managed on the node again.

@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"os"
 	"slices"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/flow"
 	"github.com/xdpq/xdpq/pkg/ledger"
+	"github.com/xdpq/xdpq/pkg/podflows"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
 
@@ -137,7 +137,7 @@ func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachmen
 		return nil, err
 	}
 	d.log.Info("attached", "container", req.ContainerID, "ifname", req.IfName, "allocation", a.ID, "mode", got.Mode, "flows", len(flows))
-	if req.PodUID != "" && d.opts.Pods != nil && !isPodFlows(req.ContainerID) {
+	if req.PodUID != "" && d.opts.Pods != nil && !podflows.IsPodFlows(req.ContainerID) {
 		d.opts.Pods.Touch(req.PodUID) // bound to its pod: its flows annotation applies now
 	}
 	return &got.Attachment, nil
@@ -543,7 +543,7 @@ func (d *Daemon) CNIGC(ctx context.Context, req api.GCRequest) ([]string, error)
 	var removed []string
 	var errs []error
 	for _, att := range d.ledger.Attachments() {
-		if slices.Contains(req.Valid, att.Key()) || isPodFlows(att.ContainerID) {
+		if slices.Contains(req.Valid, att.Key()) || podflows.IsPodFlows(att.ContainerID) {
 			continue
 		}
 		if err := d.del(ctx, api.AttachmentRef{ContainerID: att.ContainerID, IfName: att.IfName}); err != nil {
@@ -555,20 +555,13 @@ func (d *Daemon) CNIGC(ctx context.Context, req api.GCRequest) ([]string, error)
 	return removed, errors.Join(errs...)
 }
 
-// podFlowsPrefix begins the container id of the attachments that hold a
-// pod's annotated flows (podFlowsRef): the daemon's own, never a
-// runtime's (whose ids are hex), so the CNI verbs refuse it.
-const podFlowsPrefix = "pod-"
-
-func isPodFlows(containerID string) bool { return strings.HasPrefix(containerID, podFlowsPrefix) }
-
 // checkCNIContainer refuses a CNI verb on a container id that names the
 // daemon's own attachments: a runtime (or anyone with the API socket)
 // must not add or remove a pod's annotated flows.
 func checkCNIContainer(id string) error {
-	if isPodFlows(id) {
+	if podflows.IsPodFlows(id) {
 		return api.Errorf(api.ErrInvalid, "container id %q: ids that begin with %q name the attachments of pods' annotated flows (%s), not a runtime's",
-			id, podFlowsPrefix, FlowsAnnotation)
+			id, podflows.Prefix, podflows.Annotation)
 	}
 	if isSandbox(id) {
 		return api.Errorf(api.ErrInvalid, "container id %q: ids that begin with %q name the netdevs of DRA claims moved into pods' sandboxes, not a runtime's CNI attachments",

@@ -28,6 +28,7 @@ import (
 	"github.com/xdpq/xdpq/pkg/mover"
 	"github.com/xdpq/xdpq/pkg/nic"
 	"github.com/xdpq/xdpq/pkg/nodestatus"
+	"github.com/xdpq/xdpq/pkg/podflows"
 )
 
 // Kube is the API server as the daemon uses it. cmd/deviceplugin makes
@@ -133,10 +134,13 @@ type Daemon struct {
 	// NICs' network namespace holds, and which netdev (nic.Holders;
 	// a fake in the decision tests).
 	nodeAddrs func([]netip.Addr) (map[netip.Addr]string, error)
-	pods      *podNetdevs    // netdev-mode netdevs in pods, by node name
-	plugins   *devicePlugins // Kubernetes mode, by pool
-	unmount   func()
-	ready     chan struct{}
+	pods      *podNetdevs // netdev-mode netdevs in pods, by node name
+	// flows is the xdpq.io/flows annotation's face (with a pod
+	// directory; else nil).
+	flows   *podflows.Face
+	plugins *devicePlugins // Kubernetes mode, by pool
+	unmount func()
+	ready   chan struct{}
 	// metricsLn is the metrics address's listener, nil when none is served.
 	metricsLn net.Listener
 	metrics   *metrics
@@ -164,12 +168,11 @@ type Daemon struct {
 	// about to wait for an operation under way.
 	waitingHook func()
 
-	mu        sync.Mutex                   // guards the fields below; never held across a call out
-	retry     map[string]error             // allocations and attachments a failed undo left, and why (retryLater)
-	podDir    *kubepods.Directory          // Kubernetes mode with an API server, unless Options.Pods
-	flowsSaid map[api.AttachmentRef]string // what was last told of a pod's annotated flows
-	ifindexes map[string]int               // each node netdev's ifindex as retargetRecreated last saw it
-	collected time.Time                    // when the collector last finished
+	mu        sync.Mutex          // guards the fields below; never held across a call out
+	retry     map[string]error    // allocations and attachments a failed undo left, and why (retryLater)
+	podDir    *kubepods.Directory // Kubernetes mode with an API server, unless Options.Pods
+	ifindexes map[string]int      // each node netdev's ifindex as retargetRecreated last saw it
+	collected time.Time           // when the collector last finished
 	// uninstalling is set when uninstall begins: nothing new is served.
 	// uninstalled is set when it removed everything but the files, which
 	// close removes.
@@ -201,6 +204,9 @@ func New(opts Options) (_ *Daemon, err error) {
 			return nil, err
 		}
 		d.opts.Pods = d.podDir
+	}
+	if d.opts.Pods != nil && !opts.Standalone {
+		d.flows = podflows.New(podFlowsCore{d}, d.opts.Pods, d.node, d.log)
 	}
 	defer func() {
 		if err != nil {
@@ -419,8 +425,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	case <-gctx.Done():
 	}
 	if gctx.Err() == nil {
-		if d.opts.Pods != nil && !d.opts.Standalone {
-			part("pod flows", d.podFlowsLoop)
+		if d.flows != nil {
+			part("pod flows", d.flows.Run)
 		}
 		if d.opts.DRA != nil && !d.opts.Standalone {
 			part("dra", d.draLoop)

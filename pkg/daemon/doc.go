@@ -15,7 +15,8 @@
 // alloc.go (allocations from kubelet or xdpqctl, free), serve.go (how the
 // broker serves allocations), cni.go (the CNI verbs), claim.go (binding
 // an allocation to its pod), podresources.go (kubelet's PodResources),
-// podflows.go (the xdpq.io/flows annotation), plugins.go (kubelet's
+// podflows.go (the core as pkg/podflows, the xdpq.io/flows annotation's
+// face, sees it), plugins.go (kubelet's
 // device plugins), dra.go (the DRA driver's node: Prepare, Unprepare,
 // slices, stale claims), nri.go (netdev-mode claims moved in and out
 // with the pod's sandbox), netdev.go, pods.go and moved.go (netdev-mode

@@ -31,6 +31,7 @@ import (
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/dra"
 	"github.com/xdpq/xdpq/pkg/kubepods"
+	"github.com/xdpq/xdpq/pkg/podflows"
 )
 
 const draNodeName = "node-1"
@@ -360,7 +361,7 @@ func TestDRAClaim(t *testing.T) {
 	// Its own address: dns-0's is dns-0's still (the fake directory
 	// keeps it running), which dns-1's flows may not take.
 	pods.set(kubepods.Pod{UID: podB, Namespace: "default", Name: "dns-1", IPs: []netip.Addr{netip.MustParseAddr("10.99.0.8")},
-		Annotations: map[string]string{FlowsAnnotation: `[{"protocol": "udp", "destinationPort": "5001"}]`}})
+		Annotations: map[string]string{podflows.Annotation: `[{"protocol": "udp", "destinationPort": "5001"}]`}})
 	if r := e.prepare(t, thief); r.Error != "" {
 		t.Errorf("the other claim, once the queue is free: %+v", r)
 	}

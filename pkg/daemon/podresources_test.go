@@ -27,6 +27,7 @@ import (
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/client"
 	"github.com/xdpq/xdpq/pkg/kubepods"
+	"github.com/xdpq/xdpq/pkg/podflows"
 )
 
 // fakePodResources is kubelet's PodResources List: one pod holding the
@@ -385,7 +386,7 @@ func TestClaimPod(t *testing.T) {
 // steered.
 func TestPodFlowsAnnotation(t *testing.T) {
 	pod := kubepods.Pod{UID: podA, Namespace: "default", Name: "dns-0", IPs: []netip.Addr{netip.MustParseAddr("10.99.0.7")},
-		Annotations: map[string]string{FlowsAnnotation: `[{"protocol": "udp", "destinationPort": "5000"}]`}}
+		Annotations: map[string]string{podflows.Annotation: `[{"protocol": "udp", "destinationPort": "5000"}]`}}
 	pods := newFakePods(pod)
 	e := newKubeEnv(t, "software", pods)
 	p, socket, apiSock := e.pair, e.socket, e.opts.APISocket
@@ -427,11 +428,11 @@ func TestPodFlowsAnnotation(t *testing.T) {
 	flows(1)
 
 	// Another pod's address: refused, and the flow goes.
-	pod.Annotations = map[string]string{FlowsAnnotation: `[{"protocol": "udp", "destination": "10.99.0.2", "destinationPort": "5000"}]`}
+	pod.Annotations = map[string]string{podflows.Annotation: `[{"protocol": "udp", "destination": "10.99.0.2", "destinationPort": "5000"}]`}
 	pods.set(pod)
 	flows(0)
 	// Back, then the annotation removed.
-	pod.Annotations = map[string]string{FlowsAnnotation + ".dns": `[{"protocol": "udp", "destination": "ipam", "destinationPort": "5000"}]`}
+	pod.Annotations = map[string]string{podflows.Annotation + ".dns": `[{"protocol": "udp", "destination": "ipam", "destinationPort": "5000"}]`}
 	pods.set(pod)
 	flows(1)
 	pod.Annotations = nil
@@ -443,10 +444,7 @@ func TestPodFlowsAnnotation(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e.d.mu.Lock()
-	said := len(e.d.flowsSaid)
-	e.d.mu.Unlock()
-	if said != 0 {
+	if said := e.d.flows.Remembered(); said != 0 {
 		t.Errorf("%d pods' flows still remembered after their allocations went", said)
 	}
 }
