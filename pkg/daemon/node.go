@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 
-	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/apis/xdpq/v1alpha1"
 	"github.com/xdpq/xdpq/pkg/broker"
@@ -64,34 +63,18 @@ func (d *Daemon) nodeStatus(ctx context.Context) (*api.Status, *api.AllocationLi
 	return s, l, nil
 }
 
-// hookState is what the events of a netdev's XDP hook compare.
-type hookState struct {
-	state   agent.State
-	program uint32
-}
-
 // reportNetdevs runs while the daemon does: each time an agent reports a
-// netdev's change it records the Events of a foreign program taking a
-// netdev's hook over and of xdpq's coming back, and has the status
-// written. One goroutine compares, so each transition is told once.
+// netdev's change it has the Events of hooks changing hands told
+// (nodestatus.Hooks) and the status written. One goroutine compares, so
+// each transition is told once.
 func (d *Daemon) reportNetdevs(ctx context.Context) error {
-	last := map[string]hookState{}
+	var hooks nodestatus.Hooks
 	for {
+		var now []nodestatus.Hook
 		for _, s := range d.netdevStatus() {
-			now := hookState{s.State, uint32(s.Program)}
-			prev, seen := last[s.Netdev]
-			last[s.Netdev] = now
-			switch {
-			case now.state == agent.StateOverridden && (!seen || prev != now):
-				d.node.NetdevOverridden(s.Netdev, s.Foreign, now.program)
-			case seen && prev.state == agent.StateOverridden && now.state != agent.StateOverridden && now.state != agent.StateMissing:
-				st := string(now.state)
-				if now.state == agent.StateNone {
-					st = string(v1alpha1.StateIdle)
-				}
-				d.node.NetdevReclaimed(s.Netdev, st)
-			}
+			now = append(now, nodestatus.Hook{Netdev: s.Netdev, State: string(s.State), Program: uint32(s.Program), Foreign: s.Foreign})
 		}
+		hooks.Observe(now, d.node)
 		d.node.Changed()
 		select {
 		case <-ctx.Done():
