@@ -14,6 +14,7 @@ import (
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/flow"
 	"github.com/xdpq/xdpq/pkg/ledger"
+	"github.com/xdpq/xdpq/pkg/nri"
 	"github.com/xdpq/xdpq/pkg/podflows"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
@@ -563,9 +564,9 @@ func checkCNIContainer(id string) error {
 		return api.Errorf(api.ErrInvalid, "container id %q: ids that begin with %q name the attachments of pods' annotated flows (%s), not a runtime's",
 			id, podflows.Prefix, podflows.Annotation)
 	}
-	if isSandbox(id) {
+	if nri.IsSandbox(id) {
 		return api.Errorf(api.ErrInvalid, "container id %q: ids that begin with %q name the netdevs of DRA claims moved into pods' sandboxes, not a runtime's CNI attachments",
-			id, sandboxPrefix)
+			id, nri.SandboxPrefix)
 	}
 	return nil
 }

@@ -16,10 +16,10 @@
 // broker serves allocations), cni.go (the CNI verbs), claim.go (binding
 // an allocation to its pod), podresources.go (kubelet's PodResources),
 // podflows.go (the core as pkg/podflows, the xdpq.io/flows annotation's
-// face, sees it), plugins.go (kubelet's
-// device plugins), dra.go (the DRA driver's node: Prepare, Unprepare,
-// slices, stale claims), nri.go (netdev-mode claims moved in and out
-// with the pod's sandbox), netdev.go, pods.go and moved.go (netdev-mode
+// face, sees it), plugins.go (kubelet's device plugins), dra.go (the DRA
+// driver's node: Prepare, Unprepare, slices, stale claims), nri.go (the
+// core as pkg/nri's Sandboxes sees it: netdev-mode claims moved in and
+// out with the pod's sandbox), netdev.go, pods.go and moved.go (netdev-mode
 // pools' netdevs moved into pods and back), recreated.go (a netdev made
 // again under its name), collect.go (what no one else ends), status.go
 // (status, netdevs' included), node.go (the XdpqNode and Events),
