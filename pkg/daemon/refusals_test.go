@@ -3,12 +3,10 @@ package daemon
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"net/netip"
 	"strings"
 	"testing"
 
-	"github.com/xdpq/xdpq/internal/testing/syncbuf"
 	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 )
@@ -67,13 +65,13 @@ func TestBadInputRefusedAsSuch(t *testing.T) {
 }
 
 // TestConfigProblemSaidOnce: a config problem is logged once, not at
-// every reconcile that finds it again (it stays in status).
+// every reconcile that finds it again (it stays in status). A decision of
+// the reconciler's, on a fake node: no kernel is asked.
 func TestConfigProblemSaidOnce(t *testing.T) {
-	pair := testnet.NewPair(t, 4)
-	o := standaloneOpts(t, pair, t.TempDir(), testPins(t), "pools: [{name: upf, steering: software, devices: {netdevs: ['xa#2-7']}}]\n")
-	var log syncbuf.Buffer
-	o.Logger = slog.New(slog.NewTextHandler(&log, nil))
-	d, _ := runDaemon(t, o)
+	n := newFakeNode(t, fakeNetdev("xa", 4))
+	yaml := "pools: [{name: upf, steering: software, devices: {netdevs: ['xa#2-7']}}]\n"
+	d, _ := n.daemon(yaml)
+	n.reload(d, yaml)
 	ctx := context.Background()
 	for range 3 {
 		if err := d.syncNetdevs(ctx); err != nil {
@@ -87,7 +85,7 @@ func TestConfigProblemSaidOnce(t *testing.T) {
 	if s.ConfigError == "" && s.Pools[0].Reason == "" {
 		t.Fatalf("no problem in status: %+v", s)
 	}
-	if n := strings.Count(log.String(), `msg=config problem=`); n != 1 {
-		t.Errorf("the config problem was logged %d times, want once:\n%s", n, log.String())
+	if c := strings.Count(n.logs.String(), `msg=config problem=`); c != 1 {
+		t.Errorf("the config problem was logged %d times, want once:\n%s", c, n.logs.String())
 	}
 }
