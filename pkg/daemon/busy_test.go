@@ -3,9 +3,9 @@ package daemon
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"testing"
 
-	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/ledger"
 )
@@ -18,12 +18,30 @@ import (
 // machine failed TestNetdevPoolNetnsGone: the plugin's DEL met the
 // collector's ending and answered "an operation on it is in progress;
 // try again".) Each operation is begun by hand, as the collector begins
-// it, and finished only after the verb has been called.
+// it, and finished only after the verb has been called. A decision of
+// the daemon's, on a fake node: no kernel is asked.
 func TestVerbsWaitForWorkUnderWay(t *testing.T) {
-	pair := testnet.NewPair(t, 4)
-	d, _ := runDaemon(t, standaloneOpts(t, pair, t.TempDir(), testPins(t),
-		"pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n"))
+	n := newFakeNode(t, fakeNetdev("xa", 4))
+	yaml := "pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n"
+	d, _ := n.daemon(yaml)
+	n.reload(d, yaml)
 	ctx := context.Background()
+	// allocWithFlow allocates both queues and attaches c1/net1 with a
+	// flow to the pod's address.
+	allocWithFlow := func(t *testing.T) *api.Allocation {
+		t.Helper()
+		a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod := netip.MustParseAddr("10.99.0.7")
+		f := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(pod, 32), DstPort: 5000}
+		if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{f},
+			Addresses: []netip.Addr{pod}}); err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
 	ref := api.AttachmentRef{ContainerID: "c1", IfName: "net1"}
 	key := ledger.Key(ref.ContainerID, ref.IfName)
 
@@ -62,7 +80,7 @@ func TestVerbsWaitForWorkUnderWay(t *testing.T) {
 	}
 
 	t.Run("DEL", func(t *testing.T) {
-		a := allocWithFlow(t, d, pair, "upf")
+		a := allocWithFlow(t)
 		t.Cleanup(func() { d.Free(ctx, a.ID) })
 		finish := beginEnding(t)
 		if err := during(t, finish, func() error { return d.CNIDel(ctx, ref) }); err != nil {
@@ -73,7 +91,7 @@ func TestVerbsWaitForWorkUnderWay(t *testing.T) {
 		}
 	})
 	t.Run("CHECK", func(t *testing.T) {
-		a := allocWithFlow(t, d, pair, "upf")
+		a := allocWithFlow(t)
 		t.Cleanup(func() { d.Free(ctx, a.ID) })
 		finish := beginEnding(t)
 		err := during(t, finish, func() error { _, err := d.CNICheck(ctx, ref); return err })
@@ -82,7 +100,7 @@ func TestVerbsWaitForWorkUnderWay(t *testing.T) {
 		}
 	})
 	t.Run("GC", func(t *testing.T) {
-		a := allocWithFlow(t, d, pair, "upf")
+		a := allocWithFlow(t)
 		t.Cleanup(func() { d.Free(ctx, a.ID) })
 		finish := beginEnding(t)
 		if err := during(t, finish, func() error { _, err := d.CNIGC(ctx, api.GCRequest{}); return err }); err != nil {
@@ -90,7 +108,7 @@ func TestVerbsWaitForWorkUnderWay(t *testing.T) {
 		}
 	})
 	t.Run("free", func(t *testing.T) {
-		a := allocWithFlow(t, d, pair, "upf")
+		a := allocWithFlow(t)
 		finish := beginEnding(t)
 		if err := during(t, finish, func() error { return d.Free(ctx, a.ID) }); err != nil {
 			t.Errorf("free of an allocation whose attachment was ending: %v", err)
@@ -121,7 +139,7 @@ func TestVerbsWaitForWorkUnderWay(t *testing.T) {
 		}
 	})
 	t.Run("ADD", func(t *testing.T) {
-		a := allocWithFlow(t, d, pair, "upf")
+		a := allocWithFlow(t)
 		t.Cleanup(func() { d.Free(ctx, a.ID) })
 		finish := beginEnding(t)
 		err := during(t, finish, func() error {
