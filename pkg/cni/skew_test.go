@@ -1,7 +1,6 @@
 package cni
 
 import (
-	"context"
 	"path/filepath"
 	"testing"
 
@@ -19,15 +18,7 @@ import (
 func TestCNIPreviousRelease(t *testing.T) {
 	testnet.RequireRoot(t)
 	n := startNodeFor(t, 65534)
-	root := filepath.Join("..", "..")
-	version, commit, err := release.Previous(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := t.TempDir()
-	if err := release.Export(context.Background(), root, commit, src); err != nil {
-		t.Fatal(err)
-	}
+	version, commit, src := release.ExportPrevious(t, filepath.Join("..", ".."))
 	testbin.BuildIn(t, src, filepath.Join(n.bin, "xdpq"), "./cmd/cni")
 	perf := t.TempDir()
 	build(t, perf, map[string]string{"xdpqperf": "github.com/xdpq/xdpq/cmd/xdpqperf"})

@@ -206,7 +206,7 @@ func New(opts Options) (_ *Daemon, err error) {
 		d.opts.Pods = d.podDir
 	}
 	if d.opts.Pods != nil && !opts.Standalone {
-		d.flows = podflows.New(podFlowsCore{d}, d.opts.Pods, d.node, d.log)
+		d.flows = podflows.New(podFlowsCore{ownAttachments{d}}, d.opts.Pods, d.node, d.log)
 	}
 	defer func() {
 		if err != nil {

@@ -23,11 +23,11 @@ const nriRetry = 2 * time.Second
 
 // nriLoop runs the daemon's NRI plugin.
 func (d *Daemon) nriLoop(ctx context.Context) error {
-	return nri.Run(ctx, d.opts.DRA.NRISocket, nri.NewSandboxes(nriCore{d}), d.log, nriRetry, nil)
+	return nri.Run(ctx, d.opts.DRA.NRISocket, nri.NewSandboxes(nriCore{ownAttachments{d}}), d.log, nriRetry, nil)
 }
 
 // nriCore is the daemon as the NRI face (nri.Sandboxes) sees it.
-type nriCore struct{ d *Daemon }
+type nriCore struct{ ownAttachments }
 
 // NetdevClaims are the allocations of netdev-mode claims of pod uid.
 func (c nriCore) NetdevClaims(uid string) []nri.Claim {
@@ -49,13 +49,6 @@ func (c nriCore) NetdevClaims(uid string) []nri.Claim {
 	}
 	return out
 }
-
-func (c nriCore) Add(ctx context.Context, req api.CNIAddRequest) error {
-	_, err := c.d.add(ctx, req)
-	return err
-}
-
-func (c nriCore) Del(ctx context.Context, ref api.AttachmentRef) error { return c.d.del(ctx, ref) }
 
 func (c nriCore) Sandboxes() []api.AttachmentRef {
 	var out []api.AttachmentRef

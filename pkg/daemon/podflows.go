@@ -8,10 +8,24 @@ import (
 	"github.com/xdpq/xdpq/pkg/podflows"
 )
 
+// ownAttachments are the CNI verbs of the attachments the daemon makes
+// itself (a pod's annotated flows, a claim's netdev in its sandbox), as
+// the faces that make them ask for them.
+type ownAttachments struct{ d *Daemon }
+
+func (c ownAttachments) Add(ctx context.Context, req api.CNIAddRequest) error {
+	_, err := c.d.add(ctx, req)
+	return err
+}
+
+func (c ownAttachments) Del(ctx context.Context, ref api.AttachmentRef) error {
+	return c.d.del(ctx, ref)
+}
+
 // podFlowsCore is the daemon as the flows annotation's face
 // (pkg/podflows) sees it: the pod's allocations, and the CNI verbs for
 // the daemon's own attachments.
-type podFlowsCore struct{ d *Daemon }
+type podFlowsCore struct{ ownAttachments }
 
 func (c podFlowsCore) PodAllocations(uid string) []podflows.Allocation {
 	var out []podflows.Allocation
@@ -33,10 +47,3 @@ func (c podFlowsCore) PodAllocations(uid string) []podflows.Allocation {
 	}
 	return out
 }
-
-func (c podFlowsCore) Add(ctx context.Context, req api.CNIAddRequest) error {
-	_, err := c.d.add(ctx, req)
-	return err
-}
-
-func (c podFlowsCore) Del(ctx context.Context, ref api.AttachmentRef) error { return c.d.del(ctx, ref) }

@@ -1,7 +1,6 @@
 package ctest_test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -29,15 +28,7 @@ import (
 // across a daemon's upgrade, and a new one may be an older build.
 func TestRxdropPreviousRelease(t *testing.T) {
 	n, p := startNode(t, nobody, nil, 0)
-	root := filepath.Join("..", "..", "..")
-	version, commit, err := release.Previous(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := t.TempDir()
-	if err := release.Export(context.Background(), root, commit, src, "clients/c"); err != nil {
-		t.Fatal(err)
-	}
+	version, commit, src := release.ExportPrevious(t, filepath.Join("..", "..", ".."), "clients/c")
 	out := t.TempDir()
 	cc := testnet.RequireTool(t, "clang-14", "clang", "clang-14")
 	bin := filepath.Join(out, "xdpq-rxdrop")
@@ -68,15 +59,7 @@ func TestRxdropPreviousRelease(t *testing.T) {
 // and stops cleanly.
 func TestRxdropOnPreviousDaemon(t *testing.T) {
 	testnet.RequireRoot(t)
-	root := filepath.Join("..", "..", "..")
-	version, commit, err := release.Previous(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := t.TempDir()
-	if err := release.Export(context.Background(), root, commit, src); err != nil {
-		t.Fatal(err)
-	}
+	version, commit, src := release.ExportPrevious(t, filepath.Join("..", "..", ".."))
 	daemonBin := filepath.Join(t.TempDir(), "deviceplugin")
 	testbin.BuildIn(t, src, daemonBin, "./cmd/deviceplugin")
 	bin := filepath.Join(build(t, "xdpq-rxdrop"), "xdpq-rxdrop")

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"testing"
 )
 
 // PreviousFile is the repository's file that names the previous release:
@@ -89,4 +90,20 @@ func Git(ctx context.Context, root string, args ...string) (string, error) {
 		return "", fmt.Errorf("git %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
 	}
 	return string(bytes.TrimSpace(out)), nil
+}
+
+// ExportPrevious is Previous and Export for a test: the previous
+// release's files under paths (all if none) of the repository at root,
+// in a directory of the test's; the test fails if they cannot be had.
+func ExportPrevious(tb testing.TB, root string, paths ...string) (version, commit, dir string) {
+	tb.Helper()
+	version, commit, err := Previous(root)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dir = tb.TempDir()
+	if err := Export(context.Background(), root, commit, dir, paths...); err != nil {
+		tb.Fatal(err)
+	}
+	return version, commit, dir
 }
