@@ -371,14 +371,9 @@ func waitNewDaemonReady(ctx context.Context, t *testing.T, cp *cluster.ControlPl
 			return false, nil
 		}
 		for i, p := range pods.Items {
-			if p.Name == old || p.DeletionTimestamp != nil {
-				continue
-			}
-			for _, c := range p.Status.Conditions {
-				if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-					ready = &pods.Items[i]
-					return true, nil
-				}
+			if p.Name != old && p.DeletionTimestamp == nil && podReady(p.Status.Conditions) {
+				ready = &pods.Items[i]
+				return true, nil
 			}
 		}
 		return false, nil

@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/xdpq/xdpq"
+	"github.com/xdpq/xdpq/internal/testing/release"
 	"github.com/xdpq/xdpq/internal/testing/testbin"
 	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/test/e2e/cluster"
@@ -61,7 +62,7 @@ func TestUpgradeRollback(t *testing.T) {
 	testnet.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute) // fresh builds included
 	defer cancel()
-	version, commit, err := images.Previous(repoRoot)
+	version, commit, err := release.Previous(repoRoot)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -81,13 +81,19 @@ func Export(ctx context.Context, root, commit, dir string, paths ...string) erro
 
 // Git runs git in the repository at root and returns its trimmed output.
 func Git(ctx context.Context, root string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, "git", args...)
-	cmd.Dir = root
+	return Output(ctx, root, "git", args...)
+}
+
+// Output runs command name in dir and returns its trimmed standard
+// output; a failure says the command and its standard error.
+func Output(ctx context.Context, dir, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return "", fmt.Errorf("git %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
+		return "", fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
 	}
 	return string(bytes.TrimSpace(out)), nil
 }

@@ -1,24 +1,17 @@
 package images
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"time"
 
 	"github.com/xdpq/xdpq/internal/testing/release"
 	"github.com/xdpq/xdpq/internal/tools/image"
 )
-
-// Previous reads the repository's PREVIOUS_RELEASE: the previous
-// release's version and commit.
-func Previous(root string) (version, commit string, err error) { return release.Previous(root) }
 
 // Release is a release of xdpq built from the repository's history: its
 // image and its chart, as that commit's own tools make them.
@@ -45,9 +38,9 @@ func BuildRelease(ctx context.Context, root, version, commit, cacheDir string) (
 		return r, err
 	}
 	r.Ref = tag.String()
-	goVersion, err := output(ctx, root, "go", "env", "GOVERSION")
-	if err != nil {
-		return r, err
+	goVersion, err := release.Output(ctx, root, "go", "env", "GOVERSION")
+	if err != nil || goVersion == "" {
+		return r, fmt.Errorf("release %s: the go command's version (%q): %v", version, goVersion, err)
 	}
 	dst := filepath.Join(cacheDir, fmt.Sprintf("release-%s-%s-%s-%s", version, commit[:12], goVersion, runtime.GOARCH))
 	r.Chart = filepath.Join(dst, "chart")
@@ -55,9 +48,9 @@ func BuildRelease(ctx context.Context, root, version, commit, cacheDir string) (
 	if _, err := os.Stat(r.Archive); err == nil {
 		return r, nil
 	}
-	created, err := output(ctx, root, "git", "log", "-1", "--format=%cI", commit)
-	if err != nil {
-		return r, err
+	created, err := release.Git(ctx, root, "log", "-1", "--format=%cI", commit)
+	if err != nil || created == "" {
+		return r, fmt.Errorf("release %s: the date of commit %s (%q): %v", version, commit[:12], created, err)
 	}
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
 		return r, fmt.Errorf("release %s: %w", version, err)
@@ -102,20 +95,4 @@ func BuildRelease(ctx context.Context, root, version, commit, cacheDir string) (
 		return r, fmt.Errorf("release %s: %w", version, err)
 	}
 	return r, nil
-}
-
-// output runs a command in dir and returns its trimmed standard output.
-func output(ctx context.Context, dir, name string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir = dir
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
-	}
-	if len(bytes.TrimSpace(out)) == 0 {
-		return "", errors.New(name + " " + strings.Join(args, " ") + " printed nothing")
-	}
-	return string(bytes.TrimSpace(out)), nil
 }
