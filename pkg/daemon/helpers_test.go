@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/xdpq/xdpq/internal/testing/syncbuf"
 	"github.com/xdpq/xdpq/internal/testing/testproc"
-	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/xdp"
 )
 
@@ -111,24 +109,10 @@ func startDaemonProcess(bin string, o Options, wrap []string, extra ...string) (
 	if err != nil {
 		return nil, err
 	}
-	out := p.Out
 	stop := func() { p.Stop(20 * time.Second) }
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if s, err := api.NewClient(o.APISocket).Status(); err == nil && len(s.Pools) > 0 {
-			if s.ConfigError != "" || len(s.StateErrors) > 0 {
-				stop()
-				return nil, fmt.Errorf("status: %s %v\n%s", s.ConfigError, s.StateErrors, out)
-			}
-			return &daemonProcess{pid: p.Cmd.Process.Pid, out: out, stop: stop}, nil
-		}
-		if exited, err := p.Exited(); exited {
-			return nil, fmt.Errorf("exited: %v\n%s", err, out)
-		}
-		time.Sleep(20 * time.Millisecond)
-		if time.Now().After(deadline) {
-			stop()
-			return nil, fmt.Errorf("not ready in 20s\n%s", out)
-		}
+	if err := testproc.WaitAPI(p, o.APISocket, 20*time.Second); err != nil {
+		stop()
+		return nil, err
 	}
+	return &daemonProcess{pid: p.Cmd.Process.Pid, out: p.Out, stop: stop}, nil
 }

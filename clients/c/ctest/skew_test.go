@@ -100,8 +100,10 @@ func TestRxdropOnPreviousDaemon(t *testing.T) {
 			d.Stop(20 * time.Second)
 		}
 	})
+	if err := testproc.WaitAPI(d, sock, 20*time.Second); err != nil {
+		t.Fatalf("the daemon of release %s: %v", version, err)
+	}
 	c := api.NewClient(sock)
-	waitPools(t, c, d)
 	info, err := c.VersionInfo()
 	if err != nil || info.Release != version {
 		t.Fatalf("the daemon says release %q (%v), want the previous release's %s", info.Release, err, version)
@@ -149,27 +151,4 @@ func TestRxdropOnPreviousDaemon(t *testing.T) {
 	}
 	t.Logf("this tree's xdpq-rxdrop against the daemon of release %s (%s): %s", version, commit[:12],
 		strings.Join(r.stderr.snapshot(), "; "))
-}
-
-// waitPools waits up to 20 s for the daemon d to answer its API with its
-// config's pools; it fails at once if d exits or reports a config or
-// state error.
-func waitPools(t *testing.T, c *api.Client, d *testproc.Proc) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if s, err := c.Status(); err == nil && len(s.Pools) > 0 {
-			if s.ConfigError != "" || len(s.StateErrors) > 0 {
-				t.Fatalf("status: %s %v\n%s", s.ConfigError, s.StateErrors, d.Out)
-			}
-			return
-		}
-		if exited, err := d.Exited(); exited {
-			t.Fatalf("the daemon exited: %v\n%s", err, d.Out)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the daemon did not answer with its pools in 20s\n%s", d.Out)
-		}
-		time.Sleep(20 * time.Millisecond) // polling the API: it has no event to wait on
-	}
 }

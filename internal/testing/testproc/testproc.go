@@ -5,12 +5,14 @@
 package testproc
 
 import (
+	"fmt"
 	"os/exec"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/xdpq/xdpq/internal/testing/syncbuf"
+	"github.com/xdpq/xdpq/pkg/api"
 )
 
 // Proc is a started process.
@@ -62,4 +64,28 @@ func (p *Proc) Stop(grace time.Duration) error {
 		}
 	})
 	return p.exit
+}
+
+// WaitAPI waits up to timeout for the daemon p (run standalone with its
+// local API at socket) to answer with its config's pools. It fails at
+// once, with the daemon's output, if p exits or its status reports a
+// config or state error. The API has no event to wait on: it is polled.
+func WaitAPI(p *Proc, socket string, timeout time.Duration) error {
+	c := api.NewClient(socket)
+	deadline := time.Now().Add(timeout)
+	for {
+		if s, err := c.Status(); err == nil && len(s.Pools) > 0 {
+			if s.ConfigError != "" || len(s.StateErrors) > 0 {
+				return fmt.Errorf("status: %s %v\n%s", s.ConfigError, s.StateErrors, p.Out)
+			}
+			return nil
+		}
+		if exited, err := p.Exited(); exited {
+			return fmt.Errorf("exited: %v\n%s", err, p.Out)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not ready in %v\n%s", timeout, p.Out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
