@@ -90,8 +90,8 @@ func (s *Sandboxes) RunPod(ctx context.Context, p Pod) error {
 		return nil
 	}
 	if p.Netns == "" {
-		return api.Errorf(api.ErrInvalid, "the pod runs in the node's network namespace: the netdev of claim %s cannot move into it",
-			claims[0].Name)
+		return api.Errorf(api.ErrInvalid, "the pod runs in the node's network namespace (hostNetwork): the netdev of claim %s cannot move into it; "+
+			"a pod with a claim of a netdev-mode pool needs a network namespace of its own", claims[0].Name)
 	}
 	p.Netns = reachableNetns(p)
 	var errs []error

@@ -121,7 +121,8 @@ func TestRunPodRefused(t *testing.T) {
 
 	host := pod
 	host.Netns = ""
-	if err := s.RunPod(ctx, host); !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), "claim telco/upf cannot move") {
+	if err := s.RunPod(ctx, host); !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), "claim telco/upf cannot move") ||
+		!strings.Contains(err.Error(), "needs a network namespace of its own") {
 		t.Errorf("a pod of the host's netns: %v", err)
 	}
 	check(t, "nothing moved for a pod of the host's netns", core.take())
