@@ -354,3 +354,31 @@ func TestRef(t *testing.T) {
 		t.Error("a runtime's container id taken for a pod's flows")
 	}
 }
+
+// FuzzAnnotated: a pod's annotation is anyone's input who can create a
+// pod. Whatever it says, Annotated does not panic, and what it steers
+// is the pod's own: every flow's destination is one of the pod's
+// addresses (the allocation here grants nothing shared).
+func FuzzAnnotated(f *testing.F) {
+	for _, s := range []string{`[{"protocol": "udp", "destinationPort": "5000"}]`,
+		`[{"protocol": "tcp", "destination": "10.99.0.7", "destinationPort": "80-90"}]`,
+		`[{"protocol": "udp", "destination": "10.99.0.0/24"}]`, `[{"protocol": "udp", "destination": "::ffff:10.99.0.7"}]`,
+		`[]`, `null`, `{}`, `[{"protocol": "sctp", "sourcePort": "1", "vlan": 4095}]`} {
+		f.Add(s)
+	}
+	a := Allocation{ID: "q-1", Pool: "q"}
+	f.Fuzz(func(t *testing.T, val string) {
+		flows, refused, wait := Annotated(dnsPod(map[string]string{Annotation: val}), a, 1)
+		if wait {
+			t.Fatalf("waits for an address the pod has: %q", val)
+		}
+		if refused != "" && len(flows) > 0 {
+			t.Fatalf("refused (%s) and steered %v", refused, flows)
+		}
+		for _, fl := range flows {
+			if fl.Dst != netip.PrefixFrom(podIP, 32) {
+				t.Fatalf("%q steers %s, not the pod's own %s", val, flow.Format(fl), podIP)
+			}
+		}
+	})
+}
