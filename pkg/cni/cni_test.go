@@ -123,7 +123,7 @@ func startNodeWith(t testing.TB, uid uint32, config, pool string, count int) *no
 	}
 	d := start()
 	t.Cleanup(func() { stop() })
-	a, err := d.Alloc(context.Background(), api.AllocRequest{Pool: pool, Count: count, UID: uid})
+	a, err := d.API().Alloc(context.Background(), api.AllocRequest{Pool: pool, Count: count, UID: uid})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,7 +395,7 @@ func TestFreeEndsAttachments(t *testing.T) {
 	if got := n.flows(t); got != 3 {
 		t.Fatalf("%d flows after ADD", got)
 	}
-	if err := n.d.Free(context.Background(), n.alloc); err != nil {
+	if err := n.d.API().Free(context.Background(), n.alloc); err != nil {
 		t.Fatal(err)
 	}
 	if got := n.flows(t); got != 0 {

@@ -30,13 +30,13 @@ func TestVerbsWaitForWorkUnderWay(t *testing.T) {
 	// flow to the pod's address.
 	allocWithFlow := func(t *testing.T) *api.Allocation {
 		t.Helper()
-		a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2})
+		a, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
 		pod := netip.MustParseAddr("10.99.0.7")
 		f := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(pod, 32), DstPort: 5000}
-		if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{f},
+		if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{f},
 			Addresses: []netip.Addr{pod}}); err != nil {
 			t.Fatal(err)
 		}
@@ -49,15 +49,15 @@ func TestVerbsWaitForWorkUnderWay(t *testing.T) {
 	// ends it.
 	beginEnding := func(t *testing.T) (finish func()) {
 		t.Helper()
-		att, found, err := d.ledger.BeginDetach(key)
+		att, found, err := d.core.ledger.BeginDetach(key)
 		if !found || err != nil {
 			t.Fatalf("begin detach: %v %v", found, err)
 		}
 		return func() {
-			if err := d.undoAttachment(ctx, att); err != nil {
+			if err := d.core.undoAttachment(ctx, att); err != nil {
 				t.Error(err)
 			}
-			if err := d.ledger.EndDetach(key); err != nil {
+			if err := d.core.ledger.EndDetach(key); err != nil {
 				t.Error(err)
 			}
 		}
@@ -65,7 +65,7 @@ func TestVerbsWaitForWorkUnderWay(t *testing.T) {
 	// during calls verb while the operation is under way, and finishes
 	// it once the verb waits for it.
 	waiting := make(chan struct{}, 1)
-	d.waitingHook = func() { waiting <- struct{}{} }
+	d.core.waitingHook = func() { waiting <- struct{}{} }
 	during := func(t *testing.T, finish func(), verb func() error) error {
 		t.Helper()
 		done := make(chan error, 1)
@@ -81,9 +81,9 @@ func TestVerbsWaitForWorkUnderWay(t *testing.T) {
 
 	t.Run("DEL", func(t *testing.T) {
 		a := allocWithFlow(t)
-		t.Cleanup(func() { d.Free(ctx, a.ID) })
+		t.Cleanup(func() { d.local.Free(ctx, a.ID) })
 		finish := beginEnding(t)
-		if err := during(t, finish, func() error { return d.CNIDel(ctx, ref) }); err != nil {
+		if err := during(t, finish, func() error { return d.cni.CNIDel(ctx, ref) }); err != nil {
 			t.Errorf("DEL of an attachment the daemon was ending: %v; want success once it ended", err)
 		}
 		if n := netdevOf(t, d, "xa"); n.Flows != 0 {
@@ -92,64 +92,64 @@ func TestVerbsWaitForWorkUnderWay(t *testing.T) {
 	})
 	t.Run("CHECK", func(t *testing.T) {
 		a := allocWithFlow(t)
-		t.Cleanup(func() { d.Free(ctx, a.ID) })
+		t.Cleanup(func() { d.local.Free(ctx, a.ID) })
 		finish := beginEnding(t)
-		err := during(t, finish, func() error { _, err := d.CNICheck(ctx, ref); return err })
+		err := during(t, finish, func() error { _, err := d.cni.CNICheck(ctx, ref); return err })
 		if !errors.Is(err, api.ErrNotFound) {
 			t.Errorf("CHECK of an attachment the daemon was ending: %v; want not found once it ended", err)
 		}
 	})
 	t.Run("GC", func(t *testing.T) {
 		a := allocWithFlow(t)
-		t.Cleanup(func() { d.Free(ctx, a.ID) })
+		t.Cleanup(func() { d.local.Free(ctx, a.ID) })
 		finish := beginEnding(t)
-		if err := during(t, finish, func() error { _, err := d.CNIGC(ctx, api.GCRequest{}); return err }); err != nil {
+		if err := during(t, finish, func() error { _, err := d.cni.CNIGC(ctx, api.GCRequest{}); return err }); err != nil {
 			t.Errorf("GC meeting an ending: %v", err)
 		}
 	})
 	t.Run("free", func(t *testing.T) {
 		a := allocWithFlow(t)
 		finish := beginEnding(t)
-		if err := during(t, finish, func() error { return d.Free(ctx, a.ID) }); err != nil {
+		if err := during(t, finish, func() error { return d.local.Free(ctx, a.ID) }); err != nil {
 			t.Errorf("free of an allocation whose attachment was ending: %v", err)
 		}
-		if _, ok := d.ledger.Get(a.ID); ok {
+		if _, ok := d.core.ledger.Get(a.ID); ok {
 			t.Error("the allocation is still there")
 		}
 	})
 	t.Run("free of one being freed", func(t *testing.T) {
-		a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2})
+		a, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := d.ledger.BeginFree(a.ID)
+		got, err := d.core.ledger.BeginFree(a.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
 		finish := func() {
-			if err := d.finishFree(ctx, got, "test"); err != nil {
+			if err := d.core.finishFree(ctx, got, "test"); err != nil {
 				t.Error(err)
 			}
 		}
-		if err := during(t, finish, func() error { return d.Free(ctx, a.ID) }); err != nil {
+		if err := during(t, finish, func() error { return d.local.Free(ctx, a.ID) }); err != nil {
 			t.Errorf("free of an allocation being freed: %v; want success once it is gone", err)
 		}
-		if err := d.Free(ctx, a.ID); !errors.Is(err, api.ErrNotFound) {
+		if err := d.local.Free(ctx, a.ID); !errors.Is(err, api.ErrNotFound) {
 			t.Errorf("free of an allocation gone long since: %v; want not found", err)
 		}
 	})
 	t.Run("ADD", func(t *testing.T) {
 		a := allocWithFlow(t)
-		t.Cleanup(func() { d.Free(ctx, a.ID) })
+		t.Cleanup(func() { d.local.Free(ctx, a.ID) })
 		finish := beginEnding(t)
 		err := during(t, finish, func() error {
-			_, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID})
+			_, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID})
 			return err
 		})
 		if err != nil {
 			t.Errorf("ADD meeting the ending of the same attachment: %v; want it attached anew", err)
 		}
-		if att, ok := d.ledger.Attachment(key); !ok || att.State != ledger.Active || len(att.Flows) != 0 {
+		if att, ok := d.core.ledger.Attachment(key); !ok || att.State != ledger.Active || len(att.Flows) != 0 {
 			t.Errorf("after the ADD: %+v %v; want the new attachment, active, without flows", att, ok)
 		}
 	})

@@ -46,7 +46,7 @@ type PodDirectory interface {
 // (collectClaims); the others are refused, naming it. The owner is
 // recorded before the broker takes it, so a restarted daemon keeps it.
 func (d *Daemon) claimPod(ctx context.Context, id string, pod broker.PodIdentity) error {
-	a, ok := d.ledger.Get(id)
+	a, ok := d.core.ledger.Get(id)
 	if !ok {
 		return api.Errorf(api.ErrNotFound, "no allocation %q", id)
 	}
@@ -63,11 +63,11 @@ func (d *Daemon) claimPod(ctx context.Context, id string, pod broker.PodIdentity
 			return err
 		}
 	} else {
-		devs, err := d.kubelet.podDevices(ctx, namespace, name)
+		devs, err := d.core.kubelet.podDevices(ctx, namespace, name)
 		if err != nil {
 			return err
 		}
-		p, _ := d.ledger.Meta(a.Pool)
+		p, _ := d.core.ledger.Meta(a.Pool)
 		res := resourceOf(a, p)
 		for _, dev := range a.Devices {
 			if !slices.Contains(devs[res], dev) {
@@ -75,9 +75,9 @@ func (d *Daemon) claimPod(ctx context.Context, id string, pod broker.PodIdentity
 			}
 		}
 	}
-	if err := d.ledger.BindOwner(id, pod.PodUID); err != nil {
+	if err := d.core.ledger.BindOwner(id, pod.PodUID); err != nil {
 		if errors.Is(err, api.ErrConflict) { // another pod came first
-			a, _ = d.ledger.Get(id)
+			a, _ = d.core.ledger.Get(id)
 			return d.ownedBy(ctx, a)
 		}
 		return err

@@ -22,28 +22,28 @@ import (
 // CNIAdd steers the attachment's flows to its allocation's queues (or, in
 // a netdev pool, moves the allocation's netdev into the pod) and, given
 // the pod UID, binds the allocation's socket to that pod.
-func (d *Daemon) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attachment, error) {
+func (f *cniFace) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attachment, error) {
 	if err := checkCNIContainer(req.ContainerID); err != nil {
 		return nil, err
 	}
-	return d.add(ctx, req)
+	return f.add(ctx, req)
 }
 
 // add is CNIAdd for the CNI plugin's attachments and the daemon's own
 // (a pod's annotated flows).
-func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachment, error) {
+func (f *cniFace) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachment, error) {
 	if req.ContainerID == "" || req.IfName == "" {
 		return nil, api.Errorf(api.ErrInvalid, "container id and interface name are required")
 	}
 	req = unmapped(req)
-	a, err := d.findAllocation(ctx, req)
+	a, err := f.findAllocation(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	if d.isUninstalling() { // after the lookup: a pod without devices passes through a chain as always
+	if f.core.isUninstalling() { // after the lookup: a pod without devices passes through a chain as always
 		return nil, errUninstalling
 	}
-	pool, _ := d.ledger.Meta(a.Pool)
+	pool, _ := f.core.ledger.Meta(a.Pool)
 	att := ledger.Attachment{Attachment: api.Attachment{CNIAddRequest: req, Mode: pool.Mode()}}
 	if req.Netns != "" {
 		var err error
@@ -64,13 +64,13 @@ func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachmen
 			return nil, api.Errorf(api.ErrInvalid, "pool %s: %w", a.Pool, err)
 		}
 		claimed := flow.Claimed(req.Flows, shared)
-		if err := d.checkNotNode(req.Flows, claimed, shared); err != nil {
+		if err := f.core.checkNotNode(req.Flows, claimed, shared); err != nil {
 			return nil, fmt.Errorf("pool %s: %w", a.Pool, err)
 		}
-		if err := d.checkNotOtherPod(req, claimed); err != nil {
+		if err := f.checkNotOtherPod(req, claimed); err != nil {
 			return nil, fmt.Errorf("pool %s: %w", a.Pool, err)
 		}
-		if err := d.checkNotGrantedElsewhere(a.Pool, claimed); err != nil {
+		if err := f.checkNotGrantedElsewhere(a.Pool, claimed); err != nil {
 			return nil, fmt.Errorf("pool %s: %w", a.Pool, err)
 		}
 	}
@@ -87,8 +87,8 @@ func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachmen
 	}
 	var got ledger.Attachment
 	var again bool
-	err = d.whenIdle(ctx, func() (err error) {
-		got, again, err = d.ledger.BeginAttach(a.ID, att)
+	err = f.core.whenIdle(ctx, func() (err error) {
+		got, again, err = f.core.ledger.BeginAttach(a.ID, att)
 		return err
 	})
 	if err != nil {
@@ -98,8 +98,8 @@ func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachmen
 		return &got.Attachment, nil
 	}
 	if got.Mode == api.ModeQueue {
-		if err := d.checkClaims(got, shared); err != nil {
-			d.dropAttach(got)
+		if err := f.checkClaims(got, shared); err != nil {
+			f.core.dropAttach(got)
 			return nil, err
 		}
 	}
@@ -108,38 +108,38 @@ func (d *Daemon) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachmen
 		// netdev by it.
 		// A map pinned for DPDK is out from the start.
 		got.MapOut = pinsDPDKMap(pool.Config)
-		got.Moved, err = d.prepareMove(a.Netdev, req, podPolicy(pool.Config, len(flows) > 0, got.MapOut))
+		got.Moved, err = f.core.prepareMove(a.Netdev, req, podPolicy(pool.Config, len(flows) > 0, got.MapOut))
 		if err == nil {
-			err = d.ledger.UpdateAttachment(got)
+			err = f.core.ledger.UpdateAttachment(got)
 		}
 		if err != nil {
-			d.dropAttach(got)
+			f.core.dropAttach(got)
 			return nil, err
 		}
 	}
-	if err := d.attach(ctx, &got, flows); err != nil {
+	if err := f.core.attach(ctx, &got, flows); err != nil {
 		var stranded *strandedError
 		if errors.As(err, &stranded) {
 			// Its record stays, pending: the collector brings the
 			// netdev back and ends it (finishUndo).
-			d.retryLater(got.Key(), err)
+			f.core.retryLater(got.Key(), err)
 			return nil, err
 		}
-		d.dropAttach(got)
+		f.core.dropAttach(got)
 		if got.Mode == api.ModeNetdev {
 			// Back on the node: its agent takes it again.
-			if serr := d.syncNetdevs(ctx); serr != nil {
-				d.log.Warn("netdevs", "err", serr)
+			if serr := f.core.syncNetdevs(ctx); serr != nil {
+				f.core.log.Warn("netdevs", "err", serr)
 			}
 		}
 		return nil, flowRefusal(err)
 	}
-	if err := d.ledger.EndAttach(got, true); err != nil {
+	if err := f.core.ledger.EndAttach(got, true); err != nil {
 		return nil, err
 	}
-	d.log.Info("attached", "container", req.ContainerID, "ifname", req.IfName, "allocation", a.ID, "mode", got.Mode, "flows", len(flows))
-	if req.PodUID != "" && d.opts.Pods != nil && !podflows.IsPodFlows(req.ContainerID) {
-		d.opts.Pods.Touch(req.PodUID) // bound to its pod: its flows annotation applies now
+	f.core.log.Info("attached", "container", req.ContainerID, "ifname", req.IfName, "allocation", a.ID, "mode", got.Mode, "flows", len(flows))
+	if req.PodUID != "" && f.core.opts.Pods != nil && !podflows.IsPodFlows(req.ContainerID) {
+		f.core.opts.Pods.Touch(req.PodUID) // bound to its pod: its flows annotation applies now
 	}
 	return &got.Attachment, nil
 }
@@ -175,11 +175,11 @@ func unmapped(req api.CNIAddRequest) api.CNIAddRequest {
 // has no window in which an address the node just took is missing (nor a
 // goroutine and a resync to keep). It asks the kernel, so it is called
 // with no lock held.
-func (d *Daemon) checkNotNode(flows []api.CNIFlow, claimed []netip.Addr, shared []netip.Prefix) error {
+func (c *core) checkNotNode(flows []api.CNIFlow, claimed []netip.Addr, shared []netip.Prefix) error {
 	if len(claimed) == 0 {
 		return nil
 	}
-	node, err := d.nodeAddrs(claimed)
+	node, err := c.nodeAddrs(claimed)
 	if err != nil {
 		return api.Errorf(api.ErrUnavailable, "the node's addresses, which a pod's flows may not take: %w", err)
 	}
@@ -196,12 +196,12 @@ func (d *Daemon) checkNotNode(flows []api.CNIFlow, claimed []netip.Addr, shared 
 // pool's netdev. Pods of other nodes are not this node's traffic; a
 // hostNetwork pod's addresses are the node's (checkNotNode). Without a
 // pod directory (standalone) there is nothing to ask.
-func (d *Daemon) checkNotOtherPod(req api.CNIAddRequest, claimed []netip.Addr) error {
-	if d.opts.Pods == nil {
+func (f *cniFace) checkNotOtherPod(req api.CNIAddRequest, claimed []netip.Addr) error {
+	if f.core.opts.Pods == nil {
 		return nil
 	}
 	for _, a := range claimed {
-		for _, p := range d.opts.Pods.ByIP(a) {
+		for _, p := range f.core.opts.Pods.ByIP(a) {
 			if p.UID == req.PodUID || req.PodUID == "" && p.Namespace == req.PodNamespace && p.Name == req.PodName {
 				continue // the pod's own
 			}
@@ -217,11 +217,11 @@ func (d *Daemon) checkNotOtherPod(req api.CNIAddRequest, claimed []netip.Addr) e
 // grant is its pool's, the operator's choice for that pool's pods (a VIP
 // they serve), and a pod of another pool whose IPAM names the address
 // would take their traffic.
-func (d *Daemon) checkNotGrantedElsewhere(pool string, claimed []netip.Addr) error {
+func (f *cniFace) checkNotGrantedElsewhere(pool string, claimed []netip.Addr) error {
 	if len(claimed) == 0 {
 		return nil
 	}
-	for _, m := range d.ledger.Metas() {
+	for _, m := range f.core.ledger.Metas() {
 		if m.Name == pool {
 			continue
 		}
@@ -245,12 +245,12 @@ func (d *Daemon) checkNotGrantedElsewhere(pool string, claimed []netip.Addr) err
 // recorded sees the other: at most one stands (both may be refused;
 // the runtime's retry settles it). An address the pool's
 // sharedDestinations grant is no one's own.
-func (d *Daemon) checkClaims(att ledger.Attachment, shared []netip.Prefix) error {
+func (f *cniFace) checkClaims(att ledger.Attachment, shared []netip.Prefix) error {
 	mine := claims(att.Attachment, shared)
 	if len(mine) == 0 {
 		return nil
 	}
-	for _, o := range d.ledger.Attachments() {
+	for _, o := range f.core.ledger.Attachments() {
 		if o.Key() == att.Key() || o.Netdev != att.Netdev || o.Mode != api.ModeQueue || samePod(o.Attachment, att.Attachment) {
 			continue
 		}
@@ -295,19 +295,19 @@ func samePod(a, b api.Attachment) bool {
 // dropAttach ends a pending attachment whose kernel work was undone or
 // never done. A record not rewritten is rolled back again by a restarted
 // daemon, which finds nothing left to undo.
-func (d *Daemon) dropAttach(att ledger.Attachment) {
-	if err := d.ledger.EndAttach(att, false); err != nil {
-		d.log.Warn("a failed attachment's record not yet removed", "attachment", att.Key(), "err", err)
+func (c *core) dropAttach(att ledger.Attachment) {
+	if err := c.ledger.EndAttach(att, false); err != nil {
+		c.log.Warn("a failed attachment's record not yet removed", "attachment", att.Key(), "err", err)
 	}
 }
 
 // attach does a pending attachment's kernel work, all or nothing.
-func (d *Daemon) attach(ctx context.Context, att *ledger.Attachment, flows []agent.Flow) error {
+func (c *core) attach(ctx context.Context, att *ledger.Attachment, flows []agent.Flow) error {
 	var err error
 	if att.Mode == api.ModeNetdev {
-		err = d.moveIn(ctx, att, flows)
+		err = c.moveIn(ctx, att, flows)
 	} else {
-		err = d.agent.Steer(att.Netdev, att.Key(), flows)
+		err = c.agent.Steer(att.Netdev, att.Key(), flows)
 	}
 	if err != nil {
 		return err
@@ -315,8 +315,8 @@ func (d *Daemon) attach(ctx context.Context, att *ledger.Attachment, flows []age
 	// The ledger records the pod as the owner with the attachment
 	// (EndAttach): one write, not two.
 	if att.PodUID != "" {
-		if err = d.broker.SetOwner(att.AllocationID, brokerOwner(ledger.Owner{PodUID: att.PodUID})); err != nil {
-			return undone(att.Netdev, err, d.undoAttachment(ctx, *att))
+		if err = c.broker.SetOwner(att.AllocationID, brokerOwner(ledger.Owner{PodUID: att.PodUID})); err != nil {
+			return undone(att.Netdev, err, c.undoAttachment(ctx, *att))
 		}
 	}
 	return nil
@@ -338,15 +338,15 @@ func flowRefusal(err error) error {
 // findAllocation finds the allocation an ADD is for: by its id
 // (standalone), by a device it holds (Multus's deviceID), or by the
 // devices kubelet says the pod holds.
-func (d *Daemon) findAllocation(ctx context.Context, req api.CNIAddRequest) (ledger.Allocation, error) {
+func (f *cniFace) findAllocation(ctx context.Context, req api.CNIAddRequest) (ledger.Allocation, error) {
 	get := func(id string) (ledger.Allocation, error) {
-		a, ok := d.ledger.Get(id)
+		a, ok := f.core.ledger.Get(id)
 		if !ok {
 			return a, api.Errorf(api.ErrNotFound, "no allocation %q", id)
 		}
 		return a, nil
 	}
-	pools := d.ledger.Metas()
+	pools := f.core.ledger.Metas()
 	switch {
 	case req.Allocation != "":
 		return get(req.Allocation)
@@ -355,16 +355,16 @@ func (d *Daemon) findAllocation(ctx context.Context, req api.CNIAddRequest) (led
 			if req.Resource != "" && p.Resource != req.Resource {
 				continue
 			}
-			if id := d.ledger.Holder(p.Name, req.DeviceID); id != "" {
+			if id := f.core.ledger.Holder(p.Name, req.DeviceID); id != "" {
 				return get(id)
 			}
 		}
 		return ledger.Allocation{}, fmt.Errorf("no allocation holds device %q of %s; the pod must request the pool's resource: %w",
 			req.DeviceID, req.Resource, api.ErrNotFound)
-	case req.PodName == "" || d.opts.Standalone:
+	case req.PodName == "" || f.core.opts.Standalone:
 		return ledger.Allocation{}, fmt.Errorf("no allocation id (CNI_ARGS XDPQ_ALLOCATION), device id or pod name to find the pod's queues by: %w", api.ErrNoDevices)
 	}
-	podDevs, err := d.kubelet.podDevices(ctx, req.PodNamespace, req.PodName)
+	podDevs, err := f.core.kubelet.podDevices(ctx, req.PodNamespace, req.PodName)
 	if err != nil {
 		return ledger.Allocation{}, api.Errorf(api.ErrUnavailable, "%w", err)
 	}
@@ -374,7 +374,7 @@ func (d *Daemon) findAllocation(ctx context.Context, req api.CNIAddRequest) (led
 			continue
 		}
 		for _, dev := range podDevs[p.Resource] {
-			if id := d.ledger.Holder(p.Name, dev); id != "" && !slices.Contains(found, id) {
+			if id := f.core.ledger.Holder(p.Name, dev); id != "" && !slices.Contains(found, id) {
 				found = append(found, id)
 			}
 		}
@@ -417,63 +417,63 @@ func agentFlows(fs []api.CNIFlow, queues []uint32) ([]agent.Flow, error) {
 // One that the daemon is already ending (its collector, a free of its
 // allocation) or still making is waited for: DEL then answers as the
 // attachment is after it.
-func (d *Daemon) CNIDel(ctx context.Context, ref api.AttachmentRef) error {
+func (f *cniFace) CNIDel(ctx context.Context, ref api.AttachmentRef) error {
 	if err := checkCNIContainer(ref.ContainerID); err != nil {
 		return err
 	}
-	return d.del(ctx, ref)
+	return f.core.del(ctx, ref)
 }
 
 // del is CNIDel for the CNI plugin's attachments and the daemon's own.
-func (d *Daemon) del(ctx context.Context, ref api.AttachmentRef) error {
+func (c *core) del(ctx context.Context, ref api.AttachmentRef) error {
 	key := ledger.Key(ref.ContainerID, ref.IfName)
 	var att ledger.Attachment
 	var found bool
-	err := d.whenIdle(ctx, func() (err error) {
-		att, found, err = d.ledger.BeginDetach(key)
+	err := c.whenIdle(ctx, func() (err error) {
+		att, found, err = c.ledger.BeginDetach(key)
 		return err
 	})
 	if !found || err != nil {
 		return err
 	}
-	if err := d.undoAttachment(ctx, att); err != nil {
-		if cerr := d.ledger.CancelDetach(key); cerr != nil {
+	if err := c.undoAttachment(ctx, att); err != nil {
+		if cerr := c.ledger.CancelDetach(key); cerr != nil {
 			// Active in memory for the runtime's retry; a restarted
 			// daemon finishes the ending its record says.
 			err = errors.Join(err, cerr)
 		}
 		return fmt.Errorf("detach %s: %w", key, err)
 	}
-	if err := d.ledger.EndDetach(key); err != nil {
+	if err := c.ledger.EndDetach(key); err != nil {
 		return err
 	}
 	if att.Mode == api.ModeNetdev {
-		if err := d.syncNetdevs(ctx); err != nil {
+		if err := c.syncNetdevs(ctx); err != nil {
 			return err
 		}
 	}
-	d.log.Info("detached", "container", ref.ContainerID, "ifname", ref.IfName)
+	c.log.Info("detached", "container", ref.ContainerID, "ifname", ref.IfName)
 	return nil
 }
 
 // undoAttachment undoes an attachment's kernel work: its flows go, a
 // netdev-mode pool's netdev comes back to the node.
-func (d *Daemon) undoAttachment(ctx context.Context, att ledger.Attachment) error {
+func (c *core) undoAttachment(ctx context.Context, att ledger.Attachment) error {
 	if att.Mode == api.ModeNetdev {
-		return d.moveOut(ctx, att)
+		return c.moveOut(ctx, att)
 	}
-	return d.agent.Unsteer(att.Netdev, att.Key())
+	return c.agent.Unsteer(att.Netdev, att.Key())
 }
 
 // CNICheck reports whether the attachment is there, its flows installed
 // (read back from the NIC's rules or the filter's flow map) and its
 // netdev's program state sound.
-func (d *Daemon) CNICheck(ctx context.Context, ref api.AttachmentRef) (*api.Attachment, error) {
+func (f *cniFace) CNICheck(ctx context.Context, ref api.AttachmentRef) (*api.Attachment, error) {
 	key := ledger.Key(ref.ContainerID, ref.IfName)
 	var att ledger.Attachment
 	var ok bool
-	err := d.whenIdle(ctx, func() error {
-		if att, ok = d.ledger.Attachment(key); ok && att.State != ledger.Active {
+	err := f.core.whenIdle(ctx, func() error {
+		if att, ok = f.core.ledger.Attachment(key); ok && att.State != ledger.Active {
 			return api.Errorf(api.ErrConflict, "attachment %s: %w (%s)", key, ledger.ErrBusy, att.State)
 		}
 		return nil
@@ -484,15 +484,15 @@ func (d *Daemon) CNICheck(ctx context.Context, ref api.AttachmentRef) (*api.Atta
 	if err != nil {
 		return &att.Attachment, err
 	}
-	verify, name := d.agent.VerifySteering, att.Netdev
+	verify, name := f.core.agent.VerifySteering, att.Netdev
 	if att.Mode == api.ModeNetdev {
-		pn := d.pods.get(att.Netdev)
+		pn := f.core.pods.get(att.Netdev)
 		if pn == nil || pn.key != key {
 			return &att.Attachment, fmt.Errorf("netdev %s is not in the pod", att.Netdev)
 		}
 		verify, name = pn.agent.VerifySteering, pn.rec.ifName()
 	}
-	for _, s := range d.netdevStatus() {
+	for _, s := range f.core.netdevStatus() {
 		if s.Netdev != att.Netdev {
 			continue
 		}
@@ -507,7 +507,7 @@ func (d *Daemon) CNICheck(ctx context.Context, ref api.AttachmentRef) (*api.Atta
 			}
 		}
 		if att.Mode == api.ModeQueue {
-			if err := d.stillAllowed(att.Attachment); err != nil {
+			if err := f.stillAllowed(att.Attachment); err != nil {
 				return &att.Attachment, err
 			}
 		}
@@ -521,12 +521,12 @@ func (d *Daemon) CNICheck(ctx context.Context, ref api.AttachmentRef) (*api.Atta
 // ADD and no longer do (an operator revoked the grant). The flows stay
 // steered until the pod's DEL (taking them from a running pod is not the
 // daemon's call), and CHECK says so.
-func (d *Daemon) stillAllowed(att api.Attachment) error {
-	a, ok := d.ledger.Get(att.AllocationID)
+func (f *cniFace) stillAllowed(att api.Attachment) error {
+	a, ok := f.core.ledger.Get(att.AllocationID)
 	if !ok {
 		return nil // freed meanwhile: its attachments go with it
 	}
-	pool, ok := d.ledger.Meta(a.Pool)
+	pool, ok := f.core.ledger.Meta(a.Pool)
 	if !ok {
 		return nil
 	}
@@ -540,14 +540,14 @@ func (d *Daemon) stillAllowed(att api.Attachment) error {
 // CNIGC removes every CNI attachment not in valid ("containerID/ifName");
 // a pod's annotated flows are not the runtime's, and go with their
 // allocation.
-func (d *Daemon) CNIGC(ctx context.Context, req api.GCRequest) ([]string, error) {
+func (f *cniFace) CNIGC(ctx context.Context, req api.GCRequest) ([]string, error) {
 	var removed []string
 	var errs []error
-	for _, att := range d.ledger.Attachments() {
+	for _, att := range f.core.ledger.Attachments() {
 		if slices.Contains(req.Valid, att.Key()) || podflows.IsPodFlows(att.ContainerID) {
 			continue
 		}
-		if err := d.del(ctx, api.AttachmentRef{ContainerID: att.ContainerID, IfName: att.IfName}); err != nil {
+		if err := f.core.del(ctx, api.AttachmentRef{ContainerID: att.ContainerID, IfName: att.IfName}); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -577,17 +577,17 @@ func checkCNIContainer(id string) error {
 // clean-up of the same attachment succeeds once that is done, instead of
 // answering "try again" for work under way. It waits at most
 // api.RequestTimeout, or until ctx ends; the refusal then stands.
-func (d *Daemon) whenIdle(ctx context.Context, try func() error) error {
+func (c *core) whenIdle(ctx context.Context, try func() error) error {
 	ctx, cancel := context.WithTimeout(ctx, api.RequestTimeout)
 	defer cancel()
 	for {
-		changed := d.ledger.Changed()
+		changed := c.ledger.Changed()
 		err := try()
 		if !errors.Is(err, ledger.ErrBusy) {
 			return err
 		}
-		if d.waitingHook != nil {
-			d.waitingHook()
+		if c.waitingHook != nil {
+			c.waitingHook()
 		}
 		select {
 		case <-changed:

@@ -19,9 +19,9 @@ func (d *Daemon) collectLoop(ctx context.Context) error {
 			return nil
 		case <-t.C:
 			d.collect(ctx, d.opts.CollectPeriod)
-			d.mu.Lock()
-			d.collected = time.Now()
-			d.mu.Unlock()
+			d.core.mu.Lock()
+			d.core.collected = time.Now()
+			d.core.mu.Unlock()
 		}
 	}
 }
@@ -30,12 +30,12 @@ func (d *Daemon) collectLoop(ctx context.Context) error {
 // allocations it ended. Allocations younger than grace stay: kubelet
 // records an allocation only after Allocate returned.
 func (d *Daemon) collect(ctx context.Context, grace time.Duration) (atts, allocs []string) {
-	d.retryUndone(ctx)
-	for _, att := range d.ledger.Attachments() {
+	d.core.retryUndone(ctx)
+	for _, att := range d.core.ledger.Attachments() {
 		if !netnsGone(att.Attachment) {
 			continue
 		}
-		if err := d.del(ctx, api.AttachmentRef{ContainerID: att.ContainerID, IfName: att.IfName}); err != nil {
+		if err := d.core.del(ctx, api.AttachmentRef{ContainerID: att.ContainerID, IfName: att.IfName}); err != nil {
 			d.log.Warn("detach of a gone pod", "attachment", att.Key(), "err", err)
 			continue
 		}
@@ -46,19 +46,19 @@ func (d *Daemon) collect(ctx context.Context, grace time.Duration) (atts, allocs
 		return atts, nil
 	}
 	allocs = d.collectClaims(ctx)
-	held, err := d.kubelet.heldDevices(ctx)
+	held, err := d.core.kubelet.heldDevices(ctx)
 	if err != nil {
 		d.log.Warn("cannot ask kubelet which devices are in use; collecting no allocation of the device plugin", "err", err)
 		return atts, allocs
 	}
-	for _, a := range d.ledger.Allocations() {
-		p, ok := d.ledger.Meta(a.Pool)
+	for _, a := range d.core.ledger.Allocations() {
+		p, ok := d.core.ledger.Meta(a.Pool)
 		// A claim's allocation goes with its claim: kubelet unprepares
 		// it (again after a restart of its own, from its checkpoint).
 		if !ok || a.Claim != nil || time.Since(a.Created) < grace || heldBy(held, resourceOf(a, p), a.Devices) {
 			continue
 		}
-		if err := d.free(ctx, a.ID, "no running container holds its devices"); err != nil {
+		if err := d.core.free(ctx, a.ID, "no running container holds its devices"); err != nil {
 			d.log.Warn("free", "allocation", a.ID, "err", err)
 			continue
 		}

@@ -10,8 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -117,39 +115,26 @@ const DefaultAPISocket = api.DefaultSocket
 // Daemon is the node daemon: it wires the config, the ledger, the node
 // agent, the broker, the device plugins and the local API, and runs them.
 type Daemon struct {
-	opts    Options
-	log     *slog.Logger
-	unlock  func()
-	apiLn   net.Listener
-	ledger  *ledger.Ledger
-	watcher *config.Watcher
-	agent   netdevAgent // the node's netdevs
-	broker  socketBroker
-	mover   netdevMover
-	kubelet podResources
-	// discover lists the node's netdevs (nic.Discoverer; a fake in the
-	// decision tests).
-	discover func() ([]nic.Netdev, error)
-	// nodeAddrs says which of the addresses asked a netdev of the
-	// NICs' network namespace holds, and which netdev (nic.Holders;
-	// a fake in the decision tests).
-	nodeAddrs func([]netip.Addr) (map[netip.Addr]string, error)
-	pods      *podNetdevs // netdev-mode netdevs in pods, by node name
+	opts   Options
+	log    *slog.Logger
+	unlock func()
+	apiLn  net.Listener
+	// core owns the allocations and attachments: the faces below call
+	// down into it, and it tells them of changes only through its
+	// subscription.
+	core   *core
+	cni    *cniFace            // the CNI verbs, the local API's and the daemon's own attachments'
+	local  *localAPI           // the local API
+	podDir *kubepods.Directory // Kubernetes mode with an API server, unless Options.Pods; set by New
 	// flows is the xdpq.io/flows annotation's face (with a pod
 	// directory; else nil).
 	flows   *podflows.Face
 	plugins *devicePlugins // Kubernetes mode, by pool
 	unmount func()
-	ready   chan struct{}
 	// metricsLn is the metrics address's listener, nil when none is served.
 	metricsLn net.Listener
 	metrics   *metrics
 	health    health
-	// recovered is set once start has finished what a previous daemon
-	// left: then the device plugins start.
-	recovered atomic.Bool
-	// rec is the reconciler: the netdevs found, the config in force.
-	rec *reconciler
 	// node is told what the cluster should see of the node: the
 	// XdpqNode's status and Events.
 	node nodeReporter
@@ -164,19 +149,6 @@ type Daemon struct {
 	goneClaims goneClaims
 	// pcieRoots are the pools' PCI devices' PCIe roots (draNode.Devices).
 	pcieRoots pcieRoots
-	// waitingHook, if set (by tests), is called each time whenIdle is
-	// about to wait for an operation under way.
-	waitingHook func()
-
-	mu        sync.Mutex          // guards the fields below; never held across a call out
-	retry     map[string]error    // allocations and attachments a failed undo left, and why (retryLater)
-	podDir    *kubepods.Directory // Kubernetes mode with an API server, unless Options.Pods
-	ifindexes map[string]int      // each node netdev's ifindex as retargetRecreated last saw it
-	collected time.Time           // when the collector last finished
-	// uninstalling is set when uninstall begins: nothing new is served.
-	// uninstalled is set when it removed everything but the files, which
-	// close removes.
-	uninstalling, uninstalled bool
 }
 
 // New checks what must be right before the daemon touches anything: that
@@ -224,17 +196,17 @@ func New(opts Options) (_ *Daemon, err error) {
 			return nil, err
 		}
 	}
-	if d.watcher, err = config.NewWatcher(opts.ConfigPath, opts.Logger); err != nil {
+	if d.core.watcher, err = config.NewWatcher(opts.ConfigPath, opts.Logger); err != nil {
 		return nil, err
 	}
-	d.watcher.OnRefused = func(err error) {
+	d.core.watcher.OnRefused = func(err error) {
 		d.node.ConfigRefused(err)
 		d.node.Changed()
 	}
-	if d.ledger, err = ledger.Open(ledger.Options{Dir: filepath.Join(opts.StateDir, "allocations"), OnChange: d.node.Changed}); err != nil {
+	if d.core.ledger, err = ledger.Open(ledger.Options{Dir: filepath.Join(opts.StateDir, "allocations"), OnChange: d.node.Changed}); err != nil {
 		return nil, err
 	}
-	for id, err := range d.ledger.Broken() {
+	for id, err := range d.core.ledger.Broken() {
 		d.log.Error("allocation record unreadable: it stays, and its pool takes no new allocation until it is repaired or removed",
 			"allocation", id, "err", err)
 	}
@@ -257,13 +229,13 @@ func New(opts Options) (_ *Daemon, err error) {
 		}
 	}
 	nodeAgent, err := agent.New(agent.Config{NetNS: opts.NetNS, SysRoot: d.opts.SysRoot, PinDir: opts.PinDir, StateDir: opts.StateDir,
-		Logger: opts.Logger, OnChange: d.devicesChanged})
+		Logger: opts.Logger, OnChange: d.core.devicesChanged})
 	if err != nil {
 		return nil, err
 	}
-	d.agent = nodeAgent
+	d.core.agent = nodeAgent
 	// Before the agent touches a pin (Set adopts what is pinned).
-	unlockPins, err := lockPinDir(d.pinRoot())
+	unlockPins, err := lockPinDir(d.core.pinRoot())
 	if err != nil {
 		return nil, err
 	}
@@ -273,16 +245,16 @@ func New(opts Options) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	d.mover = m
+	d.core.mover = m
 	if err := m.InitErr(); err != nil {
 		d.log.Warn("a netdev-mode pool's netdev that the kernel returns to the initial namespace will not be found", "err", err)
 	}
-	bcfg := broker.Config{Logger: opts.Logger, OnLease: d.onLease, OnRefuse: d.onRefuse}
+	bcfg := broker.Config{Logger: opts.Logger, OnLease: d.core.onLease, OnRefuse: d.onRefuse}
 	if !opts.Standalone && d.opts.Pods != nil {
 		bcfg.ClaimPod = d.claimPod
 	}
-	d.broker = broker.NewServer(bcfg, nodeAgent)
-	d.rec = d.newReconciler()
+	d.core.broker = broker.NewServer(bcfg, nodeAgent)
+	d.core.rec = d.core.newReconciler()
 	d.metrics = newMetrics(d)
 	return d, nil
 }
@@ -310,24 +282,28 @@ func newDaemon(opts Options) *Daemon {
 	if opts.Resync == 0 {
 		opts.Resync = 30 * time.Second
 	}
-	d := &Daemon{opts: opts, log: opts.Logger, kubelet: kubeletAPI{opts.PodResourcesSocket}, ready: make(chan struct{}),
-		retry: map[string]error{}, ifindexes: map[string]int{},
+	d := &Daemon{opts: opts, log: opts.Logger,
 		health: health{running: map[string]bool{}}, netdevsChanged: make(chan struct{}, 1), draChanged: make(chan struct{}, 1),
 		unprepared: make(chan struct{}, 1)}
-	d.discover = func() ([]nic.Netdev, error) {
+	c := &core{opts: &d.opts, log: d.log, kubelet: kubeletAPI{opts.PodResourcesSocket}, ready: make(chan struct{}),
+		retry: map[string]error{}, ifindexes: map[string]int{}}
+	d.core = c
+	c.discover = func() ([]nic.Netdev, error) {
 		return nic.Discoverer{SysRoot: d.opts.SysRoot, NetNS: d.opts.NetNS}.List()
 	}
-	d.nodeAddrs = func(addrs []netip.Addr) (map[netip.Addr]string, error) { return nic.Holders(d.opts.NetNS, addrs) }
-	d.pods = newPodNetdevs(d.log, d.pinRoot(), opts.StateDir, d.devicesChanged)
-	d.plugins = &devicePlugins{dir: opts.PluginDir, registry: opts.RegistryDir, log: d.log, devices: d.devices, allocate: d.allocate,
-		running: map[string]*plugin{}}
+	c.nodeAddrs = func(addrs []netip.Addr) (map[netip.Addr]string, error) { return nic.Holders(d.opts.NetNS, addrs) }
+	c.pods = newPodNetdevs(d.log, c.pinRoot(), opts.StateDir, c.devicesChanged)
+	d.cni = &cniFace{core: c}
+	d.local = &localAPI{cniFace: d.cni, core: c}
+	d.plugins = &devicePlugins{dir: opts.PluginDir, registry: opts.RegistryDir, log: d.log, core: c, running: map[string]*plugin{}}
+	c.subscribe(d.changed)
 	return d
 }
 
 // started reports whether start has finished (Ready is closed).
-func (d *Daemon) started() bool {
+func (c *core) started() bool {
 	select {
-	case <-d.ready:
+	case <-c.ready:
 		return true
 	default:
 		return false
@@ -337,7 +313,7 @@ func (d *Daemon) started() bool {
 // Ready is closed once Run serves: the allocations of a previous daemon
 // are restored, the node agent follows link notifications and the local
 // API answers.
-func (d *Daemon) Ready() <-chan struct{} { return d.ready }
+func (d *Daemon) Ready() <-chan struct{} { return d.core.ready }
 
 // MetricsAddr is the address /metrics is served on (with Options'
 // MetricsAddr "127.0.0.1:0", the port the kernel chose); nil when none is.
@@ -348,10 +324,14 @@ func (d *Daemon) MetricsAddr() net.Addr {
 	return d.metricsLn.Addr()
 }
 
+// API is the daemon's local API, as its socket serves it: in-process
+// users (the demo, the benchmarks, tests) call it directly.
+func (d *Daemon) API() api.Backend { return d.local }
+
 // Reload reads the config file again and applies it, changed or not, and
 // reads again the allocation records that could not be read
 // (cmd/deviceplugin calls it on SIGHUP).
-func (d *Daemon) Reload(ctx context.Context) error { return d.watcher.Reload(ctx) }
+func (d *Daemon) Reload(ctx context.Context) error { return d.core.watcher.Reload(ctx) }
 
 // Run puts the config in force, finishes what a previous daemon left half
 // done, serves its allocations again, and runs the parts (the agent's
@@ -395,7 +375,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	// The reconciler first: it is the one goroutine that changes what the
 	// node agent manages, start's changes included.
-	part("reconciler", d.rec.run)
+	part("reconciler", d.core.rec.run)
 	if d.metricsLn != nil {
 		// Before start: probes are answered while it recovers.
 		part("metrics", d.serveMetrics)
@@ -409,19 +389,19 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		part("netdev events", d.reportNetdevs)
 	}
-	if err := d.start(gctx); err != nil {
+	if err := d.core.start(gctx); err != nil {
 		d.log.Error("the daemon could not start", "err", err)
 		cancel()     // the reconciler
 		_ = g.Wait() // the parts end for the cancel: start's error is the one to tell
 		return fmt.Errorf("start: %w", err)
 	}
-	part("agent", d.agent.Run)
+	part("agent", d.core.agent.Run)
 	// Ready, and the local API answering, mean the agent follows link
 	// notifications already: its namespace handle and netlink socket are
 	// open (a descriptor count of a fresh daemon taken then is whole). A
 	// daemon whose agent failed, or that stops, starts nothing more.
 	select {
-	case <-d.agent.Listening():
+	case <-d.core.agent.Listening():
 	case <-gctx.Done():
 	}
 	if gctx.Err() == nil {
@@ -434,19 +414,19 @@ func (d *Daemon) Run(ctx context.Context) error {
 				part("nri", d.nriLoop)
 			}
 		}
-		part("config watcher", func(ctx context.Context) error { return d.watcher.Run(ctx, d.applier(ctx)) })
+		part("config watcher", func(ctx context.Context) error { return d.core.watcher.Run(ctx, d.core.applier(ctx)) })
 		part("local api", func(ctx context.Context) error {
-			return api.Serve(ctx, d.apiLn, api.NewHandler(metered{d}, d.log), d.log)
+			return api.Serve(ctx, d.apiLn, api.NewHandler(metered{d.local, d.metrics}, d.log), d.log)
 		})
 		part("collector", d.collectLoop)
-		close(d.ready)
+		close(d.core.ready)
 		d.node.Changed() // Ready
 		d.log.Info("daemon ready", "release", xdpq.Version(), "standalone", d.opts.Standalone, "api", d.opts.APISocket, "state", d.opts.StateDir)
 	}
 	err := g.Wait()
-	d.mu.Lock()
-	uninstalled := d.uninstalled
-	d.mu.Unlock()
+	d.core.mu.Lock()
+	uninstalled := d.core.uninstalled
+	d.core.mu.Unlock()
 	if uninstalled {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		if derr := d.node.Delete(dctx); derr != nil {
@@ -462,19 +442,19 @@ func (d *Daemon) Run(ctx context.Context) error {
 // close releases what New and Run took; attached programs, pins and
 // moved netdevs stay.
 func (d *Daemon) close() {
-	if d.broker != nil {
-		d.broker.Close()
+	if d.core.broker != nil {
+		d.core.broker.Close()
 	}
-	d.pods.release()
+	d.core.pods.release()
 	// Handles and listeners: what they held in the kernel stays for the
 	// next daemon, so a failure to close one loses nothing; it is said.
-	if d.agent != nil {
-		if err := d.agent.Close(); err != nil {
+	if d.core.agent != nil {
+		if err := d.core.agent.Close(); err != nil {
 			d.log.Warn("close the node agent", "err", err)
 		}
 	}
-	if d.mover != nil {
-		if err := d.mover.Close(); err != nil {
+	if d.core.mover != nil {
+		if err := d.core.mover.Close(); err != nil {
 			d.log.Warn("close the netdev mover", "err", err)
 		}
 	}
@@ -487,11 +467,11 @@ func (d *Daemon) close() {
 	if d.metricsLn != nil {
 		_ = d.metricsLn.Close() // if Run never served it; else closed already
 	}
-	d.mu.Lock()
-	uninstalled := d.uninstalled
-	d.mu.Unlock()
+	d.core.mu.Lock()
+	uninstalled := d.core.uninstalled
+	d.core.mu.Unlock()
 	if uninstalled {
-		d.removeState() // the lock still held
+		d.core.removeState() // the lock still held
 	}
 	if d.unlock != nil {
 		d.unlock()
@@ -517,4 +497,23 @@ func (d *Daemon) mountSysfs() error {
 	return nil
 }
 
-var _ api.Backend = (*Daemon)(nil)
+// changed tells the faces what the core changed.
+func (d *Daemon) changed(ch change) {
+	switch ch.kind {
+	case netdevsChanged:
+		d.signalNetdevs()
+		d.plugins.changed()
+		d.signalDRA()
+	case poolsChanged:
+		d.plugins.syncPlugins()
+		d.signalDRA()
+	case allocationUnserved:
+		d.plugins.removeDeviceInfo(ch.alloc)
+	case configApplied:
+		d.node.Changed()
+	case allocationFreed:
+		if ch.alloc.Owner.PodUID != "" && d.flows != nil {
+			d.flows.Forget(ch.alloc.Owner.PodUID, ch.alloc.Pool)
+		}
+	}
+}

@@ -164,11 +164,11 @@ func TestReloadDecisions(t *testing.T) {
 			n := newFakeNode(t, fakeNetdev("xa", 4), fakeNetdev("xb", 4))
 			d, _ := n.daemon(c.before)
 			ctx := context.Background()
-			if err := d.start(ctx); err != nil {
+			if err := d.core.start(ctx); err != nil {
 				t.Fatal(err)
 			}
 			for pool, count := range c.allocs {
-				if _, err := d.Alloc(ctx, api.AllocRequest{Pool: pool, Count: count, UID: 1000}); err != nil {
+				if _, err := d.local.Alloc(ctx, api.AllocRequest{Pool: pool, Count: count, UID: 1000}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -185,7 +185,7 @@ func TestReloadDecisions(t *testing.T) {
 			if got := capacity(d); !slices.Equal(got, c.wantCapacity) {
 				t.Errorf("pools after the reload %v, want %v", got, c.wantCapacity)
 			}
-			s, err := d.Status(ctx)
+			s, err := d.core.Status(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -194,14 +194,14 @@ func TestReloadDecisions(t *testing.T) {
 			}
 			// A resync with the same config asks again only what failed
 			// for a netdev not yet managed.
-			if err := d.rec.request(ctx, reconcileRequest{discover: true}); err != nil {
+			if err := d.core.rec.request(ctx, reconcileRequest{discover: true}); err != nil {
 				t.Fatal(err)
 			}
 			if got := n.agent.take(); !slices.Equal(got, c.wantAgain) {
 				t.Errorf("the resync after it asked the agent\n  %q\nwant\n  %q", got, c.wantAgain)
 			}
 			// What the allocations hold is served throughout.
-			if got, want := len(n.broker.servedIDs()), len(d.ledger.Allocations()); got != want {
+			if got, want := len(n.broker.servedIDs()), len(d.core.ledger.Allocations()); got != want {
 				t.Errorf("%d allocations served, %d recorded", got, want)
 			}
 		})
@@ -223,7 +223,7 @@ func (b *before) alloc(label string, queues ...uint32) {
 	ctx := context.Background()
 	var id string
 	if b.d.opts.Standalone {
-		a, err := b.d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: len(queues), UID: 1000})
+		a, err := b.d.local.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: len(queues), UID: 1000})
 		if err != nil {
 			b.t.Fatal(err)
 		}
@@ -233,14 +233,14 @@ func (b *before) alloc(label string, queues ...uint32) {
 		for _, q := range queues {
 			devs = append(devs, deviceplugin.DeviceID("xa", q))
 		}
-		if _, err := b.d.allocate(ctx, "upf", devs); err != nil {
+		if _, err := b.d.plugins.allocate(ctx, "upf", devs); err != nil {
 			b.t.Fatal(err)
 		}
-		a, ok := b.d.ledger.Device("upf", devs[0])
+		a, ok := b.d.core.ledger.Device("upf", devs[0])
 		if !ok {
 			b.t.Fatalf("device %s not in the pool", devs[0])
 		}
-		id = b.d.ledger.Holder("upf", a.ID)
+		id = b.d.core.ledger.Holder("upf", a.ID)
 	}
 	b.labels[id], b.ids[label] = label, id
 }
@@ -256,7 +256,7 @@ func (b *before) attachReq(label, container string) api.CNIAddRequest {
 
 func (b *before) attach(label, container string) {
 	b.t.Helper()
-	if _, err := b.d.CNIAdd(context.Background(), b.attachReq(label, container)); err != nil {
+	if _, err := b.d.cni.CNIAdd(context.Background(), b.attachReq(label, container)); err != nil {
 		b.t.Fatal(err)
 	}
 	b.labels[ledger.Key(container, "net1")] = label + "/" + container
@@ -274,7 +274,7 @@ func (b *before) outcome(d *Daemon) []string {
 	}
 	var out []string
 	var allocs []string
-	for _, a := range d.ledger.Allocations() {
+	for _, a := range d.core.ledger.Allocations() {
 		s := name(a.ID) + " " + string(a.State)
 		for _, att := range a.Attachments {
 			s += " " + name(att.Key()) + ":" + string(att.State)
@@ -306,7 +306,7 @@ func (b *before) outcome(d *Daemon) []string {
 	}
 	slices.Sort(dirs)
 	out = append(out, "dirs: "+strings.Join(dirs, " "))
-	s, err := d.Status(context.Background())
+	s, err := d.core.Status(context.Background())
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -354,7 +354,7 @@ func TestRecoveryDecisions(t *testing.T) {
 				b.alloc("A", 0)
 				b.attach("A", "c1")
 				b.alloc("B", 1)
-				if _, err := b.d.ledger.BeginFree(b.ids["A"]); err != nil {
+				if _, err := b.d.core.ledger.BeginFree(b.ids["A"]); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -365,9 +365,9 @@ func TestRecoveryDecisions(t *testing.T) {
 			left: func(b *before) {
 				b.alloc("A", 0)
 				req := b.attachReq("A", "c1")
-				a, _ := b.d.ledger.Get(b.ids["A"])
+				a, _ := b.d.core.ledger.Get(b.ids["A"])
 				att := ledger.Attachment{Attachment: api.Attachment{CNIAddRequest: req, Mode: api.ModeQueue}}
-				att, _, err := b.d.ledger.BeginAttach(a.ID, att)
+				att, _, err := b.d.core.ledger.BeginAttach(a.ID, att)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -387,7 +387,7 @@ func TestRecoveryDecisions(t *testing.T) {
 			left: func(b *before) {
 				b.alloc("A", 0)
 				b.attach("A", "c1")
-				if _, _, err := b.d.ledger.BeginDetach(ledger.Key("c1", "net1")); err != nil {
+				if _, _, err := b.d.core.ledger.BeginDetach(ledger.Key("c1", "net1")); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -398,7 +398,7 @@ func TestRecoveryDecisions(t *testing.T) {
 			left: func(b *before) {
 				b.alloc("A", 0)
 				b.attach("A", "c1")
-				if _, _, err := b.d.ledger.BeginDetach(ledger.Key("c1", "net1")); err != nil {
+				if _, _, err := b.d.core.ledger.BeginDetach(ledger.Key("c1", "net1")); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -413,7 +413,7 @@ func TestRecoveryDecisions(t *testing.T) {
 			left: func(b *before) {
 				b.alloc("A", 0)
 				b.attach("A", "c1")
-				if _, err := b.d.ledger.BeginFree(b.ids["A"]); err != nil {
+				if _, err := b.d.core.ledger.BeginFree(b.ids["A"]); err != nil {
 					t.Fatal(err)
 				}
 			},
@@ -479,7 +479,7 @@ func TestRecoveryDecisions(t *testing.T) {
 				n.kubelet = fakeKubelet{err: errors.New("not asked")}
 			}
 			d1, stop := n.daemon(cfg)
-			if err := d1.start(context.Background()); err != nil {
+			if err := d1.core.start(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			b := &before{t: t, n: n, d: d1, labels: map[string]string{}, ids: map[string]string{}}
@@ -491,7 +491,7 @@ func TestRecoveryDecisions(t *testing.T) {
 				n.agent.setFail("unsteer", "xa", errNIC)
 			}
 			d2, _ := n.daemon(cfg)
-			if err := d2.start(context.Background()); err != nil {
+			if err := d2.core.start(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			if got := b.outcome(d2); !slices.Equal(got, c.want) {
@@ -500,11 +500,11 @@ func TestRecoveryDecisions(t *testing.T) {
 			// What failed is finished by the collector once it can be.
 			if c.failUnsteer {
 				n.agent.setFail("unsteer", "xa", nil)
-				d2.retryUndone(context.Background())
-				if s, _ := d2.Status(context.Background()); len(s.StateErrors) > 0 {
+				d2.core.retryUndone(context.Background())
+				if s, _ := d2.core.Status(context.Background()); len(s.StateErrors) > 0 {
 					t.Errorf("after the retry: %q", s.StateErrors)
 				}
-				for _, a := range d2.ledger.Allocations() {
+				for _, a := range d2.core.ledger.Allocations() {
 					for _, att := range a.Attachments {
 						if att.State != ledger.Active {
 							t.Errorf("after the retry: %s %s", att.Key(), att.State)
@@ -541,7 +541,7 @@ func TestContainerRestartDecisions(t *testing.T) {
 			n := newFakeNode(t, fakeNetdev("xa", 4))
 			n.kubelet = fakeKubelet{err: errors.New("not asked")}
 			d, _ := n.daemon(pools("upf:xa#0-3"))
-			if err := d.start(context.Background()); err != nil {
+			if err := d.core.start(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			b := &before{t: t, n: n, d: d, labels: map[string]string{}, ids: map[string]string{}}
@@ -555,7 +555,7 @@ func TestContainerRestartDecisions(t *testing.T) {
 			req := b.attachReq("A", "c1")
 			req.Netns = fmt.Sprintf("/proc/%d/ns/net", pod.Process.Pid)
 			req.PodUID = "pod-uid-1"
-			if _, err := d.CNIAdd(context.Background(), req); err != nil {
+			if _, err := d.cni.CNIAdd(context.Background(), req); err != nil {
 				t.Fatal(err)
 			}
 			b.labels[ledger.Key("c1", "net1")] = "A/c1"
@@ -567,7 +567,7 @@ func TestContainerRestartDecisions(t *testing.T) {
 			if got := b.outcome(d); !slices.Equal(got, c.want) {
 				t.Errorf("after the second Allocate:\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(c.want, "\n  "))
 			}
-			a, _ := d.ledger.Get(b.ids["A2"])
+			a, _ := d.core.ledger.Get(b.ids["A2"])
 			if got := a.Owner.PodUID == "pod-uid-1"; got != c.wantOwner {
 				t.Errorf("the new allocation's owner %+v; want the attached pod's: %v", a.Owner, c.wantOwner)
 			}
@@ -588,7 +588,7 @@ func TestContainerRestartDecisions(t *testing.T) {
 func TestQueueInfo(t *testing.T) {
 	n := newFakeNode(t, fakeNetdev("xa", 4))
 	d, _ := n.daemon(pools("upf:xa#0-3"))
-	if err := d.start(context.Background()); err != nil {
+	if err := d.core.start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	d.metrics = newMetrics(d)
@@ -597,7 +597,7 @@ func TestQueueInfo(t *testing.T) {
 	b.alloc("B", 2)
 	req := b.attachReq("A", "c1")
 	req.PodNamespace, req.PodName = "upf", "upf-0"
-	if _, err := d.CNIAdd(context.Background(), req); err != nil {
+	if _, err := d.cni.CNIAdd(context.Background(), req); err != nil {
 		t.Fatal(err)
 	}
 	fams, err := d.metrics.reg.Gather()
@@ -700,15 +700,15 @@ func TestNodeAddressDecisions(t *testing.T) {
 				cfg += ", sharedDestinations: " + c.shared
 			}
 			d, _ := n.daemon(cfg + "}]\n")
-			if err := d.start(context.Background()); err != nil {
+			if err := d.core.start(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			ctx := context.Background()
-			a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 1, UID: 1000})
+			a, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 1, UID: 1000})
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Addresses: c.addresses, Flows: c.flows})
+			_, err = d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Addresses: c.addresses, Flows: c.flows})
 			refused := refusedAs(t, err, c.kind, c.says)
 			if got := n.asked.take(); !slices.Equal(got, c.wantAsked) {
 				t.Errorf("the node asked about %q; want %q", got, c.wantAsked)
@@ -720,7 +720,7 @@ func TestNodeAddressDecisions(t *testing.T) {
 			n.addrsErr = nil
 			good := api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Addresses: addrs("10.77.0.4"),
 				Flows: []api.CNIFlow{udp("10.77.0.4/32", 2152)}}
-			if _, err := d.CNIAdd(ctx, good); err != nil {
+			if _, err := d.cni.CNIAdd(ctx, good); err != nil {
 				t.Errorf("a good ADD after the refusal: %v", err)
 			}
 		})
@@ -768,19 +768,19 @@ func TestClaimDecisions(t *testing.T) {
 			d, _ := n.daemon("pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}, sharedDestinations: [192.0.2.0/28]}, " +
 				"{name: vip, steering: software, devices: {netdevs: ['xa#2-3']}, sharedDestinations: [10.78.0.0/24]}, " +
 				"{name: dns, steering: software, devices: {netdevs: ['xb#0-3']}}]\n")
-			if err := d.start(context.Background()); err != nil {
+			if err := d.core.start(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			ctx := context.Background()
-			first, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 1, UID: 1000})
+			first, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 1, UID: 1000})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: first.ID, PodUID: "uid-a", Netns: netns,
+			if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: first.ID, PodUID: "uid-a", Netns: netns,
 				PodNamespace: "upf", PodName: "upf-0", Addresses: []netip.Addr{own}, Flows: flowTo(own, 2152)}); err != nil {
 				t.Fatal(err)
 			}
-			second, err := d.Alloc(ctx, api.AllocRequest{Pool: c.pool, Count: 1, UID: 1000})
+			second, err := d.local.Alloc(ctx, api.AllocRequest{Pool: c.pool, Count: 1, UID: 1000})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -789,14 +789,14 @@ func TestClaimDecisions(t *testing.T) {
 			if req.IfName == "" {
 				req.IfName = "net1"
 			}
-			if _, err = d.CNIAdd(ctx, req); !refusedAs(t, err, api.ErrConflict, c.says) {
+			if _, err = d.cni.CNIAdd(ctx, req); !refusedAs(t, err, api.ErrConflict, c.says) {
 				return
 			}
 			n.leftAfterRefusal(d, ledger.Key(req.ContainerID, req.IfName), "c1/net1")
-			if err := d.CNIDel(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
+			if err := d.cni.CNIDel(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := d.CNIAdd(ctx, req); err != nil {
+			if _, err := d.cni.CNIAdd(ctx, req); err != nil {
 				t.Errorf("the ADD once the first attachment is gone: %v", err)
 			}
 		})
@@ -833,18 +833,18 @@ func TestOtherPodAddressDecisions(t *testing.T) {
 			n := newFakeNode(t, fakeNetdev("xa", 4))
 			d, _ := n.daemon("pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-3']}" + c.shared + "}]\n")
 			d.opts.Pods = newFakePods(kubepods.Pod{UID: "uid-web", Namespace: "shop", Name: "web-0", IPs: []netip.Addr{victim}})
-			if err := d.start(context.Background()); err != nil {
+			if err := d.core.start(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			ctx := context.Background()
-			a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 1, UID: 1000})
+			a, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 1, UID: 1000})
 			if err != nil {
 				t.Fatal(err)
 			}
 			req := c.req
 			req.ContainerID, req.IfName, req.Allocation = "c1", "net1", a.ID
 			req.Addresses, req.Flows = []netip.Addr{victim}, flowTo(80)
-			if _, err = d.CNIAdd(ctx, req); !refusedAs(t, err, api.ErrConflict, c.says) {
+			if _, err = d.cni.CNIAdd(ctx, req); !refusedAs(t, err, api.ErrConflict, c.says) {
 				return
 			}
 			n.leftAfterRefusal(d, "c1/net1")
@@ -856,7 +856,7 @@ func TestOtherPodAddressDecisions(t *testing.T) {
 // record of it, and flows on xa of the owners others alone.
 func (n *fakeNode) leftAfterRefusal(d *Daemon, key string, others ...string) {
 	n.t.Helper()
-	if _, ok := d.ledger.Attachment(key); ok {
+	if _, ok := d.core.ledger.Attachment(key); ok {
 		n.t.Errorf("the refused ADD left attachment %s", key)
 	}
 	n.agent.mu.Lock()

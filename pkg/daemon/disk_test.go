@@ -71,14 +71,14 @@ func TestAllocNotRecordedLeavesNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			for range 3 { // more than the pool holds
-				if a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2}); err == nil {
+				if a, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2}); err == nil {
 					t.Fatalf("alloc on a %s disk answered %+v", c.name, a)
 				}
 			}
-			if l, _ := d.Allocations(ctx, ""); len(l.Allocations) != 0 {
+			if l, _ := d.core.Allocations(ctx, ""); len(l.Allocations) != 0 {
 				t.Errorf("allocations listed after refusals: %+v", l.Allocations)
 			}
-			if s, _ := d.Status(ctx); len(s.Pools) != 1 || s.Pools[0].Free != 2 || s.Pools[0].Allocations != 0 {
+			if s, _ := d.core.Status(ctx); len(s.Pools) != 1 || s.Pools[0].Free != 2 || s.Pools[0].Allocations != 0 {
 				t.Errorf("pools after refusals: %+v; want both queues free", s.Pools)
 			}
 			if left, _ := filepath.Glob(filepath.Join(o.AllocDir, "upf-*")); len(left) != 0 {
@@ -87,11 +87,11 @@ func TestAllocNotRecordedLeavesNothing(t *testing.T) {
 			if err := c.mend(); err != nil {
 				t.Fatal(err)
 			}
-			a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2})
+			a, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2})
 			if err != nil {
 				t.Fatalf("alloc once the disk is writable: %v", err)
 			}
-			if err := d.Free(ctx, a.ID); err != nil {
+			if err := d.local.Free(ctx, a.ID); err != nil {
 				t.Fatal(err)
 			}
 		})

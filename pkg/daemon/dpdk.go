@@ -28,8 +28,8 @@ const (
 // directory no container sees, the source of the /tmp/afxdp.sock mount
 // (the allocation's directory is the container's to change: a mount's
 // source there could be swapped for a symlink to any file of the node).
-func (d *Daemon) dpdkLinks(id string) []string {
-	return []string{filepath.Join(d.allocDir(id), dpdkSocket), filepath.Join(d.opts.AllocDir, dpdkLinkDir, id+".sock")}
+func (c *core) dpdkLinks(id string) []string {
+	return []string{filepath.Join(c.allocDir(id), dpdkSocket), filepath.Join(c.opts.AllocDir, dpdkLinkDir, id+".sock")}
 }
 
 // dpdkLinkDir, in the allocation directory's parent, holds the second of
@@ -48,17 +48,17 @@ func dpdkMapPin(pinRoot, netdev string) string {
 
 // dpdkMounts are the mounts of an allocation of pool p, made by Allocate,
 // that put its socket (and map) where DPDK looks.
-func (d *Daemon) dpdkMounts(a ledger.Allocation, p config.Pool) []*pluginapi.Mount {
+func (c *core) dpdkMounts(a ledger.Allocation, p config.Pool) []*pluginapi.Mount {
 	if p.DPDK == nil {
 		return nil
 	}
 	dir := filepath.Join(dpdkDir, p.DPDK.Iface)
 	m := []*pluginapi.Mount{
-		{ContainerPath: dir, HostPath: d.allocDir(a.ID)},
-		{ContainerPath: dpdkOldPath, HostPath: d.dpdkLinks(a.ID)[1]},
+		{ContainerPath: dir, HostPath: c.allocDir(a.ID)},
+		{ContainerPath: dpdkOldPath, HostPath: c.dpdkLinks(a.ID)[1]},
 	}
 	if p.DPDK.PinnedMap {
-		m = append(m, &pluginapi.Mount{ContainerPath: filepath.Join(dir, dpdkMapName), HostPath: dpdkMapPin(d.pinRoot(), a.Netdev), ReadOnly: true})
+		m = append(m, &pluginapi.Mount{ContainerPath: filepath.Join(dir, dpdkMapName), HostPath: dpdkMapPin(c.pinRoot(), a.Netdev), ReadOnly: true})
 	}
 	return m
 }
@@ -67,12 +67,12 @@ func (d *Daemon) dpdkMounts(a ledger.Allocation, p config.Pool) []*pluginapi.Mou
 // asks for it (its attachment records the map as out, so the program
 // stays attached: see podDatapath.XSKMapFD). A pin of the same map is
 // kept: the pod's container may have it mounted already.
-func (d *Daemon) pinDPDKMap(pn *podNetdev, alloc string) error {
-	a, ok := d.ledger.Get(alloc)
+func (c *core) pinDPDKMap(pn *podNetdev, alloc string) error {
+	a, ok := c.ledger.Get(alloc)
 	if !ok {
 		return nil
 	}
-	p, ok := d.ledger.Meta(a.Pool)
+	p, ok := c.ledger.Meta(a.Pool)
 	if !ok || !pinsDPDKMap(p.Config) {
 		return nil
 	}
@@ -85,7 +85,7 @@ func (d *Daemon) pinDPDKMap(pn *podNetdev, alloc string) error {
 		return err
 	}
 	defer func() { _ = m.Close() }() // a reference: the pin and the agent hold the map
-	path := dpdkMapPin(d.pinRoot(), pn.rec.netdev())
+	path := dpdkMapPin(c.pinRoot(), pn.rec.netdev())
 	if old, err := ebpf.LoadPinnedMap(path, nil); err == nil {
 		same := sameMap(old, m)
 		_ = old.Close() // a reference only read

@@ -35,13 +35,13 @@ import (
 // move it into a new pod namespace as net1, closed when the test ends.
 func netdevInPod(t *testing.T, d *Daemon, pool string) (*api.Allocation, ns.NetNS, api.AttachmentRef) {
 	t.Helper()
-	a, err := d.Alloc(context.Background(), api.AllocRequest{Pool: pool, Count: 1})
+	a, err := d.local.Alloc(context.Background(), api.AllocRequest{Pool: pool, Count: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	pod := newPodNS(t)
 	ref := api.AttachmentRef{ContainerID: "c1", IfName: "net1"}
-	if _, err := d.CNIAdd(context.Background(), api.CNIAddRequest{ContainerID: ref.ContainerID, IfName: ref.IfName, Netns: pod.Path(), Allocation: a.ID}); err != nil {
+	if _, err := d.cni.CNIAdd(context.Background(), api.CNIAddRequest{ContainerID: ref.ContainerID, IfName: ref.IfName, Netns: pod.Path(), Allocation: a.ID}); err != nil {
 		t.Fatal(err)
 	}
 	return a, pod, ref
@@ -191,14 +191,14 @@ func TestDPDKNetdevPool(t *testing.T) {
 	}
 	// The probe of busy queues would keep the program too, while DPDK's
 	// socket exists: the record is what keeps it whatever DPDK does.
-	if att, _ := d.ledger.Attachment("c1/net1"); !att.MapOut {
+	if att, _ := d.core.ledger.Attachment("c1/net1"); !att.MapOut {
 		t.Error("the attachment's record lost that its map was handed out")
 	}
-	if pn := d.pods.get("xa"); pn == nil || !pn.policy.AttachAlways {
+	if pn := d.core.pods.get("xa"); pn == nil || !pn.policy.AttachAlways {
 		t.Error("the restarted daemon's pod agent does not keep the program attached")
 	}
 
-	if err := d.CNIDel(ctx, ref); err != nil {
+	if err := d.cni.CNIDel(ctx, ref); err != nil {
 		t.Fatal(err)
 	}
 	att, err := xdp.Query(pair.NSPath(), pair.A.Index)
@@ -276,7 +276,7 @@ func TestKubernetesDPDKPaths(t *testing.T) {
 	defer testutils.UnmountNS(pod)
 	defer pod.Close()
 	ref := api.AttachmentRef{ContainerID: "c1", IfName: "net1"}
-	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: ref.ContainerID, IfName: ref.IfName, Netns: pod.Path(), DeviceID: "xa", Resource: "xdpq.io/vf"}); err != nil {
+	if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: ref.ContainerID, IfName: ref.IfName, Netns: pod.Path(), DeviceID: "xa", Resource: "xdpq.io/vf"}); err != nil {
 		t.Fatal(err)
 	}
 	if fi, err := os.Stat(pin); err != nil || fi.Mode().Perm() != 0o600 {
@@ -296,7 +296,7 @@ func TestKubernetesDPDKPaths(t *testing.T) {
 	pinned := ownSocket(t, pod, "net1", 0, m)
 	// The test's process is in no pod's cgroup: let it in as the pod's.
 	root := uint32(0)
-	if err := d.setOwner(id, ledger.Owner{UID: &root}); err != nil {
+	if err := d.core.setOwner(id, ledger.Owner{UID: &root}); err != nil {
 		t.Fatal(err)
 	}
 	handshake := dpdkClient(t, filepath.Join(allocDir, id, "afxdp.sock"), pod, "net1", 1)
@@ -319,7 +319,7 @@ func TestKubernetesDPDKPaths(t *testing.T) {
 		t.Errorf("the socket inserted through the pinned map, after a restart: %v", err)
 	}
 
-	if err := d.CNIDel(ctx, ref); err != nil {
+	if err := d.cni.CNIDel(ctx, ref); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(pin); !os.IsNotExist(err) {
@@ -426,7 +426,7 @@ func TestTestpmdInPod(t *testing.T) {
 			t.Errorf("testpmd without %s started its port:\n%s", c, out)
 		}
 	}
-	if err := d.CNIDel(ctx, ref); err != nil {
+	if err := d.cni.CNIDel(ctx, ref); err != nil {
 		t.Fatal(err)
 	}
 	if att, err := xdp.Query(pair.NSPath(), pair.A.Index); err != nil || att != nil {
@@ -442,7 +442,7 @@ func TestChainedNetdevPoolRefused(t *testing.T) {
 	pair := testnet.NewPair(t, 2)
 	d, _ := runDaemon(t, standaloneOpts(t, pair, t.TempDir(), testPins(t), "pools: [{name: vf, mode: netdev, devices: {netdevs: [xa]}}]\n"))
 	ctx := context.Background()
-	a, err := d.Alloc(ctx, api.AllocRequest{Pool: "vf", Count: 1})
+	a, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "vf", Count: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -452,7 +452,7 @@ func TestChainedNetdevPoolRefused(t *testing.T) {
 	}
 	defer testutils.UnmountNS(pod)
 	defer pod.Close()
-	_, err = d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "eth0", Netns: pod.Path(), Allocation: a.ID, Chained: true})
+	_, err = d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "eth0", Netns: pod.Path(), Allocation: a.ID, Chained: true})
 	if !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), "NetworkAttachmentDefinition") {
 		t.Errorf("a chained ADD of a netdev pool: %v", err)
 	}

@@ -62,19 +62,19 @@ type DRA struct {
 // devices: then the other way, until they end (a pool is served one way
 // at a time, so that the scheduler's view and kubelet's never both hand
 // out a device).
-func (d *Daemon) servedBy(p ledger.Pool) (string, string) {
+func (c *core) servedBy(p ledger.Pool) (string, string) {
 	want := p.Config.ServedBy
 	if want == "" {
-		want = d.opts.ServedBy
+		want = c.opts.ServedBy
 	}
-	if want == "" || d.opts.DRA == nil {
+	if want == "" || c.opts.DRA == nil {
 		want = ServedByDevicePlugin
 	}
 	other := ServedByDRA
 	if want == ServedByDRA {
 		other = ServedByDevicePlugin
 	}
-	claims, others := d.ledger.ClaimsHeld(p.Name)
+	claims, others := c.ledger.ClaimsHeld(p.Name)
 	n := others
 	if other == ServedByDRA {
 		n = claims
@@ -88,11 +88,11 @@ func (d *Daemon) servedBy(p ledger.Pool) (string, string) {
 // draPools are the names of the pools DRA serves now.
 func (d *Daemon) draPools() []string {
 	var out []string
-	for _, p := range d.ledger.Metas() {
+	for _, p := range d.core.ledger.Metas() {
 		if p.Resource == "" {
 			continue
 		}
-		if by, _ := d.servedBy(p); by == ServedByDRA {
+		if by, _ := d.core.servedBy(p); by == ServedByDRA {
 			out = append(out, p.Name)
 		}
 	}
@@ -110,7 +110,7 @@ func (d *Daemon) draLoop(ctx context.Context) error {
 	}
 	defer drv.Stop()
 	keep := map[string]bool{}
-	for _, a := range d.ledger.Allocations() {
+	for _, a := range d.core.ledger.Allocations() {
 		if a.Claim != nil {
 			keep[a.Claim.UID] = true
 		}
@@ -122,7 +122,7 @@ func (d *Daemon) draLoop(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			if d.isUninstalling() {
+			if d.core.isUninstalling() {
 				d.removeSlices(drv)
 			}
 			return nil
@@ -159,20 +159,20 @@ type draNode struct{ d *Daemon }
 func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (_ dra.Edits, err error) {
 	defer n.d.metrics.observeDRA("prepare", time.Now(), &err)
 	d := n.d
-	if d.isUninstalling() {
+	if d.core.isUninstalling() {
 		return dra.Edits{}, errUninstalling
 	}
-	if a, ok := d.ledger.ByClaim(c.UID); ok {
+	if a, ok := d.core.ledger.ByClaim(c.UID); ok {
 		if a.State != ledger.Active {
 			return dra.Edits{}, api.Errorf(api.ErrConflict, "allocation %s of the claim is %s: %w", a.ID, a.State, ledger.ErrBusy)
 		}
 		return d.claimEdits(a), nil
 	}
-	p, ok := d.ledger.Meta(c.Pool)
+	p, ok := d.core.ledger.Meta(c.Pool)
 	if !ok {
 		return dra.Edits{}, api.Errorf(api.ErrNotFound, "no pool %s on this node", c.Pool)
 	}
-	if by, why := d.servedBy(p); by != ServedByDRA {
+	if by, why := d.core.servedBy(p); by != ServedByDRA {
 		if why == "" {
 			why = fmt.Sprintf("pool %s is served by the device plugin on this node (servedBy)", c.Pool)
 		}
@@ -222,18 +222,18 @@ func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (_ dra.Edits, er
 		return dra.Edits{}, api.Errorf(api.ErrInvalid, "the claim is reserved for %d pods: flows steer to one pod's addresses; give each pod a claim of its own (a ResourceClaimTemplate)", len(c.Pods))
 	}
 	res := ledger.Reservation{Pool: c.Pool, Devices: ids, Owner: owner, Claim: claim}
-	a, err := d.ledger.Reserve(res)
+	a, err := d.core.ledger.Reserve(res)
 	if errors.Is(err, api.ErrConflict) && d.releaseStale(ctx, c, ids) {
-		a, err = d.ledger.Reserve(res)
+		a, err = d.core.ledger.Reserve(res)
 	}
 	if err != nil {
 		return dra.Edits{}, err
 	}
-	if err := d.serveNew(a); err != nil {
+	if err := d.core.serveNew(a); err != nil {
 		return dra.Edits{}, err
 	}
-	if err := d.ledger.Commit(a.ID, nil); err != nil {
-		d.unserve(a)
+	if err := d.core.ledger.Commit(a.ID, nil); err != nil {
+		d.core.unserve(a)
 		return dra.Edits{}, fmt.Errorf("pool %s: the allocation could not be recorded, and was not made: %w", c.Pool, err)
 	}
 	d.log.Info("allocated", "allocation", a.ID, "pool", a.Pool, "netdev", a.Netdev, "queues", a.Queues,
@@ -251,7 +251,7 @@ func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (_ dra.Edits, er
 // for a pod asking the extended resource never has: the refusal names
 // both ways out.
 func (d *Daemon) checkOneNetdev(c dra.Claim, ids []string) error {
-	p, _ := d.ledger.Pool(c.Pool)
+	p, _ := d.core.ledger.Pool(c.Pool)
 	var netdevs []string
 	for _, dv := range p.Devices {
 		if slices.Contains(ids, dv.ID) && !slices.Contains(netdevs, dv.Netdev) {
@@ -285,7 +285,7 @@ func (d *Daemon) checkClaimFlows(raw []byte, shared []netip.Prefix) error {
 	if err != nil {
 		return api.Errorf(api.ErrInvalid, "claim config: %w", err)
 	}
-	if err := d.checkNotNode(flows, flow.Claimed(flows, shared), shared); err != nil {
+	if err := d.core.checkNotNode(flows, flow.Claimed(flows, shared), shared); err != nil {
 		return fmt.Errorf("claim config: flows: %w", err)
 	}
 	return nil
@@ -299,12 +299,12 @@ func (d *Daemon) deviceIDs(pool string, names []string) ([]string, error) {
 	ids := make([]string, 0, len(names))
 	var byName map[string]string
 	for _, name := range names {
-		if dv, ok := d.ledger.Device(pool, name); ok && dra.DeviceName(dv.Netdev, deviceQueue(dv)) == name {
+		if dv, ok := d.core.ledger.Device(pool, name); ok && dra.DeviceName(dv.Netdev, deviceQueue(dv)) == name {
 			ids = append(ids, name)
 			continue
 		}
 		if byName == nil {
-			p, _ := d.ledger.Pool(pool)
+			p, _ := d.core.ledger.Pool(pool)
 			byName = make(map[string]string, len(p.Devices))
 			for _, dv := range p.Devices {
 				byName[dra.DeviceName(dv.Netdev, deviceQueue(dv))] = dv.ID
@@ -322,11 +322,11 @@ func (d *Daemon) deviceIDs(pool string, names []string) ([]string, error) {
 // UnprepareClaim frees the claim's allocation, if it has one.
 func (n draNode) UnprepareClaim(ctx context.Context, uid string) (err error) {
 	defer n.d.metrics.observeDRA("unprepare", time.Now(), &err)
-	a, ok := n.d.ledger.ByClaim(uid)
+	a, ok := n.d.core.ledger.ByClaim(uid)
 	if !ok {
 		return nil
 	}
-	if err := n.d.free(ctx, a.ID, "its claim was unprepared"); err != nil {
+	if err := n.d.core.free(ctx, a.ID, "its claim was unprepared"); err != nil {
 		return err
 	}
 	select {
@@ -344,13 +344,13 @@ func (n draNode) Devices() map[string][]dra.Device {
 	// it after the node's agent, which no longer sees it): the node's
 	// would call it missing, its claim not Ready and its device tainted.
 	status := map[string]agent.Status{}
-	for _, s := range d.netdevStatus() {
+	for _, s := range d.core.netdevStatus() {
 		status[s.Netdev] = s
 	}
-	found := d.rec.netdevs()
+	found := d.core.rec.netdevs()
 	out := map[string][]dra.Device{}
 	for _, name := range d.draPools() {
-		p, ok := d.ledger.Pool(name)
+		p, ok := d.core.ledger.Pool(name)
 		if !ok {
 			continue
 		}
@@ -389,14 +389,14 @@ func (n draNode) Prepared() []dra.PreparedClaim {
 	d := n.d
 	var out []dra.PreparedClaim
 	pools := map[string]map[string]ledger.Device{}
-	for _, a := range d.ledger.Allocations() {
+	for _, a := range d.core.ledger.Allocations() {
 		if a.Claim == nil || a.State != ledger.Active {
 			continue
 		}
 		devs, ok := pools[a.Pool]
 		if !ok {
 			devs = map[string]ledger.Device{}
-			if p, ok := d.ledger.Pool(a.Pool); ok {
+			if p, ok := d.core.ledger.Pool(a.Pool); ok {
 				for _, dv := range p.Devices {
 					devs[dv.ID] = dv
 				}
@@ -429,7 +429,7 @@ func (n draNode) Prepared() []dra.PreparedClaim {
 // claim's Prepare for seconds. It says whether it freed any.
 func (d *Daemon) releaseStale(ctx context.Context, c dra.Claim, ids []string) bool {
 	freed := false
-	for _, a := range d.ledger.Allocations() {
+	for _, a := range d.core.ledger.Allocations() {
 		if a.Claim == nil || a.Claim.UID == c.UID || a.Pool != c.Pool || a.State != ledger.Active ||
 			!slices.ContainsFunc(a.Devices, func(id string) bool { return slices.Contains(ids, id) }) {
 			continue
@@ -438,7 +438,7 @@ func (d *Daemon) releaseStale(ctx context.Context, c dra.Claim, ids []string) bo
 		if err != nil || why == "" {
 			continue // still the other claim's: the conflict stands
 		}
-		if err := d.free(ctx, a.ID, fmt.Sprintf("claim %s/%s was given its devices, and its claim %s/%s %s",
+		if err := d.core.free(ctx, a.ID, fmt.Sprintf("claim %s/%s was given its devices, and its claim %s/%s %s",
 			c.Namespace, c.Name, a.Claim.Namespace, a.Claim.Name, why)); err != nil {
 			d.log.Warn("free", "allocation", a.ID, "err", err)
 			continue
@@ -461,7 +461,7 @@ func (d *Daemon) claimReleased(ctx context.Context, a ledger.Allocation) (string
 		return "was deallocated", nil
 	}
 	held := map[string]bool{}
-	p, _ := d.ledger.Pool(a.Pool)
+	p, _ := d.core.ledger.Pool(a.Pool)
 	for _, dv := range p.Devices {
 		if slices.Contains(a.Devices, dv.ID) {
 			held[dra.DeviceName(dv.Netdev, deviceQueue(dv))] = true
@@ -534,7 +534,7 @@ func pcieRoot(pci string) string {
 // claimEdits are the CDI edits of a claim's allocation: what the device
 // plugin's Allocate gives a container.
 func (d *Daemon) claimEdits(a ledger.Allocation) dra.Edits {
-	env, mounts := d.containerEdits(a)
+	env, mounts := d.core.containerEdits(a)
 	e := dra.Edits{Env: env}
 	for _, m := range mounts {
 		e.Mounts = append(e.Mounts, dra.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, ReadOnly: m.ReadOnly})
@@ -579,7 +579,7 @@ func (d *Daemon) collectClaims(ctx context.Context) (freed []string) {
 	}
 	byUID := map[string]ledger.Allocation{}
 	var gone []string
-	for _, a := range d.ledger.Allocations() {
+	for _, a := range d.core.ledger.Allocations() {
 		if a.Claim == nil || a.State != ledger.Active {
 			continue
 		}
@@ -597,7 +597,7 @@ func (d *Daemon) collectClaims(ctx context.Context) (freed []string) {
 		if others {
 			// kubelet keeps the claim prepared for its other pods: the
 			// queues wait for the first of them to connect.
-			if err := d.setOwner(a.ID, ledger.Owner{AnyPod: true}); err != nil {
+			if err := d.core.setOwner(a.ID, ledger.Owner{AnyPod: true}); err != nil {
 				d.log.Warn("set owner", "allocation", a.ID, "err", err)
 				continue
 			}
@@ -614,7 +614,7 @@ func (d *Daemon) collectClaims(ctx context.Context) (freed []string) {
 	}
 	for _, uid := range d.goneClaims.mark(gone) {
 		a := byUID[uid]
-		if err := d.free(ctx, a.ID, "its claim is gone and kubelet did not unprepare it"); err != nil {
+		if err := d.core.free(ctx, a.ID, "its claim is gone and kubelet did not unprepare it"); err != nil {
 			d.log.Warn("free", "allocation", a.ID, "err", err)
 			continue
 		}

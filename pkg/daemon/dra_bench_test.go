@@ -84,7 +84,7 @@ func BenchmarkPrepare64x64(b *testing.B) {
 	// Timed once the agents have settled every netdev (their first
 	// reconcile loads and pins a program per netdev).
 	waitFor(b, "every netdev settled", func() bool {
-		st := d.agent.Status()
+		st := d.core.agent.Status()
 		return len(st) == scaleNetdevs && !slices.ContainsFunc(st, func(s agent.Status) bool { return s.Steering == "" || s.RXQueues != scaleQueues })
 	})
 	reg := <-kubelet.Registrations

@@ -51,10 +51,10 @@ func TestPrepareRefusesNodeAddressFlow(t *testing.T) {
 		!strings.Contains(err.Error(), fmt.Sprintf("destination %s is an address of the node (xa)", pair.A.Addr)) {
 		t.Fatalf("prepare with a flow to the node's address: %v; want it refused, naming the flow", err)
 	}
-	if _, ok := d.ledger.ByClaim("1"); ok {
+	if _, ok := d.core.ledger.ByClaim("1"); ok {
 		t.Error("the refused claim holds an allocation")
 	}
-	st, err := d.Status(ctx)
+	st, err := d.core.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

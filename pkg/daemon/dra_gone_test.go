@@ -45,7 +45,7 @@ func TestClaimGoneWithoutUnprepare(t *testing.T) {
 	}
 	held := func() []string {
 		var out []string
-		for _, a := range e.d.ledger.Allocations() {
+		for _, a := range e.d.core.ledger.Allocations() {
 			out = append(out, a.Claim.Name)
 		}
 		slices.Sort(out)
@@ -146,14 +146,14 @@ func TestPrepareTakesDevicesOfADeallocatedClaim(t *testing.T) {
 	if r := e.prepare(t, next); r.Error != "" {
 		t.Fatalf("the next claim once the old one is deallocated: %s", r.Error)
 	}
-	allocs := e.d.ledger.Allocations()
+	allocs := e.d.core.ledger.Allocations()
 	if len(allocs) != 1 || allocs[0].Claim.Name != "next" {
 		t.Fatalf("allocations %+v", allocs)
 	}
 	if msg := e.unprepare(t, old); msg != "" {
 		t.Errorf("the old claim's late unprepare: %s", msg)
 	}
-	if n := len(e.d.ledger.Allocations()); n != 1 {
+	if n := len(e.d.core.ledger.Allocations()); n != 1 {
 		t.Errorf("%d allocations after the old claim's unprepare", n)
 	}
 }

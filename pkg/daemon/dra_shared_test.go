@@ -43,7 +43,7 @@ func TestSharedClaim(t *testing.T) {
 	if r := e.prepare(t, shared); r.Error != "" {
 		t.Fatal(r.Error)
 	}
-	a, ok := e.d.ledger.ByClaim(uid)
+	a, ok := e.d.core.ledger.ByClaim(uid)
 	if !ok || !a.Owner.AnyPod {
 		t.Fatalf("the shared claim's allocation %+v: want one, for any of its pods", a)
 	}
@@ -108,7 +108,7 @@ func TestSharedClaim(t *testing.T) {
 	for range 2 {
 		e.d.collect(ctx, time.Hour)
 	}
-	if a, ok := e.d.ledger.ByClaim(uid); !ok || !a.Owner.AnyPod {
+	if a, ok := e.d.core.ledger.ByClaim(uid); !ok || !a.Owner.AnyPod {
 		t.Fatalf("the claim's allocation once its holder is gone: %+v %v; want it kept, for the claim's other pod", a, ok)
 	}
 	l, err = connect(loser)
@@ -116,7 +116,7 @@ func TestSharedClaim(t *testing.T) {
 		t.Fatalf("the claim's other pod once the holder is gone: %v", err)
 	}
 	l.Close()
-	if a, _ := e.d.ledger.ByClaim(uid); a.Owner.PodUID != loser {
+	if a, _ := e.d.core.ledger.ByClaim(uid); a.Owner.PodUID != loser {
 		t.Errorf("owner %+v, want pod %s", a.Owner, loser)
 	}
 }
@@ -139,7 +139,7 @@ func TestPrepareRefusesTwoNetdevs(t *testing.T) {
 			t.Errorf("prepare of a claim of two netdevs: %q; want %q", r.Error, want)
 		}
 	}
-	if a := e.d.ledger.Allocations(); len(a) != 0 {
+	if a := e.d.core.ledger.Allocations(); len(a) != 0 {
 		t.Errorf("the refused claim holds %+v", a)
 	}
 	if r := e.prepare(t, one); r.Error != "" {

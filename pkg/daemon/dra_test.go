@@ -240,7 +240,7 @@ func TestDRAClaim(t *testing.T) {
 	if socket == "" {
 		t.Fatalf("CDI mounts %+v", edits.Mounts)
 	}
-	allocs := e.d.ledger.Allocations()
+	allocs := e.d.core.ledger.Allocations()
 	if len(allocs) != 1 || allocs[0].Owner.PodUID != pod || allocs[0].Claim == nil || allocs[0].Claim.UID != uid {
 		t.Fatalf("allocations %+v", allocs)
 	}
@@ -310,8 +310,8 @@ func TestDRAClaim(t *testing.T) {
 	}
 
 	// kubelet asks again (its restart): the same allocation.
-	if r := e.prepare(t, good); r.Error != "" || len(e.d.ledger.Allocations()) != 1 {
-		t.Errorf("prepare again: %+v, %d allocations", r, len(e.d.ledger.Allocations()))
+	if r := e.prepare(t, good); r.Error != "" || len(e.d.core.ledger.Allocations()) != 1 {
+		t.Errorf("prepare again: %+v, %d allocations", r, len(e.d.core.ledger.Allocations()))
 	}
 	// Another claim of a held queue: refused, nothing made.
 	if r := e.prepare(t, thief); !strings.Contains(r.Error, "in use by allocation") {
@@ -330,7 +330,7 @@ func TestDRAClaim(t *testing.T) {
 	if r := e.prepare(t, bad); !strings.Contains(r.Error, "flows[0].destinationPort") {
 		t.Errorf("a claim with an invalid config: %+v", r)
 	}
-	if n := len(e.d.ledger.Allocations()); n != 1 {
+	if n := len(e.d.core.ledger.Allocations()); n != 1 {
 		t.Errorf("%d allocations after the refusals", n)
 	}
 	for _, c := range []*resourceapi.ResourceClaim{thief, bad} {
@@ -344,7 +344,7 @@ func TestDRAClaim(t *testing.T) {
 	if msg := e.unprepare(t, good); msg != "" {
 		t.Fatal(msg)
 	}
-	if n := len(e.d.ledger.Allocations()); n != 0 {
+	if n := len(e.d.core.ledger.Allocations()); n != 0 {
 		t.Errorf("%d allocations after unprepare", n)
 	}
 	waitStatus(t, e.opts.APISocket, func(s *api.Status) bool { return len(s.Netdevs) == 1 && s.Netdevs[0].Flows == 0 })

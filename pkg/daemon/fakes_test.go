@@ -377,12 +377,12 @@ func (n *fakeNode) daemon(yaml string) (d *Daemon, stop func()) {
 		PinDir: filepath.Join(n.dir, "pins"), Resync: time.Hour, CollectPeriod: time.Hour, Standalone: n.kubelet == nil, PluginDir: filepath.Join(n.dir, "plugins"),
 		Logger: slog.New(slog.NewTextHandler(n.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	d = newDaemon(opts)
-	d.agent, d.broker, d.mover = n.agent, n.broker, n.mover
+	d.core.agent, d.core.broker, d.core.mover = n.agent, n.broker, n.mover
 	if n.kubelet != nil {
-		d.kubelet = n.kubelet
+		d.core.kubelet = n.kubelet
 	}
-	d.discover = func() ([]nic.Netdev, error) { return slices.Clone(n.netdevs), nil }
-	d.nodeAddrs = func(addrs []netip.Addr) (map[netip.Addr]string, error) {
+	d.core.discover = func() ([]nic.Netdev, error) { return slices.Clone(n.netdevs), nil }
+	d.core.nodeAddrs = func(addrs []netip.Addr) (map[netip.Addr]string, error) {
 		n.asked.add("%v", addrs)
 		if n.addrsErr != nil {
 			return nil, n.addrsErr
@@ -397,13 +397,13 @@ func (n *fakeNode) daemon(yaml string) (d *Daemon, stop func()) {
 	}
 	d.node = noReporter{}
 	var err error
-	if d.watcher, err = config.NewWatcher(path, opts.Logger); err != nil {
+	if d.core.watcher, err = config.NewWatcher(path, opts.Logger); err != nil {
 		t.Fatal(err)
 	}
-	if d.ledger, err = ledger.Open(ledger.Options{Dir: filepath.Join(opts.StateDir, "allocations")}); err != nil {
+	if d.core.ledger, err = ledger.Open(ledger.Options{Dir: filepath.Join(opts.StateDir, "allocations")}); err != nil {
 		t.Fatal(err)
 	}
-	d.rec = d.newReconciler()
+	d.core.rec = d.core.newReconciler()
 	for _, dir := range []string{opts.AllocDir, filepath.Join(opts.AllocDir, dpdkLinkDir), filepath.Join(opts.AllocDir, broker.StagingDir)} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
@@ -414,7 +414,7 @@ func (n *fakeNode) daemon(yaml string) (d *Daemon, stop func()) {
 	// never comes) in the group, as in Run.
 	g, gctx := errgroup.WithContext(ctx)
 	d.plugins.use(gctx, g)
-	g.Go(func() error { return d.rec.run(gctx) })
+	g.Go(func() error { return d.core.rec.run(gctx) })
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
@@ -435,7 +435,7 @@ func (n *fakeNode) reload(d *Daemon, yaml string) {
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	if err := d.applier(context.Background())(c); err != nil {
+	if err := d.core.applier(context.Background())(c); err != nil {
 		n.t.Fatal(err)
 	}
 }
@@ -443,7 +443,7 @@ func (n *fakeNode) reload(d *Daemon, yaml string) {
 // capacity is each pool's device count in d's ledger, "pool=n" sorted.
 func capacity(d *Daemon) []string {
 	var out []string
-	for _, p := range d.ledger.Pools() {
+	for _, p := range d.core.ledger.Pools() {
 		out = append(out, fmt.Sprintf("%s=%d", p.Name, len(p.Devices)))
 	}
 	sort.Strings(out)

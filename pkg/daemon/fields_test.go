@@ -70,7 +70,7 @@ func (r *fieldRig) reload(config string) {
 
 func (r *fieldRig) status() *api.Status {
 	r.t.Helper()
-	s, err := r.d.Status(context.Background())
+	s, err := r.d.core.Status(context.Background())
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func (r *fieldRig) status() *api.Status {
 // what it lists (nothing runs meanwhile).
 func (r *fieldRig) allocations() *api.AllocationList {
 	r.t.Helper()
-	l, err := r.d.Allocations(context.Background(), "")
+	l, err := r.d.core.Allocations(context.Background(), "")
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -117,7 +117,7 @@ func (r *fieldRig) pool(name string) (api.PoolStatus, bool) {
 // policy is the policy the node agent holds in force on xa.
 func (r *fieldRig) policy() agent.Policy {
 	r.t.Helper()
-	for _, s := range r.d.agent.Status() {
+	for _, s := range r.d.core.agent.Status() {
 		if s.Netdev == "xa" {
 			return s.Policy
 		}
@@ -146,7 +146,7 @@ func (r *fieldRig) waitNetdev(what string, ok func(api.NetdevStatus) bool) api.N
 // alloc allocates count queues of pool for uid 0, the test's own.
 func (r *fieldRig) alloc(pool string, count int) *api.Allocation {
 	r.t.Helper()
-	a, err := r.d.Alloc(context.Background(), api.AllocRequest{Pool: pool, Count: count, UID: 0})
+	a, err := r.d.local.Alloc(context.Background(), api.AllocRequest{Pool: pool, Count: count, UID: 0})
 	if err != nil {
 		r.t.Fatalf("alloc %d of %s: %v", count, pool, err)
 	}
@@ -646,7 +646,7 @@ func TestFieldSteering(t *testing.T) {
 			}
 			a := r.alloc("demo", 1)
 			flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(p.PodAddr, 32), DstPort: 5000}
-			_, err := r.d.CNIAdd(context.Background(), api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}})
+			_, err := r.d.cni.CNIAdd(context.Background(), api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}})
 			if tc.resolved == "software" && err != nil {
 				t.Errorf("add with a flow: %v", err)
 			}
@@ -688,7 +688,7 @@ func TestFieldSteering(t *testing.T) {
 		a := r.alloc("demo", 1)
 		flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(p.PodAddr, 32), DstPort: 5000}
 		ctx := context.Background()
-		if _, err := r.d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
+		if _, err := r.d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
 			t.Fatal(err)
 		}
 		r.reload(cfg("hardware"))
@@ -700,7 +700,7 @@ func TestFieldSteering(t *testing.T) {
 			!strings.Contains(s.ConfigError, "xa: steering hardware") {
 			t.Errorf("the refusal is not reported: policy error %q, config error %q", n.PolicyError, s.ConfigError)
 		}
-		if _, err := r.d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
+		if _, err := r.d.cni.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 			t.Errorf("the flow after the refused reload: %v", err)
 		}
 		r.reload(cfg("software"))
@@ -761,11 +761,11 @@ func TestFieldQueues(t *testing.T) {
 		expect(t, r, "shrunk to 2-3 and taken", want{2, 0, beyond})
 		r.reload(demoPool("0"))
 		expect(t, r, "shrunk to 0, held", want{1, 0, "2 devices held by allocations are no longer in the pool"})
-		if _, err := r.d.Alloc(context.Background(), api.AllocRequest{Pool: "demo", Count: 1}); !errors.Is(err, api.ErrConflict) {
+		if _, err := r.d.local.Alloc(context.Background(), api.AllocRequest{Pool: "demo", Count: 1}); !errors.Is(err, api.ErrConflict) {
 			t.Errorf("alloc from a pool whose one queue is held: %v", err)
 		}
 		for _, x := range []*api.Allocation{a, b} {
-			if err := r.d.Free(context.Background(), x.ID); err != nil {
+			if err := r.d.local.Free(context.Background(), x.ID); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -895,12 +895,12 @@ func TestFieldLimits(t *testing.T) {
 // kept from every other pod.
 func TestFieldMaxQueuesPerPodAlloc(t *testing.T) {
 	r := startRig(t, testnet.NewPair(t, 4), demoPool("0-3", "limits: {maxQueuesPerPod: 1}"))
-	a, err := r.d.Alloc(context.Background(), api.AllocRequest{Pool: "demo", Count: 2})
+	a, err := r.d.local.Alloc(context.Background(), api.AllocRequest{Pool: "demo", Count: 2})
 	if err == nil || !strings.Contains(err.Error(), "maxQueuesPerPod") {
 		t.Errorf("alloc of 2 queues with maxQueuesPerPod 1: %+v, %v; want refused naming the limit", a, err)
 	}
 	r.reload(demoPool("0-3", "limits: {maxQueuesPerPod: 2}"))
-	if _, err := r.d.Alloc(context.Background(), api.AllocRequest{Pool: "demo", Count: 2}); err != nil {
+	if _, err := r.d.local.Alloc(context.Background(), api.AllocRequest{Pool: "demo", Count: 2}); err != nil {
 		t.Errorf("alloc of 2 queues with maxQueuesPerPod 2: %v", err)
 	}
 }
@@ -981,7 +981,7 @@ func TestFieldPoolsKubernetes(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(o.AllocDir, id, broker.SocketName)); err != nil {
 		t.Errorf("pool a removed: the allocation is not served: %v", err)
 	}
-	if err := d.Free(ctx, id); err != nil {
+	if err := d.local.Free(ctx, id); err != nil {
 		t.Fatal(err)
 	}
 	if ps, ok := r.pool("a"); ok {
@@ -1037,7 +1037,7 @@ func TestFieldAttachInPod(t *testing.T) {
 	if att := hook(); att != nil {
 		t.Errorf("after the reload back to onDemand, net1's hook has %+v", att)
 	}
-	if err := r.d.CNIDel(ctx, ref); err != nil {
+	if err := r.d.cni.CNIDel(ctx, ref); err != nil {
 		t.Fatal(err)
 	}
 }

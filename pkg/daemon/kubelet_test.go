@@ -104,7 +104,7 @@ func TestKubernetesAllocate(t *testing.T) {
 	defer testutils.UnmountNS(pod)
 	defer pod.Close()
 	flow := api.CNIFlow{Protocol: "udp", Dst: netip.MustParsePrefix("10.77.0.2/32"), DstPort: 53}
-	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), DeviceID: "xa-q2",
+	if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), DeviceID: "xa-q2",
 		Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestKubernetesAllocate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if att, err := d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil || att.AllocationID != again.ContainerResponses[0].Envs["XDPQ_ALLOCATION"] {
+	if att, err := d.cni.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil || att.AllocationID != again.ContainerResponses[0].Envs["XDPQ_ALLOCATION"] {
 		t.Errorf("after the container restart the attachment is %+v (%v), want it on the new allocation", att, err)
 	}
 	// A pod that is gone (its netns with it) keeps nothing at the next Allocate.
@@ -124,10 +124,10 @@ func TestKubernetesAllocate(t *testing.T) {
 	if _, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa-q2", "xa-q3"}}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err == nil {
+	if _, err := d.cni.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err == nil {
 		t.Error("the attachment of a gone pod went to the next Allocate of its devices")
 	}
-	if s, _ := d.Status(ctx); s.Netdevs[0].Flows != 0 {
+	if s, _ := d.core.Status(ctx); s.Netdevs[0].Flows != 0 {
 		t.Errorf("%d flows left of the gone pod", s.Netdevs[0].Flows)
 	}
 	if again.ContainerResponses[0].Mounts[0].HostPath == cr.Mounts[0].HostPath {
@@ -195,7 +195,7 @@ func TestKubernetesNetdevPool(t *testing.T) {
 	}
 	defer testutils.UnmountNS(pod)
 	defer pod.Close()
-	att, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), DeviceID: "xa", Resource: "xdpq.io/vf", MTU: 1400})
+	att, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), DeviceID: "xa", Resource: "xdpq.io/vf", MTU: 1400})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,10 +211,10 @@ func TestKubernetesNetdevPool(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("net1 in the pod: %v", err)
 	}
-	if devs := d.devices("vf"); len(devs) != 2 || devs[0].ID != "xa" || !devs[0].Healthy {
+	if devs := d.plugins.devices("vf"); len(devs) != 2 || devs[0].ID != "xa" || !devs[0].Healthy {
 		t.Errorf("the netdev in the pod is reported %+v", devs)
 	}
-	if _, err := d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
+	if _, err := d.cni.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 		t.Errorf("CHECK: %v", err)
 	}
 	// A container restart (Allocate again) leaves the netdev in the pod.
@@ -222,19 +222,19 @@ func TestKubernetesNetdevPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if att, err := d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil || att.AllocationID != again.ContainerResponses[0].Envs["XDPQ_ALLOCATION"] {
+	if att, err := d.cni.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil || att.AllocationID != again.ContainerResponses[0].Envs["XDPQ_ALLOCATION"] {
 		t.Errorf("after the container restart the attachment is %+v (%v), want it on the new allocation", att, err)
 	}
 	if err := pod.Do(func(ns.NetNS) error { _, err := netlink.LinkByName("net1"); return err }); err != nil {
 		t.Errorf("net1 left the pod with the container restart: %v", err)
 	}
-	if err := d.CNIDel(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
+	if err := d.cni.CNIDel(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.NS.Do(func(ns.NetNS) error { _, err := netlink.LinkByName("xa"); return err }); err != nil {
 		t.Errorf("xa not back on the node: %v", err)
 	}
-	if devs := d.devices("vf"); len(devs) != 2 || devs[0].ID != "xa" || !devs[0].Healthy {
+	if devs := d.plugins.devices("vf"); len(devs) != 2 || devs[0].ID != "xa" || !devs[0].Healthy {
 		t.Errorf("the netdev back on the node is reported %+v", devs)
 	}
 }
@@ -293,18 +293,18 @@ func TestKubernetesReload(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(plugins, "xdpq-b.sock")); err != nil {
 		t.Errorf("b's plugin stopped while its allocation lives: %v", err)
 	}
-	s, _ := d.Status(ctx)
+	s, _ := d.core.Status(ctx)
 	if i := slices.IndexFunc(s.Pools, func(p api.PoolStatus) bool { return p.Name == "b" }); i < 0 || s.Pools[i].Queues != 0 ||
 		s.Pools[i].Free != 0 || !strings.Contains(s.Pools[i].Reason, "removed from the config") {
 		t.Errorf("pool b after its removal: %+v", s.Pools)
 	}
-	if err := d.Free(ctx, alloc); err != nil {
+	if err := d.local.Free(ctx, alloc); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(plugins, "xdpq-b.sock")); !os.IsNotExist(err) {
 		t.Errorf("b's plugin still serves after its last allocation went: %v", err)
 	}
-	if s, _ := d.Status(ctx); slices.ContainsFunc(s.Pools, func(p api.PoolStatus) bool { return p.Name == "b" }) {
+	if s, _ := d.core.Status(ctx); slices.ContainsFunc(s.Pools, func(p api.PoolStatus) bool { return p.Name == "b" }) {
 		t.Errorf("pool b still listed: %+v", s.Pools)
 	}
 

@@ -158,7 +158,7 @@ func (c daemonCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- s.desc
 	}
 	// The pod agents' families are the node agent's.
-	c.d.agent.Collector().Describe(ch)
+	c.d.core.agent.Collector().Describe(ch)
 }
 
 func (c daemonCollector) Collect(ch chan<- prometheus.Metric) {
@@ -166,22 +166,22 @@ func (c daemonCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(desc *prometheus.Desc, v int, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, float64(v), labels...)
 	}
-	allocs := d.ledger.Allocations()
+	allocs := d.core.ledger.Allocations()
 	netdevOf := map[string]string{}
 	allocations, leases := map[string]int{}, map[string]int{}
 	for _, a := range allocs {
 		netdevOf[a.ID] = a.Netdev
 		allocations[a.Pool]++
-		if d.broker.Leased(a.ID) {
+		if d.core.broker.Leased(a.ID) {
 			leases[a.Pool]++
 		}
-		ns, pod, _ := strings.Cut(d.podOf(a), "/")
+		ns, pod, _ := strings.Cut(d.core.podOf(a), "/")
 		for _, q := range a.Queues {
 			gauge(queueInfoDesc, 1, a.Netdev, strconv.FormatUint(uint64(q), 10), a.Pool, a.ID, ns, pod)
 		}
 	}
-	for _, p := range d.ledger.Metas() {
-		u := d.ledger.Usage(p.Name)
+	for _, p := range d.core.ledger.Metas() {
+		u := d.core.ledger.Usage(p.Name)
 		gauge(poolCapacityDesc, u.Devices, p.Name)
 		gauge(poolAllocatedDesc, u.Devices-u.Free+u.Beyond, p.Name)
 		gauge(poolAllocationsDesc, allocations[p.Name], p.Name)
@@ -190,7 +190,7 @@ func (c daemonCollector) Collect(ch chan<- prometheus.Metric) {
 
 	// A socket is reported on the node's name of its netdev: an
 	// allocation retargeted into a pod binds on the pod's name for it.
-	for _, st := range d.broker.Stats() {
+	for _, st := range d.core.broker.Stats() {
 		netdev := st.Netdev
 		if n, ok := netdevOf[st.Allocation]; ok {
 			netdev = n
@@ -201,7 +201,7 @@ func (c daemonCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 
-	refused := d.broker.Refusals()
+	refused := d.core.broker.Refusals()
 	codes := slices.Clone(refusalCodes)
 	for code := range refused {
 		if !slices.Contains(codes, code) { // a code the list lacks shows too
@@ -212,19 +212,19 @@ func (c daemonCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(refusalsDesc, prometheus.CounterValue, float64(refused[code]), code)
 	}
 
-	r := d.watcher.Reloads()
+	r := d.core.watcher.Reloads()
 	ch <- prometheus.MustNewConstMetric(reloadsDesc, prometheus.CounterValue, float64(r.Succeeded), "success")
 	ch <- prometheus.MustNewConstMetric(reloadsDesc, prometheus.CounterValue, float64(r.Failed), "failure")
 	ch <- prometheus.MustNewConstMetric(lastReloadDesc, prometheus.GaugeValue, float64(r.LastSuccess.UnixNano())/1e9)
 	ok := 1
-	if d.watcher.LastError() != nil {
+	if d.core.watcher.LastError() != nil {
 		ok = 0
 	}
 	gauge(reloadOKDesc, ok)
 
 	// The node agent's netdevs, then those in pods by their node names.
-	d.agent.Collector().Collect(ch)
-	for _, pn := range d.pods.all() {
+	d.core.agent.Collector().Collect(ch)
+	for _, pn := range d.core.pods.all() {
 		if pn.agent == nil {
 			continue
 		}
@@ -236,7 +236,8 @@ func (c daemonCollector) Collect(ch chan<- prometheus.Metric) {
 // metered is the daemon as its local API serves it: the CNI verbs are
 // timed and counted.
 type metered struct {
-	*Daemon
+	*localAPI
+	metrics *metrics
 }
 
 // observe records a verb's outcome; deferred at the verb's start.
@@ -250,22 +251,22 @@ func (m metered) observe(verb string, began time.Time, err *error) {
 
 func (m metered) CNIAdd(ctx context.Context, req api.CNIAddRequest) (att *api.Attachment, err error) {
 	defer m.observe("add", time.Now(), &err)
-	return m.Daemon.CNIAdd(ctx, req)
+	return m.localAPI.CNIAdd(ctx, req)
 }
 
 func (m metered) CNIDel(ctx context.Context, ref api.AttachmentRef) (err error) {
 	defer m.observe("del", time.Now(), &err)
-	return m.Daemon.CNIDel(ctx, ref)
+	return m.localAPI.CNIDel(ctx, ref)
 }
 
 func (m metered) CNICheck(ctx context.Context, ref api.AttachmentRef) (att *api.Attachment, err error) {
 	defer m.observe("check", time.Now(), &err)
-	return m.Daemon.CNICheck(ctx, ref)
+	return m.localAPI.CNICheck(ctx, ref)
 }
 
 func (m metered) CNIGC(ctx context.Context, req api.GCRequest) (removed []string, err error) {
 	defer m.observe("gc", time.Now(), &err)
-	return m.Daemon.CNIGC(ctx, req)
+	return m.localAPI.CNIGC(ctx, req)
 }
 
 var _ api.Backend = metered{}
@@ -386,7 +387,7 @@ func (d *Daemon) metricsHandler(ctx context.Context) http.Handler {
 		switch {
 		case ctx.Err() != nil:
 			why = "stopping"
-		case !d.started():
+		case !d.core.started():
 			why = "starting: putting the config in force and taking over a previous daemon's allocations"
 		default:
 			why = d.health.problem()

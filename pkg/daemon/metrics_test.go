@@ -52,7 +52,7 @@ func TestMetrics(t *testing.T) {
 	// and a CHECK of an attachment that does not exist.
 	ctx := context.Background()
 	c := api.NewClient(o.APISocket)
-	a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2})
+	a, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestMetrics(t *testing.T) {
 	}
 	defer lease.Close()
 	// Another allocation's client asks for rings beyond the pool's limit.
-	b, err := d.Alloc(ctx, api.AllocRequest{Pool: "dns", Count: 1})
+	b, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "dns", Count: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestMetrics(t *testing.T) {
 	// The lease ends: its series go, and nothing keeps its queues bound.
 	lease.Close()
 	deadline := time.Now().Add(5 * time.Second)
-	for d.broker.Leased(a.ID) { // the broker's state, told to no one: polled
+	for d.core.broker.Leased(a.ID) { // the broker's state, told to no one: polled
 		if time.Now().After(deadline) {
 			t.Fatal("the lease did not end")
 		}
@@ -198,7 +198,7 @@ func TestProbes(t *testing.T) {
 	if code, body := get(t, srv.URL+"/readyz"); code != http.StatusServiceUnavailable || !strings.HasPrefix(body, "starting") {
 		t.Errorf("readyz before the start: %d %q", code, body)
 	}
-	close(d.ready)
+	close(d.core.ready)
 	if code, body := get(t, srv.URL+"/readyz"); code != http.StatusOK {
 		t.Errorf("readyz once ready: %d %q", code, body)
 	}

@@ -56,12 +56,12 @@ func (p *podNetdev) nsPath() string { return fmt.Sprintf("/proc/%d/fd/%d", os.Ge
 
 // prepareMove reads what the record of a netdev about to move into a
 // pod holds.
-func (d *Daemon) prepareMove(netdev string, req api.CNIAddRequest, pol agent.Policy) ([]byte, error) {
-	dev, ok := d.rec.netdev(netdev)
+func (c *core) prepareMove(netdev string, req api.CNIAddRequest, pol agent.Policy) ([]byte, error) {
+	dev, ok := c.rec.netdev(netdev)
 	if !ok {
 		return nil, api.Errorf(api.ErrUnavailable, "netdev %s was not found on the node", netdev)
 	}
-	rec, err := d.mover.Prepare(netdev, req.IfName, req.MTU)
+	rec, err := c.mover.Prepare(netdev, req.IfName, req.MTU)
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +70,7 @@ func (d *Daemon) prepareMove(netdev string, req api.CNIAddRequest, pol agent.Pol
 
 // moveIn moves a pending netdev attachment's netdev into its pod and
 // starts its agent there; on failure the netdev is back on the node.
-func (d *Daemon) moveIn(ctx context.Context, att *ledger.Attachment, flows []agent.Flow) error {
+func (c *core) moveIn(ctx context.Context, att *ledger.Attachment, flows []agent.Flow) error {
 	rec, err := decodeMoved(att.Moved)
 	if err != nil {
 		return err
@@ -82,30 +82,30 @@ func (d *Daemon) moveIn(ctx context.Context, att *ledger.Attachment, flows []age
 	// The node agent lets the netdev go: the ledger has it in a pod now.
 	// podNS is a handle on the pod's namespace, kept while the netdev is
 	// there: closing it only lets the namespace go with its pod.
-	if err := d.syncNetdevs(ctx); err != nil {
+	if err := c.syncNetdevs(ctx); err != nil {
 		_ = podNS.Close()
 		return err
 	}
-	l, err := d.mover.MoveIn(rec.Mover, podNS)
+	l, err := c.mover.MoveIn(rec.Mover, podNS)
 	if err != nil {
 		_ = podNS.Close()
 		return err
 	}
 	att.Mac = l.MAC.String()
 	pn := &podNetdev{key: att.Key(), alloc: att.AllocationID, rec: rec, ns: podNS}
-	if err := d.pods.start(pn, flows); err != nil {
-		e := d.mover.MoveOut(ctx, rec.Mover, podNS)
+	if err := c.pods.start(pn, flows); err != nil {
+		e := c.mover.MoveOut(ctx, rec.Mover, podNS)
 		_ = podNS.Close()
 		return undone(rec.netdev(), err, e)
 	}
-	d.pods.add(pn)
-	if err := d.pinDPDKMap(pn, att.AllocationID); err != nil {
-		return undone(rec.netdev(), err, d.moveOut(ctx, *att))
+	c.pods.add(pn)
+	if err := c.pinDPDKMap(pn, att.AllocationID); err != nil {
+		return undone(rec.netdev(), err, c.moveOut(ctx, *att))
 	}
-	if err := d.retargetToPod(att.AllocationID, rec.netdev()); err != nil {
-		return undone(rec.netdev(), err, d.moveOut(ctx, *att))
+	if err := c.retargetToPod(att.AllocationID, rec.netdev()); err != nil {
+		return undone(rec.netdev(), err, c.moveOut(ctx, *att))
 	}
-	d.log.Info("netdev moved into the pod", "netdev", rec.netdev(), "ifname", rec.ifName(), "netns", att.Netns, "mtu", att.MTU)
+	c.log.Info("netdev moved into the pod", "netdev", rec.netdev(), "ifname", rec.ifName(), "netns", att.Netns, "mtu", att.MTU)
 	return nil
 }
 
@@ -131,29 +131,29 @@ func undone(netdev string, err, undo error) error {
 
 // retargetToPod has the broker bind the allocation's sockets on its
 // netdev inside the pod.
-func (d *Daemon) retargetToPod(alloc, netdev string) error {
-	dev, dp, err := d.podTarget(netdev)
+func (c *core) retargetToPod(alloc, netdev string) error {
+	dev, dp, err := c.podTarget(netdev)
 	if err != nil {
 		return err
 	}
-	return d.broker.Retarget(alloc, dev, dp)
+	return c.broker.Retarget(alloc, dev, dp)
 }
 
 // podTarget is where sockets bind on a netdev in a pod, and the broker's
 // datapath there.
-func (d *Daemon) podTarget(netdev string) (xsk.Netdev, broker.PodDatapath, error) {
-	dev, pn, err := d.pods.target(netdev)
+func (c *core) podTarget(netdev string) (xsk.Netdev, broker.PodDatapath, error) {
+	dev, pn, err := c.pods.target(netdev)
 	if err != nil {
 		return xsk.Netdev{}, nil, err
 	}
-	return dev, podDatapath{d, pn}, nil
+	return dev, podDatapath{c, pn}, nil
 }
 
 // podDatapath is the broker's datapath of a netdev in its pod: the pod
 // agent's XSKMAP, which serves that pod's allocation alone. It is the
 // only datapath that can hand out a map (broker.PodDatapath).
 type podDatapath struct {
-	d  *Daemon
+	c  *core
 	pn *podNetdev
 }
 
@@ -173,18 +173,18 @@ func (p podDatapath) RemoveSocket(netdev string, q uint32, inode uint64) error {
 func (p podDatapath) XSKMapFD() (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	att, ok := p.d.ledger.Attachment(p.pn.key)
+	att, ok := p.c.ledger.Attachment(p.pn.key)
 	if !ok || att.State != ledger.Active {
 		return -1, fmt.Errorf("netdev %s: its attachment %s is not active", p.pn.rec.netdev(), p.pn.key)
 	}
 	if !att.MapOut {
 		att.MapOut = true
-		if err := p.d.ledger.UpdateAttachment(att); err != nil {
+		if err := p.c.ledger.UpdateAttachment(att); err != nil {
 			return -1, err
 		}
 		// The reconciler brings the pod agent to its policy with the
 		// program always attached (reconcilePods).
-		if err := p.d.syncNetdevs(ctx); err != nil {
+		if err := p.c.syncNetdevs(ctx); err != nil {
 			return -1, err
 		}
 	}
@@ -193,22 +193,22 @@ func (p podDatapath) XSKMapFD() (int, error) {
 
 // pinRoot is the node agent's pin directory; the pods' agents and DPDK's
 // pins are under it too.
-func (d *Daemon) pinRoot() string {
-	if d.opts.PinDir == "" {
+func (c *core) pinRoot() string {
+	if c.opts.PinDir == "" {
 		return agent.DefaultPinDir
 	}
-	return d.opts.PinDir
+	return c.opts.PinDir
 }
 
 // moveOut brings a netdev attachment's netdev back to the node: its agent
 // stops, the link returns as it was on the node (wherever a crash left
 // it), and the broker binds the allocation's sockets on the node again.
-func (d *Daemon) moveOut(ctx context.Context, att ledger.Attachment) error {
+func (c *core) moveOut(ctx context.Context, att ledger.Attachment) error {
 	rec, err := decodeMoved(att.Moved)
 	if err != nil {
 		return fmt.Errorf("the record of netdev %s is unreadable: %w", att.Netdev, err)
 	}
-	pn := d.pods.take(rec.netdev(), att.Key())
+	pn := c.pods.take(rec.netdev(), att.Key())
 	if pn == nil {
 		// Not adopted (a restart): find it where the record says.
 		pn = &podNetdev{key: att.Key(), rec: rec, ns: netns.None()}
@@ -217,35 +217,35 @@ func (d *Daemon) moveOut(ctx context.Context, att ledger.Attachment) error {
 		}
 	}
 	var errs []error
-	errs = append(errs, d.pods.stop(pn, true))
-	err = d.mover.MoveOut(ctx, rec.Mover, pn.ns)
+	errs = append(errs, c.pods.stop(pn, true))
+	err = c.mover.MoveOut(ctx, rec.Mover, pn.ns)
 	if errors.Is(err, mover.ErrGone) {
-		d.log.Warn("the netdev went with its pod's namespace", "netdev", rec.netdev(), "err", err)
+		c.log.Warn("the netdev went with its pod's namespace", "netdev", rec.netdev(), "err", err)
 		err = nil
 	}
 	errs = append(errs, err)
 	if pn.ns.IsOpen() {
 		_ = pn.ns.Close() // a namespace handle: the netdev is out of it, or its record kept
 	}
-	if _, ok := d.ledger.Get(att.AllocationID); ok {
-		if err := d.broker.Retarget(att.AllocationID, d.nodeNetdev(rec.netdev()), nil); err != nil {
-			d.log.Debug("retarget", "allocation", att.AllocationID, "err", err)
+	if _, ok := c.ledger.Get(att.AllocationID); ok {
+		if err := c.broker.Retarget(att.AllocationID, c.nodeNetdev(rec.netdev()), nil); err != nil {
+			c.log.Debug("retarget", "allocation", att.AllocationID, "err", err)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	d.log.Info("netdev back on the node", "netdev", rec.netdev())
+	c.log.Info("netdev back on the node", "netdev", rec.netdev())
 	return nil
 }
 
 // adoptPods takes back, at start, the netdevs a previous daemon moved
 // into pods that still run; a netdev whose pod is gone comes back to the
 // node and its attachment ends.
-func (d *Daemon) adoptPods(ctx context.Context) {
-	for _, att := range d.ledger.Attachments() {
+func (c *core) adoptPods(ctx context.Context) {
+	for _, att := range c.ledger.Attachments() {
 		if att.Mode == api.ModeNetdev && att.State == ledger.Active {
-			d.adoptOrReturn(ctx, att)
+			c.adoptOrReturn(ctx, att)
 		}
 	}
 }
@@ -255,20 +255,20 @@ func (d *Daemon) adoptPods(ctx context.Context) {
 // ends. Any other failure (its agent could not start) leaves it in the
 // pod and is tried again at the next collection: a running pod keeps its
 // netdev.
-func (d *Daemon) adoptOrReturn(ctx context.Context, att ledger.Attachment) {
-	err := d.adoptPod(ctx, att)
+func (c *core) adoptOrReturn(ctx context.Context, att ledger.Attachment) {
+	err := c.adoptPod(ctx, att)
 	var gone *podGoneError
 	switch {
 	case err == nil:
-		d.log.Info("netdev in a pod adopted", "netdev", att.Netdev, "attachment", att.Key())
+		c.log.Info("netdev in a pod adopted", "netdev", att.Netdev, "attachment", att.Key())
 	case errors.As(err, &gone):
-		d.log.Info("the netdev's pod is gone, or the netdev left it; bringing it back", "netdev", att.Netdev, "attachment", att.Key(), "err", err)
-		if _, _, err := d.ledger.BeginDetach(att.Key()); err == nil {
-			d.finishUndo(ctx, att)
+		c.log.Info("the netdev's pod is gone, or the netdev left it; bringing it back", "netdev", att.Netdev, "attachment", att.Key(), "err", err)
+		if _, _, err := c.ledger.BeginDetach(att.Key()); err == nil {
+			c.finishUndo(ctx, att)
 		}
 	default:
-		d.log.Error("netdev in a pod not adopted; tried again every collection", "netdev", att.Netdev, "attachment", att.Key(), "err", err)
-		d.retryLater(att.Key(), fmt.Errorf("netdev %s in a pod not adopted: %w", att.Netdev, err))
+		c.log.Error("netdev in a pod not adopted; tried again every collection", "netdev", att.Netdev, "attachment", att.Key(), "err", err)
+		c.retryLater(att.Key(), fmt.Errorf("netdev %s in a pod not adopted: %w", att.Netdev, err))
 	}
 }
 
@@ -279,7 +279,7 @@ type podGoneError struct{ err error }
 func (e *podGoneError) Error() string { return e.err.Error() }
 func (e *podGoneError) Unwrap() error { return e.err }
 
-func (d *Daemon) adoptPod(ctx context.Context, att ledger.Attachment) error {
+func (c *core) adoptPod(ctx context.Context, att ledger.Attachment) error {
 	rec, err := decodeMoved(att.Moved)
 	if err != nil {
 		return err
@@ -291,23 +291,23 @@ func (d *Daemon) adoptPod(ctx context.Context, att ledger.Attachment) error {
 	// A map handed out keeps the program attached from the first moment.
 	rec.Policy.AttachAlways = rec.Policy.AttachAlways || att.MapOut
 	pn := &podNetdev{key: att.Key(), alloc: att.AllocationID, rec: rec, ns: h}
-	loc, err := d.mover.Recover(ctx, rec.Mover, h)
+	loc, err := c.mover.Recover(ctx, rec.Mover, h)
 	if err == nil && loc.Place != mover.InPod {
 		err = &podGoneError{fmt.Errorf("the netdev is not in the pod: %v", loc)}
 	}
 	if err == nil {
 		var flows []agent.Flow
 		if flows, err = agentFlows(att.Flows, att.Queues); err == nil {
-			err = d.pods.start(pn, flows)
+			err = c.pods.start(pn, flows)
 		}
 	}
 	if err != nil {
 		_ = h.Close() // a namespace handle; the record is kept, and adoption tried again
 		return err
 	}
-	d.pods.add(pn)
-	if err := d.pinDPDKMap(pn, att.AllocationID); err != nil {
-		d.log.Warn("netdev in a pod: its map not pinned for DPDK", "netdev", rec.netdev(), "err", err)
+	c.pods.add(pn)
+	if err := c.pinDPDKMap(pn, att.AllocationID); err != nil {
+		c.log.Warn("netdev in a pod: its map not pinned for DPDK", "netdev", rec.netdev(), "err", err)
 	}
 	return nil
 }
@@ -315,18 +315,18 @@ func (d *Daemon) adoptPod(ctx context.Context, att ledger.Attachment) error {
 // reconcilePods brings the agents of the netdevs in pods to their pools'
 // settings in force (a reload changed linger, busy polling, attach...).
 // Only the reconciler calls it.
-func (d *Daemon) reconcilePods() []string {
+func (c *core) reconcilePods() []string {
 	var problems []string
-	for _, pn := range d.pods.all() {
-		att, ok := d.ledger.Attachment(pn.key)
+	for _, pn := range c.pods.all() {
+		att, ok := c.ledger.Attachment(pn.key)
 		if !ok || att.State != ledger.Active {
 			continue
 		}
-		a, ok := d.ledger.Get(att.AllocationID)
+		a, ok := c.ledger.Get(att.AllocationID)
 		if !ok {
 			continue
 		}
-		p, ok := d.ledger.Meta(a.Pool)
+		p, ok := c.ledger.Meta(a.Pool)
 		if !ok || p.Resource == "" { // a pool gone before this daemon started: its settings are unknown
 			continue
 		}

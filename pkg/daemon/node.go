@@ -46,17 +46,17 @@ func (d *Daemon) newNodeReporter() nodeReporter {
 		return noReporter{}
 	}
 	return nodestatus.New(nodestatus.Config{Node: d.opts.NodeName, Nodes: d.opts.Kube.Nodes, Events: d.opts.Kube.Events, Dynamic: d.opts.Kube.Dynamic,
-		Source: d.nodeStatus, Serving: d.started, Logger: d.log})
+		Source: d.nodeStatus, Serving: d.core.started, Logger: d.log})
 }
 
 // nodeStatus is what the XdpqNode's status is made of: the daemon's
 // status and every allocation.
 func (d *Daemon) nodeStatus(ctx context.Context) (*api.Status, *api.AllocationList, error) {
-	s, err := d.Status(ctx)
+	s, err := d.core.Status(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	l, err := d.Allocations(ctx, "")
+	l, err := d.core.Allocations(ctx, "")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -71,7 +71,7 @@ func (d *Daemon) reportNetdevs(ctx context.Context) error {
 	var hooks nodestatus.Hooks
 	for {
 		var now []nodestatus.Hook
-		for _, s := range d.netdevStatus() {
+		for _, s := range d.core.netdevStatus() {
 			now = append(now, nodestatus.Hook{Netdev: s.Netdev, State: string(s.State), Program: uint32(s.Program), Foreign: s.Foreign})
 		}
 		hooks.Observe(now, d.node)
@@ -97,7 +97,7 @@ func (d *Daemon) signalNetdevs() {
 func (d *Daemon) onRefuse(alloc string, peer broker.Peer, code, reason string) {
 	pod := v1alpha1.PodRef{UID: peer.Pod.PodUID}
 	if pod.UID != "" {
-		for _, a := range d.ledger.Allocations() {
+		for _, a := range d.core.ledger.Allocations() {
 			if a.Owner.PodUID != pod.UID {
 				continue
 			}

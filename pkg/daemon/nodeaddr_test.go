@@ -29,7 +29,7 @@ func TestNodeAddressRefused(t *testing.T) {
 	d, _ := runDaemon(t, standaloneOpts(t, pair, t.TempDir(), testPins(t),
 		"pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n"))
 	ctx := context.Background()
-	a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 1})
+	a, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,11 +45,11 @@ func TestNodeAddressRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	add := func(own netip.Addr) (*api.Attachment, error) {
-		return d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Netns: pair.NSPath(),
+		return d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Netns: pair.NSPath(),
 			Addresses: []netip.Addr{own}, Flows: []api.CNIFlow{{Protocol: "udp", Dst: netip.PrefixFrom(own, 32), DstPort: 22}}})
 	}
 	flows := func() int {
-		s, err := d.Status(ctx)
+		s, err := d.core.Status(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -75,7 +75,7 @@ func TestNodeAddressRefused(t *testing.T) {
 		if !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("ADD naming %s as the pod's: %v (code %s); want a refusal saying %q", c.own, err, api.CodeOf(err), c.says)
 		}
-		if _, ok := d.ledger.Attachment("c1/net1"); ok {
+		if _, ok := d.core.ledger.Attachment("c1/net1"); ok {
 			t.Errorf("the ADD naming %s left an attachment", c.own)
 		}
 		if n := flows(); n != 0 {
@@ -88,7 +88,7 @@ func TestNodeAddressRefused(t *testing.T) {
 	if n := flows(); n != 1 {
 		t.Errorf("%d flows on xa after the good ADD; want 1", n)
 	}
-	if _, err := d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
+	if _, err := d.cni.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 		t.Errorf("CHECK of the good ADD: %v", err)
 	}
 }

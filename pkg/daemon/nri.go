@@ -32,11 +32,11 @@ type nriCore struct{ ownAttachments }
 // NetdevClaims are the allocations of netdev-mode claims of pod uid.
 func (c nriCore) NetdevClaims(uid string) []nri.Claim {
 	var out []nri.Claim
-	for _, a := range c.d.ledger.Allocations() {
+	for _, a := range c.d.core.ledger.Allocations() {
 		if a.Claim == nil || a.Owner.PodUID != uid || a.State != ledger.Active {
 			continue
 		}
-		if p, ok := c.d.ledger.Meta(a.Pool); !ok || p.Mode() != api.ModeNetdev {
+		if p, ok := c.d.core.ledger.Meta(a.Pool); !ok || p.Mode() != api.ModeNetdev {
 			continue
 		}
 		nc := nri.Claim{Allocation: a.ID, Name: a.Claim.Namespace + "/" + a.Claim.Name, Netdev: a.Netdev}
@@ -52,7 +52,7 @@ func (c nriCore) NetdevClaims(uid string) []nri.Claim {
 
 func (c nriCore) Sandboxes() []api.AttachmentRef {
 	var out []api.AttachmentRef
-	for _, att := range c.d.ledger.Attachments() {
+	for _, att := range c.d.core.ledger.Attachments() {
 		if nri.IsSandbox(att.ContainerID) {
 			out = append(out, api.AttachmentRef{ContainerID: att.ContainerID, IfName: att.IfName})
 		}

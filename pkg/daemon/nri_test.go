@@ -179,7 +179,7 @@ func TestDRANetdevClaim(t *testing.T) {
 		c, err := e.kube.ResourceV1().ResourceClaims("default").Get(ctx, claim.Name, metav1.GetOptions{})
 		return err == nil && len(c.Status.Devices) == 1 && c.Status.Devices[0].NetworkData == nil
 	})
-	if n := len(e.d.ledger.Attachments()); n != 0 {
+	if n := len(e.d.core.ledger.Attachments()); n != 0 {
 		t.Errorf("%d attachments after the sandbox stopped", n)
 	}
 
@@ -192,7 +192,7 @@ func TestDRANetdevClaim(t *testing.T) {
 	if l, _ := podLink(t, pod2, "net1"); l == nil {
 		t.Fatal("net1 not in the new sandbox")
 	}
-	if err := e.d.CNIDel(ctx, apiRef("sandbox-sb2", "net1")); err == nil || !strings.Contains(err.Error(), "sandboxes") {
+	if err := e.d.cni.CNIDel(ctx, apiRef("sandbox-sb2", "net1")); err == nil || !strings.Contains(err.Error(), "sandboxes") {
 		t.Errorf("a CNI DEL of a sandbox's netdev: %v", err)
 	}
 	// Unprepare: back on the node, free.
@@ -202,8 +202,8 @@ func TestDRANetdevClaim(t *testing.T) {
 	if l, _ := podLink(t, pod2, "net1"); l != nil {
 		t.Error("net1 still in the pod after unprepare")
 	}
-	if nodeLink(t, e.pair.NSPath(), "xa") == nil || len(e.d.ledger.Allocations()) != 0 {
-		t.Errorf("after unprepare: xa on the node %v, %d allocations", nodeLink(t, e.pair.NSPath(), "xa") != nil, len(e.d.ledger.Allocations()))
+	if nodeLink(t, e.pair.NSPath(), "xa") == nil || len(e.d.core.ledger.Allocations()) != 0 {
+		t.Errorf("after unprepare: xa on the node %v, %d allocations", nodeLink(t, e.pair.NSPath(), "xa") != nil, len(e.d.core.ledger.Allocations()))
 	}
 
 	// A claim whose flows' destination is its own address, with no
@@ -234,8 +234,8 @@ func TestDRANetdevClaim(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "claim default/vf-2") {
 		t.Errorf("a sandbox whose claim's interface is named lo: %v", err)
 	}
-	if nodeLink(t, e.pair.NSPath(), "xa") == nil || len(e.d.ledger.Attachments()) != 0 {
-		t.Errorf("after the refused move: xa on the node %v, attachments %v", nodeLink(t, e.pair.NSPath(), "xa") != nil, e.d.ledger.Attachments())
+	if nodeLink(t, e.pair.NSPath(), "xa") == nil || len(e.d.core.ledger.Attachments()) != 0 {
+		t.Errorf("after the refused move: xa on the node %v, attachments %v", nodeLink(t, e.pair.NSPath(), "xa") != nil, e.d.core.ledger.Attachments())
 	}
 	t.Logf("the runtime's error: %v", err)
 }

@@ -39,9 +39,7 @@ func (pl *plugin) stop() {
 type devicePlugins struct {
 	dir, registry string // the plugins' sockets; kubelet's plugin watcher's ("" for none)
 	log           *slog.Logger
-	// devices and allocate serve a pool's plugin.
-	devices  func(pool string) []deviceplugin.Device
-	allocate func(ctx context.Context, pool string, ids []string) (*pluginapi.ContainerAllocateResponse, error)
+	core          *core
 
 	mu       sync.Mutex
 	running  map[string]*plugin // by pool
@@ -128,23 +126,23 @@ func (ps *devicePlugins) changed() {
 // devices lists a pool's devices for kubelet, healthy or not: unhealthy
 // when the link is down, the queue is gone, the netdev is gone or a
 // foreign program owns its hook.
-func (d *Daemon) devices(pool string) []deviceplugin.Device {
-	p, ok := d.ledger.Pool(pool)
+func (ps *devicePlugins) devices(pool string) []deviceplugin.Device {
+	p, ok := ps.core.ledger.Pool(pool)
 	if !ok {
 		return nil
 	}
-	return d.toPluginDevices(p.Devices)
+	return ps.core.toPluginDevices(p.Devices)
 }
 
 // toPluginDevices is devs as the device plugin API sees them, each
 // healthy or not by its netdev's agent status.
-func (d *Daemon) toPluginDevices(devs []ledger.Device) []deviceplugin.Device {
+func (c *core) toPluginDevices(devs []ledger.Device) []deviceplugin.Device {
 	type state struct {
 		ok     bool
 		queues int
 	}
 	health := map[string]state{}
-	for _, s := range d.netdevStatus() {
+	for _, s := range c.netdevStatus() {
 		health[s.Netdev] = state{s.LinkUp && s.State != agent.StateMissing && s.State != agent.StateOverridden, s.RXQueues}
 	}
 	out := make([]deviceplugin.Device, 0, len(devs))
@@ -158,14 +156,4 @@ func (d *Daemon) toPluginDevices(devs []ledger.Device) []deviceplugin.Device {
 		out = append(out, pd)
 	}
 	return out
-}
-
-// devicesChanged tells the device plugins to send their lists again, and
-// the node reporter to look (the agents call it when a netdev's state
-// changes).
-func (d *Daemon) devicesChanged() {
-	d.retargetRecreated()
-	d.signalNetdevs()
-	d.plugins.changed()
-	d.signalDRA()
 }

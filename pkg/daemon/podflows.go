@@ -14,12 +14,12 @@ import (
 type ownAttachments struct{ d *Daemon }
 
 func (c ownAttachments) Add(ctx context.Context, req api.CNIAddRequest) error {
-	_, err := c.d.add(ctx, req)
+	_, err := c.d.cni.add(ctx, req)
 	return err
 }
 
 func (c ownAttachments) Del(ctx context.Context, ref api.AttachmentRef) error {
-	return c.d.del(ctx, ref)
+	return c.d.core.del(ctx, ref)
 }
 
 // podFlowsCore is the daemon as the flows annotation's face
@@ -29,18 +29,18 @@ type podFlowsCore struct{ ownAttachments }
 
 func (c podFlowsCore) PodAllocations(uid string) []podflows.Allocation {
 	var out []podflows.Allocation
-	for _, a := range c.d.ledger.Allocations() {
+	for _, a := range c.d.core.ledger.Allocations() {
 		if a.Owner.PodUID != uid {
 			continue
 		}
-		p, _ := c.d.ledger.Meta(a.Pool)
+		p, _ := c.d.core.ledger.Meta(a.Pool)
 		pa := podflows.Allocation{ID: a.ID, Pool: a.Pool, Netdev: p.Mode() == api.ModeNetdev, Shared: p.Config.SharedPrefixes()}
 		if a.Claim != nil {
 			pa.Claim, pa.ClaimFlows = a.Claim.Namespace+"/"+a.Claim.Name, a.Claim.Flows
 		}
 		key := podflows.Ref(uid, a.Pool)
 		var att ledger.Attachment
-		if att, pa.Attached = c.d.ledger.Attachment(key.ContainerID + "/" + key.IfName); pa.Attached {
+		if att, pa.Attached = c.d.core.ledger.Attachment(key.ContainerID + "/" + key.IfName); pa.Attached {
 			pa.Flows = att.Flows
 		}
 		out = append(out, pa)

@@ -366,7 +366,7 @@ func TestClaimPod(t *testing.T) {
 		t.Fatalf("a process of the pod that holds it: %v", err)
 	}
 	l.Close()
-	if a := d.ledger.Allocations(); len(a) != 1 || a[0].Owner.PodUID != podA || a[0].Owner.AnyPod {
+	if a := d.core.ledger.Allocations(); len(a) != 1 || a[0].Owner.PodUID != podA || a[0].Owner.AnyPod {
 		t.Errorf("the allocation's owner is not the pod: %+v", a)
 	}
 	e.stop()
@@ -439,8 +439,8 @@ func TestPodFlowsAnnotation(t *testing.T) {
 	pods.set(pod)
 	flows(0)
 	// What was told of the pod's flows goes with its allocation.
-	for _, a := range e.d.ledger.Allocations() {
-		if err := e.d.Free(context.Background(), a.ID); err != nil {
+	for _, a := range e.d.core.ledger.Allocations() {
+		if err := e.d.local.Free(context.Background(), a.ID); err != nil {
 			t.Fatal(err)
 		}
 	}

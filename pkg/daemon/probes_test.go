@@ -176,7 +176,7 @@ func TestSecondDaemonOnNetdev(t *testing.T) {
 	o2 := standaloneOpts(t, pair, t.TempDir(), testPins(t), cfg)
 	o2.Resync = 100 * time.Millisecond
 	d2, _ := runDaemon(t, o2)
-	st, err := d2.Status(context.Background())
+	st, err := d2.core.Status(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +193,7 @@ func TestSecondDaemonOnNetdev(t *testing.T) {
 	pod.lease.Close()
 	stop()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		st, err := d2.Status(context.Background())
+		st, err := d2.core.Status(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -204,7 +204,7 @@ func TestSecondDaemonOnNetdev(t *testing.T) {
 			t.Fatalf("the first daemon stopped, the second still says %q", st.ConfigError)
 		}
 	}
-	if _, err := d2.Alloc(context.Background(), api.AllocRequest{Pool: "upf", Count: 2}); err != nil {
+	if _, err := d2.local.Alloc(context.Background(), api.AllocRequest{Pool: "upf", Count: 2}); err != nil {
 		t.Errorf("an allocation of the second daemon once the first stopped: %v", err)
 	}
 }
@@ -223,7 +223,7 @@ func TestFlowsPutBack(t *testing.T) {
 	pod := connectPod(t, a.Socket)
 	pod.expect(t, pair, "before")
 
-	prog, err := d.agent.(*agent.Agent).Program("xa")
+	prog, err := d.core.agent.(*agent.Agent).Program("xa")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,12 +271,12 @@ func TestBrokenRecord(t *testing.T) {
 				" {name: dns, steering: software, devices: {netdevs: ['xa#2-3']}}]\n")
 			d, stop := runDaemon(t, o)
 			ctx := context.Background()
-			a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2, UID: 0})
+			a, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2, UID: 0})
 			if err != nil {
 				t.Fatal(err)
 			}
 			flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(p.PodAddr, 32), DstPort: 5000}
-			if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
+			if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
 				t.Fatal(err)
 			}
 			lease, err := client.Connect(a.Socket, client.Options{Ring: 256, Timeout: 5 * time.Second})
@@ -311,7 +311,7 @@ func TestBrokenRecord(t *testing.T) {
 			d, _ = runDaemon(t, o)
 			expect("after the restart")
 
-			s, _ := d.Status(ctx)
+			s, _ := d.core.Status(ctx)
 			if len(s.StateErrors) != 1 || !strings.Contains(s.StateErrors[0], record) {
 				t.Errorf("state errors %q", s.StateErrors)
 			}
@@ -319,11 +319,11 @@ func TestBrokenRecord(t *testing.T) {
 			if s.Netdevs[0].UnknownFlows != 2 {
 				t.Errorf("%d unknown flows on xa, want the pod's flow on its 2 queues (%d known)", s.Netdevs[0].UnknownFlows, s.Netdevs[0].Flows)
 			}
-			_, err = d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 1})
+			_, err = d.local.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 1})
 			if !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "repair the file or remove it") {
 				t.Errorf("alloc from the pool of the broken record: %v", err)
 			}
-			if _, err := d.Alloc(ctx, api.AllocRequest{Pool: "dns", Count: 1}); err != nil {
+			if _, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "dns", Count: 1}); err != nil {
 				t.Errorf("alloc from another pool: %v", err)
 			}
 			if got, _ := os.ReadFile(record); string(got) != string(damage(good)) {
@@ -334,12 +334,12 @@ func TestBrokenRecord(t *testing.T) {
 			if err := d.Reload(ctx); err != nil {
 				t.Fatal(err)
 			}
-			s, _ = d.Status(ctx)
-			l, err := d.Allocations(ctx, "")
+			s, _ = d.core.Status(ctx)
+			l, err := d.core.Allocations(ctx, "")
 			if err != nil || len(s.StateErrors) != 0 || s.Allocations != 2 || len(l.Allocations) != 2 || s.Netdevs[0].Flows != 1 || s.Netdevs[0].UnknownFlows != 0 {
 				t.Errorf("after the repair: state errors %q, %d allocations (%d listed, %v), xa %+v", s.StateErrors, s.Allocations, len(l.Allocations), err, s.Netdevs[0])
 			}
-			if _, err := d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
+			if _, err := d.cni.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 				t.Errorf("check after the repair: %v", err)
 			}
 			expect("after the repair")
@@ -359,17 +359,17 @@ func TestBrokenRecord(t *testing.T) {
 		record := filepath.Join(o.StateDir, "allocations", a.ID+".json")
 		os.WriteFile(record, []byte("{"), 0o600)
 		d, _ = runDaemon(t, o)
-		if s, _ := d.Status(ctx); s.Netdevs[0].UnknownFlows == 0 {
+		if s, _ := d.core.Status(ctx); s.Netdevs[0].UnknownFlows == 0 {
 			t.Fatalf("the broken record's flows were not kept: %+v", s.Netdevs[0])
 		}
 		os.Remove(record)
 		if err := d.Reload(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if s, _ := d.Status(ctx); s.Netdevs[0].UnknownFlows != 0 || s.Netdevs[0].Flows != 0 || len(s.StateErrors) != 0 {
+		if s, _ := d.core.Status(ctx); s.Netdevs[0].UnknownFlows != 0 || s.Netdevs[0].Flows != 0 || len(s.StateErrors) != 0 {
 			t.Errorf("after the record's removal and a reload: %+v, state errors %v", s.Netdevs[0], s.StateErrors)
 		}
-		if _, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2}); err != nil {
+		if _, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2}); err != nil {
 			t.Errorf("the pool after the record's removal: %v", err)
 		}
 	})
@@ -448,7 +448,7 @@ func TestReloadKeepsHeldQueues(t *testing.T) {
 			t.Fatalf("%s: %v", c.name, err)
 		}
 		pd.expect(t, p, c.name)
-		if _, err := d.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
+		if _, err := d.cni.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 			t.Errorf("%s: check: %v", c.name, err)
 		}
 	}
@@ -487,7 +487,7 @@ func TestFDLimit(t *testing.T) {
 		if rl.Cur != need || rl.Max != orig.Max {
 			t.Errorf("descriptor limit %+v, want %d (hard %d)", rl, need, orig.Max)
 		}
-		if s, _ := d.Status(context.Background()); s.ConfigError != "" {
+		if s, _ := d.core.Status(context.Background()); s.ConfigError != "" {
 			t.Errorf("status says %q", s.ConfigError)
 		}
 	})

@@ -58,10 +58,10 @@ type reconciler struct {
 	managed  map[string]agent.Policy
 }
 
-func (d *Daemon) newReconciler() *reconciler {
-	return &reconciler{log: d.log, nodeName: d.opts.NodeName, labels: d.opts.NodeLabels, resync: d.opts.Resync,
-		discover: d.discover, agent: d.agent, ledger: d.ledger, current: d.watcher.Current,
-		servedBy: d.servedBy, podsSync: d.reconcilePods, after: d.afterReconcile,
+func (c *core) newReconciler() *reconciler {
+	return &reconciler{log: c.log, nodeName: c.opts.NodeName, labels: c.opts.NodeLabels, resync: c.opts.Resync,
+		discover: c.discover, agent: c.agent, ledger: c.ledger, current: c.watcher.Current,
+		servedBy: c.servedBy, podsSync: c.reconcilePods, after: c.afterReconcile,
 		reqs: make(chan reconcileRequest), found: map[string]nic.Netdev{}, managed: map[string]agent.Policy{}}
 }
 
@@ -108,29 +108,29 @@ type reconcileRequest struct {
 	done     chan error
 }
 
-// applier is the config watcher's apply: the reconciler puts c in force.
-func (d *Daemon) applier(ctx context.Context) func(*config.Config) error {
-	return func(c *config.Config) error {
-		if d.isUninstalling() {
-			d.log.Info("config not applied: xdpq is being uninstalled")
+// applier is the config watcher's apply: the reconciler puts cfg in force.
+func (c *core) applier(ctx context.Context) func(*config.Config) error {
+	return func(cfg *config.Config) error {
+		if c.isUninstalling() {
+			c.log.Info("config not applied: xdpq is being uninstalled")
 			return nil
 		}
-		if err := d.rec.request(ctx, reconcileRequest{cfg: c, discover: true}); err != nil {
+		if err := c.rec.request(ctx, reconcileRequest{cfg: cfg, discover: true}); err != nil {
 			return err
 		}
-		hadBroken := len(d.ledger.Broken()) > 0
-		back := d.ledger.Rescan()
+		hadBroken := len(c.ledger.Broken()) > 0
+		back := c.ledger.Rescan()
 		for _, a := range back {
-			d.log.Info("allocation record readable again", "allocation", a.ID)
-			d.recoverRescanned(ctx, a)
+			c.log.Info("allocation record readable again", "allocation", a.ID)
+			c.recoverRescanned(ctx, a)
 		}
 		if hadBroken {
 			// With every record read again, the flows no record owns go
 			// (those of a record the operator removed); with one still
 			// unreadable, the readable ones are taken back.
-			d.syncSteering(true)
+			c.syncSteering(true)
 		}
-		d.node.Changed()
+		c.publish(change{kind: configApplied})
 		return nil
 	}
 }
@@ -153,8 +153,8 @@ func (r *reconciler) request(ctx context.Context, req reconcileRequest) error {
 
 // syncNetdevs brings the node agent's netdevs in line with the ledger now
 // (a netdev moved into a pod or back).
-func (d *Daemon) syncNetdevs(ctx context.Context) error {
-	return d.rec.request(ctx, reconcileRequest{})
+func (c *core) syncNetdevs(ctx context.Context) error {
+	return c.rec.request(ctx, reconcileRequest{})
 }
 
 // run is the reconciler's goroutine, until ctx ends.
@@ -320,13 +320,13 @@ func (r *reconciler) reconcile(req reconcileRequest) error {
 // are not; on every managed netdev, flows gone from the kernel are put
 // back. The live allocations' limits and the device plugins follow the
 // pools in force.
-func (d *Daemon) afterReconcile(fresh []string) {
-	if len(fresh) > 0 && d.started() {
-		d.syncSteering(true, fresh...)
+func (c *core) afterReconcile(fresh []string) {
+	if len(fresh) > 0 && c.started() {
+		c.syncSteering(true, fresh...)
 	}
-	d.repairSteering(fresh)
-	d.updateLimits()
-	d.syncPlugins()
+	c.repairSteering(fresh)
+	c.updateLimits()
+	c.publish(change{kind: poolsChanged})
 }
 
 // repairSteering puts back, on each managed netdev, the attachments'
@@ -335,16 +335,16 @@ func (d *Daemon) afterReconcile(fresh []string) {
 // RepairSteering logs what it puts back; each reconcile (a resync, a
 // SIGHUP, a change) checks, but for the netdevs in done, which
 // syncSteering has just settled.
-func (d *Daemon) repairSteering(done []string) {
-	if !d.started() {
+func (c *core) repairSteering(done []string) {
+	if !c.started() {
 		return // the start's syncSteering settles the flows first
 	}
-	for _, n := range d.rec.managedNetdevs() {
+	for _, n := range c.rec.managedNetdevs() {
 		if slices.Contains(done, n) {
 			continue
 		}
-		if _, err := d.agent.RepairSteering(n); err != nil {
-			d.log.Error("flows gone from the kernel could not all be put back", "netdev", n, "err", err)
+		if _, err := c.agent.RepairSteering(n); err != nil {
+			c.log.Error("flows gone from the kernel could not all be put back", "netdev", n, "err", err)
 		}
 	}
 }
@@ -450,19 +450,18 @@ func netdevSettingsDiffer(a, b config.Pool) string {
 
 // syncPlugins runs one device plugin per pool of the ledger (Kubernetes
 // mode; see devicePlugins.sync). Only the reconciler calls it.
-func (d *Daemon) syncPlugins() {
-	if d.opts.Standalone || !d.recovered.Load() {
+func (ps *devicePlugins) syncPlugins() {
+	if ps.core.opts.Standalone || !ps.core.recovered.Load() {
 		return // start runs it last: kubelet allocates once recovery is done
 	}
 	want := map[string]string{}
-	for _, p := range d.ledger.Metas() {
+	for _, p := range ps.core.ledger.Metas() {
 		if p.Resource == "" { // a pool of records only, gone from the config before this daemon started
 			continue
 		}
-		if by, _ := d.servedBy(p); by == ServedByDevicePlugin {
+		if by, _ := ps.core.servedBy(p); by == ServedByDevicePlugin {
 			want[p.Name] = p.Resource
 		}
 	}
-	d.plugins.sync(want)
-	d.signalDRA()
+	ps.sync(want)
 }

@@ -14,16 +14,16 @@ import (
 // lease binds to the new one; the flows the netdev lost are installed
 // again. The agent's status changes when a netdev
 // goes and comes back, so devicesChanged calls this.
-func (d *Daemon) retargetRecreated() {
+func (c *core) retargetRecreated() {
 	var recreated []string
-	for _, s := range d.agent.Status() {
+	for _, s := range c.agent.Status() {
 		if s.State == agent.StateMissing {
 			continue // its ifindex is the one that went
 		}
-		d.mu.Lock()
-		was, known := d.ifindexes[s.Netdev]
-		d.ifindexes[s.Netdev] = s.Ifindex
-		d.mu.Unlock()
+		c.mu.Lock()
+		was, known := c.ifindexes[s.Netdev]
+		c.ifindexes[s.Netdev] = s.Ifindex
+		c.mu.Unlock()
 		if known && was != s.Ifindex {
 			recreated = append(recreated, s.Netdev)
 		}
@@ -33,16 +33,16 @@ func (d *Daemon) retargetRecreated() {
 	}
 	// A NIC's reset takes its ntuple rules: the attachments' flows are
 	// installed again (the filter's, in pinned maps, are there still).
-	d.syncSteering(false, recreated...)
-	for _, a := range d.ledger.Allocations() {
-		if !slices.Contains(recreated, a.Netdev) || d.pods.get(a.Netdev) != nil {
+	c.syncSteering(false, recreated...)
+	for _, a := range c.ledger.Allocations() {
+		if !slices.Contains(recreated, a.Netdev) || c.pods.get(a.Netdev) != nil {
 			continue // a netdev in a pod has an agent of its own
 		}
-		dev := d.nodeNetdev(a.Netdev)
-		if err := d.broker.Retarget(a.ID, dev, nil); err != nil {
-			d.log.Warn("allocation not moved to its re-created netdev", "allocation", a.ID, "netdev", a.Netdev, "err", err)
+		dev := c.nodeNetdev(a.Netdev)
+		if err := c.broker.Retarget(a.ID, dev, nil); err != nil {
+			c.log.Warn("allocation not moved to its re-created netdev", "allocation", a.ID, "netdev", a.Netdev, "err", err)
 			continue
 		}
-		d.log.Info("allocation moved to its re-created netdev: its pod leases anew", "allocation", a.ID, "netdev", a.Netdev, "ifindex", dev.Ifindex)
+		c.log.Info("allocation moved to its re-created netdev: its pod leases anew", "allocation", a.ID, "netdev", a.Netdev, "ifindex", dev.Ifindex)
 	}
 }

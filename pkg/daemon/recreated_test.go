@@ -38,7 +38,7 @@ func TestNetdevRecreatedUnderAllocation(t *testing.T) {
 	}
 	pod.waitEvent(t, client.EventLost)
 	pod.waitEvent(t, client.EventFailed)
-	if ifindex, _ := d.agent.Ifindex("xa"); ifindex != pair.A.Index || ifindex == old {
+	if ifindex, _ := d.core.agent.Ifindex("xa"); ifindex != pair.A.Index || ifindex == old {
 		t.Errorf("xa managed under ifindex %d after re-creation, want %d (was %d)", ifindex, pair.A.Index, old)
 	}
 	if n := netdevOf(t, d, "xa"); n.State == string(agent.StateMissing) {
@@ -51,7 +51,7 @@ func TestNetdevRecreatedUnderAllocation(t *testing.T) {
 	if n := netdevOf(t, d, "xa"); n.State != string(agent.StateFilter) {
 		t.Errorf("xa with a socket: %+v", n)
 	}
-	s, err := d.Status(t.Context())
+	s, err := d.core.Status(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestCNICheckNetdevMissing(t *testing.T) {
 		"pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n"))
 	allocWithFlow(t, d, pair, "upf")
 	ref := api.AttachmentRef{ContainerID: "c1", IfName: "net1"}
-	if _, err := d.CNICheck(t.Context(), ref); err != nil {
+	if _, err := d.cni.CNICheck(t.Context(), ref); err != nil {
 		t.Fatalf("check with the netdev there: %v", err)
 	}
 	if err := pair.NS.Do(func(ns.NetNS) error {
@@ -87,7 +87,7 @@ func TestCNICheckNetdevMissing(t *testing.T) {
 			t.Fatalf("xa deleted: %+v", netdevOf(t, d, "xa"))
 		}
 	}
-	_, err := d.CNICheck(t.Context(), ref)
+	_, err := d.cni.CNICheck(t.Context(), ref)
 	if !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "netdev xa is Missing") {
 		t.Fatalf("check with the netdev gone: %v; want unavailable, naming it Missing", err)
 	}

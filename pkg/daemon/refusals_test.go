@@ -21,12 +21,12 @@ func TestBadInputRefusedAsSuch(t *testing.T) {
 	d, _ := runDaemon(t, standaloneOpts(t, pair, t.TempDir(), testPins(t),
 		"pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}, sharedDestinations: [10.50.0.0/24]}]\n"))
 	ctx := context.Background()
-	a, err := d.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2})
+	a, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	vip := api.CNIFlow{Protocol: "udp", Dst: netip.MustParsePrefix("10.50.0.9/32"), DstPort: 53}
-	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "first", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{vip}}); err != nil {
+	if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "first", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{vip}}); err != nil {
 		t.Fatal(err)
 	}
 	// The filter's flow map has 4096 entries, a flow takes one per
@@ -50,16 +50,16 @@ func TestBadInputRefusedAsSuch(t *testing.T) {
 	} {
 		req := c.req
 		req.ContainerID, req.IfName, req.Allocation = "c-bad", "net1", a.ID
-		_, err := d.CNIAdd(ctx, req)
+		_, err := d.cni.CNIAdd(ctx, req)
 		if !errors.Is(err, c.kind) || !strings.Contains(err.Error(), c.says) || api.CodeOf(err) == api.CodeInternal {
 			t.Errorf("%s: %v (code %s); want %v saying %q", c.name, err, api.CodeOf(err), c.kind, c.says)
 		}
-		if _, ok := d.ledger.Attachment("c-bad/net1"); ok {
+		if _, ok := d.core.ledger.Attachment("c-bad/net1"); ok {
 			t.Errorf("%s: the refused ADD left an attachment", c.name)
 		}
 	}
 	// A real network namespace is taken.
-	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c-good", IfName: "net1", Allocation: a.ID, Netns: pair.NSPath()}); err != nil {
+	if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c-good", IfName: "net1", Allocation: a.ID, Netns: pair.NSPath()}); err != nil {
 		t.Errorf("a network namespace: %v", err)
 	}
 }
@@ -74,11 +74,11 @@ func TestConfigProblemSaidOnce(t *testing.T) {
 	n.reload(d, yaml)
 	ctx := context.Background()
 	for range 3 {
-		if err := d.syncNetdevs(ctx); err != nil {
+		if err := d.core.syncNetdevs(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	s, err := d.Status(ctx)
+	s, err := d.core.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

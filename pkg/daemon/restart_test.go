@@ -78,12 +78,12 @@ func (p *pod) waitEvent(t *testing.T, kind client.EventKind) {
 func allocWithFlow(t *testing.T, d *Daemon, pair *testnet.Pair, pool string) *api.Allocation {
 	t.Helper()
 	ctx := context.Background()
-	a, err := d.Alloc(ctx, api.AllocRequest{Pool: pool, Count: 2})
+	a, err := d.local.Alloc(ctx, api.AllocRequest{Pool: pool, Count: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(pair.PodAddr, 32), DstPort: 5000}
-	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
+	if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
 		t.Fatal(err)
 	}
 	return a
@@ -91,7 +91,7 @@ func allocWithFlow(t *testing.T, d *Daemon, pair *testnet.Pair, pool string) *ap
 
 func netdevOf(t *testing.T, d *Daemon, name string) api.NetdevStatus {
 	t.Helper()
-	s, _ := d.Status(context.Background())
+	s, _ := d.core.Status(context.Background())
 	for _, n := range s.Netdevs {
 		if n.Netdev == name {
 			return n
@@ -118,7 +118,7 @@ func TestRestartWithPod(t *testing.T) {
 	ctx := context.Background()
 	a := allocWithFlow(t, d, pair, "upf")
 	live := connectPod(t, a.Socket)
-	b, err := d.Alloc(ctx, api.AllocRequest{Pool: "dns", Count: 2})
+	b, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "dns", Count: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,11 +36,11 @@ func brokerBusyPoll(p config.Pool) *wire.BusyPoll {
 // brokerAllocation is how the broker serves allocation a of pool p, on
 // the node's netdev (retargeted to a pod's by the caller), with the lease
 // a previous daemon recorded resumable.
-func (d *Daemon) brokerAllocation(a ledger.Allocation, p config.Pool) broker.Allocation {
-	ba := broker.Allocation{ID: a.ID, Netdev: d.nodeNetdev(a.Netdev), Queues: slices.Clone(a.Queues), Owner: brokerOwner(a.Owner),
-		Limits: brokerLimits(p), BusyPoll: brokerBusyPoll(p), Dir: d.allocDir(a.ID)}
+func (c *core) brokerAllocation(a ledger.Allocation, p config.Pool) broker.Allocation {
+	ba := broker.Allocation{ID: a.ID, Netdev: c.nodeNetdev(a.Netdev), Queues: slices.Clone(a.Queues), Owner: brokerOwner(a.Owner),
+		Limits: brokerLimits(p), BusyPoll: brokerBusyPoll(p), Dir: c.allocDir(a.ID)}
 	if p.DPDK != nil {
-		ba.Links = d.dpdkLinks(a.ID)
+		ba.Links = c.dpdkLinks(a.ID)
 	}
 	for _, s := range a.Lease {
 		ba.Resumable = append(ba.Resumable, broker.LeaseSocket{Queue: s.Queue, Inode: s.Inode})
@@ -51,31 +51,31 @@ func (d *Daemon) brokerAllocation(a ledger.Allocation, p config.Pool) broker.All
 // onLease records the sockets of an allocation's lease as the broker
 // reports them (nil: the lease ended), for a restarted daemon to let the
 // pod resume it.
-func (d *Daemon) onLease(id string, socks []broker.LeaseSocket) {
+func (c *core) onLease(id string, socks []broker.LeaseSocket) {
 	var rec []ledger.LeaseSocket
 	for _, s := range socks {
 		rec = append(rec, ledger.LeaseSocket{Queue: s.Queue, Inode: s.Inode})
 	}
-	if err := d.ledger.SetLease(id, rec); err != nil && !errors.Is(err, api.ErrNotFound) {
-		d.log.Error("lease not recorded: after a restart the pod cannot resume it", "allocation", id, "err", err)
+	if err := c.ledger.SetLease(id, rec); err != nil && !errors.Is(err, api.ErrNotFound) {
+		c.log.Error("lease not recorded: after a restart the pod cannot resume it", "allocation", id, "err", err)
 	}
 }
 
 // allocDir is allocation id's broker directory. (Status asks for every
 // allocation's socket: filepath.Join, cleaning what is clean, was a
 // tenth of its time.)
-func (d *Daemon) allocDir(id string) string { return d.opts.AllocDir + "/" + id }
+func (c *core) allocDir(id string) string { return c.opts.AllocDir + "/" + id }
 
 // nodeNetdev names a netdev of the node for a bind: by the ifindex the
 // node agent manages it under now (a netdev re-created with its name has
 // a new one), else the one discovery found.
-func (d *Daemon) nodeNetdev(name string) xsk.Netdev {
-	dev := xsk.Netdev{Name: name, NetNS: d.opts.NetNS}
-	if ifindex, ok := d.agent.Ifindex(name); ok {
+func (c *core) nodeNetdev(name string) xsk.Netdev {
+	dev := xsk.Netdev{Name: name, NetNS: c.opts.NetNS}
+	if ifindex, ok := c.agent.Ifindex(name); ok {
 		dev.Ifindex = ifindex
 		return dev
 	}
-	n, ok := d.rec.netdev(name)
+	n, ok := c.rec.netdev(name)
 	if ok {
 		dev.Ifindex = n.Ifindex
 	}
@@ -84,14 +84,14 @@ func (d *Daemon) nodeNetdev(name string) xsk.Netdev {
 
 // updateLimits gives the live allocations their pools' limits and busy
 // polling, for their next lease.
-func (d *Daemon) updateLimits() {
-	for _, a := range d.ledger.Allocations() {
-		p, ok := d.ledger.Meta(a.Pool)
+func (c *core) updateLimits() {
+	for _, a := range c.ledger.Allocations() {
+		p, ok := c.ledger.Meta(a.Pool)
 		if !ok || p.Resource == "" { // a pool gone before this daemon started: its settings are unknown
 			continue
 		}
-		if err := d.broker.SetLimits(a.ID, brokerLimits(p.Config), brokerBusyPoll(p.Config)); err != nil {
-			d.log.Debug("limits", "allocation", a.ID, "err", err)
+		if err := c.broker.SetLimits(a.ID, brokerLimits(p.Config), brokerBusyPoll(p.Config)); err != nil {
+			c.log.Debug("limits", "allocation", a.ID, "err", err)
 		}
 	}
 }

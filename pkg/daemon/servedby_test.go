@@ -33,20 +33,20 @@ func TestServedBy(t *testing.T) {
 		{ServedByDevicePlugin, ServedByDRA, true, ServedByDevicePlugin},
 		{ServedByDRA, "", false, ServedByDevicePlugin},
 	} {
-		d := &Daemon{ledger: l, opts: Options{ServedBy: c.daemon}}
+		d := &Daemon{core: &core{ledger: l, opts: &Options{ServedBy: c.daemon}}}
 		if c.dra {
-			d.opts.DRA = &DRA{}
+			d.core.opts.DRA = &DRA{}
 		}
 		p := pool(c.config)
 		l.SetPools([]ledger.Pool{p})
-		if got, why := d.servedBy(p); got != c.want || why != "" {
+		if got, why := d.core.servedBy(p); got != c.want || why != "" {
 			t.Errorf("config %q, daemon %q, DRA %v: served by %s (%q), want %s", c.config, c.daemon, c.dra, got, why, c.want)
 		}
 	}
 
 	// A device plugin allocation holds a device: a pool turned to DRA
 	// stays the device plugin's until it ends, and the other way round.
-	d := &Daemon{ledger: l, opts: Options{DRA: &DRA{}}}
+	d := &Daemon{core: &core{ledger: l, opts: &Options{DRA: &DRA{}}}}
 	l.SetPools([]ledger.Pool{pool(ServedByDevicePlugin)})
 	hold := func(claim *ledger.Claim) string {
 		a, err := l.Reserve(ledger.Reservation{Pool: "upf", Devices: []string{"eth1-q0"}, Owner: ledger.Owner{AnyPod: true}, Claim: claim})
@@ -77,11 +77,11 @@ func TestServedBy(t *testing.T) {
 		id := hold(step.claim)
 		p := pool(step.to)
 		l.SetPools([]ledger.Pool{p})
-		if got, why := d.servedBy(p); got != step.from || why == "" {
+		if got, why := d.core.servedBy(p); got != step.from || why == "" {
 			t.Errorf("%s to %s with an allocation of %s: served by %s (%q), want %s and why", step.from, step.to, step.from, got, why, step.from)
 		}
 		release(id)
-		if got, why := d.servedBy(p); got != step.to || why != "" {
+		if got, why := d.core.servedBy(p); got != step.to || why != "" {
 			t.Errorf("%s to %s once its allocation is gone: served by %s (%q)", step.from, step.to, got, why)
 		}
 	}

@@ -22,53 +22,53 @@ import (
 // every other xdpq flow removed (unless a record is unreadable: then
 // nothing is removed), and its allocations are served again at the same
 // paths, their leases resumable.
-func (d *Daemon) start(ctx context.Context) error {
+func (c *core) start(ctx context.Context) error {
 	// What the records hold, before the first reconcile starts the device
 	// plugins: kubelet may allocate at once, and those allocations are
 	// served already.
-	d.clearStaging()
+	c.clearStaging()
 	recorded := map[string]bool{}
-	for _, a := range d.ledger.Allocations() {
+	for _, a := range c.ledger.Allocations() {
 		recorded[a.ID] = true
 	}
-	if err := d.rec.request(ctx, reconcileRequest{discover: true}); err != nil {
+	if err := c.rec.request(ctx, reconcileRequest{discover: true}); err != nil {
 		return err
 	}
-	rec := d.ledger.Recovery()
+	rec := c.ledger.Recovery()
 	for _, a := range rec.Freeing {
-		d.log.Info("finishing the free a previous daemon began", "allocation", a.ID)
-		if err := d.finishFree(ctx, a, "a previous daemon began freeing it"); err != nil {
-			d.log.Warn("free", "allocation", a.ID, "err", err)
+		c.log.Info("finishing the free a previous daemon began", "allocation", a.ID)
+		if err := c.finishFree(ctx, a, "a previous daemon began freeing it"); err != nil {
+			c.log.Warn("free", "allocation", a.ID, "err", err)
 		}
 	}
 	for _, att := range append(rec.Attaching, rec.Detaching...) {
-		d.log.Info("finishing what a previous daemon began", "attachment", att.Key(), "state", att.State)
-		d.finishUndo(ctx, att)
+		c.log.Info("finishing what a previous daemon began", "attachment", att.Key(), "state", att.State)
+		c.finishUndo(ctx, att)
 	}
-	d.adoptPods(ctx)
-	if err := d.syncNetdevs(ctx); err != nil { // netdevs back from pods
+	c.adoptPods(ctx)
+	if err := c.syncNetdevs(ctx); err != nil { // netdevs back from pods
 		return err
 	}
-	d.syncSteering(true)
-	d.restoreAllocations(ctx, recorded)
-	d.removeStrayDirs()
-	d.recovered.Store(true)
-	return d.syncNetdevs(ctx) // and, with kubelet, the device plugins start
+	c.syncSteering(true)
+	c.restoreAllocations(ctx, recorded)
+	c.removeStrayDirs()
+	c.recovered.Store(true)
+	return c.syncNetdevs(ctx) // and, with kubelet, the device plugins start
 }
 
 // clearStaging removes what a killed daemon left half made in the
 // broker's staging directory: no socket there is listened on any more.
 // It runs before this daemon serves any allocation.
-func (d *Daemon) clearStaging() {
-	staging := filepath.Join(d.opts.AllocDir, broker.StagingDir)
+func (c *core) clearStaging() {
+	staging := filepath.Join(c.opts.AllocDir, broker.StagingDir)
 	left, _ := os.ReadDir(staging)
 	for _, e := range left {
 		if err := os.Remove(filepath.Join(staging, e.Name())); err != nil {
-			d.log.Warn("a staged socket a previous daemon left", "file", e.Name(), "err", err)
+			c.log.Warn("a staged socket a previous daemon left", "file", e.Name(), "err", err)
 		}
 	}
 	if len(left) > 0 {
-		d.log.Info("removed what a previous daemon left in the staging directory", "dir", staging, "entries", len(left))
+		c.log.Info("removed what a previous daemon left in the staging directory", "dir", staging, "entries", len(left))
 	}
 }
 
@@ -76,22 +76,22 @@ func (d *Daemon) clearStaging() {
 // again what start does for every record: a free or an attachment a
 // crash left half done is finished, a netdev in a pod adopted, and the
 // allocation served.
-func (d *Daemon) recoverRescanned(ctx context.Context, a ledger.Allocation) {
+func (c *core) recoverRescanned(ctx context.Context, a ledger.Allocation) {
 	if a.State == ledger.Ending {
-		d.serveRestored(ctx, a)                                        // so that the free can stop serving it
-		_ = d.finishFree(ctx, a, "a previous daemon began freeing it") // logged, and retried, by finishFree
+		c.serveRestored(ctx, a)                                        // so that the free can stop serving it
+		_ = c.finishFree(ctx, a, "a previous daemon began freeing it") // logged, and retried, by finishFree
 		return
 	}
 	for _, att := range a.Attachments {
 		switch {
 		case att.State != ledger.Active:
-			d.finishUndo(ctx, att)
+			c.finishUndo(ctx, att)
 		case att.Mode == api.ModeNetdev:
-			d.adoptOrReturn(ctx, att)
+			c.adoptOrReturn(ctx, att)
 		}
 	}
-	if a, ok := d.ledger.Get(a.ID); ok {
-		d.serveRestored(ctx, a)
+	if a, ok := c.ledger.Get(a.ID); ok {
+		c.serveRestored(ctx, a)
 	}
 }
 
@@ -100,34 +100,34 @@ func (d *Daemon) recoverRescanned(ctx context.Context, a ledger.Allocation) {
 // brought back yet, or flows that cannot be removed, keep the record, and
 // the collector tries again; the flows of a netdev not managed (yet) go
 // with the next steering sync.
-func (d *Daemon) finishUndo(ctx context.Context, att ledger.Attachment) {
+func (c *core) finishUndo(ctx context.Context, att ledger.Attachment) {
 	if att.Mode == api.ModeNetdev && len(att.Moved) > 0 {
-		if err := d.moveOut(ctx, att); err != nil {
-			d.log.Error("netdev not brought back yet; tried again every collection", "netdev", att.Netdev, "attachment", att.Key(), "err", err)
-			d.retryLater(att.Key(), fmt.Errorf("netdev %s not brought back yet: %w", att.Netdev, err))
+		if err := c.moveOut(ctx, att); err != nil {
+			c.log.Error("netdev not brought back yet; tried again every collection", "netdev", att.Netdev, "attachment", att.Key(), "err", err)
+			c.retryLater(att.Key(), fmt.Errorf("netdev %s not brought back yet: %w", att.Netdev, err))
 			return
 		}
 	}
 	if att.Mode == api.ModeQueue {
 		// A netdev not managed (yet, at start) has its flows settled by
 		// the next steering sync.
-		managed := d.rec.isManaged(att.Netdev)
-		if err := d.agent.Unsteer(att.Netdev, att.Key()); err != nil && managed {
-			d.log.Error("flows not removed yet; tried again every collection", "netdev", att.Netdev, "attachment", att.Key(), "err", err)
-			d.retryLater(att.Key(), fmt.Errorf("flows on %s not removed yet: %w", att.Netdev, err))
+		managed := c.rec.isManaged(att.Netdev)
+		if err := c.agent.Unsteer(att.Netdev, att.Key()); err != nil && managed {
+			c.log.Error("flows not removed yet; tried again every collection", "netdev", att.Netdev, "attachment", att.Key(), "err", err)
+			c.retryLater(att.Key(), fmt.Errorf("flows on %s not removed yet: %w", att.Netdev, err))
 			return
 		}
 	}
 	var err error
 	if att.State == ledger.Pending {
-		err = d.ledger.EndAttach(att, false)
+		err = c.ledger.EndAttach(att, false)
 	} else {
-		err = d.ledger.EndDetach(att.Key())
+		err = c.ledger.EndDetach(att.Key())
 	}
 	if err != nil {
 		// Gone in memory; the record on disk makes a restarted daemon
 		// finish it again, which finds nothing left to undo.
-		d.log.Warn("attachment undone, its record not yet removed", "attachment", att.Key(), "err", err)
+		c.log.Warn("attachment undone, its record not yet removed", "attachment", att.Key(), "err", err)
 	}
 }
 
@@ -138,9 +138,9 @@ func (d *Daemon) finishUndo(ctx context.Context, att ledger.Attachment) {
 // allocation's, a removed record's); with a record unreadable nothing is
 // removed. The agent never takes a flow from an owner it knows, so this
 // is safe while CNI calls run.
-func (d *Daemon) syncSteering(removeUnowned bool, netdevs ...string) {
+func (c *core) syncSteering(removeUnowned bool, netdevs ...string) {
 	keep := map[string]map[string][]agent.Flow{}
-	for _, att := range d.ledger.Attachments() {
+	for _, att := range c.ledger.Attachments() {
 		if att.Mode != api.ModeQueue || att.State == ledger.Ending {
 			continue
 		}
@@ -153,32 +153,32 @@ func (d *Daemon) syncSteering(removeUnowned bool, netdevs ...string) {
 		}
 		keep[att.Netdev][att.Key()] = flows
 	}
-	removeUnowned = removeUnowned && len(d.ledger.Broken()) == 0
+	removeUnowned = removeUnowned && len(c.ledger.Broken()) == 0
 	if len(netdevs) == 0 {
-		netdevs = d.rec.managedNetdevs()
+		netdevs = c.rec.managedNetdevs()
 	}
 	for _, n := range netdevs {
 		if removeUnowned {
-			if removed, err := d.agent.SyncSteering(n, keep[n]); err != nil || removed > 0 {
-				d.log.Info("steering synced with the attachments", "netdev", n, "removed", removed, "err", err)
+			if removed, err := c.agent.SyncSteering(n, keep[n]); err != nil || removed > 0 {
+				c.log.Info("steering synced with the attachments", "netdev", n, "removed", removed, "err", err)
 			}
-		} else if unknown, err := d.agent.AdoptSteering(n, keep[n]); err != nil || unknown > 0 {
-			d.log.Warn("flows no readable record owns are left in place", "netdev", n, "unknown", unknown, "err", err)
+		} else if unknown, err := c.agent.AdoptSteering(n, keep[n]); err != nil || unknown > 0 {
+			c.log.Warn("flows no readable record owns are left in place", "netdev", n, "unknown", unknown, "err", err)
 		}
 		// A flow its attachment lost (a NIC reset, a steering kind changed
 		// while the daemon was away, an entry deleted) is installed again:
 		// sync took only the flows it found.
-		if _, err := d.agent.RepairSteering(n); err != nil {
-			d.log.Error("flows gone from the kernel could not all be put back", "netdev", n, "err", err)
+		if _, err := c.agent.RepairSteering(n); err != nil {
+			c.log.Error("flows gone from the kernel could not all be put back", "netdev", n, "err", err)
 		}
 		for _, key := range slices.Sorted(maps.Keys(keep[n])) {
-			if att, ok := d.ledger.Attachment(key); !ok || att.State != ledger.Active {
+			if att, ok := c.ledger.Attachment(key); !ok || att.State != ledger.Active {
 				continue // gone meanwhile, or an ADD steering now
 			}
-			if added, err := d.agent.EnsureSteering(n, key, keep[n][key]); err != nil {
-				d.log.Error("a flow of an attachment could not be installed again", "attachment", key, "netdev", n, "err", err)
+			if added, err := c.agent.EnsureSteering(n, key, keep[n][key]); err != nil {
+				c.log.Error("a flow of an attachment could not be installed again", "attachment", key, "netdev", n, "err", err)
 			} else if added > 0 {
-				d.log.Info("flows of an attachment installed again", "attachment", key, "netdev", n, "count", added)
+				c.log.Info("flows of an attachment installed again", "attachment", key, "netdev", n, "count", added)
 			}
 		}
 	}
@@ -188,79 +188,79 @@ func (d *Daemon) syncSteering(removeUnowned bool, netdevs ...string) {
 // kubelet, one whose devices no running container holds is freed (when
 // kubelet cannot be asked, all are kept: losing a live pod's socket is
 // worse).
-func (d *Daemon) restoreAllocations(ctx context.Context, recorded map[string]bool) {
+func (c *core) restoreAllocations(ctx context.Context, recorded map[string]bool) {
 	var allocs []ledger.Allocation
-	for _, a := range d.ledger.Allocations() {
+	for _, a := range c.ledger.Allocations() {
 		if recorded[a.ID] {
 			allocs = append(allocs, a)
 		}
 	}
 	var held map[string]bool
-	if !d.opts.Standalone && len(allocs) > 0 {
+	if !c.opts.Standalone && len(allocs) > 0 {
 		var err error
-		if held, err = d.kubelet.heldDevices(ctx); err != nil {
-			d.log.Warn("cannot ask kubelet which devices are in use; restoring every allocation", "err", err)
+		if held, err = c.kubelet.heldDevices(ctx); err != nil {
+			c.log.Warn("cannot ask kubelet which devices are in use; restoring every allocation", "err", err)
 		}
 	}
 	for _, a := range allocs {
-		p, _ := d.ledger.Meta(a.Pool)
+		p, _ := c.ledger.Meta(a.Pool)
 		if held != nil && a.Claim == nil && !heldBy(held, resourceOf(a, p), a.Devices) {
-			d.serveRestored(ctx, a) // served, so that free can stop serving it
-			if err := d.free(ctx, a.ID, "kubelet says no running container holds its devices"); err != nil {
-				d.log.Warn("free", "allocation", a.ID, "err", err)
+			c.serveRestored(ctx, a) // served, so that free can stop serving it
+			if err := c.free(ctx, a.ID, "kubelet says no running container holds its devices"); err != nil {
+				c.log.Warn("free", "allocation", a.ID, "err", err)
 			}
 			continue
 		}
-		d.serveRestored(ctx, a)
+		c.serveRestored(ctx, a)
 	}
 }
 
 // serveRestored has the broker serve a restored allocation at its path
 // again, on the pod's netdev if it is in one.
-func (d *Daemon) serveRestored(ctx context.Context, a ledger.Allocation) {
-	p, _ := d.ledger.Meta(a.Pool)
-	ba := d.brokerAllocation(a, p.Config)
+func (c *core) serveRestored(ctx context.Context, a ledger.Allocation) {
+	p, _ := c.ledger.Meta(a.Pool)
+	ba := c.brokerAllocation(a, p.Config)
 	// Served where its netdev is now, so that its lease stays resumable.
 	var podAgent broker.PodDatapath
 	for _, att := range a.Attachments {
 		if att.Mode == api.ModeNetdev && att.State == ledger.Active {
-			dev, ag, err := d.podTarget(att.Netdev)
+			dev, ag, err := c.podTarget(att.Netdev)
 			if err != nil {
-				d.log.Warn("netdev in the pod, sockets not bound there", "allocation", a.ID, "err", err)
+				c.log.Warn("netdev in the pod, sockets not bound there", "allocation", a.ID, "err", err)
 				continue
 			}
 			ba.Netdev, podAgent = dev, ag
 		}
 	}
-	if err := d.broker.Add(ba); err != nil {
-		d.log.Error("allocation not served", "allocation", a.ID, "err", err)
+	if err := c.broker.Add(ba); err != nil {
+		c.log.Error("allocation not served", "allocation", a.ID, "err", err)
 		return
 	}
 	if podAgent != nil {
-		if err := d.broker.Retarget(a.ID, ba.Netdev, podAgent); err != nil {
-			d.log.Warn("netdev in the pod, sockets not bound there", "allocation", a.ID, "err", err)
+		if err := c.broker.Retarget(a.ID, ba.Netdev, podAgent); err != nil {
+			c.log.Warn("netdev in the pod, sockets not bound there", "allocation", a.ID, "err", err)
 		}
 	}
-	d.log.Info("allocation restored", "allocation", a.ID, "devices", a.Devices, "resumable", len(a.Lease) > 0)
+	c.log.Info("allocation restored", "allocation", a.ID, "devices", a.Devices, "resumable", len(a.Lease) > 0)
 }
 
 // removeStrayDirs removes allocation directories that no record names: an
 // allocation that was being made when the daemon stopped.
-func (d *Daemon) removeStrayDirs() {
-	ents, err := os.ReadDir(d.opts.AllocDir)
+func (c *core) removeStrayDirs() {
+	ents, err := os.ReadDir(c.opts.AllocDir)
 	if err != nil {
 		return
 	}
-	broken := d.ledger.Broken()
+	broken := c.ledger.Broken()
 	if len(broken) > 0 {
 		return // an unreadable record may name any of them
 	}
-	links := filepath.Join(d.opts.AllocDir, dpdkLinkDir)
+	links := filepath.Join(c.opts.AllocDir, dpdkLinkDir)
 	linked, _ := os.ReadDir(links)
 	for _, e := range linked {
-		if _, ok := d.ledger.Get(strings.TrimSuffix(e.Name(), ".sock")); !ok {
+		if _, ok := c.ledger.Get(strings.TrimSuffix(e.Name(), ".sock")); !ok {
 			if err := os.Remove(filepath.Join(links, e.Name())); err != nil {
-				d.log.Warn("a DPDK link of an allocation no record names", "file", e.Name(), "err", err)
+				c.log.Warn("a DPDK link of an allocation no record names", "file", e.Name(), "err", err)
 			}
 		}
 	}
@@ -269,12 +269,12 @@ func (d *Daemon) removeStrayDirs() {
 		if !e.IsDir() || strings.HasPrefix(id, ".") {
 			continue
 		}
-		if _, ok := d.ledger.Get(id); ok {
+		if _, ok := c.ledger.Get(id); ok {
 			continue
 		}
-		d.log.Info("removing the directory of an allocation no record names", "dir", filepath.Join(d.opts.AllocDir, id))
-		if err := os.RemoveAll(filepath.Join(d.opts.AllocDir, id)); err != nil {
-			d.log.Warn("the directory of an allocation no record names", "dir", filepath.Join(d.opts.AllocDir, id), "err", err)
+		c.log.Info("removing the directory of an allocation no record names", "dir", filepath.Join(c.opts.AllocDir, id))
+		if err := os.RemoveAll(filepath.Join(c.opts.AllocDir, id)); err != nil {
+			c.log.Warn("the directory of an allocation no record names", "dir", filepath.Join(c.opts.AllocDir, id), "err", err)
 		}
 	}
 }

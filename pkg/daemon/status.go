@@ -16,12 +16,12 @@ import (
 // there are, and what is wrong with the config or the records: bounded by
 // the pools and netdevs, whatever the number of pods (Allocations lists
 // them). It waits for no kernel call but the agents' status.
-func (d *Daemon) Status(ctx context.Context) (*api.Status, error) {
+func (c *core) Status(ctx context.Context) (*api.Status, error) {
 	s := &api.Status{}
-	counts := d.ledger.Count()
+	counts := c.ledger.Count()
 	s.Allocations, s.Attachments = counts.Allocations, counts.Attachments
-	for _, p := range d.ledger.Metas() {
-		u := d.ledger.Usage(p.Name)
+	for _, p := range c.ledger.Metas() {
+		u := c.ledger.Usage(p.Name)
 		ps := api.PoolStatus{Name: p.Name, Resource: p.Resource, Queues: u.Devices, Free: u.Free, Allocations: counts.ByPool[p.Name]}
 		reasons := append([]string(nil), p.Problems...)
 		if u.Beyond > 0 {
@@ -33,7 +33,7 @@ func (d *Daemon) Status(ctx context.Context) (*api.Status, error) {
 		ps.Reason = strings.Join(reasons, "; ")
 		s.Pools = append(s.Pools, ps)
 	}
-	netdevs := d.netdevStatus()
+	netdevs := c.netdevStatus()
 	if len(netdevs) > 0 {
 		s.Netdevs = make([]api.NetdevStatus, len(netdevs))
 	}
@@ -43,7 +43,7 @@ func (d *Daemon) Status(ctx context.Context) (*api.Status, error) {
 			Reason: n.Reason, PolicyError: n.PolicyError, Program: uint32(n.Program), Foreign: n.Foreign,
 			RXQueues: n.RXQueues, Reserved: n.Policy.Reserved, ZeroCopy: n.ZeroCopy, NUMANode: -1}
 	}
-	found := d.rec.netdevs()
+	found := c.rec.netdevs()
 	for i := range s.Netdevs {
 		if dev, ok := found[s.Netdevs[i].Netdev]; ok {
 			s.Netdevs[i].Driver, s.Netdevs[i].PCI, s.Netdevs[i].NUMANode = dev.Driver, dev.PCI, dev.NUMANode
@@ -52,23 +52,23 @@ func (d *Daemon) Status(ctx context.Context) (*api.Status, error) {
 	// The agent's are in order already, the netdevs in pods after them.
 	slices.SortStableFunc(s.Netdevs, func(a, b api.NetdevStatus) int { return strings.Compare(a.Netdev, b.Netdev) })
 	var problems []string
-	if err := d.watcher.LastError(); err != nil {
+	if err := c.watcher.LastError(); err != nil {
 		problems = append(problems, err.Error())
 	}
-	problems = append(problems, d.rec.inForce()...)
-	d.mu.Lock()
-	s.Collected = d.collected
-	d.mu.Unlock()
+	problems = append(problems, c.rec.inForce()...)
+	c.mu.Lock()
+	s.Collected = c.collected
+	c.mu.Unlock()
 	s.ConfigError = strings.Join(problems, "; ")
-	s.Config = api.ConfigStatus{Hash: d.watcher.Hash(), Loaded: d.watcher.Reloads().LastSuccess}
-	for id, err := range d.ledger.Broken() {
+	s.Config = api.ConfigStatus{Hash: c.watcher.Hash(), Loaded: c.watcher.Reloads().LastSuccess}
+	for id, err := range c.ledger.Broken() {
 		s.StateErrors = append(s.StateErrors, fmt.Sprintf("allocation %s: %v", id, err))
 	}
-	d.mu.Lock()
-	for key, err := range d.retry {
+	c.mu.Lock()
+	for key, err := range c.retry {
 		s.StateErrors = append(s.StateErrors, fmt.Sprintf("%s: %v", key, err))
 	}
-	d.mu.Unlock()
+	c.mu.Unlock()
 	sort.Strings(s.StateErrors)
 	return s, nil
 }
@@ -77,30 +77,30 @@ func (d *Daemon) Status(ctx context.Context) (*api.Status, error) {
 // each with who holds it, and their CNI attachments, by container and
 // interface. A pool the daemon does not have is an ErrNotFound naming
 // those it has.
-func (d *Daemon) Allocations(ctx context.Context, pool string) (*api.AllocationList, error) {
+func (c *core) Allocations(ctx context.Context, pool string) (*api.AllocationList, error) {
 	var allocs []ledger.Allocation
 	if pool == "" {
-		allocs = d.ledger.Allocations()
+		allocs = c.ledger.Allocations()
 	} else {
 		var err error
-		if allocs, err = d.ledger.AllocationsOf(pool); err != nil {
+		if allocs, err = c.ledger.AllocationsOf(pool); err != nil {
 			return nil, err
 		}
 	}
 	l := &api.AllocationList{Allocations: make([]api.Allocation, 0, len(allocs)), Attachments: []api.AttachmentStatus{}}
 	for _, a := range allocs {
-		al := d.apiAllocation(a)
+		al := c.apiAllocation(a)
 		al.PodUID = a.Owner.PodUID
 		for _, ls := range a.Lease {
 			al.Lease = append(al.Lease, ls.Queue)
 		}
-		if p, ok := d.broker.Holder(a.ID); ok {
+		if p, ok := c.broker.Holder(a.ID); ok {
 			al.Holder = &api.Holder{PID: p.PID, UID: p.UID, PodUID: p.Pod.PodUID}
 		}
 		for _, att := range a.Attachments {
 			l.Attachments = append(l.Attachments, api.AttachmentStatus{Attachment: att.Attachment, State: string(att.State)})
 		}
-		al.Pod = d.podOf(a)
+		al.Pod = c.podOf(a)
 		l.Allocations = append(l.Allocations, *al)
 	}
 	sort.Slice(l.Attachments, func(i, j int) bool {
@@ -114,14 +114,14 @@ func (d *Daemon) Allocations(ctx context.Context, pool string) (*api.AllocationL
 // its CNI attachment named it or, for a claim's pod or one bound by its
 // first connection, as the pods the daemon follows name it; "" when it
 // is not known.
-func (d *Daemon) podOf(a ledger.Allocation) string {
+func (c *core) podOf(a ledger.Allocation) string {
 	for _, att := range a.Attachments {
 		if att.PodName != "" {
 			return att.PodNamespace + "/" + att.PodName
 		}
 	}
-	if a.Owner.PodUID != "" && d.opts.Pods != nil {
-		if p, ok := d.opts.Pods.Cached(a.Owner.PodUID); ok {
+	if a.Owner.PodUID != "" && c.opts.Pods != nil {
+		if p, ok := c.opts.Pods.Cached(a.Owner.PodUID); ok {
 			return p.Namespace + "/" + p.Name
 		}
 	}
@@ -130,9 +130,9 @@ func (d *Daemon) podOf(a ledger.Allocation) string {
 
 // netdevStatus is every netdev's agent status, a netdev in a pod under
 // its node name.
-func (d *Daemon) netdevStatus() []agent.Status {
-	out := d.agent.Status()
-	for _, pn := range d.pods.all() {
+func (c *core) netdevStatus() []agent.Status {
+	out := c.agent.Status()
+	for _, pn := range c.pods.all() {
 		ag := pn.agent
 		if ag == nil {
 			continue

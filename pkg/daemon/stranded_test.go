@@ -58,47 +58,47 @@ func TestFailedUndoKeepsTheRecord(t *testing.T) {
 	stuck.Store(true)
 	d, _ := runDaemon(t, standaloneOpts(t, pair, t.TempDir(), testPins(t), "pools: [{name: vf, mode: netdev, devices: {netdevs: [xa]}}]\n"),
 		func(d *Daemon) {
-			d.broker = refusingBroker{d.broker, &refuse}
-			d.mover = stuckMover{d.mover, &stuck}
+			d.core.broker = refusingBroker{d.core.broker, &refuse}
+			d.core.mover = stuckMover{d.core.mover, &stuck}
 		})
 	ctx := context.Background()
-	a, err := d.Alloc(ctx, api.AllocRequest{Pool: "vf", Count: 1})
+	a, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "vf", Count: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	pod := newPodNS(t)
-	_, err = d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), Allocation: a.ID, PodUID: "u1"})
+	_, err = d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), Allocation: a.ID, PodUID: "u1"})
 	if err == nil || !strings.Contains(err.Error(), "kept on record") {
 		t.Fatalf("ADD: %v; want the failure and the failed undo", err)
 	}
-	att, ok := d.ledger.Attachment("c1/net1")
+	att, ok := d.core.ledger.Attachment("c1/net1")
 	if !ok || att.State != ledger.Pending || len(att.Moved) == 0 {
 		t.Fatalf("the attachment's record: %+v %v; want it kept, pending, with where the netdev is", att, ok)
 	}
-	s, _ := d.Status(ctx)
+	s, _ := d.core.Status(ctx)
 	if !strings.Contains(strings.Join(s.StateErrors, "\n"), "c1/net1: ") {
 		t.Errorf("status does not say what is left to undo: %v", s.StateErrors)
 	}
 	// Still stuck: the collector tries, and keeps the record.
 	d.collect(ctx, 0)
-	if _, ok := d.ledger.Attachment("c1/net1"); !ok {
+	if _, ok := d.core.ledger.Attachment("c1/net1"); !ok {
 		t.Fatal("a collection whose undo failed dropped the record")
 	}
 	// The NIC answers again: the next collection brings it back.
 	stuck.Store(false)
 	d.collect(ctx, 0)
-	if att, ok := d.ledger.Attachment("c1/net1"); ok {
+	if att, ok := d.core.ledger.Attachment("c1/net1"); ok {
 		t.Fatalf("after the netdev came back the record is still there: %+v", att)
 	}
 	if n := netdevOf(t, d, "xa"); n.State == "Missing" {
 		t.Errorf("xa after the collection: %+v; want it back on the node", n)
 	}
-	if s, _ := d.Status(ctx); len(s.StateErrors) != 0 {
+	if s, _ := d.core.Status(ctx); len(s.StateErrors) != 0 {
 		t.Errorf("status after the undo: %v", s.StateErrors)
 	}
 	// And the allocation works: the same ADD, the broker taking owners.
 	refuse.Store(false)
-	if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), Allocation: a.ID, PodUID: "u1"}); err != nil {
+	if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), Allocation: a.ID, PodUID: "u1"}); err != nil {
 		t.Errorf("ADD once all works: %v", err)
 	}
 }

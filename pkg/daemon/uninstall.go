@@ -22,10 +22,10 @@ const uninstallTimeout = 20 * time.Second
 var errUninstalling = api.Errorf(api.ErrUnavailable, "xdpq is being uninstalled from this node")
 
 // isUninstalling reports whether uninstall has begun.
-func (d *Daemon) isUninstalling() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.uninstalling
+func (c *core) isUninstalling() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.uninstalling
 }
 
 // stopping runs when Run's context ends, before the parts stop: it asks
@@ -44,18 +44,18 @@ func (d *Daemon) stopping(ctx context.Context) {
 		d.log.Info("stopping; the datapath stays for the next daemon", "reason", why)
 		return
 	}
-	if !d.started() {
+	if !d.core.started() {
 		d.log.Warn("uninstalled before the daemon had started: what a previous daemon left stays", "reason", why)
 		return
 	}
 	d.log.Info("xdpq is being uninstalled: removing its datapath from the node", "reason", why)
-	d.mu.Lock()
-	d.uninstalling = true // nothing new from now on
-	d.mu.Unlock()
+	d.core.mu.Lock()
+	d.core.uninstalling = true // nothing new from now on
+	d.core.mu.Unlock()
 	d.awaitUnprepare(ctx)
 	actx, cancel = context.WithTimeout(context.WithoutCancel(ctx), uninstallTimeout)
 	defer cancel()
-	if err := d.uninstall(actx); err != nil {
+	if err := d.core.uninstall(actx); err != nil {
 		d.log.Error("uninstall left something on the node; its records and pins stay, so that a new install adopts it or an operator can remove it", "err", err)
 		return
 	}
@@ -63,9 +63,9 @@ func (d *Daemon) stopping(ctx context.Context) {
 }
 
 // claimsHeld are the claims (namespace/name) whose allocations remain.
-func (d *Daemon) claimsHeld() []string {
+func (c *core) claimsHeld() []string {
 	var held []string
-	for _, a := range d.ledger.Allocations() {
+	for _, a := range c.ledger.Allocations() {
 		if a.Claim != nil {
 			held = append(held, a.Claim.Namespace+"/"+a.Claim.Name)
 		}
@@ -80,7 +80,7 @@ func (d *Daemon) claimsHeld() []string {
 // and its CDI spec on the node. Their pods keep their queues until then;
 // no claim is prepared and no allocation made meanwhile.
 func (d *Daemon) awaitUnprepare(ctx context.Context) {
-	if d.opts.DRA == nil || d.opts.DRA.UninstallWait <= 0 || len(d.claimsHeld()) == 0 {
+	if d.opts.DRA == nil || d.opts.DRA.UninstallWait <= 0 || len(d.core.claimsHeld()) == 0 {
 		return
 	}
 	end := time.Now().Add(d.opts.DRA.UninstallWait)
@@ -90,7 +90,7 @@ func (d *Daemon) awaitUnprepare(ctx context.Context) {
 	defer tell.Stop()
 	said := ""
 	for {
-		held := d.claimsHeld()
+		held := d.core.claimsHeld()
 		if len(held) == 0 {
 			d.log.Info("uninstall: kubelet unprepared every claim")
 			return
@@ -120,51 +120,51 @@ func (d *Daemon) awaitUnprepare(ctx context.Context) {
 // RSS reservations and busy-poll settings restored, programs detached,
 // pins removed) and stops the device plugins. What remains on disk (the
 // records, the pin and allocation directories) close removes.
-func (d *Daemon) uninstall(ctx context.Context) error {
-	d.mu.Lock()
-	d.uninstalling = true
-	d.mu.Unlock()
+func (c *core) uninstall(ctx context.Context) error {
+	c.mu.Lock()
+	c.uninstalling = true
+	c.mu.Unlock()
 	var errs []error
-	for _, a := range d.ledger.Allocations() {
+	for _, a := range c.ledger.Allocations() {
 		var err error
 		switch {
 		case a.State == ledger.Ending:
-			err = d.finishFree(ctx, a, "xdpq uninstalled")
+			err = c.finishFree(ctx, a, "xdpq uninstalled")
 		default:
-			err = d.free(ctx, a.ID, "xdpq uninstalled")
+			err = c.free(ctx, a.ID, "xdpq uninstalled")
 		}
 		if err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if d.opts.DRA != nil {
+	if c.opts.DRA != nil {
 		// The specs of claims freed without kubelet's unprepare; those
 		// of allocations that could not end stay with their records.
 		keep := map[string]bool{}
-		for _, a := range d.ledger.Allocations() {
+		for _, a := range c.ledger.Allocations() {
 			if a.Claim != nil {
 				keep[a.Claim.UID] = true
 			}
 		}
-		if err := dra.RemoveSpecsExcept(d.opts.DRA.CDIDir, keep); err != nil {
+		if err := dra.RemoveSpecsExcept(c.opts.DRA.CDIDir, keep); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if err := d.rec.request(ctx, reconcileRequest{cfg: &config.Config{}}); err != nil {
+	if err := c.rec.request(ctx, reconcileRequest{cfg: &config.Config{}}); err != nil {
 		errs = append(errs, err)
 	}
 	// With no pool, what is not in force is what could not be removed (a
 	// netdev's program, flows or pins the agent failed to take away).
-	problems := d.rec.inForce()
+	problems := c.rec.inForce()
 	for _, p := range problems {
 		errs = append(errs, errors.New(p))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	d.mu.Lock()
-	d.uninstalled = true
-	d.mu.Unlock()
+	c.mu.Lock()
+	c.uninstalled = true
+	c.mu.Unlock()
 	return nil
 }
 
@@ -172,10 +172,10 @@ func (d *Daemon) uninstall(ctx context.Context) error {
 // on disk: its records and the agent's state, the allocations' directory
 // and its pins. It runs only after a complete uninstall, with the state
 // directory's lock still held.
-func (d *Daemon) removeState() {
-	for _, dir := range []string{d.opts.AllocDir, d.pinRoot(), d.opts.StateDir} {
+func (c *core) removeState() {
+	for _, dir := range []string{c.opts.AllocDir, c.pinRoot(), c.opts.StateDir} {
 		if err := os.RemoveAll(dir); err != nil {
-			d.log.Warn("uninstall: remove", "dir", dir, "err", err)
+			c.log.Warn("uninstall: remove", "dir", dir, "err", err)
 		}
 	}
 }

@@ -41,7 +41,7 @@ func TestUninstallWaitsForClaims(t *testing.T) {
 			if r := e.prepare(t, held); r.Error != "" {
 				t.Fatal(r.Error)
 			}
-			a, _ := e.d.ledger.ByClaim(uid)
+			a, _ := e.d.core.ledger.ByClaim(uid)
 			leave := joinCgroup(t, handover.PodCgroup(t, container, podA))
 			l, err := client.Connect(filepath.Join(e.opts.AllocDir, a.ID, "xdpq.sock"), client.Options{Ring: 256, Timeout: 5 * time.Second})
 			leave()
@@ -58,7 +58,7 @@ func TestUninstallWaitsForClaims(t *testing.T) {
 			if !tc.kubelet {
 				<-stopped
 			} else {
-				waitFor(t, "the uninstall to begin", e.d.isUninstalling)
+				waitFor(t, "the uninstall to begin", e.d.core.isUninstalling)
 				if r := e.prepare(t, later); !strings.Contains(r.Error, "being uninstalled") {
 					t.Errorf("a claim prepared during the uninstall: %+v", r)
 				}
@@ -67,7 +67,7 @@ func TestUninstallWaitsForClaims(t *testing.T) {
 					t.Fatal("the daemon stopped with a claim prepared")
 				default:
 				}
-				if a, ok := e.d.ledger.ByClaim(uid); !ok || len(a.Lease) == 0 {
+				if a, ok := e.d.core.ledger.ByClaim(uid); !ok || len(a.Lease) == 0 {
 					t.Errorf("the claim's allocation during the uninstall: %+v %v; want it leased still", a, ok)
 				}
 				if msg := e.unprepare(t, held); msg != "" {

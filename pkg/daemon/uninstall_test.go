@@ -85,17 +85,17 @@ func TestUninstall(t *testing.T) {
 		if n := netdevOf(t, d, "xa"); n.Mode != "" && len(n.Sockets) != 0 {
 			t.Errorf("xa after a new install: %+v", n)
 		}
-		s, err := d.Status(context.Background())
+		s, err := d.core.Status(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
 		if s.Allocations != 0 {
 			t.Errorf("%d allocations after a new install", s.Allocations)
 		}
-		if l, err := d.Allocations(context.Background(), ""); err != nil || len(l.Allocations) != 0 {
+		if l, err := d.core.Allocations(context.Background(), ""); err != nil || len(l.Allocations) != 0 {
 			t.Errorf("allocations after a new install: %+v %v", l, err)
 		}
-		if _, err := d.Alloc(context.Background(), api.AllocRequest{Pool: "upf", Count: 2}); err != nil {
+		if _, err := d.local.Alloc(context.Background(), api.AllocRequest{Pool: "upf", Count: 2}); err != nil {
 			t.Errorf("the queues after a new install: %v", err)
 		}
 	})
@@ -107,7 +107,7 @@ func TestUninstall(t *testing.T) {
 		o.Uninstalling = uninstallAnswer(true, &calls)
 		d, stop := runDaemon(t, o)
 		ctx := context.Background()
-		a, err := d.Alloc(ctx, api.AllocRequest{Pool: "vf", Count: 1})
+		a, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "vf", Count: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,7 +117,7 @@ func TestUninstall(t *testing.T) {
 		}
 		defer testutils.UnmountNS(pod)
 		defer pod.Close()
-		if _, err := d.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), Allocation: a.ID}); err != nil {
+		if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), Allocation: a.ID}); err != nil {
 			t.Fatal(err)
 		}
 		if err := pod.Do(func(ns.NetNS) error { _, err := netlink.LinkByName("net1"); return err }); err != nil {

@@ -358,11 +358,11 @@ func (pd *podDaemon) startPod(k podKind, n int, cfg Config) func(*testnet.Pair) 
 				return
 			}
 			if alloc != nil {
-				err = errors.Join(err, pd.d.Free(context.Background(), alloc.ID))
+				err = errors.Join(err, pd.d.API().Free(context.Background(), alloc.ID))
 			}
 			err = errors.Join(err, pd.setPool(nil))
 		}()
-		alloc, err = pd.d.Alloc(context.Background(), api.AllocRequest{Pool: "bench", Count: n, UID: podUID})
+		alloc, err = pd.d.API().Alloc(context.Background(), api.AllocRequest{Pool: "bench", Count: n, UID: podUID})
 		if err != nil {
 			return nil, fmt.Errorf("allocate %d queues: %w", n, err)
 		}
@@ -426,7 +426,7 @@ func (pd *podDaemon) startPod(k podKind, n int, cfg Config) func(*testnet.Pair) 
 				if errCount != nil {
 					errCount = fmt.Errorf("%w:\n%s", errCount, out.String())
 				}
-				err := errors.Join(errDrops, errWaited, errExit, errCount, pd.d.Free(context.Background(), alloc.ID), pd.setPool(nil))
+				err := errors.Join(errDrops, errWaited, errExit, errCount, pd.d.API().Free(context.Background(), alloc.ID), pd.setPool(nil))
 				o := outcome{received: received, drops: &drops, waited: &wait}
 				if k.away != nil {
 					if a, ok := k.away(out.String()); ok {

@@ -158,7 +158,7 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 		return fmt.Errorf("the daemon stopped: %w", err)
 	}
 	say("[2/8] daemon (standalone) serves %s; pool demo: xa queues 0-1, software steering (veth has no ntuple filters)", apiSock)
-	alloc, err := d.Alloc(dctx, api.AllocRequest{Pool: "demo", Count: 2, UID: podUID})
+	alloc, err := d.API().Alloc(dctx, api.AllocRequest{Pool: "demo", Count: 2, UID: podUID})
 	if err != nil {
 		return err
 	}
@@ -365,7 +365,7 @@ func Run(ctx context.Context, out io.Writer, bin Binaries, seconds int) (err err
 }
 
 func netdevStatus(d *daemon.Daemon) (api.NetdevStatus, bool) {
-	s, _ := d.Status(context.Background())
+	s, _ := d.API().Status(context.Background())
 	for _, n := range s.Netdevs {
 		if n.Netdev == "xa" {
 			return n, true
