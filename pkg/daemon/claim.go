@@ -59,7 +59,7 @@ func (d *Daemon) claimPod(ctx context.Context, id string, pod broker.PodIdentity
 	}
 	namespace, name := kp.Namespace, kp.Name
 	if a.Claim != nil {
-		if err := d.claimReservedFor(ctx, a, pod.PodUID); err != nil {
+		if err := d.dra.claimReservedFor(ctx, a, pod.PodUID); err != nil {
 			return err
 		}
 	} else {

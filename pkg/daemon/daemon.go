@@ -140,15 +140,8 @@ type Daemon struct {
 	node nodeReporter
 	// netdevsChanged wakes reportNetdevs; capacity 1.
 	netdevsChanged chan struct{}
-	// draChanged wakes draLoop to publish; capacity 1.
-	draChanged chan struct{}
-	// unprepared wakes an uninstall waiting for kubelet to unprepare
-	// claims; capacity 1.
-	unprepared chan struct{}
-	// goneClaims are the claims the collector found gone (collectClaims).
-	goneClaims goneClaims
-	// pcieRoots are the pools' PCI devices' PCIe roots (draNode.Devices).
-	pcieRoots pcieRoots
+	// dra is the DRA driver's face (run with Options.DRA).
+	dra *draFace
 }
 
 // New checks what must be right before the daemon touches anything: that
@@ -256,6 +249,7 @@ func New(opts Options) (_ *Daemon, err error) {
 	d.core.broker = broker.NewServer(bcfg, nodeAgent)
 	d.core.rec = d.core.newReconciler()
 	d.metrics = newMetrics(d)
+	d.dra.metrics = d.metrics
 	return d, nil
 }
 
@@ -283,8 +277,7 @@ func newDaemon(opts Options) *Daemon {
 		opts.Resync = 30 * time.Second
 	}
 	d := &Daemon{opts: opts, log: opts.Logger,
-		health: health{running: map[string]bool{}}, netdevsChanged: make(chan struct{}, 1), draChanged: make(chan struct{}, 1),
-		unprepared: make(chan struct{}, 1)}
+		health: health{running: map[string]bool{}}, netdevsChanged: make(chan struct{}, 1)}
 	c := &core{opts: &d.opts, log: d.log, kubelet: kubeletAPI{opts.PodResourcesSocket}, ready: make(chan struct{}),
 		retry: map[string]error{}, ifindexes: map[string]int{}}
 	d.core = c
@@ -295,6 +288,7 @@ func newDaemon(opts Options) *Daemon {
 	c.pods = newPodNetdevs(d.log, c.pinRoot(), opts.StateDir, c.devicesChanged)
 	d.cni = &cniFace{core: c}
 	d.local = &localAPI{cniFace: d.cni, core: c}
+	d.dra = &draFace{core: c, opts: &d.opts, log: d.log, changed: make(chan struct{}, 1), unprepared: make(chan struct{}, 1)}
 	d.plugins = &devicePlugins{dir: opts.PluginDir, registry: opts.RegistryDir, log: d.log, core: c, running: map[string]*plugin{}}
 	c.subscribe(d.changed)
 	return d
@@ -409,7 +403,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			part("pod flows", d.flows.Run)
 		}
 		if d.opts.DRA != nil && !d.opts.Standalone {
-			part("dra", d.draLoop)
+			part("dra", d.dra.draLoop)
 			if d.opts.DRA.NRISocket != "" {
 				part("nri", d.nriLoop)
 			}
@@ -503,10 +497,10 @@ func (d *Daemon) changed(ch change) {
 	case netdevsChanged:
 		d.signalNetdevs()
 		d.plugins.changed()
-		d.signalDRA()
+		d.dra.signal()
 	case poolsChanged:
 		d.plugins.syncPlugins()
-		d.signalDRA()
+		d.dra.signal()
 	case allocationUnserved:
 		d.plugins.removeDeviceInfo(ch.alloc)
 	case configApplied:

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
@@ -86,13 +87,13 @@ func (c *core) servedBy(p ledger.Pool) (string, string) {
 }
 
 // draPools are the names of the pools DRA serves now.
-func (d *Daemon) draPools() []string {
+func (dr *draFace) draPools() []string {
 	var out []string
-	for _, p := range d.core.ledger.Metas() {
+	for _, p := range dr.core.ledger.Metas() {
 		if p.Resource == "" {
 			continue
 		}
-		if by, _ := d.core.servedBy(p); by == ServedByDRA {
+		if by, _ := dr.core.servedBy(p); by == ServedByDRA {
 			out = append(out, p.Name)
 		}
 	}
@@ -101,78 +102,95 @@ func (d *Daemon) draPools() []string {
 
 // draLoop runs the DRA driver: registered with kubelet, it publishes the
 // devices of the pools DRA serves whenever they (or their health) change.
-func (d *Daemon) draLoop(ctx context.Context) error {
-	o := d.opts.DRA
-	drv, err := dra.Start(ctx, dra.Options{NodeName: d.opts.NodeName, Kube: o.Kube, Node: draNode{d}, RegistryDir: o.RegistryDir,
-		PluginDir: o.PluginDir, CDIDir: o.CDIDir, RollingUpdate: o.RollingUpdate, Logger: d.log})
+func (dr *draFace) draLoop(ctx context.Context) error {
+	o := dr.opts.DRA
+	drv, err := dra.Start(ctx, dra.Options{NodeName: dr.opts.NodeName, Kube: o.Kube, Node: dr, RegistryDir: o.RegistryDir,
+		PluginDir: o.PluginDir, CDIDir: o.CDIDir, RollingUpdate: o.RollingUpdate, Logger: dr.log})
 	if err != nil {
 		return err
 	}
 	defer drv.Stop()
 	keep := map[string]bool{}
-	for _, a := range d.core.ledger.Allocations() {
+	for _, a := range dr.core.ledger.Allocations() {
 		if a.Claim != nil {
 			keep[a.Claim.UID] = true
 		}
 	}
 	if err := drv.RemoveSpecsExcept(keep); err != nil {
-		d.log.Warn("CDI specs of claims no longer prepared are left", "err", err)
+		dr.log.Warn("CDI specs of claims no longer prepared are left", "err", err)
 	}
-	d.log.Info("DRA driver registered", "driver", dra.DriverName, "pools", d.draPools())
+	dr.log.Info("DRA driver registered", "driver", dra.DriverName, "pools", dr.draPools())
 	for {
 		select {
 		case <-ctx.Done():
-			if d.core.isUninstalling() {
-				d.removeSlices(drv)
+			if dr.core.isUninstalling() {
+				dr.removeSlices(drv)
 			}
 			return nil
-		case <-d.draChanged:
+		case <-dr.changed:
 		}
 		if err := drv.Publish(ctx); err != nil {
-			d.log.Warn("ResourceSlices not published; again at the next change", "err", err)
+			dr.log.Warn("ResourceSlices not published; again at the next change", "err", err)
 		}
 	}
 }
 
 // removeSlices withdraws the node's ResourceSlices (uninstall).
-func (d *Daemon) removeSlices(drv *dra.Driver) {
+func (dr *draFace) removeSlices(drv *dra.Driver) {
 	ctx, cancel := context.WithTimeout(context.Background(), api.RequestTimeout)
 	defer cancel()
 	if err := drv.Withdraw(ctx); err != nil {
-		d.log.Warn("uninstall: the node's ResourceSlices stay", "err", err)
+		dr.log.Warn("uninstall: the node's ResourceSlices stay", "err", err)
 	}
 }
 
 // signalDRA has draLoop publish again.
-func (d *Daemon) signalDRA() {
+func (dr *draFace) signal() {
 	select {
-	case d.draChanged <- struct{}{}:
+	case dr.changed <- struct{}{}:
 	default:
 	}
 }
 
-// draNode is the daemon as the DRA driver sees it (dra.Node).
-type draNode struct{ d *Daemon }
+// draFace is the DRA driver's face (dra.Node): the node's slices of the
+// pools DRA serves, kubelet's Prepare and Unprepare of their claims,
+// and the claims gone from the API server, over the core.
+type draFace struct {
+	core    *core
+	opts    *Options // the daemon's
+	log     *slog.Logger
+	metrics *metrics
+	// changed wakes draLoop to publish; capacity 1.
+	changed chan struct{}
+	// unprepared wakes an uninstall waiting for kubelet to unprepare
+	// claims; capacity 1.
+	unprepared chan struct{}
+	// goneClaims are the claims the collector found gone (collectClaims).
+	goneClaims goneClaims
+	// pcieRoots are the pools' PCI devices' PCIe roots (Devices).
+	pcieRoots pcieRoots
+}
+
+var _ dra.Node = (*draFace)(nil)
 
 // PrepareClaim makes the allocation of a claim the scheduler allocated
 // devices of an xdpq pool on this node, or finds the one made before.
-func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (_ dra.Edits, err error) {
-	defer n.d.metrics.observeDRA("prepare", time.Now(), &err)
-	d := n.d
-	if d.core.isUninstalling() {
+func (dr *draFace) PrepareClaim(ctx context.Context, c dra.Claim) (_ dra.Edits, err error) {
+	defer dr.metrics.observeDRA("prepare", time.Now(), &err)
+	if dr.core.isUninstalling() {
 		return dra.Edits{}, errUninstalling
 	}
-	if a, ok := d.core.ledger.ByClaim(c.UID); ok {
+	if a, ok := dr.core.ledger.ByClaim(c.UID); ok {
 		if a.State != ledger.Active {
 			return dra.Edits{}, api.Errorf(api.ErrConflict, "allocation %s of the claim is %s: %w", a.ID, a.State, ledger.ErrBusy)
 		}
-		return d.claimEdits(a), nil
+		return dr.claimEdits(a), nil
 	}
-	p, ok := d.core.ledger.Meta(c.Pool)
+	p, ok := dr.core.ledger.Meta(c.Pool)
 	if !ok {
 		return dra.Edits{}, api.Errorf(api.ErrNotFound, "no pool %s on this node", c.Pool)
 	}
-	if by, why := d.core.servedBy(p); by != ServedByDRA {
+	if by, why := dr.core.servedBy(p); by != ServedByDRA {
 		if why == "" {
 			why = fmt.Sprintf("pool %s is served by the device plugin on this node (servedBy)", c.Pool)
 		}
@@ -180,7 +198,7 @@ func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (_ dra.Edits, er
 	}
 	claim := &ledger.Claim{UID: c.UID, Namespace: c.Namespace, Name: c.Name, Flows: c.Flows}
 	if p.Mode() == api.ModeNetdev {
-		if d.opts.DRA.NRISocket == "" {
+		if dr.opts.DRA.NRISocket == "" {
 			return dra.Edits{}, api.Errorf(api.ErrNotSupported, "pool %s hands out whole netdevs, which DRA moves into pods through the runtime's NRI, and the daemon has no NRI socket (--nri-socket)", c.Pool)
 		}
 		if len(c.Pods) != 1 {
@@ -204,15 +222,15 @@ func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (_ dra.Edits, er
 		// it: a flow whose destination is the node's own address would
 		// take the node's traffic (its SSH, its kubelet) off the stack.
 		// Flows to the pod's address are checked once it has one.
-		if err := d.checkClaimFlows(c.Flows, p.Config.SharedPrefixes()); err != nil {
+		if err := dr.checkClaimFlows(c.Flows, p.Config.SharedPrefixes()); err != nil {
 			return dra.Edits{}, err
 		}
 	}
-	ids, err := d.deviceIDs(c.Pool, c.Devices)
+	ids, err := dr.deviceIDs(c.Pool, c.Devices)
 	if err != nil {
 		return dra.Edits{}, err
 	}
-	if err := d.checkOneNetdev(c, ids); err != nil {
+	if err := dr.checkOneNetdev(c, ids); err != nil {
 		return dra.Edits{}, err
 	}
 	owner := ledger.Owner{AnyPod: true}
@@ -222,26 +240,26 @@ func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (_ dra.Edits, er
 		return dra.Edits{}, api.Errorf(api.ErrInvalid, "the claim is reserved for %d pods: flows steer to one pod's addresses; give each pod a claim of its own (a ResourceClaimTemplate)", len(c.Pods))
 	}
 	res := ledger.Reservation{Pool: c.Pool, Devices: ids, Owner: owner, Claim: claim}
-	a, err := d.core.ledger.Reserve(res)
-	if errors.Is(err, api.ErrConflict) && d.releaseStale(ctx, c, ids) {
-		a, err = d.core.ledger.Reserve(res)
+	a, err := dr.core.ledger.Reserve(res)
+	if errors.Is(err, api.ErrConflict) && dr.releaseStale(ctx, c, ids) {
+		a, err = dr.core.ledger.Reserve(res)
 	}
 	if err != nil {
 		return dra.Edits{}, err
 	}
-	if err := d.core.serveNew(a); err != nil {
+	if err := dr.core.serveNew(a); err != nil {
 		return dra.Edits{}, err
 	}
-	if err := d.core.ledger.Commit(a.ID, nil); err != nil {
-		d.core.unserve(a)
+	if err := dr.core.ledger.Commit(a.ID, nil); err != nil {
+		dr.core.unserve(a)
 		return dra.Edits{}, fmt.Errorf("pool %s: the allocation could not be recorded, and was not made: %w", c.Pool, err)
 	}
-	d.log.Info("allocated", "allocation", a.ID, "pool", a.Pool, "netdev", a.Netdev, "queues", a.Queues,
+	dr.log.Info("allocated", "allocation", a.ID, "pool", a.Pool, "netdev", a.Netdev, "queues", a.Queues,
 		"claim", c.Namespace+"/"+c.Name, "pods", c.Pods)
-	if owner.PodUID != "" && d.opts.Pods != nil {
-		d.opts.Pods.Touch(owner.PodUID) // its claim's flows apply once it has an address
+	if owner.PodUID != "" && dr.opts.Pods != nil {
+		dr.opts.Pods.Touch(owner.PodUID) // its claim's flows apply once it has an address
 	}
-	return d.claimEdits(a), nil
+	return dr.claimEdits(a), nil
 }
 
 // checkOneNetdev refuses a claim given queues of several netdevs: an
@@ -250,8 +268,8 @@ func (n draNode) PrepareClaim(ctx context.Context, c dra.Claim) (_ dra.Edits, er
 // matchAttribute constraint on xdpq.io/netdev, which the claim it makes
 // for a pod asking the extended resource never has: the refusal names
 // both ways out.
-func (d *Daemon) checkOneNetdev(c dra.Claim, ids []string) error {
-	p, _ := d.core.ledger.Pool(c.Pool)
+func (dr *draFace) checkOneNetdev(c dra.Claim, ids []string) error {
+	p, _ := dr.core.ledger.Pool(c.Pool)
 	var netdevs []string
 	for _, dv := range p.Devices {
 		if slices.Contains(ids, dv.ID) && !slices.Contains(netdevs, dv.Netdev) {
@@ -270,7 +288,7 @@ func (d *Daemon) checkOneNetdev(c dra.Claim, ids []string) error {
 // checkClaimFlows refuses a queue claim's flows whose own destination
 // (not the pod's address, "ipam" or none) is an address of the node,
 // unless shared grants it.
-func (d *Daemon) checkClaimFlows(raw []byte, shared []netip.Prefix) error {
+func (dr *draFace) checkClaimFlows(raw []byte, shared []netip.Prefix) error {
 	parsed, err := flow.ParseList(raw, "flows")
 	if err != nil {
 		return api.Errorf(api.ErrInvalid, "claim config: %w", err)
@@ -285,7 +303,7 @@ func (d *Daemon) checkClaimFlows(raw []byte, shared []netip.Prefix) error {
 	if err != nil {
 		return api.Errorf(api.ErrInvalid, "claim config: %w", err)
 	}
-	if err := d.core.checkNotNode(flows, flow.Claimed(flows, shared), shared); err != nil {
+	if err := dr.core.checkNotNode(flows, flow.Claimed(flows, shared), shared); err != nil {
 		return fmt.Errorf("claim config: flows: %w", err)
 	}
 	return nil
@@ -295,16 +313,16 @@ func (d *Daemon) checkClaimFlows(raw []byte, shared []netip.Prefix) error {
 // ResourceSlice. A queue of a netdev whose name is a DNS label has the
 // same name in both ("eth1-q3"): looked up directly; any other (a
 // netdev name made into a label) by the names of every device.
-func (d *Daemon) deviceIDs(pool string, names []string) ([]string, error) {
+func (dr *draFace) deviceIDs(pool string, names []string) ([]string, error) {
 	ids := make([]string, 0, len(names))
 	var byName map[string]string
 	for _, name := range names {
-		if dv, ok := d.core.ledger.Device(pool, name); ok && dra.DeviceName(dv.Netdev, deviceQueue(dv)) == name {
+		if dv, ok := dr.core.ledger.Device(pool, name); ok && dra.DeviceName(dv.Netdev, deviceQueue(dv)) == name {
 			ids = append(ids, name)
 			continue
 		}
 		if byName == nil {
-			p, _ := d.core.ledger.Pool(pool)
+			p, _ := dr.core.ledger.Pool(pool)
 			byName = make(map[string]string, len(p.Devices))
 			for _, dv := range p.Devices {
 				byName[dra.DeviceName(dv.Netdev, deviceQueue(dv))] = dv.ID
@@ -320,17 +338,17 @@ func (d *Daemon) deviceIDs(pool string, names []string) ([]string, error) {
 }
 
 // UnprepareClaim frees the claim's allocation, if it has one.
-func (n draNode) UnprepareClaim(ctx context.Context, uid string) (err error) {
-	defer n.d.metrics.observeDRA("unprepare", time.Now(), &err)
-	a, ok := n.d.core.ledger.ByClaim(uid)
+func (dr *draFace) UnprepareClaim(ctx context.Context, uid string) (err error) {
+	defer dr.metrics.observeDRA("unprepare", time.Now(), &err)
+	a, ok := dr.core.ledger.ByClaim(uid)
 	if !ok {
 		return nil
 	}
-	if err := n.d.core.free(ctx, a.ID, "its claim was unprepared"); err != nil {
+	if err := dr.core.free(ctx, a.ID, "its claim was unprepared"); err != nil {
 		return err
 	}
 	select {
-	case n.d.unprepared <- struct{}{}:
+	case dr.unprepared <- struct{}{}:
 	default:
 	}
 	return nil
@@ -338,19 +356,18 @@ func (n draNode) UnprepareClaim(ctx context.Context, uid string) (err error) {
 
 // Devices are the devices of the pools DRA serves, with what discovery
 // and the agent know of their netdevs.
-func (n draNode) Devices() map[string][]dra.Device {
-	d := n.d
+func (dr *draFace) Devices() map[string][]dra.Device {
 	// A netdev moved into its pod is its pod agent's (netdevStatus lists
 	// it after the node's agent, which no longer sees it): the node's
 	// would call it missing, its claim not Ready and its device tainted.
 	status := map[string]agent.Status{}
-	for _, s := range d.core.netdevStatus() {
+	for _, s := range dr.core.netdevStatus() {
 		status[s.Netdev] = s
 	}
-	found := d.core.rec.netdevs()
+	found := dr.core.rec.netdevs()
 	out := map[string][]dra.Device{}
-	for _, name := range d.draPools() {
-		p, ok := d.core.ledger.Pool(name)
+	for _, name := range dr.draPools() {
+		p, ok := dr.core.ledger.Pool(name)
 		if !ok {
 			continue
 		}
@@ -364,7 +381,7 @@ func (n draNode) Devices() map[string][]dra.Device {
 				x.Steering = map[agent.Steering]string{agent.SteerHardware: "ntuple", agent.SteerSoftware: "filter"}[st.Steering]
 			}
 			if dv.PCI != "" {
-				x.PCIeRoot = d.pcieRoots.get(dv.PCI)
+				x.PCIeRoot = dr.pcieRoots.get(dv.PCI)
 			}
 			switch {
 			case st.State == agent.StateMissing || st.Netdev == "":
@@ -385,18 +402,17 @@ func (n draNode) Devices() map[string][]dra.Device {
 
 // Prepared are the claims with an allocation on this node, for their
 // status (dra.PreparedClaims).
-func (n draNode) Prepared() []dra.PreparedClaim {
-	d := n.d
+func (dr *draFace) Prepared() []dra.PreparedClaim {
 	var out []dra.PreparedClaim
 	pools := map[string]map[string]ledger.Device{}
-	for _, a := range d.core.ledger.Allocations() {
+	for _, a := range dr.core.ledger.Allocations() {
 		if a.Claim == nil || a.State != ledger.Active {
 			continue
 		}
 		devs, ok := pools[a.Pool]
 		if !ok {
 			devs = map[string]ledger.Device{}
-			if p, ok := d.core.ledger.Pool(a.Pool); ok {
+			if p, ok := dr.core.ledger.Pool(a.Pool); ok {
 				for _, dv := range p.Devices {
 					devs[dv.ID] = dv
 				}
@@ -427,20 +443,20 @@ func (n draNode) Prepared() []dra.PreparedClaim {
 // old allocation goes now (its pod, if still running, loses the queues
 // the cluster gave another), instead of kubelet retrying the new
 // claim's Prepare for seconds. It says whether it freed any.
-func (d *Daemon) releaseStale(ctx context.Context, c dra.Claim, ids []string) bool {
+func (dr *draFace) releaseStale(ctx context.Context, c dra.Claim, ids []string) bool {
 	freed := false
-	for _, a := range d.core.ledger.Allocations() {
+	for _, a := range dr.core.ledger.Allocations() {
 		if a.Claim == nil || a.Claim.UID == c.UID || a.Pool != c.Pool || a.State != ledger.Active ||
 			!slices.ContainsFunc(a.Devices, func(id string) bool { return slices.Contains(ids, id) }) {
 			continue
 		}
-		why, err := d.claimReleased(ctx, a)
+		why, err := dr.claimReleased(ctx, a)
 		if err != nil || why == "" {
 			continue // still the other claim's: the conflict stands
 		}
-		if err := d.core.free(ctx, a.ID, fmt.Sprintf("claim %s/%s was given its devices, and its claim %s/%s %s",
+		if err := dr.core.free(ctx, a.ID, fmt.Sprintf("claim %s/%s was given its devices, and its claim %s/%s %s",
 			c.Namespace, c.Name, a.Claim.Namespace, a.Claim.Name, why)); err != nil {
-			d.log.Warn("free", "allocation", a.ID, "err", err)
+			dr.log.Warn("free", "allocation", a.ID, "err", err)
 			continue
 		}
 		freed = true
@@ -450,8 +466,8 @@ func (d *Daemon) releaseStale(ctx context.Context, c dra.Claim, ids []string) bo
 
 // claimReleased says how the API server no longer gives allocation a's
 // claim its devices ("" if it does).
-func (d *Daemon) claimReleased(ctx context.Context, a ledger.Allocation) (string, error) {
-	c, gone, err := d.claimOf(ctx, a)
+func (dr *draFace) claimReleased(ctx context.Context, a ledger.Allocation) (string, error) {
+	c, gone, err := dr.claimOf(ctx, a)
 	switch {
 	case err != nil:
 		return "", err
@@ -461,13 +477,13 @@ func (d *Daemon) claimReleased(ctx context.Context, a ledger.Allocation) (string
 		return "was deallocated", nil
 	}
 	held := map[string]bool{}
-	p, _ := d.core.ledger.Pool(a.Pool)
+	p, _ := dr.core.ledger.Pool(a.Pool)
 	for _, dv := range p.Devices {
 		if slices.Contains(a.Devices, dv.ID) {
 			held[dra.DeviceName(dv.Netdev, deviceQueue(dv))] = true
 		}
 	}
-	pool := dra.PoolName(d.opts.NodeName, a.Pool)
+	pool := dra.PoolName(dr.opts.NodeName, a.Pool)
 	for _, r := range c.Status.Allocation.Devices.Results {
 		if r.Driver == dra.DriverName && r.Pool == pool && held[r.Device] {
 			return "", nil
@@ -533,8 +549,8 @@ func pcieRoot(pci string) string {
 
 // claimEdits are the CDI edits of a claim's allocation: what the device
 // plugin's Allocate gives a container.
-func (d *Daemon) claimEdits(a ledger.Allocation) dra.Edits {
-	env, mounts := d.core.containerEdits(a)
+func (dr *draFace) claimEdits(a ledger.Allocation) dra.Edits {
+	env, mounts := dr.core.containerEdits(a)
 	e := dra.Edits{Env: env}
 	for _, m := range mounts {
 		e.Mounts = append(e.Mounts, dra.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, ReadOnly: m.ReadOnly})
@@ -573,49 +589,49 @@ func (g *goneClaims) mark(gone []string) (twice []string) {
 // kubelet was down. Found so at two collections in a row, so that a
 // claim kubelet is unpreparing now is not freed under it. A claim whose
 // pod is still on the node is kubelet's to unprepare.
-func (d *Daemon) collectClaims(ctx context.Context) (freed []string) {
-	if d.opts.DRA == nil || d.opts.DRA.Kube == nil {
+func (dr *draFace) collectClaims(ctx context.Context) (freed []string) {
+	if dr.opts.DRA == nil || dr.opts.DRA.Kube == nil {
 		return nil
 	}
 	byUID := map[string]ledger.Allocation{}
 	var gone []string
-	for _, a := range d.core.ledger.Allocations() {
+	for _, a := range dr.core.ledger.Allocations() {
 		if a.Claim == nil || a.State != ledger.Active {
 			continue
 		}
-		if a.Owner.PodUID != "" && d.opts.Pods != nil {
-			if _, ok := d.opts.Pods.Cached(a.Owner.PodUID); ok {
+		if a.Owner.PodUID != "" && dr.opts.Pods != nil {
+			if _, ok := dr.opts.Pods.Cached(a.Owner.PodUID); ok {
 				continue
 			}
 		}
-		why, others, err := d.claimGone(ctx, a)
+		why, others, err := dr.claimGone(ctx, a)
 		if err != nil {
-			d.log.Warn("cannot read the claim of an allocation whose pod is gone; kept", "allocation", a.ID,
+			dr.log.Warn("cannot read the claim of an allocation whose pod is gone; kept", "allocation", a.ID,
 				"claim", a.Claim.Namespace+"/"+a.Claim.Name, "err", err)
 			continue
 		}
 		if others {
 			// kubelet keeps the claim prepared for its other pods: the
 			// queues wait for the first of them to connect.
-			if err := d.core.setOwner(a.ID, ledger.Owner{AnyPod: true}); err != nil {
-				d.log.Warn("set owner", "allocation", a.ID, "err", err)
+			if err := dr.core.setOwner(a.ID, ledger.Owner{AnyPod: true}); err != nil {
+				dr.log.Warn("set owner", "allocation", a.ID, "err", err)
 				continue
 			}
-			d.log.Info("the pod that held a shared claim's queues is gone; the next of the claim's pods to connect takes them",
+			dr.log.Info("the pod that held a shared claim's queues is gone; the next of the claim's pods to connect takes them",
 				"allocation", a.ID, "claim", a.Claim.Namespace+"/"+a.Claim.Name, "pod_uid", a.Owner.PodUID)
 			continue
 		}
 		if why != "" {
 			byUID[a.Claim.UID] = a
 			gone = append(gone, a.Claim.UID)
-			d.log.Info("the claim of an allocation is gone; freed at the next collection unless kubelet unprepares it first",
+			dr.log.Info("the claim of an allocation is gone; freed at the next collection unless kubelet unprepares it first",
 				"allocation", a.ID, "claim", a.Claim.Namespace+"/"+a.Claim.Name, "why", why)
 		}
 	}
-	for _, uid := range d.goneClaims.mark(gone) {
+	for _, uid := range dr.goneClaims.mark(gone) {
 		a := byUID[uid]
-		if err := d.core.free(ctx, a.ID, "its claim is gone and kubelet did not unprepare it"); err != nil {
-			d.log.Warn("free", "allocation", a.ID, "err", err)
+		if err := dr.core.free(ctx, a.ID, "its claim is gone and kubelet did not unprepare it"); err != nil {
+			dr.log.Warn("free", "allocation", a.ID, "err", err)
 			continue
 		}
 		freed = append(freed, a.ID)
@@ -626,10 +642,10 @@ func (d *Daemon) collectClaims(ctx context.Context) (freed []string) {
 // claimOf is allocation a's claim as the API server has it now, or
 // why there is none: "deleted", or "deleted and made again" under its
 // name with another UID.
-func (d *Daemon) claimOf(ctx context.Context, a ledger.Allocation) (*resourceapi.ResourceClaim, string, error) {
+func (dr *draFace) claimOf(ctx context.Context, a ledger.Allocation) (*resourceapi.ResourceClaim, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, api.RequestTimeout)
 	defer cancel()
-	c, err := d.opts.DRA.Kube.ResourceV1().ResourceClaims(a.Claim.Namespace).Get(ctx, a.Claim.Name, metav1.GetOptions{})
+	c, err := dr.opts.DRA.Kube.ResourceV1().ResourceClaims(a.Claim.Namespace).Get(ctx, a.Claim.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil, "deleted", nil
@@ -646,8 +662,8 @@ func (d *Daemon) claimOf(ctx context.Context, a ledger.Allocation) (*resourceapi
 // reserved for none of the allocation's pods. others says the claim is
 // still reserved for pods, none of them the allocation's owner: a
 // claim several pods share outlived the one that held its queues.
-func (d *Daemon) claimGone(ctx context.Context, a ledger.Allocation) (why string, others bool, err error) {
-	c, gone, err := d.claimOf(ctx, a)
+func (dr *draFace) claimGone(ctx context.Context, a ledger.Allocation) (why string, others bool, err error) {
+	c, gone, err := dr.claimOf(ctx, a)
 	if err != nil || gone != "" {
 		return gone, false, err
 	}
@@ -669,11 +685,11 @@ func (d *Daemon) claimGone(ctx context.Context, a ledger.Allocation) (why string
 // unless the API server's claim is reserved for it. kubelet's
 // PodResources does not list DRA devices: the claim's status is what
 // says which pods may use them.
-func (d *Daemon) claimReservedFor(ctx context.Context, a ledger.Allocation, uid string) error {
-	if d.opts.DRA == nil || d.opts.DRA.Kube == nil {
+func (dr *draFace) claimReservedFor(ctx context.Context, a ledger.Allocation, uid string) error {
+	if dr.opts.DRA == nil || dr.opts.DRA.Kube == nil {
 		return fmt.Errorf("claim %s/%s: no API server to read it from", a.Claim.Namespace, a.Claim.Name)
 	}
-	c, gone, err := d.claimOf(ctx, a)
+	c, gone, err := dr.claimOf(ctx, a)
 	if err != nil {
 		return fmt.Errorf("claim %s/%s: %w", a.Claim.Namespace, a.Claim.Name, err)
 	}

@@ -139,7 +139,7 @@ func BenchmarkPrepare64x64(b *testing.B) {
 			devs = append(devs, r.Device)
 		}
 		t0 := time.Now()
-		if _, err := (draNode{d}).PrepareClaim(ctx, dra.Claim{UID: string(c.UID), Namespace: c.Namespace, Name: c.Name, Pool: "dra",
+		if _, err := d.dra.PrepareClaim(ctx, dra.Claim{UID: string(c.UID), Namespace: c.Namespace, Name: c.Name, Pool: "dra",
 			Devices: devs, Pods: []string{string(c.Status.ReservedFor[0].UID)}}); err != nil {
 			b.Fatal(err)
 		}
@@ -161,7 +161,7 @@ func BenchmarkPrepare64x64(b *testing.B) {
 		lat        []time.Duration
 	}{
 		{"DRA NodePrepareResources (gRPC, the claim read from a fake API server, CDI spec)", "", prep},
-		{"the daemon's part of it (draNode.PrepareClaim: the allocation recorded and served)", "≤ 1 ms / ≤ 5 ms", inDaemon},
+		{"the daemon's part of it (draFace.PrepareClaim: the allocation recorded and served)", "≤ 1 ms / ≤ 5 ms", inDaemon},
 		{"device plugin Allocate", "", alloc},
 		{"DRA NodeUnprepareResources", "", unprep},
 	} {

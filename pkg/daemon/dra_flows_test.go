@@ -46,7 +46,7 @@ func TestPrepareRefusesNodeAddressFlow(t *testing.T) {
 		return dra.Claim{UID: uid, Namespace: "default", Name: "c-" + uid, Pool: "upf", Devices: []string{"xa-q0"},
 			Pods: []string{"pod-" + uid}, Flows: []byte(fmt.Sprintf(`[{"protocol": "tcp", "destination": %q, "destinationPort": "22"}]`, dst))}
 	}
-	_, err := (draNode{d}).PrepareClaim(ctx, claim("1", pair.A.Addr.String()))
+	_, err := d.dra.PrepareClaim(ctx, claim("1", pair.A.Addr.String()))
 	if !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), "claim config: flows:") ||
 		!strings.Contains(err.Error(), fmt.Sprintf("destination %s is an address of the node (xa)", pair.A.Addr)) {
 		t.Fatalf("prepare with a flow to the node's address: %v; want it refused, naming the flow", err)
@@ -61,10 +61,10 @@ func TestPrepareRefusesNodeAddressFlow(t *testing.T) {
 	if p := st.Pools[0]; p.Free != 2 {
 		t.Errorf("pool after the refusal: %+v; want both queues free", p)
 	}
-	if _, err := (draNode{d}).PrepareClaim(ctx, claim("2", "192.0.2.99")); err != nil {
+	if _, err := d.dra.PrepareClaim(ctx, claim("2", "192.0.2.99")); err != nil {
 		t.Fatalf("prepare with a flow to an address not the node's: %v", err)
 	}
-	if err := (draNode{d}).UnprepareClaim(ctx, "2"); err != nil {
+	if err := d.dra.UnprepareClaim(ctx, "2"); err != nil {
 		t.Fatal(err)
 	}
 }

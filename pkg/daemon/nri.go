@@ -60,7 +60,7 @@ func (c nriCore) Sandboxes() []api.AttachmentRef {
 	return out
 }
 
-func (c nriCore) Moved() { c.d.signalDRA() } // the claims' networkData
+func (c nriCore) Moved() { c.d.dra.signal() } // the claims' networkData
 
 // claimInterface is the interface configuration of a claim's allocation.
 func claimInterface(a ledger.Allocation) (dra.InterfaceConfig, error) {

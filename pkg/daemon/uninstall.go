@@ -101,7 +101,7 @@ func (d *Daemon) awaitUnprepare(ctx context.Context) {
 				"claims", held, "until", end.Format(time.RFC3339))
 		}
 		select {
-		case <-d.unprepared:
+		case <-d.dra.unprepared:
 		case <-tell.C:
 			said = "" // said again, as a reminder
 		case <-deadline.C:
