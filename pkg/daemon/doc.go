@@ -8,8 +8,17 @@
 // daemon per state and pin directory, the API socket, the config, the
 // records); Run recovers what a previous daemon left half done, then
 // serves until its context ends, the datapath staying in the kernel for
-// the next daemon to adopt. The files say what is in them:
-// daemon.go (Options, New, Run), kernel.go (the interfaces of the
+// the next daemon to adopt.
+//
+// One core (core.go) owns the allocations and attachments over the
+// ledger, the broker, the node agent and the mover; the faces (the
+// device plugins, the DRA driver's node, the local API and its CNI
+// verbs, the flows annotation, NRI's sandboxes, the XdpqNode writer)
+// call down into it, and it tells them what changed only through its
+// subscription (change). Daemon wires them. The files say what is in
+// them: daemon.go (Options, New, Run, the changes routed to the faces),
+// core.go (the core and its changes), local.go (the local API and the
+// CNI face), kernel.go (the interfaces of the
 // kernel-facing packages), start.go (recovery), reconcile.go (a config
 // put in force), policy.go (a pool's settings as a netdev's policy),
 // alloc.go (allocations from kubelet or xdpqctl, free), serve.go (how the
