@@ -7,13 +7,9 @@ import (
 	"maps"
 	"os"
 	"slices"
-	"strings"
-
-	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/broker"
-	"github.com/xdpq/xdpq/pkg/deviceplugin"
 	"github.com/xdpq/xdpq/pkg/ledger"
 )
 
@@ -31,49 +27,6 @@ func (c *core) brokerSocket(id string) string {
 	return c.allocDir(id) + "/" + broker.SocketName
 }
 
-// Alloc hands count devices of a pool to a local user (standalone mode).
-func (l *localAPI) Alloc(ctx context.Context, req api.AllocRequest) (*api.Allocation, error) {
-	if l.core.isUninstalling() {
-		return nil, errUninstalling
-	}
-	if !l.core.opts.Standalone {
-		return nil, api.Errorf(api.ErrNotSupported, "allocations come from kubelet on this node; xdpqctl alloc is for a standalone daemon")
-	}
-	if req.Count < 1 {
-		return nil, api.Errorf(api.ErrInvalid, "pool %s: %d queues asked; at least 1", req.Pool, req.Count)
-	}
-	uid := req.UID
-	owner := ledger.Owner{UID: &uid}
-	// Another allocation may take a device between the choice and the
-	// reservation; choose again then.
-	for try := 0; ; try++ {
-		free, err := l.core.ledger.FreeDevices(req.Pool)
-		if err != nil {
-			return nil, err
-		}
-		ids := deviceplugin.Prefer(l.core.toPluginDevices(free), nil, req.Count)
-		if len(ids) < req.Count {
-			return nil, api.Errorf(api.ErrConflict, "pool %s: %d queues asked, %d free", req.Pool, req.Count, len(ids))
-		}
-		a, err := l.core.ledger.Reserve(ledger.Reservation{Pool: req.Pool, Devices: ids, Owner: owner})
-		if errors.Is(err, ledger.ErrConflict) && try < 3 {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		if err := l.core.serveNew(a); err != nil {
-			return nil, err
-		}
-		if err := l.core.ledger.Commit(a.ID, nil); err != nil {
-			l.core.unserve(a) // the ledger dropped it: its devices are free
-			return nil, fmt.Errorf("pool %s: the allocation could not be recorded, and was not made: %w", req.Pool, err)
-		}
-		l.core.log.Info("allocated", "allocation", a.ID, "pool", a.Pool, "netdev", a.Netdev, "queues", a.Queues, "uid", uid)
-		return l.core.apiAllocation(a), nil
-	}
-}
-
 // serveNew has the broker serve a reserved allocation; on failure the
 // reservation is dropped.
 func (c *core) serveNew(a ledger.Allocation) error {
@@ -86,12 +39,6 @@ func (c *core) serveNew(a ledger.Allocation) error {
 		return err
 	}
 	return nil
-}
-
-// Free ends an allocation: its attachments end, its lease (if any) ends,
-// its devices are free.
-func (l *localAPI) Free(ctx context.Context, id string) error {
-	return l.core.free(ctx, id, "asked")
 }
 
 // free ends allocation id for the reason why (logged). An allocation the daemon is already freeing (or whose attachment it is
@@ -199,133 +146,6 @@ func (c *core) unserve(a ledger.Allocation) {
 	c.publish(change{kind: allocationUnserved, alloc: a})
 }
 
-// removeDeviceInfo removes the device-info files of an allocation no
-// longer served (Kubernetes mode).
-func (ps *devicePlugins) removeDeviceInfo(a ledger.Allocation) {
-	if ps.core.opts.Standalone {
-		return
-	}
-	if p, ok := ps.core.ledger.Meta(a.Pool); ok {
-		for _, dev := range a.Devices {
-			if err := deviceplugin.RemoveDeviceInfo(ps.devInfoDir(), p.Resource, dev); err != nil {
-				ps.log.Warn("device-info file of a freed device left", "device", dev, "err", err)
-			}
-		}
-	}
-}
-
-func (ps *devicePlugins) devInfoDir() string {
-	if ps.core.opts.DeviceInfoDir != "" {
-		return ps.core.opts.DeviceInfoDir
-	}
-	return deviceplugin.DeviceInfoDir
-}
-
-// allocate answers kubelet's Allocate: a broker allocation for the
-// devices, its directory mounted at /run/xdpq, and the environment.
-// kubelet calls it again with the same devices when it restarts a
-// container: the allocation that held them is succeeded by the new one,
-// which takes over its attachments (CNI does not run again for a
-// container restart) where the pod is still there.
-func (ps *devicePlugins) allocate(ctx context.Context, pool string, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
-	if ps.core.isUninstalling() {
-		return nil, errUninstalling
-	}
-	a, err := ps.core.ledger.Reserve(ledger.Reservation{Pool: pool, Devices: ids, Owner: ledger.Owner{AnyPod: true}, Replace: true})
-	if err != nil {
-		return nil, err
-	}
-	if err := ps.core.serveNew(a); err != nil {
-		return nil, err
-	}
-	var carried []ledger.Attachment
-	var podUID string
-	netdevs := false
-	for _, oldID := range a.Replaces {
-		old, ok := ps.core.ledger.Get(oldID)
-		if !ok {
-			continue
-		}
-		ps.core.unserve(old)
-		for _, att := range old.Attachments {
-			if carry(att, a) {
-				carried = append(carried, att)
-				if att.PodUID != "" {
-					podUID = att.PodUID
-				}
-				ps.core.log.Info("attachment kept for the restarted container", "attachment", att.Key(), "allocation", a.ID, "was", oldID)
-				continue
-			}
-			ps.core.log.Info("attachment ended: its allocation was given to a new container", "attachment", att.Key(), "allocation", a.ID)
-			if err := ps.core.undoAttachment(ctx, att); err != nil {
-				ps.core.log.Warn("detach", "attachment", att.Key(), "err", err)
-			}
-			netdevs = netdevs || att.Mode == api.ModeNetdev
-		}
-	}
-	if err := ps.core.ledger.Commit(a.ID, carried); err != nil {
-		// The ledger dropped it; the allocations it was to replace are
-		// as their records say, and kubelet's next Allocate replaces
-		// them again.
-		ps.core.unserve(a)
-		return nil, fmt.Errorf("pool %s: the allocation could not be recorded, and was not made: %w", pool, err)
-	}
-	// The restarted container's pod keeps its netdev and its lease's
-	// owner; a failure leaves the allocation unusable to it, so the
-	// Allocate fails and kubelet's next one replaces it again.
-	for _, att := range carried {
-		if att.Mode != api.ModeNetdev {
-			continue
-		}
-		if err := ps.core.retargetToPod(a.ID, att.Netdev); err != nil {
-			return nil, fmt.Errorf("allocation %s: its netdev %s in the pod: %w", a.ID, att.Netdev, err)
-		}
-	}
-	if podUID != "" {
-		if err := ps.core.setOwner(a.ID, ledger.Owner{PodUID: podUID}); err != nil {
-			return nil, fmt.Errorf("allocation %s: its pod %s as owner: %w", a.ID, podUID, err)
-		}
-	}
-	if netdevs {
-		if err := ps.core.syncNetdevs(ctx); err != nil {
-			ps.core.log.Warn("netdevs", "err", err)
-		}
-	}
-	// Device-info files for CNI plugins, where the NIC is a PCI device.
-	dev, _ := ps.core.rec.netdev(a.Netdev)
-	pci := dev.PCI
-	if p, ok := ps.core.ledger.Meta(pool); ok && pci != "" {
-		for _, id := range ids {
-			if err := deviceplugin.WriteDeviceInfo(ps.devInfoDir(), p.Resource, id, pci); err != nil {
-				ps.core.log.Warn("device info", "device", id, "err", err)
-			}
-		}
-	}
-	ps.core.log.Info("allocated", "allocation", a.ID, "pool", pool, "netdev", a.Netdev, "queues", a.Queues, "replaces", a.Replaces)
-	env, mounts := ps.core.containerEdits(a)
-	return &pluginapi.ContainerAllocateResponse{Envs: env, Mounts: mounts}, nil
-}
-
-// containerEdits are what a container holding allocation a gets, from
-// the device plugin's Allocate or in a DRA claim's CDI spec: the
-// allocation's directory at /run/xdpq (its broker socket), the
-// environment that names it, and a DPDK pool's mounts.
-func (c *core) containerEdits(a ledger.Allocation) (map[string]string, []*pluginapi.Mount) {
-	env := strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(a.Pool))
-	var qs []string
-	for _, q := range a.Queues {
-		qs = append(qs, fmt.Sprintf("%s:%d", a.Netdev, q))
-	}
-	meta, _ := c.ledger.Meta(a.Pool)
-	return map[string]string{
-			"XDPQ_SOCKET":        "/run/xdpq/" + broker.SocketName,
-			"XDPQ_QUEUES_" + env: strings.Join(qs, ","),
-			"XDPQ_NETDEV_" + env: a.Netdev,
-			"XDPQ_ALLOCATION":    a.ID,
-		},
-		append([]*pluginapi.Mount{{ContainerPath: "/run/xdpq", HostPath: c.allocDir(a.ID)}}, c.dpdkMounts(a, meta.Config)...)
-}
-
 // carry says whether a restarted container's new allocation a keeps an
 // attachment of the old one: the same netdev and queues, and the pod's
 // netns still the one ADD saw.
@@ -340,4 +160,75 @@ func (c *core) setOwner(id string, o ledger.Owner) error {
 		return err
 	}
 	return c.ledger.SetOwner(id, o)
+}
+
+// allocate reserves res's devices, has the broker serve them and records
+// the allocation: all of it, or nothing. An allocation it replaces
+// (res.Replace: kubelet allocates a restarted container's devices again)
+// is no longer served; its attachments the new allocation can keep (the
+// same netdev and queues, the pod's netns still there: CNI does not run
+// again for a container restart) it keeps, with the pod as its owner and
+// its netdev in the pod, and the others are undone.
+func (c *core) allocate(ctx context.Context, res ledger.Reservation) (ledger.Allocation, error) {
+	a, err := c.ledger.Reserve(res)
+	if err != nil {
+		return a, err
+	}
+	if err := c.serveNew(a); err != nil {
+		return a, err
+	}
+	var carried []ledger.Attachment
+	var podUID string
+	netdevs := false
+	for _, oldID := range a.Replaces {
+		old, ok := c.ledger.Get(oldID)
+		if !ok {
+			continue
+		}
+		c.unserve(old)
+		for _, att := range old.Attachments {
+			if carry(att, a) {
+				carried = append(carried, att)
+				if att.PodUID != "" {
+					podUID = att.PodUID
+				}
+				c.log.Info("attachment kept for the restarted container", "attachment", att.Key(), "allocation", a.ID, "was", oldID)
+				continue
+			}
+			c.log.Info("attachment ended: its allocation was given to a new container", "attachment", att.Key(), "allocation", a.ID)
+			if err := c.undoAttachment(ctx, att); err != nil {
+				c.log.Warn("detach", "attachment", att.Key(), "err", err)
+			}
+			netdevs = netdevs || att.Mode == api.ModeNetdev
+		}
+	}
+	if err := c.ledger.Commit(a.ID, carried); err != nil {
+		// The ledger dropped it; the allocations it was to replace are
+		// as their records say, and kubelet's next Allocate replaces
+		// them again.
+		c.unserve(a)
+		return a, fmt.Errorf("pool %s: the allocation could not be recorded, and was not made: %w", res.Pool, err)
+	}
+	// The restarted container's pod keeps its netdev and its lease's
+	// owner; a failure leaves the allocation unusable to it, so the
+	// Allocate fails and kubelet's next one replaces it again.
+	for _, att := range carried {
+		if att.Mode != api.ModeNetdev {
+			continue
+		}
+		if err := c.retargetToPod(a.ID, att.Netdev); err != nil {
+			return a, fmt.Errorf("allocation %s: its netdev %s in the pod: %w", a.ID, att.Netdev, err)
+		}
+	}
+	if podUID != "" {
+		if err := c.setOwner(a.ID, ledger.Owner{PodUID: podUID}); err != nil {
+			return a, fmt.Errorf("allocation %s: its pod %s as owner: %w", a.ID, podUID, err)
+		}
+	}
+	if netdevs {
+		if err := c.syncNetdevs(ctx); err != nil {
+			c.log.Warn("netdevs", "err", err)
+		}
+	}
+	return a, nil
 }

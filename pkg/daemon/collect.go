@@ -19,9 +19,7 @@ func (d *Daemon) collectLoop(ctx context.Context) error {
 			return nil
 		case <-t.C:
 			d.collect(ctx, d.opts.CollectPeriod)
-			d.core.mu.Lock()
-			d.core.collected = time.Now()
-			d.core.mu.Unlock()
+			d.core.setCollected(time.Now())
 		}
 	}
 }

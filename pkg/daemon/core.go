@@ -104,3 +104,20 @@ func (c *core) devicesChanged() {
 	c.retargetRecreated()
 	c.publish(change{kind: netdevsChanged})
 }
+
+// started reports whether start has finished (Ready is closed).
+func (c *core) started() bool {
+	select {
+	case <-c.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+// setCollected records when the collector last finished (Status says).
+func (c *core) setCollected(t time.Time) {
+	c.mu.Lock()
+	c.collected = t
+	c.mu.Unlock()
+}

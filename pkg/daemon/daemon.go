@@ -294,16 +294,6 @@ func newDaemon(opts Options) *Daemon {
 	return d
 }
 
-// started reports whether start has finished (Ready is closed).
-func (c *core) started() bool {
-	select {
-	case <-c.ready:
-		return true
-	default:
-		return false
-	}
-}
-
 // Ready is closed once Run serves: the allocations of a previous daemon
 // are restored, the node agent follows link notifications and the local
 // API answers.
@@ -418,9 +408,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.log.Info("daemon ready", "release", xdpq.Version(), "standalone", d.opts.Standalone, "api", d.opts.APISocket, "state", d.opts.StateDir)
 	}
 	err := g.Wait()
-	d.core.mu.Lock()
-	uninstalled := d.core.uninstalled
-	d.core.mu.Unlock()
+	uninstalled := d.core.isUninstalled()
 	if uninstalled {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		if derr := d.node.Delete(dctx); derr != nil {
@@ -461,9 +449,7 @@ func (d *Daemon) close() {
 	if d.metricsLn != nil {
 		_ = d.metricsLn.Close() // if Run never served it; else closed already
 	}
-	d.core.mu.Lock()
-	uninstalled := d.core.uninstalled
-	d.core.mu.Unlock()
+	uninstalled := d.core.isUninstalled()
 	if uninstalled {
 		d.core.removeState() // the lock still held
 	}

@@ -14,7 +14,6 @@ import (
 	"testing"
 
 	"github.com/xdpq/xdpq/pkg/api"
-	"github.com/xdpq/xdpq/pkg/deviceplugin"
 	"github.com/xdpq/xdpq/pkg/kubepods"
 	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/nic"
@@ -231,7 +230,7 @@ func (b *before) alloc(label string, queues ...uint32) {
 	} else {
 		var devs []string
 		for _, q := range queues {
-			devs = append(devs, deviceplugin.DeviceID("xa", q))
+			devs = append(devs, ledger.DeviceID("xa", q))
 		}
 		if _, err := b.d.plugins.allocate(ctx, "upf", devs); err != nil {
 			b.t.Fatal(err)
@@ -451,7 +450,7 @@ func TestRecoveryDecisions(t *testing.T) {
 		},
 		{
 			name:    "kubelet: an allocation no running container holds is freed",
-			kubelet: fakeKubelet{held: map[string]bool{"xdpq.io/upf/" + deviceplugin.DeviceID("xa", 0): true}},
+			kubelet: fakeKubelet{held: map[string]bool{"xdpq.io/upf/" + ledger.DeviceID("xa", 0): true}},
 			left: func(b *before) {
 				b.alloc("A", 0)
 				b.attach("A", "c1")

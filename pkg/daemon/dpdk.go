@@ -6,10 +6,8 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
-	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/xdpq/xdpq/pkg/config"
-	"github.com/xdpq/xdpq/pkg/ledger"
 )
 
 // Where DPDK's af_xdp driver looks when it is given no dp_path: the
@@ -44,23 +42,6 @@ func pinsDPDKMap(p config.Pool) bool { return p.DPDK != nil && p.DPDK.PinnedMap 
 // /tmp/afxdp_dp/<iface>/xsks_map.
 func dpdkMapPin(pinRoot, netdev string) string {
 	return filepath.Join(pinRoot, "dpdk", netdev, dpdkMapName)
-}
-
-// dpdkMounts are the mounts of an allocation of pool p, made by Allocate,
-// that put its socket (and map) where DPDK looks.
-func (c *core) dpdkMounts(a ledger.Allocation, p config.Pool) []*pluginapi.Mount {
-	if p.DPDK == nil {
-		return nil
-	}
-	dir := filepath.Join(dpdkDir, p.DPDK.Iface)
-	m := []*pluginapi.Mount{
-		{ContainerPath: dir, HostPath: c.allocDir(a.ID)},
-		{ContainerPath: dpdkOldPath, HostPath: c.dpdkLinks(a.ID)[1]},
-	}
-	if p.DPDK.PinnedMap {
-		m = append(m, &pluginapi.Mount{ContainerPath: filepath.Join(dir, dpdkMapName), HostPath: dpdkMapPin(c.pinRoot(), a.Netdev), ReadOnly: true})
-	}
-	return m
 }
 
 // pinDPDKMap pins the XSKMAP of a netdev in its pod for DPDK, if its pool

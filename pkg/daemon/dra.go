@@ -58,34 +58,6 @@ type DRA struct {
 	UninstallWait time.Duration
 }
 
-// servedBy is how pool p is served now: as its config (or the daemon's
-// default) says, unless allocations of the other way still hold its
-// devices: then the other way, until they end (a pool is served one way
-// at a time, so that the scheduler's view and kubelet's never both hand
-// out a device).
-func (c *core) servedBy(p ledger.Pool) (string, string) {
-	want := p.Config.ServedBy
-	if want == "" {
-		want = c.opts.ServedBy
-	}
-	if want == "" || c.opts.DRA == nil {
-		want = ServedByDevicePlugin
-	}
-	other := ServedByDRA
-	if want == ServedByDRA {
-		other = ServedByDevicePlugin
-	}
-	claims, others := c.ledger.ClaimsHeld(p.Name)
-	n := others
-	if other == ServedByDRA {
-		n = claims
-	}
-	if n > 0 {
-		return other, fmt.Sprintf("pool %s: served by %s until its %d allocations of %s end (its config says %s)", p.Name, other, n, other, want)
-	}
-	return want, ""
-}
-
 // draPools are the names of the pools DRA serves now.
 func (dr *draFace) draPools() []string {
 	var out []string
@@ -132,6 +104,22 @@ func (dr *draFace) draLoop(ctx context.Context) error {
 		if err := drv.Publish(ctx); err != nil {
 			dr.log.Warn("ResourceSlices not published; again at the next change", "err", err)
 		}
+	}
+}
+
+// removeSpecs removes the CDI specs of the claims that no longer have
+// an allocation: those freed by an uninstall without kubelet's
+// unprepare. A spec left (said here) the next daemon's driver removes
+// when it starts.
+func (dr *draFace) removeSpecs() {
+	keep := map[string]bool{}
+	for _, a := range dr.core.ledger.Allocations() {
+		if a.Claim != nil {
+			keep[a.Claim.UID] = true
+		}
+	}
+	if err := dra.RemoveSpecsExcept(dr.opts.DRA.CDIDir, keep); err != nil {
+		dr.log.Error("uninstall: CDI specs of freed claims left", "dir", dr.opts.DRA.CDIDir, "err", err)
 	}
 }
 
@@ -240,19 +228,12 @@ func (dr *draFace) PrepareClaim(ctx context.Context, c dra.Claim) (_ dra.Edits, 
 		return dra.Edits{}, api.Errorf(api.ErrInvalid, "the claim is reserved for %d pods: flows steer to one pod's addresses; give each pod a claim of its own (a ResourceClaimTemplate)", len(c.Pods))
 	}
 	res := ledger.Reservation{Pool: c.Pool, Devices: ids, Owner: owner, Claim: claim}
-	a, err := dr.core.ledger.Reserve(res)
+	a, err := dr.core.allocate(ctx, res)
 	if errors.Is(err, api.ErrConflict) && dr.releaseStale(ctx, c, ids) {
-		a, err = dr.core.ledger.Reserve(res)
+		a, err = dr.core.allocate(ctx, res)
 	}
 	if err != nil {
 		return dra.Edits{}, err
-	}
-	if err := dr.core.serveNew(a); err != nil {
-		return dra.Edits{}, err
-	}
-	if err := dr.core.ledger.Commit(a.ID, nil); err != nil {
-		dr.core.unserve(a)
-		return dra.Edits{}, fmt.Errorf("pool %s: the allocation could not be recorded, and was not made: %w", c.Pool, err)
 	}
 	dr.log.Info("allocated", "allocation", a.ID, "pool", a.Pool, "netdev", a.Netdev, "queues", a.Queues,
 		"claim", c.Namespace+"/"+c.Name, "pods", c.Pods)
@@ -550,7 +531,7 @@ func pcieRoot(pci string) string {
 // claimEdits are the CDI edits of a claim's allocation: what the device
 // plugin's Allocate gives a container.
 func (dr *draFace) claimEdits(a ledger.Allocation) dra.Edits {
-	env, mounts := dr.core.containerEdits(a)
+	env, mounts := containerEdits(dr.core, a)
 	e := dra.Edits{Env: env}
 	for _, m := range mounts {
 		e.Mounts = append(e.Mounts, dra.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, ReadOnly: m.ReadOnly})

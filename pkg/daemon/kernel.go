@@ -77,3 +77,14 @@ var (
 	_ socketBroker = (*broker.Server)(nil)
 	_ netdevMover  = (*mover.Mover)(nil)
 )
+
+// kubelet asks kubelet's PodResources API at its socket which devices
+// containers hold.
+// podResources is kubelet's PodResources API as the daemon asks it.
+type podResources interface {
+	// heldDevices are the devices running containers hold, as
+	// "<resource>/<device id>".
+	heldDevices(ctx context.Context) (map[string]bool, error)
+	// podDevices are the device IDs a pod's containers hold, by resource.
+	podDevices(ctx context.Context, namespace, name string) (map[string][]string, error)
+}

@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 
 	"golang.org/x/sync/errgroup"
@@ -14,6 +16,8 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/config"
 	"github.com/xdpq/xdpq/pkg/deviceplugin"
 	"github.com/xdpq/xdpq/pkg/ledger"
 )
@@ -131,12 +135,12 @@ func (ps *devicePlugins) devices(pool string) []deviceplugin.Device {
 	if !ok {
 		return nil
 	}
-	return ps.core.toPluginDevices(p.Devices)
+	return pluginDevices(ps.core, p.Devices)
 }
 
-// toPluginDevices is devs as the device plugin API sees them, each
+// pluginDevices is devs as the device plugin API sees them, each
 // healthy or not by its netdev's agent status.
-func (c *core) toPluginDevices(devs []ledger.Device) []deviceplugin.Device {
+func pluginDevices(c *core, devs []ledger.Device) []deviceplugin.Device {
 	type state struct {
 		ok     bool
 		queues int
@@ -156,4 +160,90 @@ func (c *core) toPluginDevices(devs []ledger.Device) []deviceplugin.Device {
 		out = append(out, pd)
 	}
 	return out
+}
+
+// removeDeviceInfo removes the device-info files of an allocation no
+// longer served (Kubernetes mode).
+func (ps *devicePlugins) removeDeviceInfo(a ledger.Allocation) {
+	if ps.core.opts.Standalone {
+		return
+	}
+	if p, ok := ps.core.ledger.Meta(a.Pool); ok {
+		for _, dev := range a.Devices {
+			if err := deviceplugin.RemoveDeviceInfo(ps.devInfoDir(), p.Resource, dev); err != nil {
+				ps.log.Warn("device-info file of a freed device left", "device", dev, "err", err)
+			}
+		}
+	}
+}
+
+func (ps *devicePlugins) devInfoDir() string {
+	if ps.core.opts.DeviceInfoDir != "" {
+		return ps.core.opts.DeviceInfoDir
+	}
+	return deviceplugin.DeviceInfoDir
+}
+
+// allocate answers kubelet's Allocate: an allocation of the devices
+// (replacing the one that held them, when kubelet restarts a container),
+// its directory mounted at /run/xdpq, the environment, and the devices'
+// device-info files.
+func (ps *devicePlugins) allocate(ctx context.Context, pool string, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
+	if ps.core.isUninstalling() {
+		return nil, errUninstalling
+	}
+	a, err := ps.core.allocate(ctx, ledger.Reservation{Pool: pool, Devices: ids, Owner: ledger.Owner{AnyPod: true}, Replace: true})
+	if err != nil {
+		return nil, err
+	}
+	// Device-info files for CNI plugins, where the NIC is a PCI device.
+	dev, _ := ps.core.rec.netdev(a.Netdev)
+	pci := dev.PCI
+	if p, ok := ps.core.ledger.Meta(pool); ok && pci != "" {
+		for _, id := range ids {
+			if err := deviceplugin.WriteDeviceInfo(ps.devInfoDir(), p.Resource, id, pci); err != nil {
+				ps.core.log.Warn("device info", "device", id, "err", err)
+			}
+		}
+	}
+	ps.core.log.Info("allocated", "allocation", a.ID, "pool", pool, "netdev", a.Netdev, "queues", a.Queues, "replaces", a.Replaces)
+	env, mounts := containerEdits(ps.core, a)
+	return &pluginapi.ContainerAllocateResponse{Envs: env, Mounts: mounts}, nil
+}
+
+// containerEdits are what a container holding allocation a gets, from
+// the device plugin's Allocate or in a DRA claim's CDI spec: the
+// allocation's directory at /run/xdpq (its broker socket), the
+// environment that names it, and a DPDK pool's mounts.
+func containerEdits(c *core, a ledger.Allocation) (map[string]string, []*pluginapi.Mount) {
+	env := strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(a.Pool))
+	var qs []string
+	for _, q := range a.Queues {
+		qs = append(qs, fmt.Sprintf("%s:%d", a.Netdev, q))
+	}
+	meta, _ := c.ledger.Meta(a.Pool)
+	return map[string]string{
+			"XDPQ_SOCKET":        "/run/xdpq/" + broker.SocketName,
+			"XDPQ_QUEUES_" + env: strings.Join(qs, ","),
+			"XDPQ_NETDEV_" + env: a.Netdev,
+			"XDPQ_ALLOCATION":    a.ID,
+		},
+		append([]*pluginapi.Mount{{ContainerPath: "/run/xdpq", HostPath: c.allocDir(a.ID)}}, dpdkMounts(c, a, meta.Config)...)
+}
+
+// dpdkMounts are the mounts of an allocation of pool p, made by Allocate,
+// that put its socket (and map) where DPDK looks.
+func dpdkMounts(c *core, a ledger.Allocation, p config.Pool) []*pluginapi.Mount {
+	if p.DPDK == nil {
+		return nil
+	}
+	dir := filepath.Join(dpdkDir, p.DPDK.Iface)
+	m := []*pluginapi.Mount{
+		{ContainerPath: dir, HostPath: c.allocDir(a.ID)},
+		{ContainerPath: dpdkOldPath, HostPath: c.dpdkLinks(a.ID)[1]},
+	}
+	if p.DPDK.PinnedMap {
+		m = append(m, &pluginapi.Mount{ContainerPath: filepath.Join(dir, dpdkMapName), HostPath: dpdkMapPin(c.pinRoot(), a.Netdev), ReadOnly: true})
+	}
+	return m
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/xdpq/xdpq/pkg/ledger"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
@@ -13,17 +12,6 @@ import (
 
 // DefaultPodResourcesSocket is kubelet's PodResources API.
 const DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
-
-// kubelet asks kubelet's PodResources API at its socket which devices
-// containers hold.
-// podResources is kubelet's PodResources API as the daemon asks it.
-type podResources interface {
-	// heldDevices are the devices running containers hold, as
-	// "<resource>/<device id>".
-	heldDevices(ctx context.Context) (map[string]bool, error)
-	// podDevices are the device IDs a pod's containers hold, by resource.
-	podDevices(ctx context.Context, namespace, name string) (map[string][]string, error)
-}
 
 // kubeletAPI asks kubelet at its socket ("" for the default path).
 type kubeletAPI struct{ socket string }
@@ -92,24 +80,4 @@ func (k kubeletAPI) podDevices(ctx context.Context, namespace, name string) (map
 		}
 	}
 	return devs, nil
-}
-
-// heldBy reports whether kubelet says a container holds any of the
-// devices ids of resource.
-func heldBy(held map[string]bool, resource string, ids []string) bool {
-	for _, id := range ids {
-		if held[resource+"/"+id] {
-			return true
-		}
-	}
-	return false
-}
-
-// resourceOf is the resource kubelet knows an allocation's devices by:
-// the one it was made under (a reload may have renamed the pool's since).
-func resourceOf(a ledger.Allocation, p ledger.Pool) string {
-	if a.Resource != "" {
-		return a.Resource
-	}
-	return p.Resource
 }

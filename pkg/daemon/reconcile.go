@@ -14,7 +14,6 @@ import (
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/config"
-	"github.com/xdpq/xdpq/pkg/deviceplugin"
 	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/nic"
 )
@@ -374,7 +373,7 @@ func plan(cfg *config.Config, pools []config.Pool, res []config.Reservation, res
 				continue
 			}
 			for _, q := range r.Queues {
-				lp.Devices = append(lp.Devices, ledger.Device{ID: deviceplugin.DeviceID(r.Netdev.Name, q), Netdev: r.Netdev.Name,
+				lp.Devices = append(lp.Devices, ledger.Device{ID: ledger.DeviceID(r.Netdev.Name, q), Netdev: r.Netdev.Name,
 					Queues: []uint32{q}, NUMA: r.Netdev.NUMANode, PCI: r.Netdev.PCI})
 			}
 		}
@@ -464,4 +463,32 @@ func (ps *devicePlugins) syncPlugins() {
 		}
 	}
 	ps.sync(want)
+}
+
+// servedBy is how pool p is served now: as its config (or the daemon's
+// default) says, unless allocations of the other way still hold its
+// devices: then the other way, until they end (a pool is served one way
+// at a time, so that the scheduler's view and kubelet's never both hand
+// out a device).
+func (c *core) servedBy(p ledger.Pool) (string, string) {
+	want := p.Config.ServedBy
+	if want == "" {
+		want = c.opts.ServedBy
+	}
+	if want == "" || c.opts.DRA == nil {
+		want = ServedByDevicePlugin
+	}
+	other := ServedByDRA
+	if want == ServedByDRA {
+		other = ServedByDevicePlugin
+	}
+	claims, others := c.ledger.ClaimsHeld(p.Name)
+	n := others
+	if other == ServedByDRA {
+		n = claims
+	}
+	if n > 0 {
+		return other, fmt.Sprintf("pool %s: served by %s until its %d allocations of %s end (its config says %s)", p.Name, other, n, other, want)
+	}
+	return want, ""
 }

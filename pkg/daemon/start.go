@@ -278,3 +278,23 @@ func (c *core) removeStrayDirs() {
 		}
 	}
 }
+
+// heldBy reports whether kubelet says a container holds any of the
+// devices ids of resource.
+func heldBy(held map[string]bool, resource string, ids []string) bool {
+	for _, id := range ids {
+		if held[resource+"/"+id] {
+			return true
+		}
+	}
+	return false
+}
+
+// resourceOf is the resource kubelet knows an allocation's devices by:
+// the one it was made under (a reload may have renamed the pool's since).
+func resourceOf(a ledger.Allocation, p ledger.Pool) string {
+	if a.Resource != "" {
+		return a.Resource
+	}
+	return p.Resource
+}

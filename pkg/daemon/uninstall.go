@@ -9,7 +9,6 @@ import (
 
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/config"
-	"github.com/xdpq/xdpq/pkg/dra"
 	"github.com/xdpq/xdpq/pkg/ledger"
 )
 
@@ -49,17 +48,35 @@ func (d *Daemon) stopping(ctx context.Context) {
 		return
 	}
 	d.log.Info("xdpq is being uninstalled: removing its datapath from the node", "reason", why)
-	d.core.mu.Lock()
-	d.core.uninstalling = true // nothing new from now on
-	d.core.mu.Unlock()
+	d.core.refuseNew()
 	d.awaitUnprepare(ctx)
 	actx, cancel = context.WithTimeout(context.WithoutCancel(ctx), uninstallTimeout)
 	defer cancel()
-	if err := d.core.uninstall(actx); err != nil {
+	err := d.core.uninstall(actx)
+	if d.opts.DRA != nil {
+		d.dra.removeSpecs()
+	}
+	if err != nil {
 		d.log.Error("uninstall left something on the node; its records and pins stay, so that a new install adopts it or an operator can remove it", "err", err)
 		return
 	}
 	d.log.Info("uninstalled: no allocation, flow, program or netdev of xdpq remains on the node")
+}
+
+// refuseNew has the core take nothing new from now on: an uninstall
+// has begun.
+func (c *core) refuseNew() {
+	c.mu.Lock()
+	c.uninstalling = true
+	c.mu.Unlock()
+}
+
+// isUninstalled reports whether uninstall removed everything but the
+// files (close removes them).
+func (c *core) isUninstalled() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.uninstalled
 }
 
 // claimsHeld are the claims (namespace/name) whose allocations remain.
@@ -115,7 +132,8 @@ func (d *Daemon) awaitUnprepare(ctx context.Context) {
 }
 
 // uninstall ends every allocation (their attachments undone, netdevs in
-// pods returned, leases ended, sockets and device-info files removed),
+// pods returned, leases ended, sockets removed; the device-info files and
+// CDI specs go with the faces that wrote them),
 // then puts an empty config in force, which unmanages every netdev (flows,
 // RSS reservations and busy-poll settings restored, programs detached,
 // pins removed) and stops the device plugins. What remains on disk (the
@@ -134,19 +152,6 @@ func (c *core) uninstall(ctx context.Context) error {
 			err = c.free(ctx, a.ID, "xdpq uninstalled")
 		}
 		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if c.opts.DRA != nil {
-		// The specs of claims freed without kubelet's unprepare; those
-		// of allocations that could not end stay with their records.
-		keep := map[string]bool{}
-		for _, a := range c.ledger.Allocations() {
-			if a.Claim != nil {
-				keep[a.Claim.UID] = true
-			}
-		}
-		if err := dra.RemoveSpecsExcept(c.opts.DRA.CDIDir, keep); err != nil {
 			errs = append(errs, err)
 		}
 	}

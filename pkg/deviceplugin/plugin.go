@@ -33,9 +33,6 @@ type Device struct {
 	Healthy bool
 }
 
-// DeviceID is the stable name of a queue as a device.
-func DeviceID(netdev string, queue uint32) string { return fmt.Sprintf("%s-q%d", netdev, queue) }
-
 // Config configures one pool's plugin.
 type Config struct {
 	// Resource is the extended resource, e.g. xdpq.io/upf.

@@ -20,7 +20,7 @@ import (
 func devs(netdev string, numa int, queues ...uint32) []Device {
 	var out []Device
 	for _, q := range queues {
-		out = append(out, Device{ID: DeviceID(netdev, q), Netdev: netdev, Queue: q, NUMA: numa, Healthy: true})
+		out = append(out, Device{ID: fmt.Sprintf("%s-q%d", netdev, q), Netdev: netdev, Queue: q, NUMA: numa, Healthy: true})
 	}
 	return out
 }

@@ -29,6 +29,9 @@ var (
 	ErrBusy = errors.New("an operation on it is in progress")
 )
 
+// DeviceID is the stable name of a queue as a device: <netdev>-q<N>.
+func DeviceID(netdev string, queue uint32) string { return fmt.Sprintf("%s-q%d", netdev, queue) }
+
 // Device is one device of a pool: a queue of a netdev, or in a netdev
 // pool the whole netdev (its ID is then the netdev's name).
 type Device struct {

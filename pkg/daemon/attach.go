@@ -1,0 +1,195 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+
+	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/api"
+	"github.com/xdpq/xdpq/pkg/flow"
+	"github.com/xdpq/xdpq/pkg/ledger"
+	"github.com/xdpq/xdpq/pkg/xdp"
+	"golang.org/x/sys/unix"
+)
+
+// The core's attachments: their kernel work done and undone, their
+// detach, the wait for work under way on them, and the checks every face
+// makes of them (the node's own addresses, the pod's netns).
+
+// checkNotNode refuses a flow that would take the node's own traffic:
+// one whose destination (among claimed, flow.Claimed's) a netdev of the
+// node holds (flow.CheckNode). The
+// "own" addresses CheckOwn trusts are what the network configuration's
+// IPAM says, and static IPAM may name the node's. The node is asked at
+// each ADD rather than kept in a cache fed by address notifications:
+// ADDs are rare, one address dump is cheap, and the kernel's answer now
+// has no window in which an address the node just took is missing (nor a
+// goroutine and a resync to keep). It asks the kernel, so it is called
+// with no lock held.
+func (c *core) checkNotNode(flows []api.CNIFlow, claimed []netip.Addr, shared []netip.Prefix) error {
+	if len(claimed) == 0 {
+		return nil
+	}
+	node, err := c.nodeAddrs(claimed)
+	if err != nil {
+		return api.Errorf(api.ErrUnavailable, "the node's addresses, which a pod's flows may not take: %w", err)
+	}
+	if err := flow.CheckNode(flows, node, shared); err != nil {
+		return api.Errorf(api.ErrInvalid, "%w", err)
+	}
+	return nil
+}
+
+// dropAttach ends a pending attachment whose kernel work was undone or
+// never done. A record not rewritten is rolled back again by a restarted
+// daemon, which finds nothing left to undo.
+func (c *core) dropAttach(att ledger.Attachment) {
+	if err := c.ledger.EndAttach(att, false); err != nil {
+		c.log.Warn("a failed attachment's record not yet removed", "attachment", att.Key(), "err", err)
+	}
+}
+
+// attach does a pending attachment's kernel work, all or nothing.
+func (c *core) attach(ctx context.Context, att *ledger.Attachment, flows []agent.Flow) error {
+	var err error
+	if att.Mode == api.ModeNetdev {
+		err = c.moveIn(ctx, att, flows)
+	} else {
+		err = c.agent.Steer(att.Netdev, att.Key(), flows)
+	}
+	if err != nil {
+		return err
+	}
+	// The ledger records the pod as the owner with the attachment
+	// (EndAttach): one write, not two.
+	if att.PodUID != "" {
+		if err = c.broker.SetOwner(att.AllocationID, brokerOwner(ledger.Owner{PodUID: att.PodUID})); err != nil {
+			return undone(att.Netdev, err, c.undoAttachment(ctx, *att))
+		}
+	}
+	return nil
+}
+
+// del is CNIDel for the CNI plugin's attachments and the daemon's own.
+func (c *core) del(ctx context.Context, ref api.AttachmentRef) error {
+	key := ledger.Key(ref.ContainerID, ref.IfName)
+	var att ledger.Attachment
+	var found bool
+	err := c.whenIdle(ctx, func() (err error) {
+		att, found, err = c.ledger.BeginDetach(key)
+		return err
+	})
+	if !found || err != nil {
+		return err
+	}
+	if err := c.undoAttachment(ctx, att); err != nil {
+		if cerr := c.ledger.CancelDetach(key); cerr != nil {
+			// Active in memory for the runtime's retry; a restarted
+			// daemon finishes the ending its record says.
+			err = errors.Join(err, cerr)
+		}
+		return fmt.Errorf("detach %s: %w", key, err)
+	}
+	if err := c.ledger.EndDetach(key); err != nil {
+		return err
+	}
+	if att.Mode == api.ModeNetdev {
+		if err := c.syncNetdevs(ctx); err != nil {
+			return err
+		}
+	}
+	c.log.Info("detached", "container", ref.ContainerID, "ifname", ref.IfName)
+	return nil
+}
+
+// undoAttachment undoes an attachment's kernel work: its flows go, a
+// netdev-mode pool's netdev comes back to the node.
+func (c *core) undoAttachment(ctx context.Context, att ledger.Attachment) error {
+	if att.Mode == api.ModeNetdev {
+		return c.moveOut(ctx, att)
+	}
+	return c.agent.Unsteer(att.Netdev, att.Key())
+}
+
+// whenIdle calls try until it is not refused for an operation in
+// progress (ledger.ErrBusy) on what it asks for, waiting for the ledger's
+// next change between calls: a runtime's DEL that meets the daemon's own
+// clean-up of the same attachment succeeds once that is done, instead of
+// answering "try again" for work under way. It waits at most
+// api.RequestTimeout, or until ctx ends; the refusal then stands.
+func (c *core) whenIdle(ctx context.Context, try func() error) error {
+	ctx, cancel := context.WithTimeout(ctx, api.RequestTimeout)
+	defer cancel()
+	for {
+		changed := c.ledger.Changed()
+		err := try()
+		if !errors.Is(err, ledger.ErrBusy) {
+			return err
+		}
+		if c.waitingHook != nil {
+			c.waitingHook()
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("%w; still so after %v", err, api.RequestTimeout)
+		}
+	}
+}
+
+// netnsInode is the inode of the network namespace at path, 0 when the
+// path cannot be read (the daemon may not see it; then it cannot judge).
+// A path the daemon reads that is not a network namespace (CNI_NETNS
+// naming a file, another kind of namespace) is refused.
+func netnsInode(path string) (uint64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, nil
+	}
+	defer func() { _ = f.Close() }() // read-only
+	var st unix.Stat_t
+	var fs unix.Statfs_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return 0, nil
+	}
+	if err := unix.Fstatfs(int(f.Fd()), &fs); err != nil || fs.Type != unix.NSFS_MAGIC {
+		return 0, fmt.Errorf("%s is not a namespace", path)
+	}
+	if t, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE); err != nil || t != unix.CLONE_NEWNET {
+		return 0, fmt.Errorf("%s is a namespace, but not a network namespace", path)
+	}
+	return st.Ino, nil
+}
+
+// netnsGone reports whether the attachment's pod netns is certainly gone:
+// its path is gone or names another namespace than at ADD.
+func netnsGone(att api.Attachment) bool {
+	if att.Netns == "" || att.NetnsInode == 0 {
+		return false // cannot tell
+	}
+	var st unix.Stat_t
+	err := unix.Stat(att.Netns, &st)
+	return (err == nil && st.Ino != att.NetnsInode) || errors.Is(err, unix.ENOENT)
+}
+
+func agentFlows(fs []api.CNIFlow, queues []uint32) ([]agent.Flow, error) {
+	var out []agent.Flow
+	for _, f := range fs {
+		var proto xdp.Protocol
+		switch f.Protocol {
+		case "udp":
+			proto = xdp.UDP
+		case "tcp":
+			proto = xdp.TCP
+		default:
+			return nil, api.Errorf(api.ErrInvalid, "flow protocol %q: udp or tcp", f.Protocol)
+		}
+		out = append(out, agent.Flow{Protocol: proto, Dst: f.Dst, DstPort: f.DstPort, Src: f.Src, SrcPort: f.SrcPort,
+			VLAN: f.VLAN, Queues: slices.Clone(queues)})
+	}
+	return out, nil
+}
