@@ -65,6 +65,7 @@ type fakeAgent struct {
 	fail   map[string]error
 	policy map[string]agent.Policy
 	flows  map[string]map[string][]agent.Flow // netdev, owner
+	down   map[string]bool                    // netdevs whose link is down
 	listen chan struct{}
 }
 
@@ -117,7 +118,7 @@ func (f *fakeAgent) Status() []agent.Status {
 	defer f.mu.Unlock()
 	var out []agent.Status
 	for _, n := range slices.Sorted(maps.Keys(f.policy)) {
-		out = append(out, agent.Status{Netdev: n, State: agent.StateNone, Policy: f.policy[n], LinkUp: true, RXQueues: 4,
+		out = append(out, agent.Status{Netdev: n, State: agent.StateNone, Policy: f.policy[n], LinkUp: !f.down[n], RXQueues: 4,
 			Flows: len(f.flows[n])})
 	}
 	return out
@@ -396,6 +397,8 @@ func (n *fakeNode) daemon(yaml string) (d *Daemon, stop func()) {
 		return held, nil
 	}
 	d.node = noReporter{}
+	d.metrics = newMetrics(d)
+	d.dra.metrics = d.metrics
 	var err error
 	if d.core.watcher, err = config.NewWatcher(path, opts.Logger); err != nil {
 		t.Fatal(err)
