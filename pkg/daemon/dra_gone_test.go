@@ -31,7 +31,7 @@ func TestClaimGoneWithoutUnprepare(t *testing.T) {
 	onNode := allocatedClaim("on-node", "a0000000-0000-4000-8000-000000000001", podA, []string{"xa-q2"}, "")
 	reserved := allocatedClaim("reserved", "a0000000-0000-4000-8000-000000000002", podGone, []string{"xa-q3"}, "")
 	pods := newFakePods(kubepods.Pod{UID: podA, Namespace: "default", Name: "dns-0"})
-	e := newDRAEnv(t, pods, onNode, reserved)
+	e := newFakeDRAEnv(t, pods, draDNSPool, onNode, reserved)
 	ctx := context.Background()
 	claims := e.kube.ResourceV1().ResourceClaims("default")
 	for _, c := range []string{"on-node", "reserved"} {
@@ -126,7 +126,7 @@ func TestPrepareTakesDevicesOfADeallocatedClaim(t *testing.T) {
 	old := allocatedClaim("old", "b0000000-0000-4000-8000-000000000001", podA, []string{"xa-q2"}, "")
 	next := allocatedClaim("next", "b0000000-0000-4000-8000-000000000002", podB, []string{"xa-q2"}, "")
 	pods := newFakePods(kubepods.Pod{UID: podA, Namespace: "default", Name: "dns-0"}, kubepods.Pod{UID: podB, Namespace: "default", Name: "dns-1"})
-	e := newDRAEnv(t, pods, old, next)
+	e := newFakeDRAEnv(t, pods, draDNSPool, old, next)
 	ctx := context.Background()
 	if r := e.prepare(t, old); r.Error != "" {
 		t.Fatal(r.Error)

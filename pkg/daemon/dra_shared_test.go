@@ -130,8 +130,8 @@ func TestSharedClaim(t *testing.T) {
 func TestPrepareRefusesTwoNetdevs(t *testing.T) {
 	split := allocatedClaim("split", "d1000000-0000-4000-8000-000000000001", podA, []string{"xa-q3", "xb-q0"}, "")
 	one := allocatedClaim("one", "d1000000-0000-4000-8000-000000000002", podA, []string{"xb-q0", "xb-q1"}, "")
-	e := newDRAEnvWith(t, newFakePods(kubepods.Pod{UID: podA, Namespace: "default", Name: "dns-0"}),
-		"pools: [{name: dns, servedBy: dra, steering: software, devices: {netdevs: ['xa#2-3', 'xb#0-1']}}]\n", nil, split, one)
+	e := newFakeDRAEnv(t, newFakePods(kubepods.Pod{UID: podA, Namespace: "default", Name: "dns-0"}),
+		"pools: [{name: dns, servedBy: dra, steering: software, devices: {netdevs: ['xa#2-3', 'xb#0-1']}}]\n", split, one)
 	r := e.prepare(t, split)
 	for _, want := range []string{"claim default/split was given queues of netdevs xa and xb", "matchAttribute: xdpq.io/netdev",
 		"the extended resource of pool dns"} {

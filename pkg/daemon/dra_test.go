@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -50,8 +51,11 @@ type draEnv struct {
 
 func newDRAEnv(t *testing.T, pods PodDirectory, objs ...runtime.Object) *draEnv {
 	t.Helper()
-	return newDRAEnvWith(t, pods, "pools: [{name: dns, servedBy: dra, steering: software, devices: {netdevs: ['xa#2-3']}}]\n", nil, objs...)
+	return newDRAEnvWith(t, pods, draDNSPool, nil, objs...)
 }
+
+// draDNSPool is the DRA tests' config: pool dns of two queues of xa.
+const draDNSPool = "pools: [{name: dns, servedBy: dra, steering: software, devices: {netdevs: ['xa#2-3']}}]\n"
 
 // newDRAEnvWith is newDRAEnv with the daemon's config cfg, and its
 // options as mod leaves them.
@@ -79,6 +83,62 @@ func newDRAEnvWith(t *testing.T, pods PodDirectory, cfgText string, mod func(*Op
 		mod(&e.opts)
 	}
 	e.d, e.stop = runDaemon(t, e.opts)
+	e.dial(t, plugin)
+	return e
+}
+
+// newFakeDRAEnv is newDRAEnvWith's environment on a fake node, which
+// needs no root: the daemon's core has fake kernel parts (netdevs xa and
+// xb of 4 queues), and its DRA face runs as Run runs it, registered with
+// kubelet's side of the DRA socket. For what DRA decides, not what the
+// kernel does.
+func newFakeDRAEnv(t *testing.T, pods PodDirectory, cfgText string, objs ...runtime.Object) *draEnv {
+	t.Helper()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: draNodeName, UID: "2b7e1516-28ae-4d2a-a6f7-15880924f1c3"}}
+	e := &draEnv{kube: fake.NewClientset(append(objs, node)...)}
+	n := newFakeNode(t, fakeNetdev("xa", 4), fakeNetdev("xb", 4))
+	n.kubelet = fakeKubelet{err: errors.New("no kubelet")}
+	d, stop := n.daemon(cfgText)
+	dir := t.TempDir()
+	e.cdiDir = filepath.Join(dir, "cdi")
+	plugin := filepath.Join(dir, "plugins", dra.DriverName)
+	d.opts.NodeName, d.opts.Pods = draNodeName, pods
+	d.opts.DRA = &DRA{Kube: e.kube, RegistryDir: filepath.Join(dir, "registry"), PluginDir: plugin, CDIDir: e.cdiDir}
+	for _, d := range []string{d.opts.DRA.RegistryDir, plugin} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.core.start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		err := d.dra.draLoop(ctx)
+		if ctx.Err() == nil {
+			t.Errorf("the DRA face stopped on its own: %v", err)
+		}
+		done <- err
+	}()
+	e.d, e.opts = d, d.opts
+	var once sync.Once
+	e.stop = func() {
+		once.Do(func() {
+			cancel()
+			<-done // as in Run, what a part returns once stopped is no failure
+			stop()
+		})
+	}
+	t.Cleanup(e.stop)
+	e.dial(t, plugin)
+	return e
+}
+
+// dial connects kubelet's side to the DRA socket in plugin once the
+// driver listens on it.
+func (e *draEnv) dial(t *testing.T, plugin string) {
+	t.Helper()
 	sock := filepath.Join(plugin, "dra.sock")
 	// Listening, not only bound: the socket's file exists from bind on,
 	// and a dial before listen is refused.
@@ -95,7 +155,6 @@ func newDRAEnvWith(t *testing.T, pods PodDirectory, cfgText string, mod func(*Op
 	}
 	t.Cleanup(func() { conn.Close() })
 	e.kubelet = drapb.NewDRAPluginClient(conn)
-	return e
 }
 
 // waitFor waits up to 10 s for cond, polling: what it waits for (a file,
