@@ -21,6 +21,7 @@ import (
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/config"
+	"github.com/xdpq/xdpq/pkg/deviceplugin"
 	"github.com/xdpq/xdpq/pkg/kubepods"
 	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/mover"
@@ -129,7 +130,7 @@ type Daemon struct {
 	// flows is the xdpq.io/flows annotation's face (with a pod
 	// directory; else nil).
 	flows   *podflows.Face
-	plugins *devicePlugins // Kubernetes mode, by pool
+	plugins *deviceplugin.Plugins // Kubernetes mode, one a pool
 	unmount func()
 	// metricsLn is the metrics address's listener, nil when none is served.
 	metricsLn net.Listener
@@ -289,7 +290,8 @@ func newDaemon(opts Options) *Daemon {
 	d.cni = &cniFace{core: c}
 	d.local = &localAPI{cniFace: d.cni, core: c}
 	d.dra = &draFace{core: c, opts: &d.opts, log: d.log, changed: make(chan struct{}, 1), unprepared: make(chan struct{}, 1)}
-	d.plugins = &devicePlugins{dir: opts.PluginDir, registry: opts.RegistryDir, log: d.log, core: c, running: map[string]*plugin{}}
+	d.plugins = deviceplugin.NewPlugins(deviceplugin.PluginsConfig{Dir: opts.PluginDir, RegistryDir: opts.RegistryDir,
+		DeviceInfoDir: opts.DeviceInfoDir, Logger: d.log}, pluginsCore{c})
 	c.subscribe(d.changed)
 	return d
 }
@@ -340,7 +342,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		cancel()
 	}()
-	d.plugins.use(gctx, g)
+	d.plugins.Use(gctx, g)
 	part := func(name string, run func(context.Context) error) {
 		d.health.started(name)
 		g.Go(func() error {
@@ -482,13 +484,19 @@ func (d *Daemon) changed(ch change) {
 	switch ch.kind {
 	case netdevsChanged:
 		d.signalNetdevs()
-		d.plugins.changed()
+		d.plugins.Changed()
 		d.dra.signal()
 	case poolsChanged:
-		d.plugins.syncPlugins()
+		// Once recovery is done (start's last reconcile): kubelet
+		// allocates at once.
+		if !d.opts.Standalone && d.core.recovered.Load() {
+			d.plugins.Sync()
+		}
 		d.dra.signal()
 	case allocationUnserved:
-		d.plugins.removeDeviceInfo(ch.alloc)
+		if p, ok := d.core.ledger.Meta(ch.alloc.Pool); ok && !d.opts.Standalone {
+			d.plugins.Unserved(resourceOf(ch.alloc, p), ch.alloc.Devices)
+		}
 	case configApplied:
 		d.node.Changed()
 	case allocationFreed:

@@ -232,7 +232,7 @@ func (b *before) alloc(label string, queues ...uint32) {
 		for _, q := range queues {
 			devs = append(devs, ledger.DeviceID("xa", q))
 		}
-		if _, err := b.d.plugins.allocate(ctx, "upf", devs); err != nil {
+		if _, err := b.d.plugins.Allocate(ctx, "upf", devs); err != nil {
 			b.t.Fatal(err)
 		}
 		a, ok := b.d.core.ledger.Device("upf", devs[0])

@@ -376,7 +376,8 @@ func (n *fakeNode) daemon(yaml string) (d *Daemon, stop func()) {
 	path := n.writeConfig(yaml)
 	opts := Options{ConfigPath: path, NodeName: "node-1", StateDir: filepath.Join(n.dir, "state"), AllocDir: filepath.Join(n.dir, "alloc"),
 		PinDir: filepath.Join(n.dir, "pins"), Resync: time.Hour, CollectPeriod: time.Hour, Standalone: n.kubelet == nil, PluginDir: filepath.Join(n.dir, "plugins"),
-		Logger: slog.New(slog.NewTextHandler(n.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+		DeviceInfoDir: filepath.Join(n.dir, "devinfo"),
+		Logger:        slog.New(slog.NewTextHandler(n.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	d = newDaemon(opts)
 	d.core.agent, d.core.broker, d.core.mover = n.agent, n.broker, n.mover
 	if n.kubelet != nil {
@@ -416,7 +417,7 @@ func (n *fakeNode) daemon(yaml string) (d *Daemon, stop func()) {
 	// With kubelet, the device plugins run (and wait for a kubelet that
 	// never comes) in the group, as in Run.
 	g, gctx := errgroup.WithContext(ctx)
-	d.plugins.use(gctx, g)
+	d.plugins.Use(gctx, g)
 	g.Go(func() error { return d.core.rec.run(gctx) })
 	var once sync.Once
 	stop = func() {

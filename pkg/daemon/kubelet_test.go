@@ -211,7 +211,7 @@ func TestKubernetesNetdevPool(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("net1 in the pod: %v", err)
 	}
-	if devs := d.plugins.devices("vf"); len(devs) != 2 || devs[0].ID != "xa" || !devs[0].Healthy {
+	if devs := (pluginsCore{d.core}).Devices("vf"); len(devs) != 2 || devs[0].ID != "xa" || !devs[0].Healthy {
 		t.Errorf("the netdev in the pod is reported %+v", devs)
 	}
 	if _, err := d.cni.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
@@ -234,7 +234,7 @@ func TestKubernetesNetdevPool(t *testing.T) {
 	if err := p.NS.Do(func(ns.NetNS) error { _, err := netlink.LinkByName("xa"); return err }); err != nil {
 		t.Errorf("xa not back on the node: %v", err)
 	}
-	if devs := d.plugins.devices("vf"); len(devs) != 2 || devs[0].ID != "xa" || !devs[0].Healthy {
+	if devs := (pluginsCore{d.core}).Devices("vf"); len(devs) != 2 || devs[0].ID != "xa" || !devs[0].Healthy {
 		t.Errorf("the netdev back on the node is reported %+v", devs)
 	}
 }

@@ -25,12 +25,11 @@ func TestDevicePluginFace(t *testing.T) {
 	n := newFakeNode(t, xa)
 	n.kubelet = fakeKubelet{err: errors.New("not asked")}
 	d, _ := n.daemon("pools: [{name: upf-v4, steering: software, devices: {netdevs: ['xa#0-3']}}]\n")
-	d.opts.DeviceInfoDir = t.TempDir()
 	if err := d.core.start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	resp, err := d.plugins.allocate(ctx, "upf-v4", []string{"xa-q1", "xa-q2"})
+	resp, err := d.plugins.Allocate(ctx, "upf-v4", []string{"xa-q1", "xa-q2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +69,7 @@ func TestDevicePluginFace(t *testing.T) {
 
 	healthy := func() map[string]bool {
 		out := map[string]bool{}
-		for _, dv := range d.plugins.devices("upf-v4") {
+		for _, dv := range (pluginsCore{d.core}).Devices("upf-v4") {
 			out[dv.ID] = dv.Healthy
 		}
 		return out
@@ -86,7 +85,7 @@ func TestDevicePluginFace(t *testing.T) {
 	}
 
 	d.core.refuseNew()
-	if _, err := d.plugins.allocate(ctx, "upf-v4", []string{"xa-q0"}); !errors.Is(err, api.ErrUnavailable) {
+	if _, err := d.plugins.Allocate(ctx, "upf-v4", []string{"xa-q0"}); !errors.Is(err, api.ErrUnavailable) {
 		t.Errorf("allocate while uninstalling: %v; want it refused as unavailable", err)
 	}
 }

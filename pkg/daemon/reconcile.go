@@ -447,24 +447,6 @@ func netdevSettingsDiffer(a, b config.Pool) string {
 	return strings.Join(d, ", ")
 }
 
-// syncPlugins runs one device plugin per pool of the ledger (Kubernetes
-// mode; see devicePlugins.sync). Only the reconciler calls it.
-func (ps *devicePlugins) syncPlugins() {
-	if ps.core.opts.Standalone || !ps.core.recovered.Load() {
-		return // start runs it last: kubelet allocates once recovery is done
-	}
-	want := map[string]string{}
-	for _, p := range ps.core.ledger.Metas() {
-		if p.Resource == "" { // a pool of records only, gone from the config before this daemon started
-			continue
-		}
-		if by, _ := ps.core.servedBy(p); by == ServedByDevicePlugin {
-			want[p.Name] = p.Resource
-		}
-	}
-	ps.sync(want)
-}
-
 // servedBy is how pool p is served now: as its config (or the daemon's
 // default) says, unless allocations of the other way still hold its
 // devices: then the other way, until they end (a pool is served one way

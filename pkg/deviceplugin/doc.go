@@ -6,4 +6,10 @@
 // device-plugins directory, so nothing is kept there), prefers queues of
 // one netdev, contiguous and NUMA-local, and leaves what an allocation
 // means (mounts, environment) to the daemon through Config.Allocate.
+//
+// Plugins is the daemon's device plugin face: one Plugin a pool that the
+// allocation core (Core) has them serve, kubelet's Allocate answered by
+// the core's allocation, and the device-info files CNI meta-plugins read
+// written for a PCI NIC's devices and removed when the core says an
+// allocation is no longer served.
 package deviceplugin
