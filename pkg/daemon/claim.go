@@ -43,7 +43,7 @@ type PodDirectory interface {
 // claim shared by several pods (DRA) is prepared once for all of them,
 // and its status.reservedFor says which pods may use it. Its queues
 // serve one of them: the first to connect, until it is gone
-// (collectClaims); the others are refused, naming it. The owner is
+// (dra.Face.Collect); the others are refused, naming it. The owner is
 // recorded before the broker takes it, so a restarted daemon keeps it.
 func (d *Daemon) claimPod(ctx context.Context, id string, pod broker.PodIdentity) error {
 	a, ok := d.core.ledger.Get(id)
@@ -59,7 +59,7 @@ func (d *Daemon) claimPod(ctx context.Context, id string, pod broker.PodIdentity
 	}
 	namespace, name := kp.Namespace, kp.Name
 	if a.Claim != nil {
-		if err := d.dra.claimReservedFor(ctx, a, pod.PodUID); err != nil {
+		if err := d.dra.ReservedFor(ctx, a, pod.PodUID); err != nil {
 			return err
 		}
 	} else {

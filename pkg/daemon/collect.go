@@ -43,7 +43,7 @@ func (d *Daemon) collect(ctx context.Context, grace time.Duration) (atts, allocs
 	if d.opts.Standalone {
 		return atts, nil
 	}
-	allocs = d.dra.collectClaims(ctx)
+	allocs = d.dra.Collect(ctx)
 	held, err := d.core.kubelet.heldDevices(ctx)
 	if err != nil {
 		d.log.Warn("cannot ask kubelet which devices are in use; collecting no allocation of the device plugin", "err", err)

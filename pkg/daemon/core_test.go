@@ -19,7 +19,7 @@ var faceImports = []string{"k8s.io/", "google.golang.org/grpc", "github.com/xdpq
 	"github.com/xdpq/xdpq/apis/"}
 
 // faceTypes are the faces' types: the core names none of them.
-var faceTypes = map[string]bool{"Daemon": true, "pluginsCore": true, "draFace": true, "cniFace": true, "localAPI": true,
+var faceTypes = map[string]bool{"Daemon": true, "pluginsCore": true, "draCore": true, "cniFace": true, "localAPI": true,
 	"podFlowsCore": true, "nriCore": true, "ownAttachments": true, "metered": true, "daemonCollector": true}
 
 // TestCoreCallsNoFace keeps the core below its faces: a file with the

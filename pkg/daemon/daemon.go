@@ -22,6 +22,7 @@ import (
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/config"
 	"github.com/xdpq/xdpq/pkg/deviceplugin"
+	"github.com/xdpq/xdpq/pkg/dra"
 	"github.com/xdpq/xdpq/pkg/kubepods"
 	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/mover"
@@ -142,7 +143,7 @@ type Daemon struct {
 	// netdevsChanged wakes reportNetdevs; capacity 1.
 	netdevsChanged chan struct{}
 	// dra is the DRA driver's face (run with Options.DRA).
-	dra *draFace
+	dra *dra.Face
 }
 
 // New checks what must be right before the daemon touches anything: that
@@ -250,7 +251,7 @@ func New(opts Options) (_ *Daemon, err error) {
 	d.core.broker = broker.NewServer(bcfg, nodeAgent)
 	d.core.rec = d.core.newReconciler()
 	d.metrics = newMetrics(d)
-	d.dra.metrics = d.metrics
+	d.dra = newDRAFace(d) // with its metrics and the pod directory
 	return d, nil
 }
 
@@ -289,7 +290,7 @@ func newDaemon(opts Options) *Daemon {
 	c.pods = newPodNetdevs(d.log, c.pinRoot(), opts.StateDir, c.devicesChanged)
 	d.cni = &cniFace{core: c}
 	d.local = &localAPI{cniFace: d.cni, core: c}
-	d.dra = &draFace{core: c, opts: &d.opts, log: d.log, changed: make(chan struct{}, 1), unprepared: make(chan struct{}, 1)}
+	d.dra = newDRAFace(d)
 	d.plugins = deviceplugin.NewPlugins(deviceplugin.PluginsConfig{Dir: opts.PluginDir, RegistryDir: opts.RegistryDir,
 		DeviceInfoDir: opts.DeviceInfoDir, Logger: d.log}, pluginsCore{c})
 	c.subscribe(d.changed)
@@ -395,7 +396,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			part("pod flows", d.flows.Run)
 		}
 		if d.opts.DRA != nil && !d.opts.Standalone {
-			part("dra", d.dra.draLoop)
+			part("dra", d.dra.Run)
 			if d.opts.DRA.NRISocket != "" {
 				part("nri", d.nriLoop)
 			}
@@ -485,14 +486,14 @@ func (d *Daemon) changed(ch change) {
 	case netdevsChanged:
 		d.signalNetdevs()
 		d.plugins.Changed()
-		d.dra.signal()
+		d.dra.Changed()
 	case poolsChanged:
 		// Once recovery is done (start's last reconcile): kubelet
 		// allocates at once.
 		if !d.opts.Standalone && d.core.recovered.Load() {
 			d.plugins.Sync()
 		}
-		d.dra.signal()
+		d.dra.Changed()
 	case allocationUnserved:
 		if p, ok := d.core.ledger.Meta(ch.alloc.Pool); ok && !d.opts.Standalone {
 			d.plugins.Unserved(resourceOf(ch.alloc, p), ch.alloc.Devices)

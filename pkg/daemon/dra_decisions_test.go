@@ -30,6 +30,7 @@ func draDaemon(t *testing.T, n *fakeNode, yaml string, nri bool) *Daemon {
 	if nri {
 		d.opts.DRA.NRISocket = "/run/nri/nri.sock" // never dialled: Prepare only checks that there is one
 	}
+	d.dra = newDRAFace(d)
 	if err := d.core.start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -99,23 +99,6 @@ func TestClaimGoneWithoutUnprepare(t *testing.T) {
 	}
 }
 
-// TestPCIeRootsReadOnce: a device's PCIe root is read from sysfs once,
-// whatever the number of publishes; each device's is its own.
-func TestPCIeRootsReadOnce(t *testing.T) {
-	reads := map[string]int{}
-	r := pcieRoots{read: func(pci string) string { reads[pci]++; return "pci0000:" + pci[:2] }}
-	for range 3 {
-		for _, pci := range []string{"0000:3b:00.0", "0000:5e:00.1"} {
-			if got := r.get(pci); got != "pci0000:"+pci[:2] {
-				t.Errorf("%s: %q", pci, got)
-			}
-		}
-	}
-	if reads["0000:3b:00.0"] != 1 || reads["0000:5e:00.1"] != 1 {
-		t.Errorf("sysfs read %v, want once each", reads)
-	}
-}
-
 // TestPrepareTakesDevicesOfADeallocatedClaim: a pod deleted at once
 // leaves its claim prepared while the API server has deallocated it and
 // given its queue to the next claim: that claim's Prepare frees the old

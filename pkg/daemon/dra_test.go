@@ -104,6 +104,7 @@ func newFakeDRAEnv(t *testing.T, pods PodDirectory, cfgText string, objs ...runt
 	plugin := filepath.Join(dir, "plugins", dra.DriverName)
 	d.opts.NodeName, d.opts.Pods = draNodeName, pods
 	d.opts.DRA = &DRA{Kube: e.kube, RegistryDir: filepath.Join(dir, "registry"), PluginDir: plugin, CDIDir: e.cdiDir}
+	d.dra = newDRAFace(d)
 	for _, d := range []string{d.opts.DRA.RegistryDir, plugin} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -115,7 +116,7 @@ func newFakeDRAEnv(t *testing.T, pods PodDirectory, cfgText string, objs ...runt
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		err := d.dra.draLoop(ctx)
+		err := d.dra.Run(ctx)
 		if ctx.Err() == nil {
 			t.Errorf("the DRA face stopped on its own: %v", err)
 		}

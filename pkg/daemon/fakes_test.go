@@ -399,7 +399,7 @@ func (n *fakeNode) daemon(yaml string) (d *Daemon, stop func()) {
 	}
 	d.node = noReporter{}
 	d.metrics = newMetrics(d)
-	d.dra.metrics = d.metrics
+	d.dra = newDRAFace(d)
 	var err error
 	if d.core.watcher, err = config.NewWatcher(path, opts.Logger); err != nil {
 		t.Fatal(err)

@@ -2,14 +2,10 @@ package daemon
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"net/netip"
 	"time"
 
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/dra"
-	"github.com/xdpq/xdpq/pkg/flow"
 	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/nri"
 )
@@ -40,9 +36,9 @@ func (c nriCore) NetdevClaims(uid string) []nri.Claim {
 			continue
 		}
 		nc := nri.Claim{Allocation: a.ID, Name: a.Claim.Namespace + "/" + a.Claim.Name, Netdev: a.Netdev}
-		ic, err := claimInterface(a)
+		ic, err := dra.ClaimInterface(a)
 		if err == nil {
-			nc.Flows, _, err = claimNetdevFlows(a, ic)
+			nc.Flows, _, err = dra.ClaimNetdevFlows(a, ic)
 		}
 		nc.Interface, nc.MTU, nc.Prefixes, nc.Err = ic.Name, ic.MTU, ic.Prefixes(), err
 		out = append(out, nc)
@@ -60,39 +56,7 @@ func (c nriCore) Sandboxes() []api.AttachmentRef {
 	return out
 }
 
-func (c nriCore) Moved() { c.d.dra.signal() } // the claims' networkData
-
-// claimInterface is the interface configuration of a claim's allocation.
-func claimInterface(a ledger.Allocation) (dra.InterfaceConfig, error) {
-	var ic dra.InterfaceConfig
-	if a.Claim == nil || len(a.Claim.Interface) == 0 {
-		return ic, nil
-	}
-	err := json.Unmarshal(a.Claim.Interface, &ic)
-	return ic, err
-}
-
-// claimNetdevFlows are the flows a netdev-mode claim steers: its
-// configured flows, an empty destination being each of the interface's
-// addresses.
-func claimNetdevFlows(a ledger.Allocation, ic dra.InterfaceConfig) ([]api.CNIFlow, []netip.Addr, error) {
-	var addrs []netip.Addr
-	for _, p := range ic.Prefixes() {
-		addrs = append(addrs, p.Addr())
-	}
-	if a.Claim == nil || a.Claim.Flows == nil {
-		return nil, addrs, nil
-	}
-	parsed, err := flow.ParseList(a.Claim.Flows, "flows")
-	if err != nil {
-		return nil, nil, err
-	}
-	flows, err := flow.Resolve(parsed, addrs)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w (a netdev-mode claim's own addresses are its interface.addresses)", err)
-	}
-	return flows, addrs, nil
-}
+func (c nriCore) Moved() { c.d.dra.Changed() } // the claims' networkData
 
 // claimNetwork is where a claim's netdev is in its pod, nil when it is
 // not there.
@@ -102,7 +66,7 @@ func claimNetwork(a ledger.Allocation) *dra.Network {
 			continue
 		}
 		n := &dra.Network{InterfaceName: att.IfName, HardwareAddress: att.Mac}
-		if ic, err := claimInterface(a); err == nil {
+		if ic, err := dra.ClaimInterface(a); err == nil {
 			n.IPs = ic.Addresses
 		}
 		return n

@@ -54,7 +54,7 @@ func (d *Daemon) stopping(ctx context.Context) {
 	defer cancel()
 	err := d.core.uninstall(actx)
 	if d.opts.DRA != nil {
-		d.dra.removeSpecs()
+		d.dra.RemoveStaleSpecs()
 	}
 	if err != nil {
 		d.log.Error("uninstall left something on the node; its records and pins stay, so that a new install adopts it or an operator can remove it", "err", err)
@@ -118,7 +118,7 @@ func (d *Daemon) awaitUnprepare(ctx context.Context) {
 				"claims", held, "until", end.Format(time.RFC3339))
 		}
 		select {
-		case <-d.dra.unprepared:
+		case <-d.dra.Unprepared():
 		case <-tell.C:
 			said = "" // said again, as a reminder
 		case <-deadline.C:

@@ -15,6 +15,14 @@
 // package writes them as a CDI spec of the claim, which containerd
 // applies to the pod's containers.
 //
+// [Face] is that node side as the daemon runs it: Prepare's decisions
+// (the pool's way, one netdev per claim, the claim's flows and
+// interface, a deallocated claim's devices taken back), Unprepare, the
+// slices' devices and their taints, the claims' networkData, and the
+// claims gone from the API server (Collect) or not reserved for a pod
+// (ReservedFor), over the daemon's allocation core ([Core]), which it
+// calls down into and never back.
+//
 // Names: a ResourceSlice pool is "<node>/<pool>" (pool names are one
 // namespace per driver across the cluster); a device is a DNS label made
 // of its netdev's name and queue, see [DeviceName].

@@ -143,9 +143,9 @@ var draReason = regexp.MustCompile(`(?m)x\.Unavailable, x\.Reason = .*, "([A-Za-
 // the code defines them.
 func userStrings(t *testing.T) map[string][]string {
 	t.Helper()
-	dr := draReason.FindAllStringSubmatch(read(t, "pkg/daemon/dra.go"), -1)
+	dr := draReason.FindAllStringSubmatch(read(t, "pkg/dra/face.go"), -1)
 	if len(dr) == 0 {
-		t.Fatal("pkg/daemon/dra.go: no device reason found: is the pattern stale?")
+		t.Fatal("pkg/dra/face.go: no device reason found: is the pattern stale?")
 	}
 	var draReasons []string
 	for _, m := range dr {
