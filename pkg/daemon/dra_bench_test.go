@@ -161,7 +161,7 @@ func BenchmarkPrepare64x64(b *testing.B) {
 		lat        []time.Duration
 	}{
 		{"DRA NodePrepareResources (gRPC, the claim read from a fake API server, CDI spec)", "", prep},
-		{"the daemon's part of it (draFace.PrepareClaim: the allocation recorded and served)", "≤ 1 ms / ≤ 5 ms", inDaemon},
+		{"the daemon's part of it (dra.Face.PrepareClaim: the allocation recorded and served)", "≤ 1 ms / ≤ 5 ms", inDaemon},
 		{"device plugin Allocate", "", alloc},
 		{"DRA NodeUnprepareResources", "", unprep},
 	} {
