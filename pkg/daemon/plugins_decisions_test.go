@@ -66,6 +66,19 @@ func TestDevicePluginFace(t *testing.T) {
 	if got := infos(); len(got) > 0 {
 		t.Errorf("freed, and the device-info files of %v remain", got)
 	}
+	// A resource renamed (resourcePrefix) while an allocation holds its
+	// devices: its files, made under the old name, go with it.
+	if _, err := d.plugins.Allocate(ctx, "upf-v4", []string{"xa-q0"}); err != nil {
+		t.Fatal(err)
+	}
+	n.reload(d, "resourcePrefix: example.com\npools: [{name: upf-v4, steering: software, devices: {netdevs: ['xa#0-3']}}]\n")
+	a, _ = d.core.ledger.Get(d.core.ledger.Holder("upf-v4", "xa-q0"))
+	if err := d.core.free(ctx, a.ID, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(deviceplugin.DeviceInfoPath(d.opts.DeviceInfoDir, "xdpq.io/upf-v4", "xa-q0")); err == nil {
+		t.Error("freed after its resource was renamed, and its device-info file remains")
+	}
 
 	healthy := func() map[string]bool {
 		out := map[string]bool{}
