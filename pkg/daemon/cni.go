@@ -81,59 +81,13 @@ func (f *cniFace) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachme
 	if att.Mode == api.ModeNetdev && req.Netns == "" {
 		return nil, api.Errorf(api.ErrInvalid, "pool %s hands out whole netdevs: the request needs the pod's netns", a.Pool)
 	}
-	var got ledger.Attachment
-	var again bool
-	err = f.core.whenIdle(ctx, func() (err error) {
-		got, again, err = f.core.ledger.BeginAttach(a.ID, att)
-		return err
-	})
+	got, again, err := f.core.attachNew(ctx, a, att, flows, pool)
 	if err != nil {
 		return nil, err
 	}
 	if again {
 		return &got.Attachment, nil
 	}
-	if got.Mode == api.ModeQueue {
-		if err := f.checkClaims(got, shared); err != nil {
-			f.core.dropAttach(got)
-			return nil, err
-		}
-	}
-	if got.Mode == api.ModeNetdev {
-		// Recorded before anything moves: a restarted daemon finds the
-		// netdev by it.
-		// A map pinned for DPDK is out from the start.
-		got.MapOut = pinsDPDKMap(pool.Config)
-		got.Moved, err = f.core.prepareMove(a.Netdev, req, podPolicy(pool.Config, len(flows) > 0, got.MapOut))
-		if err == nil {
-			err = f.core.ledger.UpdateAttachment(got)
-		}
-		if err != nil {
-			f.core.dropAttach(got)
-			return nil, err
-		}
-	}
-	if err := f.core.attach(ctx, &got, flows); err != nil {
-		var stranded *strandedError
-		if errors.As(err, &stranded) {
-			// Its record stays, pending: the collector brings the
-			// netdev back and ends it (finishUndo).
-			f.core.retryLater(got.Key(), err)
-			return nil, err
-		}
-		f.core.dropAttach(got)
-		if got.Mode == api.ModeNetdev {
-			// Back on the node: its agent takes it again.
-			if serr := f.core.syncNetdevs(ctx); serr != nil {
-				f.core.log.Warn("netdevs", "err", serr)
-			}
-		}
-		return nil, flowRefusal(err)
-	}
-	if err := f.core.ledger.EndAttach(got, true); err != nil {
-		return nil, err
-	}
-	f.core.log.Info("attached", "container", req.ContainerID, "ifname", req.IfName, "allocation", a.ID, "mode", got.Mode, "flows", len(flows))
 	if req.PodUID != "" && f.core.opts.Pods != nil && !podflows.IsPodFlows(req.ContainerID) {
 		f.core.opts.Pods.Touch(req.PodUID) // bound to its pod: its flows annotation applies now
 	}
@@ -206,75 +160,6 @@ func (f *cniFace) checkNotGrantedElsewhere(pool string, claimed []netip.Addr) er
 		}
 	}
 	return nil
-}
-
-// checkClaims refuses attachment att, recorded pending, whose flows
-// claim as the pod's own an address that a live attachment of another
-// pod on the same netdev claims: two network configurations whose IPAM
-// names the same address (static IPAM names any), the later one taking
-// the other pod's traffic on other ports. It runs after BeginAttach
-// recorded att, so of two ADDs racing for one address the later one
-// recorded sees the other: at most one stands (both may be refused;
-// the runtime's retry settles it). An address the pool's
-// sharedDestinations grant is no one's own.
-func (f *cniFace) checkClaims(att ledger.Attachment, shared []netip.Prefix) error {
-	mine := claims(att.Attachment, shared)
-	if len(mine) == 0 {
-		return nil
-	}
-	for _, o := range f.core.ledger.Attachments() {
-		if o.Key() == att.Key() || o.Netdev != att.Netdev || o.Mode != api.ModeQueue || samePod(o.Attachment, att.Attachment) {
-			continue
-		}
-		for _, a := range claims(o.Attachment, shared) {
-			if !slices.Contains(mine, a) {
-				continue
-			}
-			pod := ""
-			if o.PodName != "" {
-				pod = fmt.Sprintf(" (pod %s/%s)", o.PodNamespace, o.PodName)
-			}
-			return api.Errorf(api.ErrConflict, "address %s: attachment %s%s on %s steers it as its pod's own address already: "+
-				"two pods may not claim one address (a network configuration's static IPAM names any); "+
-				"an operator grants an address several pods serve with the pool's sharedDestinations",
-				a, o.Key(), pod, att.Netdev)
-		}
-	}
-	return nil
-}
-
-// claims are the addresses an attachment's flows steer as its pod's
-// own: its addresses that a flow names as its destination and no shared
-// destination grants.
-func claims(att api.Attachment, shared []netip.Prefix) []netip.Addr {
-	var out []netip.Addr
-	for _, a := range flow.Claimed(att.Flows, shared) {
-		if slices.Contains(att.Addresses, a) {
-			out = append(out, a)
-		}
-	}
-	return out
-}
-
-// samePod reports whether two attachments are of one pod: the same pod
-// UID, sandbox container or network namespace (a pod's attachments of
-// several pools, or of two pools on one netdev, share its address).
-func samePod(a, b api.Attachment) bool {
-	return a.PodUID != "" && a.PodUID == b.PodUID || a.ContainerID == b.ContainerID ||
-		a.NetnsInode != 0 && a.NetnsInode == b.NetnsInode
-}
-
-// flowRefusal is err as the API answers it: a flow the netdev's steering
-// cannot take is the request's fault (400), one that meets another's or
-// finds no room a conflict (409); anything else stands as it is.
-func flowRefusal(err error) error {
-	switch {
-	case errors.Is(err, agent.ErrFlowInvalid):
-		return api.Errorf(api.ErrInvalid, "flows: %w", err)
-	case errors.Is(err, agent.ErrFlowConflict), errors.Is(err, agent.ErrFlowsFull):
-		return api.Errorf(api.ErrConflict, "flows: %w", err)
-	}
-	return err
 }
 
 // findAllocation finds the allocation an ADD is for: by its id
