@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 
 	"github.com/xdpq/xdpq/pkg/agent"
@@ -139,30 +138,6 @@ func (c *core) whenIdle(ctx context.Context, try func() error) error {
 			return fmt.Errorf("%w; still so after %v", err, api.RequestTimeout)
 		}
 	}
-}
-
-// netnsInode is the inode of the network namespace at path, 0 when the
-// path cannot be read (the daemon may not see it; then it cannot judge).
-// A path the daemon reads that is not a network namespace (CNI_NETNS
-// naming a file, another kind of namespace) is refused.
-func netnsInode(path string) (uint64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, nil
-	}
-	defer func() { _ = f.Close() }() // read-only
-	var st unix.Stat_t
-	var fs unix.Statfs_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return 0, nil
-	}
-	if err := unix.Fstatfs(int(f.Fd()), &fs); err != nil || fs.Type != unix.NSFS_MAGIC {
-		return 0, fmt.Errorf("%s is not a namespace", path)
-	}
-	if t, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE); err != nil || t != unix.CLONE_NEWNET {
-		return 0, fmt.Errorf("%s is a namespace, but not a network namespace", path)
-	}
-	return st.Ino, nil
 }
 
 // netnsGone reports whether the attachment's pod netns is certainly gone:
@@ -320,4 +295,52 @@ func flowRefusal(err error) error {
 		return api.Errorf(api.ErrConflict, "flows: %w", err)
 	}
 	return err
+}
+
+// verify reports attachment ref as recorded once no operation is under
+// way on it, and whether the kernel still has it as recorded: its
+// netdev managed and neither missing nor overridden, its flows installed
+// (read back from the NIC's rules or the filter's flow map), a netdev-
+// mode pool's netdev in its pod. nil when there is no such attachment.
+func (c *core) verify(ctx context.Context, ref api.AttachmentRef) (*api.Attachment, error) {
+	key := ledger.Key(ref.ContainerID, ref.IfName)
+	var att ledger.Attachment
+	var ok bool
+	err := c.whenIdle(ctx, func() error {
+		if att, ok = c.ledger.Attachment(key); ok && att.State != ledger.Active {
+			return api.Errorf(api.ErrConflict, "attachment %s: %w (%s)", key, ledger.ErrBusy, att.State)
+		}
+		return nil
+	})
+	if !ok {
+		return nil, api.Errorf(api.ErrNotFound, "no attachment of container %s interface %s", ref.ContainerID, ref.IfName)
+	}
+	if err != nil {
+		return &att.Attachment, err
+	}
+	verify, name := c.agent.VerifySteering, att.Netdev
+	if att.Mode == api.ModeNetdev {
+		pn := c.pods.get(att.Netdev)
+		if pn == nil || pn.key != key {
+			return &att.Attachment, fmt.Errorf("netdev %s is not in the pod", att.Netdev)
+		}
+		verify, name = pn.agent.VerifySteering, pn.rec.ifName()
+	}
+	for _, s := range c.netdevStatus() {
+		if s.Netdev != att.Netdev {
+			continue
+		}
+		if s.State == agent.StateMissing || s.State == agent.StateOverridden {
+			// The node's state, which may pass (the netdev comes back,
+			// the foreign program goes): not the daemon failing.
+			return &att.Attachment, api.Errorf(api.ErrUnavailable, "netdev %s is %s: %s", att.Netdev, s.State, s.Reason)
+		}
+		if len(att.Flows) > 0 {
+			if err := verify(name, key); err != nil {
+				return &att.Attachment, err
+			}
+		}
+		return &att.Attachment, nil
+	}
+	return &att.Attachment, api.Errorf(api.ErrUnavailable, "netdev %s is not managed (the daemon's status says why)", att.Netdev)
 }

@@ -36,7 +36,7 @@ func TestVerbsWaitForWorkUnderWay(t *testing.T) {
 		}
 		pod := netip.MustParseAddr("10.99.0.7")
 		f := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(pod, 32), DstPort: 5000}
-		if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{f},
+		if _, err := d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{f},
 			Addresses: []netip.Addr{pod}}); err != nil {
 			t.Fatal(err)
 		}
@@ -83,7 +83,7 @@ func TestVerbsWaitForWorkUnderWay(t *testing.T) {
 		a := allocWithFlow(t)
 		t.Cleanup(func() { d.local.Free(ctx, a.ID) })
 		finish := beginEnding(t)
-		if err := during(t, finish, func() error { return d.cni.CNIDel(ctx, ref) }); err != nil {
+		if err := during(t, finish, func() error { return d.local.CNIDel(ctx, ref) }); err != nil {
 			t.Errorf("DEL of an attachment the daemon was ending: %v; want success once it ended", err)
 		}
 		if n := netdevOf(t, d, "xa"); n.Flows != 0 {
@@ -94,7 +94,7 @@ func TestVerbsWaitForWorkUnderWay(t *testing.T) {
 		a := allocWithFlow(t)
 		t.Cleanup(func() { d.local.Free(ctx, a.ID) })
 		finish := beginEnding(t)
-		err := during(t, finish, func() error { _, err := d.cni.CNICheck(ctx, ref); return err })
+		err := during(t, finish, func() error { _, err := d.local.CNICheck(ctx, ref); return err })
 		if !errors.Is(err, api.ErrNotFound) {
 			t.Errorf("CHECK of an attachment the daemon was ending: %v; want not found once it ended", err)
 		}
@@ -103,7 +103,7 @@ func TestVerbsWaitForWorkUnderWay(t *testing.T) {
 		a := allocWithFlow(t)
 		t.Cleanup(func() { d.local.Free(ctx, a.ID) })
 		finish := beginEnding(t)
-		if err := during(t, finish, func() error { _, err := d.cni.CNIGC(ctx, api.GCRequest{}); return err }); err != nil {
+		if err := during(t, finish, func() error { _, err := d.local.CNIGC(ctx, api.GCRequest{}); return err }); err != nil {
 			t.Errorf("GC meeting an ending: %v", err)
 		}
 	})
@@ -143,7 +143,7 @@ func TestVerbsWaitForWorkUnderWay(t *testing.T) {
 		t.Cleanup(func() { d.local.Free(ctx, a.ID) })
 		finish := beginEnding(t)
 		err := during(t, finish, func() error {
-			_, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID})
+			_, err := d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID})
 			return err
 		})
 		if err != nil {

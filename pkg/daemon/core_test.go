@@ -15,11 +15,11 @@ import (
 // allocations and attachments, uses none of them.
 var faceImports = []string{"k8s.io/", "google.golang.org/grpc", "github.com/xdpq/xdpq/pkg/deviceplugin",
 	"github.com/xdpq/xdpq/pkg/dra", "github.com/xdpq/xdpq/pkg/nri", "github.com/xdpq/xdpq/pkg/podflows",
-	"github.com/xdpq/xdpq/pkg/nodestatus", "github.com/xdpq/xdpq/pkg/kubepods", "github.com/xdpq/xdpq/internal/kube",
+	"github.com/xdpq/xdpq/pkg/nodestatus", "github.com/xdpq/xdpq/pkg/kubepods", "github.com/xdpq/xdpq/pkg/localapi", "github.com/xdpq/xdpq/internal/kube",
 	"github.com/xdpq/xdpq/apis/"}
 
 // faceTypes are the faces' types: the core names none of them.
-var faceTypes = map[string]bool{"Daemon": true, "pluginsCore": true, "draCore": true, "cniFace": true, "localAPI": true,
+var faceTypes = map[string]bool{"Daemon": true, "pluginsCore": true, "draCore": true, "localCore": true,
 	"podFlowsCore": true, "nriCore": true, "ownAttachments": true, "metered": true, "daemonCollector": true}
 
 // TestCoreCallsNoFace keeps the core below its faces: a file with the

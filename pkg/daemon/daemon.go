@@ -25,6 +25,7 @@ import (
 	"github.com/xdpq/xdpq/pkg/dra"
 	"github.com/xdpq/xdpq/pkg/kubepods"
 	"github.com/xdpq/xdpq/pkg/ledger"
+	"github.com/xdpq/xdpq/pkg/localapi"
 	"github.com/xdpq/xdpq/pkg/mover"
 	"github.com/xdpq/xdpq/pkg/nic"
 	"github.com/xdpq/xdpq/pkg/nodestatus"
@@ -125,8 +126,7 @@ type Daemon struct {
 	// down into it, and it tells them of changes only through its
 	// subscription.
 	core   *core
-	cni    *cniFace            // the CNI verbs, the local API's and the daemon's own attachments'
-	local  *localAPI           // the local API
+	local  *localapi.Backend   // the local API: standalone allocations, the status, the CNI verbs
 	podDir *kubepods.Directory // Kubernetes mode with an API server, unless Options.Pods; set by New
 	// flows is the xdpq.io/flows annotation's face (with a pod
 	// directory; else nil).
@@ -288,8 +288,7 @@ func newDaemon(opts Options) *Daemon {
 	}
 	c.nodeAddrs = func(addrs []netip.Addr) (map[netip.Addr]string, error) { return nic.Holders(d.opts.NetNS, addrs) }
 	c.pods = newPodNetdevs(d.log, c.pinRoot(), opts.StateDir, c.devicesChanged)
-	d.cni = &cniFace{core: c}
-	d.local = &localAPI{cniFace: d.cni, core: c}
+	d.local = localapi.New(localCore{d}, d.log)
 	d.dra = newDRAFace(d)
 	d.plugins = deviceplugin.NewPlugins(deviceplugin.PluginsConfig{Dir: opts.PluginDir, RegistryDir: opts.RegistryDir,
 		DeviceInfoDir: opts.DeviceInfoDir, Logger: d.log}, pluginsCore{c})

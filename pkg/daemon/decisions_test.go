@@ -255,7 +255,7 @@ func (b *before) attachReq(label, container string) api.CNIAddRequest {
 
 func (b *before) attach(label, container string) {
 	b.t.Helper()
-	if _, err := b.d.cni.CNIAdd(context.Background(), b.attachReq(label, container)); err != nil {
+	if _, err := b.d.local.CNIAdd(context.Background(), b.attachReq(label, container)); err != nil {
 		b.t.Fatal(err)
 	}
 	b.labels[ledger.Key(container, "net1")] = label + "/" + container
@@ -554,7 +554,7 @@ func TestContainerRestartDecisions(t *testing.T) {
 			req := b.attachReq("A", "c1")
 			req.Netns = fmt.Sprintf("/proc/%d/ns/net", pod.Process.Pid)
 			req.PodUID = "pod-uid-1"
-			if _, err := d.cni.CNIAdd(context.Background(), req); err != nil {
+			if _, err := d.local.CNIAdd(context.Background(), req); err != nil {
 				t.Fatal(err)
 			}
 			b.labels[ledger.Key("c1", "net1")] = "A/c1"
@@ -596,7 +596,7 @@ func TestQueueInfo(t *testing.T) {
 	b.alloc("B", 2)
 	req := b.attachReq("A", "c1")
 	req.PodNamespace, req.PodName = "upf", "upf-0"
-	if _, err := d.cni.CNIAdd(context.Background(), req); err != nil {
+	if _, err := d.local.CNIAdd(context.Background(), req); err != nil {
 		t.Fatal(err)
 	}
 	fams, err := d.metrics.reg.Gather()
@@ -707,7 +707,7 @@ func TestNodeAddressDecisions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Addresses: c.addresses, Flows: c.flows})
+			_, err = d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Addresses: c.addresses, Flows: c.flows})
 			refused := refusedAs(t, err, c.kind, c.says)
 			if got := n.asked.take(); !slices.Equal(got, c.wantAsked) {
 				t.Errorf("the node asked about %q; want %q", got, c.wantAsked)
@@ -719,7 +719,7 @@ func TestNodeAddressDecisions(t *testing.T) {
 			n.addrsErr = nil
 			good := api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Addresses: addrs("10.77.0.4"),
 				Flows: []api.CNIFlow{udp("10.77.0.4/32", 2152)}}
-			if _, err := d.cni.CNIAdd(ctx, good); err != nil {
+			if _, err := d.local.CNIAdd(ctx, good); err != nil {
 				t.Errorf("a good ADD after the refusal: %v", err)
 			}
 		})
@@ -775,7 +775,7 @@ func TestClaimDecisions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: first.ID, PodUID: "uid-a", Netns: netns,
+			if _, err := d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: first.ID, PodUID: "uid-a", Netns: netns,
 				PodNamespace: "upf", PodName: "upf-0", Addresses: []netip.Addr{own}, Flows: flowTo(own, 2152)}); err != nil {
 				t.Fatal(err)
 			}
@@ -788,14 +788,14 @@ func TestClaimDecisions(t *testing.T) {
 			if req.IfName == "" {
 				req.IfName = "net1"
 			}
-			if _, err = d.cni.CNIAdd(ctx, req); !refusedAs(t, err, api.ErrConflict, c.says) {
+			if _, err = d.local.CNIAdd(ctx, req); !refusedAs(t, err, api.ErrConflict, c.says) {
 				return
 			}
 			n.leftAfterRefusal(d, ledger.Key(req.ContainerID, req.IfName), "c1/net1")
-			if err := d.cni.CNIDel(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
+			if err := d.local.CNIDel(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := d.cni.CNIAdd(ctx, req); err != nil {
+			if _, err := d.local.CNIAdd(ctx, req); err != nil {
 				t.Errorf("the ADD once the first attachment is gone: %v", err)
 			}
 		})
@@ -843,7 +843,7 @@ func TestOtherPodAddressDecisions(t *testing.T) {
 			req := c.req
 			req.ContainerID, req.IfName, req.Allocation = "c1", "net1", a.ID
 			req.Addresses, req.Flows = []netip.Addr{victim}, flowTo(80)
-			if _, err = d.cni.CNIAdd(ctx, req); !refusedAs(t, err, api.ErrConflict, c.says) {
+			if _, err = d.local.CNIAdd(ctx, req); !refusedAs(t, err, api.ErrConflict, c.says) {
 				return
 			}
 			n.leftAfterRefusal(d, "c1/net1")

@@ -41,7 +41,7 @@ func netdevInPod(t *testing.T, d *Daemon, pool string) (*api.Allocation, ns.NetN
 	}
 	pod := newPodNS(t)
 	ref := api.AttachmentRef{ContainerID: "c1", IfName: "net1"}
-	if _, err := d.cni.CNIAdd(context.Background(), api.CNIAddRequest{ContainerID: ref.ContainerID, IfName: ref.IfName, Netns: pod.Path(), Allocation: a.ID}); err != nil {
+	if _, err := d.local.CNIAdd(context.Background(), api.CNIAddRequest{ContainerID: ref.ContainerID, IfName: ref.IfName, Netns: pod.Path(), Allocation: a.ID}); err != nil {
 		t.Fatal(err)
 	}
 	return a, pod, ref
@@ -198,7 +198,7 @@ func TestDPDKNetdevPool(t *testing.T) {
 		t.Error("the restarted daemon's pod agent does not keep the program attached")
 	}
 
-	if err := d.cni.CNIDel(ctx, ref); err != nil {
+	if err := d.local.CNIDel(ctx, ref); err != nil {
 		t.Fatal(err)
 	}
 	att, err := xdp.Query(pair.NSPath(), pair.A.Index)
@@ -276,7 +276,7 @@ func TestKubernetesDPDKPaths(t *testing.T) {
 	defer testutils.UnmountNS(pod)
 	defer pod.Close()
 	ref := api.AttachmentRef{ContainerID: "c1", IfName: "net1"}
-	if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: ref.ContainerID, IfName: ref.IfName, Netns: pod.Path(), DeviceID: "xa", Resource: "xdpq.io/vf"}); err != nil {
+	if _, err := d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: ref.ContainerID, IfName: ref.IfName, Netns: pod.Path(), DeviceID: "xa", Resource: "xdpq.io/vf"}); err != nil {
 		t.Fatal(err)
 	}
 	if fi, err := os.Stat(pin); err != nil || fi.Mode().Perm() != 0o600 {
@@ -319,7 +319,7 @@ func TestKubernetesDPDKPaths(t *testing.T) {
 		t.Errorf("the socket inserted through the pinned map, after a restart: %v", err)
 	}
 
-	if err := d.cni.CNIDel(ctx, ref); err != nil {
+	if err := d.local.CNIDel(ctx, ref); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(pin); !os.IsNotExist(err) {
@@ -426,7 +426,7 @@ func TestTestpmdInPod(t *testing.T) {
 			t.Errorf("testpmd without %s started its port:\n%s", c, out)
 		}
 	}
-	if err := d.cni.CNIDel(ctx, ref); err != nil {
+	if err := d.local.CNIDel(ctx, ref); err != nil {
 		t.Fatal(err)
 	}
 	if att, err := xdp.Query(pair.NSPath(), pair.A.Index); err != nil || att != nil {
@@ -452,7 +452,7 @@ func TestChainedNetdevPoolRefused(t *testing.T) {
 	}
 	defer testutils.UnmountNS(pod)
 	defer pod.Close()
-	_, err = d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "eth0", Netns: pod.Path(), Allocation: a.ID, Chained: true})
+	_, err = d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "eth0", Netns: pod.Path(), Allocation: a.ID, Chained: true})
 	if !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), "NetworkAttachmentDefinition") {
 		t.Errorf("a chained ADD of a netdev pool: %v", err)
 	}

@@ -646,7 +646,7 @@ func TestFieldSteering(t *testing.T) {
 			}
 			a := r.alloc("demo", 1)
 			flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(p.PodAddr, 32), DstPort: 5000}
-			_, err := r.d.cni.CNIAdd(context.Background(), api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}})
+			_, err := r.d.local.CNIAdd(context.Background(), api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}})
 			if tc.resolved == "software" && err != nil {
 				t.Errorf("add with a flow: %v", err)
 			}
@@ -688,7 +688,7 @@ func TestFieldSteering(t *testing.T) {
 		a := r.alloc("demo", 1)
 		flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(p.PodAddr, 32), DstPort: 5000}
 		ctx := context.Background()
-		if _, err := r.d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
+		if _, err := r.d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
 			t.Fatal(err)
 		}
 		r.reload(cfg("hardware"))
@@ -700,7 +700,7 @@ func TestFieldSteering(t *testing.T) {
 			!strings.Contains(s.ConfigError, "xa: steering hardware") {
 			t.Errorf("the refusal is not reported: policy error %q, config error %q", n.PolicyError, s.ConfigError)
 		}
-		if _, err := r.d.cni.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
+		if _, err := r.d.local.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 			t.Errorf("the flow after the refused reload: %v", err)
 		}
 		r.reload(cfg("software"))
@@ -1037,7 +1037,7 @@ func TestFieldAttachInPod(t *testing.T) {
 	if att := hook(); att != nil {
 		t.Errorf("after the reload back to onDemand, net1's hook has %+v", att)
 	}
-	if err := r.d.cni.CNIDel(ctx, ref); err != nil {
+	if err := r.d.local.CNIDel(ctx, ref); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -31,7 +31,7 @@ func TestGrantIsItsPools(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c2", IfName: "net1", Allocation: other.ID, Flows: toVIP, Addresses: []netip.Addr{vip}})
+	_, err = d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c2", IfName: "net1", Allocation: other.ID, Flows: toVIP, Addresses: []netip.Addr{vip}})
 	if !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), "192.0.2.10 is granted to pool rp") {
 		t.Fatalf("a pod of rp2 claiming rp's VIP as its own: %v; want it refused, naming rp", err)
 	}
@@ -40,11 +40,11 @@ func TestGrantIsItsPools(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: granted.ID, Flows: toVIP}); err != nil {
+	if _, err := d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: granted.ID, Flows: toVIP}); err != nil {
 		t.Fatalf("rp's pod steering the VIP rp grants: %v", err)
 	}
 	ref := api.AttachmentRef{ContainerID: "c1", IfName: "net1"}
-	if _, err := d.cni.CNICheck(ctx, ref); err != nil {
+	if _, err := d.local.CNICheck(ctx, ref); err != nil {
 		t.Fatalf("check while granted: %v", err)
 	}
 
@@ -56,7 +56,7 @@ func TestGrantIsItsPools(t *testing.T) {
 	}
 	revoked := func(d *Daemon, when string) {
 		t.Helper()
-		_, err := d.cni.CNICheck(ctx, ref)
+		_, err := d.local.CNICheck(ctx, ref)
 		if !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), "pool rp no longer allows") || !strings.Contains(err.Error(), "udp 192.0.2.10:81") {
 			t.Errorf("check %s: %v; want it refused, naming the flow", when, err)
 		}

@@ -104,7 +104,7 @@ func TestKubernetesAllocate(t *testing.T) {
 	defer testutils.UnmountNS(pod)
 	defer pod.Close()
 	flow := api.CNIFlow{Protocol: "udp", Dst: netip.MustParsePrefix("10.77.0.2/32"), DstPort: 53}
-	if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), DeviceID: "xa-q2",
+	if _, err := d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), DeviceID: "xa-q2",
 		Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestKubernetesAllocate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if att, err := d.cni.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil || att.AllocationID != again.ContainerResponses[0].Envs["XDPQ_ALLOCATION"] {
+	if att, err := d.local.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil || att.AllocationID != again.ContainerResponses[0].Envs["XDPQ_ALLOCATION"] {
 		t.Errorf("after the container restart the attachment is %+v (%v), want it on the new allocation", att, err)
 	}
 	// A pod that is gone (its netns with it) keeps nothing at the next Allocate.
@@ -124,7 +124,7 @@ func TestKubernetesAllocate(t *testing.T) {
 	if _, err := c.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"xa-q2", "xa-q3"}}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.cni.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err == nil {
+	if _, err := d.local.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err == nil {
 		t.Error("the attachment of a gone pod went to the next Allocate of its devices")
 	}
 	if s, _ := d.core.Status(ctx); s.Netdevs[0].Flows != 0 {
@@ -195,7 +195,7 @@ func TestKubernetesNetdevPool(t *testing.T) {
 	}
 	defer testutils.UnmountNS(pod)
 	defer pod.Close()
-	att, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), DeviceID: "xa", Resource: "xdpq.io/vf", MTU: 1400})
+	att, err := d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), DeviceID: "xa", Resource: "xdpq.io/vf", MTU: 1400})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +214,7 @@ func TestKubernetesNetdevPool(t *testing.T) {
 	if devs := (pluginsCore{d.core}).Devices("vf"); len(devs) != 2 || devs[0].ID != "xa" || !devs[0].Healthy {
 		t.Errorf("the netdev in the pod is reported %+v", devs)
 	}
-	if _, err := d.cni.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
+	if _, err := d.local.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 		t.Errorf("CHECK: %v", err)
 	}
 	// A container restart (Allocate again) leaves the netdev in the pod.
@@ -222,13 +222,13 @@ func TestKubernetesNetdevPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if att, err := d.cni.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil || att.AllocationID != again.ContainerResponses[0].Envs["XDPQ_ALLOCATION"] {
+	if att, err := d.local.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil || att.AllocationID != again.ContainerResponses[0].Envs["XDPQ_ALLOCATION"] {
 		t.Errorf("after the container restart the attachment is %+v (%v), want it on the new allocation", att, err)
 	}
 	if err := pod.Do(func(ns.NetNS) error { _, err := netlink.LinkByName("net1"); return err }); err != nil {
 		t.Errorf("net1 left the pod with the container restart: %v", err)
 	}
-	if err := d.cni.CNIDel(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
+	if err := d.local.CNIDel(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.NS.Do(func(ns.NetNS) error { _, err := netlink.LinkByName("xa"); return err }); err != nil {

@@ -2,73 +2,87 @@ package daemon
 
 import (
 	"context"
-	"errors"
+	"net/netip"
 
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/deviceplugin"
 	"github.com/xdpq/xdpq/pkg/ledger"
+	"github.com/xdpq/xdpq/pkg/localapi"
 )
 
-// localAPI is the daemon's local API (api.Backend): a standalone
-// daemon's allocations, the status, and the CNI verbs.
-type localAPI struct {
-	*cniFace
-	core *core
+// localCore is the core as the local API (localapi.Backend) sees it.
+type localCore struct{ d *Daemon }
+
+var _ localapi.Core = localCore{}
+
+func (l localCore) Closed() error {
+	if l.d.core.isUninstalling() {
+		return errUninstalling
+	}
+	return nil
 }
 
-var _ api.Backend = (*localAPI)(nil)
-
-// Status reports pools, netdevs and how many allocations and attachments
-// there are.
-func (l *localAPI) Status(ctx context.Context) (*api.Status, error) { return l.core.Status(ctx) }
-
-// Allocations lists the allocations of pool ("" for every pool).
-func (l *localAPI) Allocations(ctx context.Context, pool string) (*api.AllocationList, error) {
-	return l.core.Allocations(ctx, pool)
+func (l localCore) Standalone() bool                               { return l.d.opts.Standalone }
+func (l localCore) Allocation(id string) (ledger.Allocation, bool) { return l.d.core.ledger.Get(id) }
+func (l localCore) Holder(pool, device string) string              { return l.d.core.ledger.Holder(pool, device) }
+func (l localCore) Metas() []ledger.Pool                           { return l.d.core.ledger.Metas() }
+func (l localCore) Meta(pool string) (ledger.Pool, bool)           { return l.d.core.ledger.Meta(pool) }
+func (l localCore) Attachments() []ledger.Attachment               { return l.d.core.ledger.Attachments() }
+func (l localCore) APIAllocation(a ledger.Allocation) *api.Allocation {
+	return l.d.core.apiAllocation(a)
 }
 
-// cniFace is the CNI verbs of the local API: a runtime's ADD, DEL, CHECK
-// and GC of attachments, and the daemon's own attachments' ADD (add).
-type cniFace struct{ core *core }
-
-// Alloc hands count devices of a pool to a local user (standalone mode).
-func (l *localAPI) Alloc(ctx context.Context, req api.AllocRequest) (*api.Allocation, error) {
-	if l.core.isUninstalling() {
-		return nil, errUninstalling
+func (l localCore) FreeDevices(pool string) ([]deviceplugin.Device, error) {
+	free, err := l.d.core.ledger.FreeDevices(pool)
+	if err != nil {
+		return nil, err
 	}
-	if !l.core.opts.Standalone {
-		return nil, api.Errorf(api.ErrNotSupported, "allocations come from kubelet on this node; xdpqctl alloc is for a standalone daemon")
-	}
-	if req.Count < 1 {
-		return nil, api.Errorf(api.ErrInvalid, "pool %s: %d queues asked; at least 1", req.Pool, req.Count)
-	}
-	uid := req.UID
-	owner := ledger.Owner{UID: &uid}
-	// Another allocation may take a device between the choice and the
-	// reservation; choose again then.
-	for try := 0; ; try++ {
-		free, err := l.core.ledger.FreeDevices(req.Pool)
-		if err != nil {
-			return nil, err
-		}
-		ids := deviceplugin.Prefer(pluginDevices(l.core, free), nil, req.Count)
-		if len(ids) < req.Count {
-			return nil, api.Errorf(api.ErrConflict, "pool %s: %d queues asked, %d free", req.Pool, req.Count, len(ids))
-		}
-		a, err := l.core.allocate(ctx, ledger.Reservation{Pool: req.Pool, Devices: ids, Owner: owner})
-		if errors.Is(err, ledger.ErrConflict) && try < 3 {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		l.core.log.Info("allocated", "allocation", a.ID, "pool", a.Pool, "netdev", a.Netdev, "queues", a.Queues, "uid", uid)
-		return l.core.apiAllocation(a), nil
-	}
+	return pluginDevices(l.d.core, free), nil
 }
 
-// Free ends an allocation: its attachments end, its lease (if any) ends,
-// its devices are free.
-func (l *localAPI) Free(ctx context.Context, id string) error {
-	return l.core.free(ctx, id, "asked")
+func (l localCore) Allocate(ctx context.Context, res ledger.Reservation) (ledger.Allocation, error) {
+	return l.d.core.allocate(ctx, res)
+}
+
+func (l localCore) Free(ctx context.Context, id, why string) error {
+	return l.d.core.free(ctx, id, why)
+}
+
+func (l localCore) Status(ctx context.Context) (*api.Status, error) { return l.d.core.Status(ctx) }
+
+func (l localCore) Allocations(ctx context.Context, pool string) (*api.AllocationList, error) {
+	return l.d.core.Allocations(ctx, pool)
+}
+
+func (l localCore) Attach(ctx context.Context, a ledger.Allocation, att ledger.Attachment, pool ledger.Pool) (ledger.Attachment, bool, error) {
+	flows, err := agentFlows(att.Flows, a.Queues)
+	if err != nil {
+		return att, false, err
+	}
+	return l.d.core.attachNew(ctx, a, att, flows, pool)
+}
+
+func (l localCore) Detach(ctx context.Context, ref api.AttachmentRef) error {
+	return l.d.core.del(ctx, ref)
+}
+
+func (l localCore) Verify(ctx context.Context, ref api.AttachmentRef) (*api.Attachment, error) {
+	return l.d.core.verify(ctx, ref)
+}
+
+func (l localCore) CheckNotNode(flows []api.CNIFlow, claimed []netip.Addr, shared []netip.Prefix) error {
+	return l.d.core.checkNotNode(flows, claimed, shared)
+}
+
+func (l localCore) PodDevices(ctx context.Context, namespace, name string) (map[string][]string, error) {
+	return l.d.core.kubelet.podDevices(ctx, namespace, name)
+}
+
+// Pods are the node's pods as the daemon's options say now (a test may
+// set them after New).
+func (l localCore) Pods() localapi.Pods {
+	if l.d.opts.Pods == nil {
+		return nil
+	}
+	return l.d.opts.Pods
 }

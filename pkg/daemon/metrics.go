@@ -23,6 +23,7 @@ import (
 	"github.com/xdpq/xdpq"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/localapi"
 	"github.com/xdpq/xdpq/pkg/wire"
 )
 
@@ -236,7 +237,7 @@ func (c daemonCollector) Collect(ch chan<- prometheus.Metric) {
 // metered is the daemon as its local API serves it: the CNI verbs are
 // timed and counted.
 type metered struct {
-	*localAPI
+	*localapi.Backend
 	metrics *metrics
 }
 
@@ -251,22 +252,22 @@ func (m metered) observe(verb string, began time.Time, err *error) {
 
 func (m metered) CNIAdd(ctx context.Context, req api.CNIAddRequest) (att *api.Attachment, err error) {
 	defer m.observe("add", time.Now(), &err)
-	return m.localAPI.CNIAdd(ctx, req)
+	return m.Backend.CNIAdd(ctx, req)
 }
 
 func (m metered) CNIDel(ctx context.Context, ref api.AttachmentRef) (err error) {
 	defer m.observe("del", time.Now(), &err)
-	return m.localAPI.CNIDel(ctx, ref)
+	return m.Backend.CNIDel(ctx, ref)
 }
 
 func (m metered) CNICheck(ctx context.Context, ref api.AttachmentRef) (att *api.Attachment, err error) {
 	defer m.observe("check", time.Now(), &err)
-	return m.localAPI.CNICheck(ctx, ref)
+	return m.Backend.CNICheck(ctx, ref)
 }
 
 func (m metered) CNIGC(ctx context.Context, req api.GCRequest) (removed []string, err error) {
 	defer m.observe("gc", time.Now(), &err)
-	return m.localAPI.CNIGC(ctx, req)
+	return m.Backend.CNIGC(ctx, req)
 }
 
 var _ api.Backend = metered{}

@@ -45,7 +45,7 @@ func TestNodeAddressRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	add := func(own netip.Addr) (*api.Attachment, error) {
-		return d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Netns: pair.NSPath(),
+		return d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Netns: pair.NSPath(),
 			Addresses: []netip.Addr{own}, Flows: []api.CNIFlow{{Protocol: "udp", Dst: netip.PrefixFrom(own, 32), DstPort: 22}}})
 	}
 	flows := func() int {
@@ -88,7 +88,7 @@ func TestNodeAddressRefused(t *testing.T) {
 	if n := flows(); n != 1 {
 		t.Errorf("%d flows on xa after the good ADD; want 1", n)
 	}
-	if _, err := d.cni.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
+	if _, err := d.local.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 		t.Errorf("CHECK of the good ADD: %v", err)
 	}
 }

@@ -192,7 +192,7 @@ func TestDRANetdevClaim(t *testing.T) {
 	if l, _ := podLink(t, pod2, "net1"); l == nil {
 		t.Fatal("net1 not in the new sandbox")
 	}
-	if err := e.d.cni.CNIDel(ctx, apiRef("sandbox-sb2", "net1")); err == nil || !strings.Contains(err.Error(), "sandboxes") {
+	if err := e.d.local.CNIDel(ctx, apiRef("sandbox-sb2", "net1")); err == nil || !strings.Contains(err.Error(), "sandboxes") {
 		t.Errorf("a CNI DEL of a sandbox's netdev: %v", err)
 	}
 	// Unprepare: back on the node, free.

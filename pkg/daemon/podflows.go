@@ -14,7 +14,7 @@ import (
 type ownAttachments struct{ d *Daemon }
 
 func (c ownAttachments) Add(ctx context.Context, req api.CNIAddRequest) error {
-	_, err := c.d.cni.add(ctx, req)
+	_, err := c.d.local.AddOwn(ctx, req)
 	return err
 }
 

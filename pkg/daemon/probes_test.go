@@ -276,7 +276,7 @@ func TestBrokenRecord(t *testing.T) {
 				t.Fatal(err)
 			}
 			flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(p.PodAddr, 32), DstPort: 5000}
-			if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
+			if _, err := d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
 				t.Fatal(err)
 			}
 			lease, err := client.Connect(a.Socket, client.Options{Ring: 256, Timeout: 5 * time.Second})
@@ -339,7 +339,7 @@ func TestBrokenRecord(t *testing.T) {
 			if err != nil || len(s.StateErrors) != 0 || s.Allocations != 2 || len(l.Allocations) != 2 || s.Netdevs[0].Flows != 1 || s.Netdevs[0].UnknownFlows != 0 {
 				t.Errorf("after the repair: state errors %q, %d allocations (%d listed, %v), xa %+v", s.StateErrors, s.Allocations, len(l.Allocations), err, s.Netdevs[0])
 			}
-			if _, err := d.cni.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
+			if _, err := d.local.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 				t.Errorf("check after the repair: %v", err)
 			}
 			expect("after the repair")
@@ -448,7 +448,7 @@ func TestReloadKeepsHeldQueues(t *testing.T) {
 			t.Fatalf("%s: %v", c.name, err)
 		}
 		pd.expect(t, p, c.name)
-		if _, err := d.cni.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
+		if _, err := d.local.CNICheck(ctx, api.AttachmentRef{ContainerID: "c1", IfName: "net1"}); err != nil {
 			t.Errorf("%s: check: %v", c.name, err)
 		}
 	}

@@ -70,7 +70,7 @@ func TestCNICheckNetdevMissing(t *testing.T) {
 		"pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n"))
 	allocWithFlow(t, d, pair, "upf")
 	ref := api.AttachmentRef{ContainerID: "c1", IfName: "net1"}
-	if _, err := d.cni.CNICheck(t.Context(), ref); err != nil {
+	if _, err := d.local.CNICheck(t.Context(), ref); err != nil {
 		t.Fatalf("check with the netdev there: %v", err)
 	}
 	if err := pair.NS.Do(func(ns.NetNS) error {
@@ -87,7 +87,7 @@ func TestCNICheckNetdevMissing(t *testing.T) {
 			t.Fatalf("xa deleted: %+v", netdevOf(t, d, "xa"))
 		}
 	}
-	_, err := d.cni.CNICheck(t.Context(), ref)
+	_, err := d.local.CNICheck(t.Context(), ref)
 	if !errors.Is(err, api.ErrUnavailable) || !strings.Contains(err.Error(), "netdev xa is Missing") {
 		t.Fatalf("check with the netdev gone: %v; want unavailable, naming it Missing", err)
 	}

@@ -26,7 +26,7 @@ func TestBadInputRefusedAsSuch(t *testing.T) {
 		t.Fatal(err)
 	}
 	vip := api.CNIFlow{Protocol: "udp", Dst: netip.MustParsePrefix("10.50.0.9/32"), DstPort: 53}
-	if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "first", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{vip}}); err != nil {
+	if _, err := d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "first", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{vip}}); err != nil {
 		t.Fatal(err)
 	}
 	// The filter's flow map has 4096 entries, a flow takes one per
@@ -50,7 +50,7 @@ func TestBadInputRefusedAsSuch(t *testing.T) {
 	} {
 		req := c.req
 		req.ContainerID, req.IfName, req.Allocation = "c-bad", "net1", a.ID
-		_, err := d.cni.CNIAdd(ctx, req)
+		_, err := d.local.CNIAdd(ctx, req)
 		if !errors.Is(err, c.kind) || !strings.Contains(err.Error(), c.says) || api.CodeOf(err) == api.CodeInternal {
 			t.Errorf("%s: %v (code %s); want %v saying %q", c.name, err, api.CodeOf(err), c.kind, c.says)
 		}
@@ -59,7 +59,7 @@ func TestBadInputRefusedAsSuch(t *testing.T) {
 		}
 	}
 	// A real network namespace is taken.
-	if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c-good", IfName: "net1", Allocation: a.ID, Netns: pair.NSPath()}); err != nil {
+	if _, err := d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c-good", IfName: "net1", Allocation: a.ID, Netns: pair.NSPath()}); err != nil {
 		t.Errorf("a network namespace: %v", err)
 	}
 }

@@ -83,7 +83,7 @@ func allocWithFlow(t *testing.T, d *Daemon, pair *testnet.Pair, pool string) *ap
 		t.Fatal(err)
 	}
 	flow := api.CNIFlow{Protocol: "udp", Dst: netip.PrefixFrom(pair.PodAddr, 32), DstPort: 5000}
-	if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
+	if _, err := d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Allocation: a.ID, Flows: []api.CNIFlow{flow}, Addresses: []netip.Addr{flow.Dst.Addr()}}); err != nil {
 		t.Fatal(err)
 	}
 	return a

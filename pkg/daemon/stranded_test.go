@@ -67,7 +67,7 @@ func TestFailedUndoKeepsTheRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	pod := newPodNS(t)
-	_, err = d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), Allocation: a.ID, PodUID: "u1"})
+	_, err = d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), Allocation: a.ID, PodUID: "u1"})
 	if err == nil || !strings.Contains(err.Error(), "kept on record") {
 		t.Fatalf("ADD: %v; want the failure and the failed undo", err)
 	}
@@ -98,7 +98,7 @@ func TestFailedUndoKeepsTheRecord(t *testing.T) {
 	}
 	// And the allocation works: the same ADD, the broker taking owners.
 	refuse.Store(false)
-	if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), Allocation: a.ID, PodUID: "u1"}); err != nil {
+	if _, err := d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), Allocation: a.ID, PodUID: "u1"}); err != nil {
 		t.Errorf("ADD once all works: %v", err)
 	}
 }

@@ -117,7 +117,7 @@ func TestUninstall(t *testing.T) {
 		}
 		defer testutils.UnmountNS(pod)
 		defer pod.Close()
-		if _, err := d.cni.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), Allocation: a.ID}); err != nil {
+		if _, err := d.local.CNIAdd(ctx, api.CNIAddRequest{ContainerID: "c1", IfName: "net1", Netns: pod.Path(), Allocation: a.ID}); err != nil {
 			t.Fatal(err)
 		}
 		if err := pod.Do(func(ns.NetNS) error { _, err := netlink.LinkByName("net1"); return err }); err != nil {

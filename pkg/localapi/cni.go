@@ -1,45 +1,49 @@
-package daemon
+package localapi
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 
-	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/flow"
 	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/nri"
 	"github.com/xdpq/xdpq/pkg/podflows"
+	"golang.org/x/sys/unix"
 )
+
+// The CNI verbs: ADD, DEL, CHECK and GC of attachments.
 
 // CNIAdd steers the attachment's flows to its allocation's queues (or, in
 // a netdev pool, moves the allocation's netdev into the pod) and, given
 // the pod UID, binds the allocation's socket to that pod.
-func (f *cniFace) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attachment, error) {
+func (b *Backend) CNIAdd(ctx context.Context, req api.CNIAddRequest) (*api.Attachment, error) {
 	if err := checkCNIContainer(req.ContainerID); err != nil {
 		return nil, err
 	}
-	return f.add(ctx, req)
+	return b.AddOwn(ctx, req)
 }
 
-// add is CNIAdd for the CNI plugin's attachments and the daemon's own
-// (a pod's annotated flows).
-func (f *cniFace) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachment, error) {
+// AddOwn is CNIAdd for the CNI plugin's attachments and the daemon's
+// own (a pod's annotated flows, a claim's netdev in its sandbox), whose
+// container ids CNIAdd refuses.
+func (b *Backend) AddOwn(ctx context.Context, req api.CNIAddRequest) (*api.Attachment, error) {
 	if req.ContainerID == "" || req.IfName == "" {
 		return nil, api.Errorf(api.ErrInvalid, "container id and interface name are required")
 	}
 	req = unmapped(req)
-	a, err := f.findAllocation(ctx, req)
+	a, err := b.findAllocation(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	if f.core.isUninstalling() { // after the lookup: a pod without devices passes through a chain as always
-		return nil, errUninstalling
+	if err := b.core.Closed(); err != nil { // after the lookup: a pod without devices passes through a chain as always
+		return nil, err
 	}
-	pool, _ := f.core.ledger.Meta(a.Pool)
+	pool, _ := b.core.Meta(a.Pool)
 	att := ledger.Attachment{Attachment: api.Attachment{CNIAddRequest: req, Mode: pool.Mode()}}
 	if req.Netns != "" {
 		var err error
@@ -60,19 +64,15 @@ func (f *cniFace) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachme
 			return nil, api.Errorf(api.ErrInvalid, "pool %s: %w", a.Pool, err)
 		}
 		claimed := flow.Claimed(req.Flows, shared)
-		if err := f.core.checkNotNode(req.Flows, claimed, shared); err != nil {
+		if err := b.core.CheckNotNode(req.Flows, claimed, shared); err != nil {
 			return nil, fmt.Errorf("pool %s: %w", a.Pool, err)
 		}
-		if err := f.checkNotOtherPod(req, claimed); err != nil {
+		if err := b.checkNotOtherPod(req, claimed); err != nil {
 			return nil, fmt.Errorf("pool %s: %w", a.Pool, err)
 		}
-		if err := f.checkNotGrantedElsewhere(a.Pool, claimed); err != nil {
+		if err := b.checkNotGrantedElsewhere(a.Pool, claimed); err != nil {
 			return nil, fmt.Errorf("pool %s: %w", a.Pool, err)
 		}
-	}
-	flows, err := agentFlows(req.Flows, a.Queues)
-	if err != nil {
-		return nil, err
 	}
 	if att.Mode == api.ModeNetdev && req.Chained {
 		return nil, api.Errorf(api.ErrInvalid, "pool %s hands out whole netdevs, moved into the pod under the CNI interface name: "+
@@ -81,15 +81,15 @@ func (f *cniFace) add(ctx context.Context, req api.CNIAddRequest) (*api.Attachme
 	if att.Mode == api.ModeNetdev && req.Netns == "" {
 		return nil, api.Errorf(api.ErrInvalid, "pool %s hands out whole netdevs: the request needs the pod's netns", a.Pool)
 	}
-	got, again, err := f.core.attachNew(ctx, a, att, flows, pool)
+	got, again, err := b.core.Attach(ctx, a, att, pool)
 	if err != nil {
 		return nil, err
 	}
 	if again {
 		return &got.Attachment, nil
 	}
-	if req.PodUID != "" && f.core.opts.Pods != nil && !podflows.IsPodFlows(req.ContainerID) {
-		f.core.opts.Pods.Touch(req.PodUID) // bound to its pod: its flows annotation applies now
+	if req.PodUID != "" && b.core.Pods() != nil && !podflows.IsPodFlows(req.ContainerID) {
+		b.core.Pods().Touch(req.PodUID) // bound to its pod: its flows annotation applies now
 	}
 	return &got.Attachment, nil
 }
@@ -122,12 +122,12 @@ func unmapped(req api.CNIAddRequest) api.CNIAddRequest {
 // pool's netdev. Pods of other nodes are not this node's traffic; a
 // hostNetwork pod's addresses are the node's (checkNotNode). Without a
 // pod directory (standalone) there is nothing to ask.
-func (f *cniFace) checkNotOtherPod(req api.CNIAddRequest, claimed []netip.Addr) error {
-	if f.core.opts.Pods == nil {
+func (b *Backend) checkNotOtherPod(req api.CNIAddRequest, claimed []netip.Addr) error {
+	if b.core.Pods() == nil {
 		return nil
 	}
 	for _, a := range claimed {
-		for _, p := range f.core.opts.Pods.ByIP(a) {
+		for _, p := range b.core.Pods().ByIP(a) {
 			if p.UID == req.PodUID || req.PodUID == "" && p.Namespace == req.PodNamespace && p.Name == req.PodName {
 				continue // the pod's own
 			}
@@ -143,11 +143,11 @@ func (f *cniFace) checkNotOtherPod(req api.CNIAddRequest, claimed []netip.Addr) 
 // grant is its pool's, the operator's choice for that pool's pods (a VIP
 // they serve), and a pod of another pool whose IPAM names the address
 // would take their traffic.
-func (f *cniFace) checkNotGrantedElsewhere(pool string, claimed []netip.Addr) error {
+func (b *Backend) checkNotGrantedElsewhere(pool string, claimed []netip.Addr) error {
 	if len(claimed) == 0 {
 		return nil
 	}
-	for _, m := range f.core.ledger.Metas() {
+	for _, m := range b.core.Metas() {
 		if m.Name == pool {
 			continue
 		}
@@ -165,15 +165,15 @@ func (f *cniFace) checkNotGrantedElsewhere(pool string, claimed []netip.Addr) er
 // findAllocation finds the allocation an ADD is for: by its id
 // (standalone), by a device it holds (Multus's deviceID), or by the
 // devices kubelet says the pod holds.
-func (f *cniFace) findAllocation(ctx context.Context, req api.CNIAddRequest) (ledger.Allocation, error) {
+func (b *Backend) findAllocation(ctx context.Context, req api.CNIAddRequest) (ledger.Allocation, error) {
 	get := func(id string) (ledger.Allocation, error) {
-		a, ok := f.core.ledger.Get(id)
+		a, ok := b.core.Allocation(id)
 		if !ok {
 			return a, api.Errorf(api.ErrNotFound, "no allocation %q", id)
 		}
 		return a, nil
 	}
-	pools := f.core.ledger.Metas()
+	pools := b.core.Metas()
 	switch {
 	case req.Allocation != "":
 		return get(req.Allocation)
@@ -182,16 +182,16 @@ func (f *cniFace) findAllocation(ctx context.Context, req api.CNIAddRequest) (le
 			if req.Resource != "" && p.Resource != req.Resource {
 				continue
 			}
-			if id := f.core.ledger.Holder(p.Name, req.DeviceID); id != "" {
+			if id := b.core.Holder(p.Name, req.DeviceID); id != "" {
 				return get(id)
 			}
 		}
 		return ledger.Allocation{}, fmt.Errorf("no allocation holds device %q of %s; the pod must request the pool's resource: %w",
 			req.DeviceID, req.Resource, api.ErrNotFound)
-	case req.PodName == "" || f.core.opts.Standalone:
+	case req.PodName == "" || b.core.Standalone():
 		return ledger.Allocation{}, fmt.Errorf("no allocation id (CNI_ARGS XDPQ_ALLOCATION), device id or pod name to find the pod's queues by: %w", api.ErrNoDevices)
 	}
-	podDevs, err := f.core.kubelet.podDevices(ctx, req.PodNamespace, req.PodName)
+	podDevs, err := b.core.PodDevices(ctx, req.PodNamespace, req.PodName)
 	if err != nil {
 		return ledger.Allocation{}, api.Errorf(api.ErrUnavailable, "%w", err)
 	}
@@ -201,7 +201,7 @@ func (f *cniFace) findAllocation(ctx context.Context, req api.CNIAddRequest) (le
 			continue
 		}
 		for _, dev := range podDevs[p.Resource] {
-			if id := f.core.ledger.Holder(p.Name, dev); id != "" && !slices.Contains(found, id) {
+			if id := b.core.Holder(p.Name, dev); id != "" && !slices.Contains(found, id) {
 				found = append(found, id)
 			}
 		}
@@ -226,62 +226,27 @@ func (f *cniFace) findAllocation(ctx context.Context, req api.CNIAddRequest) (le
 // One that the daemon is already ending (its collector, a free of its
 // allocation) or still making is waited for: DEL then answers as the
 // attachment is after it.
-func (f *cniFace) CNIDel(ctx context.Context, ref api.AttachmentRef) error {
+func (b *Backend) CNIDel(ctx context.Context, ref api.AttachmentRef) error {
 	if err := checkCNIContainer(ref.ContainerID); err != nil {
 		return err
 	}
-	return f.core.del(ctx, ref)
+	return b.core.Detach(ctx, ref)
 }
 
 // CNICheck reports whether the attachment is there, its flows installed
-// (read back from the NIC's rules or the filter's flow map) and its
-// netdev's program state sound.
-func (f *cniFace) CNICheck(ctx context.Context, ref api.AttachmentRef) (*api.Attachment, error) {
-	key := ledger.Key(ref.ContainerID, ref.IfName)
-	var att ledger.Attachment
-	var ok bool
-	err := f.core.whenIdle(ctx, func() error {
-		if att, ok = f.core.ledger.Attachment(key); ok && att.State != ledger.Active {
-			return api.Errorf(api.ErrConflict, "attachment %s: %w (%s)", key, ledger.ErrBusy, att.State)
-		}
-		return nil
-	})
-	if !ok {
-		return nil, api.Errorf(api.ErrNotFound, "no attachment of container %s interface %s", ref.ContainerID, ref.IfName)
+// (read back from the NIC's rules or the filter's flow map), its
+// netdev's program state sound, and its flows still allowed by its pool.
+func (b *Backend) CNICheck(ctx context.Context, ref api.AttachmentRef) (*api.Attachment, error) {
+	att, err := b.core.Verify(ctx, ref)
+	if err != nil || att == nil {
+		return att, err
 	}
-	if err != nil {
-		return &att.Attachment, err
+	if att.Mode == api.ModeQueue {
+		if err := b.stillAllowed(*att); err != nil {
+			return att, err
+		}
 	}
-	verify, name := f.core.agent.VerifySteering, att.Netdev
-	if att.Mode == api.ModeNetdev {
-		pn := f.core.pods.get(att.Netdev)
-		if pn == nil || pn.key != key {
-			return &att.Attachment, fmt.Errorf("netdev %s is not in the pod", att.Netdev)
-		}
-		verify, name = pn.agent.VerifySteering, pn.rec.ifName()
-	}
-	for _, s := range f.core.netdevStatus() {
-		if s.Netdev != att.Netdev {
-			continue
-		}
-		if s.State == agent.StateMissing || s.State == agent.StateOverridden {
-			// The node's state, which may pass (the netdev comes back,
-			// the foreign program goes): not the daemon failing.
-			return &att.Attachment, api.Errorf(api.ErrUnavailable, "netdev %s is %s: %s", att.Netdev, s.State, s.Reason)
-		}
-		if len(att.Flows) > 0 {
-			if err := verify(name, key); err != nil {
-				return &att.Attachment, err
-			}
-		}
-		if att.Mode == api.ModeQueue {
-			if err := f.stillAllowed(att.Attachment); err != nil {
-				return &att.Attachment, err
-			}
-		}
-		return &att.Attachment, nil
-	}
-	return &att.Attachment, api.Errorf(api.ErrUnavailable, "netdev %s is not managed (the daemon's status says why)", att.Netdev)
+	return att, nil
 }
 
 // stillAllowed refuses an attachment of a queue pool whose flows its
@@ -289,12 +254,12 @@ func (f *cniFace) CNICheck(ctx context.Context, ref api.AttachmentRef) (*api.Att
 // ADD and no longer do (an operator revoked the grant). The flows stay
 // steered until the pod's DEL (taking them from a running pod is not the
 // daemon's call), and CHECK says so.
-func (f *cniFace) stillAllowed(att api.Attachment) error {
-	a, ok := f.core.ledger.Get(att.AllocationID)
+func (b *Backend) stillAllowed(att api.Attachment) error {
+	a, ok := b.core.Allocation(att.AllocationID)
 	if !ok {
 		return nil // freed meanwhile: its attachments go with it
 	}
-	pool, ok := f.core.ledger.Meta(a.Pool)
+	pool, ok := b.core.Meta(a.Pool)
 	if !ok {
 		return nil
 	}
@@ -308,14 +273,14 @@ func (f *cniFace) stillAllowed(att api.Attachment) error {
 // CNIGC removes every CNI attachment not in valid ("containerID/ifName");
 // a pod's annotated flows are not the runtime's, and go with their
 // allocation.
-func (f *cniFace) CNIGC(ctx context.Context, req api.GCRequest) ([]string, error) {
+func (b *Backend) CNIGC(ctx context.Context, req api.GCRequest) ([]string, error) {
 	var removed []string
 	var errs []error
-	for _, att := range f.core.ledger.Attachments() {
+	for _, att := range b.core.Attachments() {
 		if slices.Contains(req.Valid, att.Key()) || podflows.IsPodFlows(att.ContainerID) {
 			continue
 		}
-		if err := f.core.del(ctx, api.AttachmentRef{ContainerID: att.ContainerID, IfName: att.IfName}); err != nil {
+		if err := b.core.Detach(ctx, api.AttachmentRef{ContainerID: att.ContainerID, IfName: att.IfName}); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -337,4 +302,28 @@ func checkCNIContainer(id string) error {
 			id, nri.SandboxPrefix)
 	}
 	return nil
+}
+
+// netnsInode is the inode of the network namespace at path, 0 when the
+// path cannot be read (the daemon may not see it; then it cannot judge).
+// A path the daemon reads that is not a network namespace (CNI_NETNS
+// naming a file, another kind of namespace) is refused.
+func netnsInode(path string) (uint64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, nil
+	}
+	defer func() { _ = f.Close() }() // read-only
+	var st unix.Stat_t
+	var fs unix.Statfs_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return 0, nil
+	}
+	if err := unix.Fstatfs(int(f.Fd()), &fs); err != nil || fs.Type != unix.NSFS_MAGIC {
+		return 0, fmt.Errorf("%s is not a namespace", path)
+	}
+	if t, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE); err != nil || t != unix.CLONE_NEWNET {
+		return 0, fmt.Errorf("%s is a namespace, but not a network namespace", path)
+	}
+	return st.Ino, nil
 }
