@@ -21,6 +21,7 @@ import (
 
 	"github.com/xdpq/xdpq/internal/testing/syncbuf"
 	"github.com/xdpq/xdpq/pkg/agent"
+	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/broker"
 	"github.com/xdpq/xdpq/pkg/config"
 	"github.com/xdpq/xdpq/pkg/ledger"
@@ -430,6 +431,27 @@ func (n *fakeNode) daemon(yaml string) (d *Daemon, stop func()) {
 	}
 	t.Cleanup(stop)
 	return d, stop
+}
+
+// serveAPI serves d's local API on a socket in the node's directory, as
+// Run does, until the test ends, and returns the socket's path.
+func (n *fakeNode) serveAPI(d *Daemon) string {
+	n.t.Helper()
+	sock := filepath.Join(n.dir, "api.sock")
+	ln, err := api.Listen(sock)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- api.Serve(ctx, ln, api.NewHandler(d.local, d.log), d.log) }()
+	n.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			n.t.Errorf("the local API: %v", err)
+		}
+	})
+	return sock
 }
 
 // reload has d's reconciler put yaml in force, as the config watcher does.

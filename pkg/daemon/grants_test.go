@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 
-	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 )
 
@@ -19,11 +17,18 @@ import (
 // pod's attachment fails and says why, and still does after a restart
 // (before, it answered 200 while the flow stayed).
 func TestGrantIsItsPools(t *testing.T) {
-	pair := testnet.NewPair(t, 4)
 	const pools = "pools: [{name: rp, steering: software, devices: {netdevs: ['xa#0-1']}%s}, {name: rp2, steering: software, devices: {netdevs: ['xa#2-3']}}]\n"
-	o := standaloneOpts(t, pair, t.TempDir(), testPins(t), strings.Replace(pools, "%s", ", sharedDestinations: [192.0.2.10]", 1))
-	d, stop := runDaemon(t, o)
+	n := newFakeNode(t, fakeNetdev("xa", 4))
 	ctx := context.Background()
+	start := func(cfg string) (*Daemon, func()) {
+		t.Helper()
+		d, stop := n.daemon(cfg)
+		if err := d.core.start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return d, stop
+	}
+	d, stop := start(strings.Replace(pools, "%s", ", sharedDestinations: [192.0.2.10]", 1))
 	vip := netip.MustParseAddr("192.0.2.10")
 	toVIP := []api.CNIFlow{{Protocol: "udp", Dst: netip.PrefixFrom(vip, 32), DstPort: 81}}
 
@@ -48,12 +53,7 @@ func TestGrantIsItsPools(t *testing.T) {
 		t.Fatalf("check while granted: %v", err)
 	}
 
-	if err := os.WriteFile(o.ConfigPath, []byte(strings.Replace(pools, "%s", "", 1)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Reload(ctx); err != nil {
-		t.Fatal(err)
-	}
+	n.reload(d, strings.Replace(pools, "%s", "", 1))
 	revoked := func(d *Daemon, when string) {
 		t.Helper()
 		_, err := d.local.CNICheck(ctx, ref)
@@ -63,6 +63,6 @@ func TestGrantIsItsPools(t *testing.T) {
 	}
 	revoked(d, "once the grant was revoked")
 	stop()
-	d, _ = runDaemon(t, o)
+	d, _ = start(strings.Replace(pools, "%s", "", 1))
 	revoked(d, "after a restart")
 }

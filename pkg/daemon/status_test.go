@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"net/netip"
 	"reflect"
@@ -8,7 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/xdpq/xdpq/internal/testing/testnet"
 	"github.com/xdpq/xdpq/pkg/api"
 )
 
@@ -19,10 +19,14 @@ import (
 // as the whole list is; a pool the daemon does not have is a 404 that
 // names the pools.
 func TestStatusCountsTheList(t *testing.T) {
-	p := testnet.NewPair(t, 4)
-	r := startRig(t, p, "pools: [{name: a, steering: software, devices: {netdevs: ['xa#0-1']}}, "+
+	n := newFakeNode(t, fakeNetdev("xa", 4))
+	d, _ := n.daemon("pools: [{name: a, steering: software, devices: {netdevs: ['xa#0-1']}}, " +
 		"{name: b, steering: software, devices: {netdevs: ['xa#2-3']}}]\n")
-	c := api.NewClient(r.o.APISocket)
+	if err := d.core.start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r := &fieldRig{t: t, o: d.opts, d: d}
+	c := api.NewClient(n.serveAPI(d))
 	// check compares status with the lists, and both with want (per
 	// pool: allocations, attachments).
 	check := func(when string, want map[string][2]int) {
