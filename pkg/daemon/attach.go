@@ -7,12 +7,13 @@ import (
 	"net/netip"
 	"slices"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/xdpq/xdpq/pkg/agent"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/flow"
 	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/xdp"
-	"golang.org/x/sys/unix"
 )
 
 // The core's attachments: their kernel work done and undone, their

@@ -8,12 +8,13 @@ import (
 	"os"
 	"slices"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/flow"
 	"github.com/xdpq/xdpq/pkg/ledger"
 	"github.com/xdpq/xdpq/pkg/nri"
 	"github.com/xdpq/xdpq/pkg/podflows"
-	"golang.org/x/sys/unix"
 )
 
 // The CNI verbs: ADD, DEL, CHECK and GC of attachments.
