@@ -94,7 +94,7 @@ func TestDashboardOnPrometheus(t *testing.T) {
 	c := api.NewClient(filepath.Join(dir, "api.sock"))
 	var allocs [2]*api.Allocation
 	for i := range allocs {
-		a, err := d.Alloc(ctx, api.AllocRequest{Pool: "rx", Count: 1})
+		a, err := d.API().Alloc(ctx, api.AllocRequest{Pool: "rx", Count: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -355,7 +355,7 @@ func waitNetdev(t *testing.T, d *daemon.Daemon, ok func(api.NetdevStatus) bool) 
 	t.Helper()
 	var last api.NetdevStatus
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		s, err := d.Status(context.Background())
+		s, err := d.API().Status(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
