@@ -105,15 +105,6 @@ type metrics struct {
 	dra *prometheus.HistogramVec
 }
 
-// observeDRA records a DRA verb's outcome; deferred at the verb's start.
-func (m *metrics) observeDRA(verb string, began time.Time, err *error) {
-	result := "success"
-	if *err != nil {
-		result = api.CodeOf(*err)
-	}
-	m.dra.WithLabelValues(verb, result).Observe(time.Since(began).Seconds())
-}
-
 func newMetrics(d *Daemon) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry(),
 		cni: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "xdpq_cni_operation_duration_seconds",
