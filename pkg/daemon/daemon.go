@@ -251,13 +251,14 @@ func New(opts Options) (_ *Daemon, err error) {
 	d.core.broker = broker.NewServer(bcfg, nodeAgent)
 	d.core.rec = d.core.newReconciler()
 	d.metrics = newMetrics(d)
-	d.dra = newDRAFace(d) // with its metrics and the pod directory
+	d.dra = newDRAFace(d) // last: it takes the metrics and the pod directory
 	return d, nil
 }
 
 // newDaemon is a daemon with nothing of the kernel or the node wired
-// yet: New gives it the node agent, the broker, the mover, the ledger and
-// the config watcher; the decision tests give it fakes.
+// yet: New gives it the node agent, the broker, the mover, the ledger,
+// the config watcher, the metrics and the DRA face; the decision tests
+// give it fakes.
 func newDaemon(opts Options) *Daemon {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -289,7 +290,6 @@ func newDaemon(opts Options) *Daemon {
 	c.nodeAddrs = func(addrs []netip.Addr) (map[netip.Addr]string, error) { return nic.Holders(d.opts.NetNS, addrs) }
 	c.pods = newPodNetdevs(d.log, c.pinRoot(), opts.StateDir, c.devicesChanged)
 	d.local = localapi.New(localCore{d}, d.log)
-	d.dra = newDRAFace(d)
 	d.plugins = deviceplugin.NewPlugins(deviceplugin.PluginsConfig{Dir: opts.PluginDir, RegistryDir: opts.RegistryDir,
 		DeviceInfoDir: opts.DeviceInfoDir, Logger: d.log}, pluginsCore{c})
 	c.subscribe(d.changed)
@@ -494,8 +494,11 @@ func (d *Daemon) changed(ch change) {
 		}
 		d.dra.Changed()
 	case allocationUnserved:
-		if p, ok := d.core.ledger.Meta(ch.alloc.Pool); ok && !d.opts.Standalone {
-			d.plugins.Unserved(resourceOf(ch.alloc, p), ch.alloc.Devices)
+		// By the resource it was made under, which its record keeps
+		// even when its pool has gone from the config since.
+		p, _ := d.core.ledger.Meta(ch.alloc.Pool)
+		if r := resourceOf(ch.alloc, p); r != "" && !d.opts.Standalone {
+			d.plugins.Unserved(r, ch.alloc.Devices)
 		}
 	case configApplied:
 		d.node.Changed()

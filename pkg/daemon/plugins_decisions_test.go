@@ -102,3 +102,38 @@ func TestDevicePluginFace(t *testing.T) {
 		t.Errorf("allocate while uninstalling: %v; want it refused as unavailable", err)
 	}
 }
+
+// TestDeviceInfoOfAPoolGone: an allocation whose pool left the config
+// before a restart keeps its devices, and its device-info files go when
+// it is freed, by the resource its record keeps (the restarted daemon's
+// ledger knows the pool by its records alone, without a resource).
+func TestDeviceInfoOfAPoolGone(t *testing.T) {
+	xa := fakeNetdev("xa", 4)
+	xa.PCI = "0000:3b:00.0"
+	n := newFakeNode(t, xa)
+	n.kubelet = fakeKubelet{err: errors.New("not asked")} // restores every allocation
+	ctx := context.Background()
+	d, stop := n.daemon("pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-3']}}]\n")
+	if err := d.core.start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.plugins.Allocate(ctx, "upf", []string{"xa-q1"}); err != nil {
+		t.Fatal(err)
+	}
+	id := d.core.ledger.Holder("upf", "xa-q1")
+	file := deviceplugin.DeviceInfoPath(d.opts.DeviceInfoDir, "xdpq.io/upf", "xa-q1")
+	if _, err := os.Stat(file); err != nil {
+		t.Fatalf("the device-info file: %v", err)
+	}
+	stop()
+	d, _ = n.daemon("pools: []\n")
+	if err := d.core.start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.core.free(ctx, id, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(file); err == nil {
+		t.Error("the allocation of a pool gone is freed, and its device-info file remains")
+	}
+}
