@@ -830,8 +830,8 @@ func TestOtherPodAddressDecisions(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			n := newFakeNode(t, fakeNetdev("xa", 4))
+			n.pods = newFakePods(kubepods.Pod{UID: "uid-web", Namespace: "shop", Name: "web-0", IPs: []netip.Addr{victim}})
 			d, _ := n.daemon("pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-3']}" + c.shared + "}]\n")
-			d.opts.Pods = newFakePods(kubepods.Pod{UID: "uid-web", Namespace: "shop", Name: "web-0", IPs: []netip.Addr{victim}})
 			if err := d.core.start(context.Background()); err != nil {
 				t.Fatal(err)
 			}

@@ -24,13 +24,12 @@ import (
 func draDaemon(t *testing.T, n *fakeNode, yaml string, nri bool) *Daemon {
 	t.Helper()
 	n.kubelet = fakeKubelet{err: errors.New("not asked")}
-	d, _ := n.daemon(yaml)
-	d.opts.DRA = &DRA{Kube: fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", UID: "4f1c2a3b-5d6e-4f70-8a9b-0c1d2e3f4a5b"}}),
+	n.dra = &DRA{Kube: fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", UID: "4f1c2a3b-5d6e-4f70-8a9b-0c1d2e3f4a5b"}}),
 		CDIDir: t.TempDir()}
 	if nri {
-		d.opts.DRA.NRISocket = "/run/nri/nri.sock" // never dialled: Prepare only checks that there is one
+		n.dra.NRISocket = "/run/nri/nri.sock" // never dialled: Prepare only checks that there is one
 	}
-	d.dra = newDRAFace(d)
+	d, _ := n.daemon(yaml)
 	if err := d.core.start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -98,13 +98,12 @@ func newFakeDRAEnv(t *testing.T, pods PodDirectory, cfgText string, objs ...runt
 	e := &draEnv{kube: fake.NewClientset(append(objs, node)...)}
 	n := newFakeNode(t, fakeNetdev("xa", 4), fakeNetdev("xb", 4))
 	n.kubelet = fakeKubelet{err: errors.New("no kubelet")}
-	d, stop := n.daemon(cfgText)
 	dir := t.TempDir()
 	e.cdiDir = filepath.Join(dir, "cdi")
 	plugin := filepath.Join(dir, "plugins", dra.DriverName)
-	d.opts.NodeName, d.opts.Pods = draNodeName, pods
-	d.opts.DRA = &DRA{Kube: e.kube, RegistryDir: filepath.Join(dir, "registry"), PluginDir: plugin, CDIDir: e.cdiDir}
-	d.dra = newDRAFace(d)
+	n.pods = pods // the fake node's daemons are on draNodeName
+	n.dra = &DRA{Kube: e.kube, RegistryDir: filepath.Join(dir, "registry"), PluginDir: plugin, CDIDir: e.cdiDir}
+	d, stop := n.daemon(cfgText)
 	for _, d := range []string{d.opts.DRA.RegistryDir, plugin} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)

@@ -340,7 +340,10 @@ type fakeNode struct {
 	broker  *fakeBroker
 	mover   *fakeMover
 	kubelet podResources
-	logs    *syncbuf.Buffer
+	// dra and pods, if set, are the options of the node's daemons.
+	dra  *DRA
+	pods PodDirectory
+	logs *syncbuf.Buffer
 	// addrs are the addresses the node's netdevs hold, by netdev
 	// name; addrsErr fails the lookup; asked records each lookup.
 	addrs    map[netip.Addr]string
@@ -377,8 +380,8 @@ func (n *fakeNode) daemon(yaml string) (d *Daemon, stop func()) {
 	path := n.writeConfig(yaml)
 	opts := Options{ConfigPath: path, NodeName: "node-1", StateDir: filepath.Join(n.dir, "state"), AllocDir: filepath.Join(n.dir, "alloc"),
 		PinDir: filepath.Join(n.dir, "pins"), Resync: time.Hour, CollectPeriod: time.Hour, Standalone: n.kubelet == nil, PluginDir: filepath.Join(n.dir, "plugins"),
-		DeviceInfoDir: filepath.Join(n.dir, "devinfo"),
-		Logger:        slog.New(slog.NewTextHandler(n.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+		DeviceInfoDir: filepath.Join(n.dir, "devinfo"), DRA: n.dra, Pods: n.pods,
+		Logger: slog.New(slog.NewTextHandler(n.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	d = newDaemon(opts)
 	d.core.agent, d.core.broker, d.core.mover = n.agent, n.broker, n.mover
 	if n.kubelet != nil {

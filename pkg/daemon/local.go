@@ -78,8 +78,8 @@ func (l localCore) PodDevices(ctx context.Context, namespace, name string) (map[
 	return l.d.core.kubelet.podDevices(ctx, namespace, name)
 }
 
-// Pods are the node's pods as the daemon's options say now (a test may
-// set them after New).
+// Pods are the node's pods (Options.Pods, which New sets to its pod
+// directory when it makes one).
 func (l localCore) Pods() localapi.Pods {
 	if l.d.opts.Pods == nil {
 		return nil
