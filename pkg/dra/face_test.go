@@ -7,9 +7,9 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
+	"github.com/xdpq/xdpq/internal/testing/coretest"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/config"
 	"github.com/xdpq/xdpq/pkg/ledger"
@@ -32,84 +32,31 @@ func TestPCIeRootsReadOnce(t *testing.T) {
 	}
 }
 
-// fakeCore is the allocation core as the face sees it: a real ledger
-// (plain Go, on a temporary directory) and verbs that record what they
-// were asked.
+// fakeCore is the allocation core as the face sees it: the shared fake
+// of its records and verbs, the pools DRA serves, and whether it is
+// closed.
 type fakeCore struct {
-	l         *ledger.Ledger
-	closed    error
-	dra       map[string]bool // pools DRA serves
-	nodeAddrs []netip.Addr
-	mu        sync.Mutex
-	served    map[string]bool
+	*coretest.Records
+	closed error
+	dra    map[string]bool // pools DRA serves
 }
 
-func (f *fakeCore) Closed() error                                { return f.closed }
-func (f *fakeCore) Allocations() []ledger.Allocation             { return f.l.Allocations() }
-func (f *fakeCore) ByClaim(uid string) (ledger.Allocation, bool) { return f.l.ByClaim(uid) }
-func (f *fakeCore) Metas() []ledger.Pool                         { return f.l.Metas() }
-func (f *fakeCore) Meta(pool string) (ledger.Pool, bool)         { return f.l.Meta(pool) }
-func (f *fakeCore) Pool(pool string) (ledger.Pool, bool)         { return f.l.Pool(pool) }
-func (f *fakeCore) Device(pool, id string) (ledger.Device, bool) { return f.l.Device(pool, id) }
-func (f *fakeCore) ServedByDRA(p ledger.Pool) (bool, string)     { return f.dra[p.Name], "" }
-func (f *fakeCore) SetOwner(id string, o ledger.Owner) error     { return f.l.SetOwner(id, o) }
-func (f *fakeCore) Netdevs() map[string]NetdevState              { return nil }
-func (f *fakeCore) Network(ledger.Allocation) *Network           { return nil }
+func (f *fakeCore) Closed() error                            { return f.closed }
+func (f *fakeCore) ServedByDRA(p ledger.Pool) (bool, string) { return f.dra[p.Name], "" }
+func (f *fakeCore) Netdevs() map[string]NetdevState          { return nil }
+func (f *fakeCore) Network(ledger.Allocation) *Network       { return nil }
 func (f *fakeCore) Edits(a ledger.Allocation) Edits {
 	return Edits{Env: map[string]string{"XDPQ_ALLOCATION": a.ID}}
 }
 
-func (f *fakeCore) Allocate(_ context.Context, res ledger.Reservation) (ledger.Allocation, error) {
-	a, err := f.l.Reserve(res)
-	if err != nil {
-		return a, err
-	}
-	if err := f.l.Commit(a.ID, nil); err != nil {
-		return a, err
-	}
-	f.mu.Lock()
-	f.served[a.ID] = true
-	f.mu.Unlock()
-	return a, nil
-}
-
-func (f *fakeCore) Free(_ context.Context, id, _ string) error {
-	if _, err := f.l.BeginFree(id); err != nil {
-		return err
-	}
-	f.mu.Lock()
-	delete(f.served, id)
-	f.mu.Unlock()
-	return f.l.EndFree(id)
-}
-
-func (f *fakeCore) CheckNotNode(flows []api.CNIFlow, _ []netip.Addr, _ []netip.Prefix) error {
-	for _, fl := range flows {
-		if slices.Contains(f.nodeAddrs, fl.Dst.Addr()) {
-			return api.Errorf(api.ErrInvalid, "destination %s is an address of the node", fl.Dst.Addr())
-		}
-	}
-	return nil
-}
-
 func newFakeCore(t *testing.T) *fakeCore {
 	t.Helper()
-	l, err := ledger.Open(ledger.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	queues := func(netdev string, n int) []ledger.Device {
-		var out []ledger.Device
-		for q := range uint32(n) {
-			out = append(out, ledger.Device{ID: ledger.DeviceID(netdev, q), Netdev: netdev, Queues: []uint32{q}, NUMA: -1})
-		}
-		return out
-	}
-	l.SetPools([]ledger.Pool{
-		{Name: "dns", Resource: "xdpq.io/dns", Config: config.Pool{Name: "dns"}, Devices: append(queues("eth1", 2), queues("eth2", 2)...)},
-		{Name: "dp", Resource: "xdpq.io/dp", Config: config.Pool{Name: "dp"}, Devices: queues("eth3", 2)},
-	})
-	return &fakeCore{l: l, dra: map[string]bool{"dns": true}, nodeAddrs: []netip.Addr{netip.MustParseAddr("192.0.2.7")}, served: map[string]bool{}}
+	r := coretest.New(t,
+		ledger.Pool{Name: "dns", Resource: "xdpq.io/dns", Config: config.Pool{Name: "dns"},
+			Devices: append(coretest.Queues("eth1", 2), coretest.Queues("eth2", 2)...)},
+		ledger.Pool{Name: "dp", Resource: "xdpq.io/dp", Config: config.Pool{Name: "dp"}, Devices: coretest.Queues("eth3", 2)})
+	r.NodeAddrs = []netip.Addr{netip.MustParseAddr("192.0.2.7")}
+	return &fakeCore{Records: r, dra: map[string]bool{"dns": true}}
 }
 
 // TestFacePrepare: kubelet's Prepare and Unprepare as the face decides
@@ -125,11 +72,11 @@ func TestFacePrepare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, ok := core.l.ByClaim("u1")
+	a, ok := core.L.ByClaim("u1")
 	if !ok || e.Env["XDPQ_ALLOCATION"] != a.ID || a.Owner.PodUID != "pod-1" || !slices.Equal(a.Devices, []string{"eth1-q0", "eth1-q1"}) {
 		t.Fatalf("prepared %+v, allocation %+v (%v); want the claim's devices, owned by its pod, in its edits", e, a, ok)
 	}
-	if again, err := f.PrepareClaim(ctx, claim); err != nil || again.Env["XDPQ_ALLOCATION"] != a.ID || len(core.l.Allocations()) != 1 {
+	if again, err := f.PrepareClaim(ctx, claim); err != nil || again.Env["XDPQ_ALLOCATION"] != a.ID || len(core.L.Allocations()) != 1 {
 		t.Errorf("prepared again: %+v, %v; want the same allocation alone", again, err)
 	}
 	for _, c := range []struct {
@@ -145,12 +92,12 @@ func TestFacePrepare(t *testing.T) {
 		{"the node's address", Claim{UID: "u2", Pool: "dns", Devices: []string{"eth2-q0"}, Pods: []string{"p"},
 			Flows: []byte(`[{"protocol": "udp", "destination": "192.0.2.7", "destinationPort": "53"}]`)}, api.ErrInvalid, "an address of the node"},
 	} {
-		before := len(core.l.Allocations())
+		before := len(core.L.Allocations())
 		_, err := f.PrepareClaim(ctx, c.claim)
 		if !errors.Is(err, c.kind) || !strings.Contains(fmt.Sprint(err), c.says) {
 			t.Errorf("%s: %v; want %v saying %q", c.name, err, c.kind, c.says)
 		}
-		if n := len(core.l.Allocations()); n != before {
+		if n := len(core.L.Allocations()); n != before {
 			t.Errorf("%s: %d allocations after the refusal, %d before", c.name, n, before)
 		}
 	}
@@ -162,8 +109,8 @@ func TestFacePrepare(t *testing.T) {
 	if err := f.UnprepareClaim(ctx, "u1"); err != nil {
 		t.Fatal(err)
 	}
-	if len(core.l.Allocations()) != 0 || len(core.served) != 0 {
-		t.Errorf("unprepared, and %v remain (served %v)", core.l.Allocations(), core.served)
+	if len(core.L.Allocations()) != 0 || len(core.Served()) != 0 {
+		t.Errorf("unprepared, and %v remain (served %v)", core.L.Allocations(), core.Served())
 	}
 	select {
 	case <-f.Unprepared():

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/xdpq/xdpq/internal/testing/coretest"
 	"github.com/xdpq/xdpq/pkg/api"
 	"github.com/xdpq/xdpq/pkg/config"
 	"github.com/xdpq/xdpq/pkg/deviceplugin"
@@ -18,14 +19,13 @@ import (
 	"github.com/xdpq/xdpq/pkg/podflows"
 )
 
-// fakeCore is the allocation core as the local API sees it: a real
-// ledger (plain Go, in a temporary directory) whose attachments are made
-// with no kernel work, and what it was asked.
+// fakeCore is the allocation core as the local API sees it: the shared
+// fake of its records and verbs, attachments made with no kernel work,
+// kubelet's and the pods' answers, and what it was asked.
 type fakeCore struct {
-	l          *ledger.Ledger
+	*coretest.Records
 	closed     error
 	standalone bool
-	nodeAddrs  []netip.Addr
 	podDevs    map[string][]string // what kubelet says pod default/web-0 holds
 	pods       *fakePods
 
@@ -47,13 +47,8 @@ func (p *fakePods) ByIP(a netip.Addr) []kubepods.Pod {
 }
 func (p *fakePods) Touch(uid string) { p.touched = append(p.touched, uid) }
 
-func (f *fakeCore) Closed() error                                  { return f.closed }
-func (f *fakeCore) Standalone() bool                               { return f.standalone }
-func (f *fakeCore) Allocation(id string) (ledger.Allocation, bool) { return f.l.Get(id) }
-func (f *fakeCore) Holder(pool, device string) string              { return f.l.Holder(pool, device) }
-func (f *fakeCore) Metas() []ledger.Pool                           { return f.l.Metas() }
-func (f *fakeCore) Meta(pool string) (ledger.Pool, bool)           { return f.l.Meta(pool) }
-func (f *fakeCore) Attachments() []ledger.Attachment               { return f.l.Attachments() }
+func (f *fakeCore) Closed() error    { return f.closed }
+func (f *fakeCore) Standalone() bool { return f.standalone }
 func (f *fakeCore) APIAllocation(a ledger.Allocation) *api.Allocation {
 	return &api.Allocation{ID: a.ID, Pool: a.Pool, Netdev: a.Netdev, Queues: a.Queues}
 }
@@ -62,7 +57,7 @@ func (f *fakeCore) Allocations(context.Context, string) (*api.AllocationList, er
 	return &api.AllocationList{}, nil
 }
 func (f *fakeCore) Verify(_ context.Context, ref api.AttachmentRef) (*api.Attachment, error) {
-	att, ok := f.l.Attachment(ledger.Key(ref.ContainerID, ref.IfName))
+	att, ok := f.L.Attachment(ledger.Key(ref.ContainerID, ref.IfName))
 	if !ok {
 		return nil, api.Errorf(api.ErrNotFound, "no attachment")
 	}
@@ -79,7 +74,7 @@ func (f *fakeCore) Pods() Pods {
 }
 
 func (f *fakeCore) FreeDevices(pool string) ([]deviceplugin.Device, error) {
-	free, err := f.l.FreeDevices(pool)
+	free, err := f.L.FreeDevices(pool)
 	var out []deviceplugin.Device
 	for _, d := range free {
 		out = append(out, deviceplugin.Device{ID: d.ID, Netdev: d.Netdev, Queue: d.Queues[0], NUMA: -1, Healthy: true})
@@ -87,76 +82,41 @@ func (f *fakeCore) FreeDevices(pool string) ([]deviceplugin.Device, error) {
 	return out, err
 }
 
-func (f *fakeCore) Allocate(_ context.Context, res ledger.Reservation) (ledger.Allocation, error) {
-	a, err := f.l.Reserve(res)
-	if err != nil {
-		return a, err
-	}
-	return a, f.l.Commit(a.ID, nil)
-}
-
-func (f *fakeCore) Free(_ context.Context, id, _ string) error {
-	if _, err := f.l.BeginFree(id); err != nil {
-		return err
-	}
-	return f.l.EndFree(id)
-}
-
 func (f *fakeCore) Attach(_ context.Context, a ledger.Allocation, att ledger.Attachment, _ ledger.Pool) (ledger.Attachment, bool, error) {
-	got, again, err := f.l.BeginAttach(a.ID, att)
+	got, again, err := f.L.BeginAttach(a.ID, att)
 	if err != nil || again {
 		return got, again, err
 	}
 	f.mu.Lock()
 	f.attached = append(f.attached, att.CNIAddRequest)
 	f.mu.Unlock()
-	return got, false, f.l.EndAttach(got, true)
+	return got, false, f.L.EndAttach(got, true)
 }
 
 func (f *fakeCore) Detach(_ context.Context, ref api.AttachmentRef) error {
 	key := ledger.Key(ref.ContainerID, ref.IfName)
-	if _, found, err := f.l.BeginDetach(key); !found || err != nil {
+	if _, found, err := f.L.BeginDetach(key); !found || err != nil {
 		return err
 	}
 	f.mu.Lock()
 	f.detached = append(f.detached, key)
 	f.mu.Unlock()
-	return f.l.EndDetach(key)
-}
-
-func (f *fakeCore) CheckNotNode(flows []api.CNIFlow, _ []netip.Addr, _ []netip.Prefix) error {
-	for _, fl := range flows {
-		if slices.Contains(f.nodeAddrs, fl.Dst.Addr()) {
-			return api.Errorf(api.ErrInvalid, "destination %s is an address of the node", fl.Dst.Addr())
-		}
-	}
-	return nil
+	return f.L.EndDetach(key)
 }
 
 // newFakeCore has pools upf (eth1's queues 0-3, granted 10.9.0.0/24)
 // and vip (eth2's, granted 10.50.0.0/24), and vf, a netdev pool of eth3.
 func newFakeCore(t *testing.T) *fakeCore {
 	t.Helper()
-	l, err := ledger.Open(ledger.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	queues := func(netdev string, n int) []ledger.Device {
-		var out []ledger.Device
-		for q := range uint32(n) {
-			out = append(out, ledger.Device{ID: ledger.DeviceID(netdev, q), Netdev: netdev, Queues: []uint32{q}, NUMA: -1})
-		}
-		return out
-	}
-	l.SetPools([]ledger.Pool{
-		{Name: "upf", Resource: "xdpq.io/upf", Devices: queues("eth1", 4),
+	r := coretest.New(t,
+		ledger.Pool{Name: "upf", Resource: "xdpq.io/upf", Devices: coretest.Queues("eth1", 4),
 			Config: config.Pool{Name: "upf", SharedDestinations: []string{"10.9.0.0/24"}}},
-		{Name: "vip", Resource: "xdpq.io/vip", Devices: queues("eth2", 2),
+		ledger.Pool{Name: "vip", Resource: "xdpq.io/vip", Devices: coretest.Queues("eth2", 2),
 			Config: config.Pool{Name: "vip", SharedDestinations: []string{"10.50.0.0/24"}}},
-		{Name: "vf", Resource: "xdpq.io/vf", Devices: []ledger.Device{{ID: "eth3", Netdev: "eth3", Queues: []uint32{0}, NUMA: -1}},
-			Config: config.Pool{Name: "vf", Mode: api.ModeNetdev}},
-	})
-	return &fakeCore{l: l, nodeAddrs: []netip.Addr{netip.MustParseAddr("192.0.2.7")},
+		ledger.Pool{Name: "vf", Resource: "xdpq.io/vf", Devices: []ledger.Device{{ID: "eth3", Netdev: "eth3", Queues: []uint32{0}, NUMA: -1}},
+			Config: config.Pool{Name: "vf", Mode: api.ModeNetdev}})
+	r.NodeAddrs = []netip.Addr{netip.MustParseAddr("192.0.2.7")}
+	return &fakeCore{Records: r,
 		pods: &fakePods{byIP: map[netip.Addr]kubepods.Pod{netip.MustParseAddr("10.244.0.9"): {UID: "uid-other", Namespace: "shop", Name: "cart-0"}}}}
 }
 
@@ -249,7 +209,7 @@ func TestCNIAddDecisions(t *testing.T) {
 				if !errors.Is(err, c.kind) || !strings.Contains(fmt.Sprint(err), c.says) {
 					t.Fatalf("ADD: %v (code %s); want %v saying %q", err, api.CodeOf(err), c.kind, c.says)
 				}
-				if len(f.attached) > 0 || len(f.l.Attachments()) > 0 {
+				if len(f.attached) > 0 || len(f.L.Attachments()) > 0 {
 					t.Errorf("the refused ADD reached the core: %v", f.attached)
 				}
 				return
@@ -326,7 +286,7 @@ func TestCNIGCAndCheck(t *testing.T) {
 		t.Errorf("CHECK of a granted flow: %v", err)
 	}
 	// The operator revokes the grant.
-	f.l.SetPools([]ledger.Pool{{Name: "upf", Resource: "xdpq.io/upf", Config: config.Pool{Name: "upf"},
+	f.L.SetPools([]ledger.Pool{{Name: "upf", Resource: "xdpq.io/upf", Config: config.Pool{Name: "upf"},
 		Devices: []ledger.Device{{ID: "eth1-q0", Netdev: "eth1", Queues: []uint32{0}, NUMA: -1}}}})
 	if _, err := b.CNICheck(ctx, api.AttachmentRef{ContainerID: "shared", IfName: "net1"}); !errors.Is(err, api.ErrConflict) ||
 		!strings.Contains(err.Error(), "no longer allows the attachment's flows") {
@@ -352,7 +312,7 @@ func TestAlloc(t *testing.T) {
 	if err != nil || !slices.Equal(got.Queues, []uint32{0, 1, 2}) {
 		t.Fatalf("alloc of 3: %+v, %v; want eth1's queues 0-2", got, err)
 	}
-	a, _ := f.l.Get(got.ID)
+	a, _ := f.L.Get(got.ID)
 	if a.Owner.UID == nil || *a.Owner.UID != 1000 {
 		t.Errorf("owner %+v; want uid 1000", a.Owner)
 	}
@@ -362,7 +322,7 @@ func TestAlloc(t *testing.T) {
 	if err := b.Free(ctx, got.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := f.l.Get(got.ID); ok {
+	if _, ok := f.L.Get(got.ID); ok {
 		t.Error("freed, and still recorded")
 	}
 }
