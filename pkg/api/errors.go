@@ -84,6 +84,15 @@ func CodeOf(err error) string {
 	return code
 }
 
+// ResultOf is the result label of a verb that ended with err: "success",
+// or its error's code (the metrics of the CNI verbs and of DRA's).
+func ResultOf(err error) string {
+	if err == nil {
+		return "success"
+	}
+	return CodeOf(err)
+}
+
 // classify gives the status and code of a backend's error: its sentinel's,
 // else 503 for a request out of time or cancelled (the daemon stopping),
 // else 500. An error that wraps two sentinels gets the first listed here.

@@ -23,5 +23,12 @@ func TestCodeOf(t *testing.T) {
 		if got := CodeOf(c.err); got != c.want {
 			t.Errorf("CodeOf(%v) = %q, want %q", c.err, got, c.want)
 		}
+		want := c.want
+		if c.err == nil {
+			want = "success"
+		}
+		if got := ResultOf(c.err); got != want {
+			t.Errorf("ResultOf(%v) = %q, want %q", c.err, got, want)
+		}
 	}
 }

@@ -234,11 +234,7 @@ type metered struct {
 
 // observe records a verb's outcome; deferred at the verb's start.
 func (m metered) observe(verb string, began time.Time, err *error) {
-	result := "success"
-	if *err != nil {
-		result = api.CodeOf(*err)
-	}
-	m.metrics.cni.WithLabelValues(verb, result).Observe(time.Since(began).Seconds())
+	m.metrics.cni.WithLabelValues(verb, api.ResultOf(*err)).Observe(time.Since(began).Seconds())
 }
 
 func (m metered) CNIAdd(ctx context.Context, req api.CNIAddRequest) (att *api.Attachment, err error) {

@@ -146,11 +146,7 @@ func (f *Face) observe(verb string, began time.Time, err *error) {
 	if f.cfg.Durations == nil {
 		return
 	}
-	result := "success"
-	if *err != nil {
-		result = api.CodeOf(*err)
-	}
-	f.cfg.Durations.WithLabelValues(verb, result).Observe(time.Since(began).Seconds())
+	f.cfg.Durations.WithLabelValues(verb, api.ResultOf(*err)).Observe(time.Since(began).Seconds())
 }
 
 // draPools are the names of the pools DRA serves now.
