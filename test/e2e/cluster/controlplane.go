@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -44,9 +46,14 @@ type Options struct {
 	NodeName string
 	// Log receives a line per step; nil is io.Discard.
 	Log io.Writer
+	// Network makes the cluster's network (see Network) and has the
+	// apiserver listen on the host's address in it rather than on
+	// 127.0.0.1, so that isolated nodes (NodeOptions.Isolated) reach it.
+	Network bool
 }
 
-// ControlPlane is etcd and kube-apiserver on 127.0.0.1, with token
+// ControlPlane is etcd and kube-apiserver on 127.0.0.1 (the apiserver on
+// the host's address in the cluster's network, with Options.Network), with token
 // authentication, Node and RBAC authorization and NodeRestriction.
 type ControlPlane struct {
 	// Dir holds the control plane's data, certificates, kubeconfigs and
@@ -70,6 +77,8 @@ type ControlPlane struct {
 	// NodeKubeconfig is the path of a kubeconfig of
 	// system:node:<NodeName> in system:nodes.
 	NodeKubeconfig string
+	// Network is the cluster's network (Options.Network), nil without.
+	Network *Network
 
 	ca       *ca
 	tokens   map[string]string // user -> token
@@ -126,6 +135,11 @@ func StartControlPlane(ctx context.Context, dir string, opts Options) (cp *Contr
 			err = errors.Join(err, started.Stop())
 		}
 	}()
+	if opts.Network {
+		if cp.Network, err = startNetwork(ctx, cp.log); err != nil {
+			return nil, err
+		}
+	}
 	if err := cp.writeCredentials(); err != nil {
 		return nil, fmt.Errorf("control plane: credentials: %w", err)
 	}
@@ -181,7 +195,11 @@ func (cp *ControlPlane) writeCredentials() error {
 	if err := os.WriteFile(cp.CAFile, cp.ca.pem, 0o644); err != nil {
 		return err
 	}
-	serving, err := cp.ca.issue(pkix.Name{CommonName: "kube-apiserver"}, "127.0.0.1", "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "10.96.0.1")
+	hosts := []string{"127.0.0.1", "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "10.96.0.1"}
+	if cp.Network != nil {
+		hosts = append(hosts, cp.Network.Host.String())
+	}
+	serving, err := cp.ca.issue(pkix.Name{CommonName: "kube-apiserver"}, hosts...)
 	if err != nil {
 		return err
 	}
@@ -269,11 +287,19 @@ func (cp *ControlPlane) startEtcd(ctx context.Context, clientPort, peerPort int)
 // startAPIServer starts kube-apiserver on port with its storage in etcd
 // and waits until /readyz answers ok.
 func (cp *ControlPlane) startAPIServer(ctx context.Context, etcd string, port int) error {
-	cp.URL = "https://" + hostPort(port)
+	addr := "127.0.0.1"
+	// The kubelet listens on 127.0.0.1, which it refuses as its
+	// InternalIP: reach it by its name. On the cluster's network each
+	// kubelet listens on its node's address, its InternalIP.
+	kubeletAddrs := "Hostname,InternalIP"
+	if cp.Network != nil {
+		addr, kubeletAddrs = cp.Network.Host.String(), "InternalIP,Hostname"
+	}
+	cp.URL = "https://" + net.JoinHostPort(addr, strconv.Itoa(port))
 	p, err := cp.start("kube-apiserver", kubebin.KubeAPIServer, []string{
 		"--etcd-servers=" + etcd,
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
+		"--bind-address=" + addr,
+		"--advertise-address=" + addr,
 		"--secure-port=" + fmt.Sprint(port),
 		// No Service of the apiserver's own endpoints: 127.0.0.1 is no
 		// address a pod can reach.
@@ -293,9 +319,7 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context, etcd string, port in
 		"--kubelet-client-certificate=" + cp.path("apiserver-kubelet-client.crt"),
 		"--kubelet-client-key=" + cp.path("apiserver-kubelet-client.key"),
 		"--kubelet-certificate-authority=" + cp.CAFile,
-		// The kubelet listens on 127.0.0.1, which it refuses as its
-		// InternalIP: reach it by its name.
-		"--kubelet-preferred-address-types=Hostname,InternalIP",
+		"--kubelet-preferred-address-types=" + kubeletAddrs,
 		"--profiling=false",
 		"--v=1",
 	})
@@ -341,6 +365,26 @@ func (cp *ControlPlane) writeKubeconfig(path, user string) error {
 	cfg.Clusters["e2e"] = &clientcmdapi.Cluster{Server: cp.URL, CertificateAuthorityData: cp.ca.pem}
 	cfg.AuthInfos[user] = &clientcmdapi.AuthInfo{Token: tok}
 	cfg.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: user}
+	cfg.CurrentContext = "e2e"
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		return fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	return nil
+}
+
+// writeCertKubeconfig writes a kubeconfig of a client certificate of
+// the cluster's CA for subject (the user its CommonName, the groups its
+// Organization) to path: a user the token file, fixed once the apiserver
+// runs, does not have.
+func (cp *ControlPlane) writeCertKubeconfig(path string, subject pkix.Name) error {
+	kp, err := cp.ca.issue(subject)
+	if err != nil {
+		return fmt.Errorf("kubeconfig %s: %w", path, err)
+	}
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["e2e"] = &clientcmdapi.Cluster{Server: cp.URL, CertificateAuthorityData: cp.ca.pem}
+	cfg.AuthInfos[subject.CommonName] = &clientcmdapi.AuthInfo{ClientCertificateData: kp.cert, ClientKeyData: kp.key}
+	cfg.Contexts["e2e"] = &clientcmdapi.Context{Cluster: "e2e", AuthInfo: subject.CommonName}
 	cfg.CurrentContext = "e2e"
 	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
 		return fmt.Errorf("kubeconfig %s: %w", path, err)
@@ -439,6 +483,9 @@ func (cp *ControlPlane) Stop() error {
 		}
 		if err := os.RemoveAll(cp.Dir); err != nil {
 			errs = append(errs, fmt.Errorf("control plane: remove %s: %w", cp.Dir, err))
+		}
+		if cp.Network != nil {
+			errs = append(errs, cp.Network.stop())
 		}
 		cp.stopErr = errors.Join(errs...)
 	})

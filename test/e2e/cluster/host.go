@@ -42,11 +42,18 @@ func kubeletSysctls() []string {
 // the node's directory; and it restores the sysctls saved by StartNode.
 // It removes no directory while a mount remains under it.
 func (n *Node) cleanHost(atStart bool) error {
+	if n.ns != nil {
+		return n.cleanIsolated()
+	}
 	var errs []error
 	if err := killShims(n.ContainerdSocket); err != nil {
 		errs = append(errs, err)
 	}
-	if err := removePodCgroups(); err != nil {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
+	if _, err := os.Stat("/sys/fs/cgroup/kubepods"); err == nil {
+		roots = append(roots, "/sys/fs/cgroup/kubepods")
+	}
+	if err := removeCgroups(roots); err != nil {
 		errs = append(errs, err)
 	}
 	mountsLeft := false
@@ -130,14 +137,81 @@ func waitGone(pids []int) error {
 	return nil
 }
 
-// removePodCgroups kills what runs in the kubelet's pod cgroups
-// (kubepods, cgroupfs driver, in every hierarchy) and removes them.
-// Only the node's kubelet makes them on this machine.
-func removePodCgroups() error {
-	roots, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
-	if _, err := os.Stat("/sys/fs/cgroup/kubepods"); err == nil {
-		roots = append(roots, "/sys/fs/cgroup/kubepods")
+// cleanIsolated removes what an isolated node's programs may have left
+// once they are stopped, or what a killed run left: every process in its
+// namespaces, the shims of its containerd, its cgroup root with the
+// pods' cgroups, the namespaces with their mounts and links, the
+// kubelet's links to its pods' logs, and its directory. The host's
+// directories, bridge, sysctls and the first node's cgroups it leaves
+// alone: the node has private ones or shares the machine's.
+func (n *Node) cleanIsolated() error {
+	var errs []error
+	pids := n.ns.pids()
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL) // gone already is fine; waitGone checks
 	}
+	if err := waitGone(pids); err != nil {
+		errs = append(errs, err)
+	}
+	if err := killShims(n.ContainerdSocket); err != nil {
+		errs = append(errs, err)
+	}
+	roots, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", n.CgroupRoot))
+	if err := removeCgroups(roots); err != nil {
+		errs = append(errs, err)
+	}
+	if err := n.ns.destroy(); err != nil {
+		errs = append(errs, err)
+	}
+	errs = append(errs, removeLogLinks(n.path("pod-logs")))
+	if err := unmountUnder(n.Dir); err != nil { // the host has none of its own there, unless a killed run bound one
+		errs = append(errs, err)
+	} else if err := os.RemoveAll(n.Dir); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("node %s: clean up: %w", n.Name, err)
+	}
+	return nil
+}
+
+// makeCgroupRoot makes an isolated node's cgroup root in every
+// hierarchy, which its kubelet wants to exist, with the cpus and memory
+// nodes of the machine in cpuset's (a new cpuset has none).
+func makeCgroupRoot(root string) error {
+	hs, err := os.ReadDir("/sys/fs/cgroup")
+	if err != nil {
+		return err
+	}
+	for _, h := range hs {
+		if !h.IsDir() {
+			continue
+		}
+		d := filepath.Join("/sys/fs/cgroup", h.Name(), root)
+		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("cgroup root: %w", err)
+		}
+		if h.Name() != "cpuset" {
+			continue
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			b, err := os.ReadFile(filepath.Join(filepath.Dir(d), f))
+			if err != nil {
+				return fmt.Errorf("cgroup root: %w", err)
+			}
+			if err := os.WriteFile(filepath.Join(d, f), b, 0o644); err != nil {
+				return fmt.Errorf("cgroup root: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// removeCgroups kills what runs in the cgroups under roots (and roots
+// themselves) and removes them, deepest first: the first node's kubepods
+// in every hierarchy, which only its kubelet makes on this machine, or
+// an isolated node's root.
+func removeCgroups(roots []string) error {
 	var dirs []string
 	for _, r := range roots {
 		// The function answers every error itself (a directory that went

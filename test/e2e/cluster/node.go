@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -70,12 +71,28 @@ type NodeOptions struct {
 	CNIPluginDir string
 	// Log receives a line per step; nil is the control plane's.
 	Log io.Writer
+	// Name is the Node's name; "" is the control plane's NodeName, the
+	// first node's. An isolated node needs a name of its own.
+	Name string
+	// Isolated runs the node in network and mount namespaces of its own
+	// (see nodeNS), as kind runs a node in a container, joined to the
+	// cluster's network (Options.Network, which it needs) at the next
+	// address free, with cgroups under a root of its own. The control
+	// plane's controllers run with the first node, which is not
+	// isolated: an isolated node joins a cluster that has one.
+	Isolated bool
+	// AliasDir, for an isolated node, is a path at which the node sees
+	// its own Dir as well: the first node's Dir, so that the host paths
+	// of one DaemonSet (an NRI socket, a CNI bin directory in Dir) mean
+	// each node's own files.
+	AliasDir string
 }
 
 // Node is a kubelet with containerd and a bridge network, registered
 // with a ControlPlane, and the control plane's kube-controller-manager
-// and kube-scheduler. There is one at a time on a machine (its Dir's
-// lock says so).
+// and kube-scheduler (the first node's). There is one at a time in a
+// Dir (its lock says so); an isolated node (NodeOptions.Isolated) joins
+// beside the first.
 type Node struct {
 	// Name is the Node's name.
 	Name string
@@ -93,6 +110,15 @@ type Node struct {
 	CNIBinDir, CNIConfDir string
 	// CNIConfList is the path of the node's network configuration.
 	CNIConfList string
+	// IP is the node's address on the cluster's network (its
+	// InternalIP, where its kubelet listens); invalid without one.
+	IP netip.Addr
+	// HostKubeletRootDir is KubeletRootDir as the host sees it: an
+	// isolated node's is Dir/nsroot/var_lib_kubelet.
+	HostKubeletRootDir string
+	// CgroupRoot is the kubelet's cgroupRoot: "/" for the first node, the
+	// pods' cgroups under /kubepods; an isolated node's own otherwise.
+	CgroupRoot string
 
 	cp          *ControlPlane
 	podCIDR     string
@@ -107,7 +133,9 @@ type Node struct {
 	stopped     bool
 	stopOnce    sync.Once
 	stopErr     error
-	cancel      func() // the signal handler's
+	cancel      func()  // the signal handler's
+	ns          *nodeNS // an isolated node's namespaces, nil for the first node
+	nw          *Network
 }
 
 // StartNode starts the node's containerd, imports the pause image,
@@ -134,35 +162,63 @@ func StartNode(ctx context.Context, cp *ControlPlane, opts NodeOptions) (n *Node
 	if opts.Log == nil {
 		opts.Log = cp.log
 	}
+	if opts.Name == "" {
+		opts.Name = cp.NodeName
+	}
+	if opts.Isolated && (cp.Network == nil || opts.Name == cp.NodeName) {
+		return nil, fmt.Errorf("node %s: an isolated node needs the cluster's network (Options.Network) and a name other than the first node's, %s", opts.Name, cp.NodeName)
+	}
 	if err := checkTools(opts.CNIPluginDir); err != nil {
 		return nil, err
 	}
-	if err := checkResolves(cp.NodeName); err != nil {
-		return nil, err
+	if cp.Network == nil { // else the apiserver reaches kubelets at their InternalIP
+		if err := checkResolves(cp.NodeName); err != nil {
+			return nil, err
+		}
 	}
 	bins, err := nodeBinaries(ctx, cp)
 	if err != nil {
 		return nil, err
 	}
 	n = &Node{
-		Name:             cp.NodeName,
-		Dir:              opts.Dir,
-		KubeletRootDir:   opts.KubeletRootDir,
-		ContainerdSocket: filepath.Join(opts.Dir, "run", "containerd.sock"),
-		NRISocket:        filepath.Join(opts.Dir, "run", "nri.sock"),
-		CNIBinDir:        filepath.Join(opts.Dir, "cni", "bin"),
-		CNIConfDir:       filepath.Join(opts.Dir, "cni", "net.d"),
-		cp:               cp,
-		bins:             bins,
-		podCIDR:          opts.PodCIDR,
-		log:              opts.Log,
+		Name:               opts.Name,
+		Dir:                opts.Dir,
+		KubeletRootDir:     opts.KubeletRootDir,
+		HostKubeletRootDir: opts.KubeletRootDir,
+		CgroupRoot:         "/",
+		nw:                 cp.Network,
+		ContainerdSocket:   filepath.Join(opts.Dir, "run", "containerd.sock"),
+		NRISocket:          filepath.Join(opts.Dir, "run", "nri.sock"),
+		CNIBinDir:          filepath.Join(opts.Dir, "cni", "bin"),
+		CNIConfDir:         filepath.Join(opts.Dir, "cni", "net.d"),
+		cp:                 cp,
+		bins:               bins,
+		podCIDR:            opts.PodCIDR,
+		log:                opts.Log,
 	}
 	n.CNIConfList = filepath.Join(n.CNIConfDir, "10-"+CNINetwork+".conflist")
+	if cp.Network != nil {
+		n.IP = cp.Network.Host
+	}
+	if opts.Isolated {
+		n.KubeletRootDir = DefaultKubeletRootDir
+		n.HostKubeletRootDir = filepath.Join(n.Dir, "nsroot", "var_lib_kubelet")
+		n.CgroupRoot = "/xdpq-e2e-" + filepath.Base(n.Dir)
+	}
 	if err := os.MkdirAll(n.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("node: %w", err)
 	}
-	if n.lock, err = lockDir(ctx, n.Dir, opts.Log); err != nil {
+	if n.lock, err = lockDir(ctx, n.Dir, "node", opts.Log); err != nil {
 		return nil, err
+	}
+	if opts.Isolated {
+		if n.IP, err = cp.Network.take(); err != nil {
+			_ = n.lock.Close() // a lock file, never written
+			return nil, err
+		}
+		// Before anything can fail into Stop: an isolated node's
+		// clean-up must never be the first node's.
+		n.ns = nsNames(n.Dir, n.IP)
 	}
 	n.cancel = onSignal(func() {
 		if err := n.Stop(); err != nil {
@@ -178,7 +234,14 @@ func StartNode(ctx context.Context, cp *ControlPlane, opts NodeOptions) (n *Node
 	if err := n.cleanHost(true); err != nil {
 		return nil, fmt.Errorf("node: clean up what a killed run left: %w", err)
 	}
-	if err := saveSysctls(n.path("sysctls.json")); err != nil {
+	if opts.Isolated {
+		if err := makeCgroupRoot(n.CgroupRoot); err != nil {
+			return nil, fmt.Errorf("node: %w", err)
+		}
+		if _, err := newNodeNS(ctx, n.Dir, cp.Network, n.IP, opts.AliasDir); err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	} else if err := saveSysctls(n.path("sysctls.json")); err != nil { // an isolated node's are its namespace's, or the machine's
 		return nil, fmt.Errorf("node: %w", err)
 	}
 	if err := n.writeCNI(opts.CNIPluginDir); err != nil {
@@ -194,8 +257,10 @@ func StartNode(ctx context.Context, cp *ControlPlane, opts NodeOptions) (n *Node
 	if err := n.ImportImage(ctx, pause); err != nil {
 		return nil, err
 	}
-	if err := n.startControllers(bins); err != nil {
-		return nil, err
+	if !opts.Isolated { // the first node runs them for the cluster
+		if err := n.startControllers(bins); err != nil {
+			return nil, err
+		}
 	}
 	if err := n.startKubelet(ctx, bins[kubebin.Kubelet]); err != nil {
 		return nil, err
@@ -293,13 +358,15 @@ func nodeBinaries(ctx context.Context, cp *ControlPlane) (kubebin.Paths, error) 
 	return bins, nil
 }
 
-// lockDir takes dir's lock, waiting while another node holds it (one at
-// a time on a machine: a node uses the kubelet's port and directories;
-// go test runs packages in parallel) until ctx ends.
-func lockDir(ctx context.Context, dir string, log io.Writer) (*os.File, error) {
+// lockDir takes dir's lock, waiting while another holds it (one node
+// per directory: a node uses its directory, the kubelet's port and, for
+// the first node, the host's directories; go test runs packages in
+// parallel) until ctx ends. what names the holder in errors: "node",
+// "network".
+func lockDir(ctx context.Context, dir, what string, log io.Writer) (*os.File, error) {
 	f, err := os.OpenFile(filepath.Join(filepath.Dir(dir), "."+filepath.Base(dir)+".lock"), os.O_RDWR|os.O_CREATE|syscall.O_CLOEXEC, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("node: lock: %w", err)
+		return nil, fmt.Errorf("%s: lock: %w", what, err)
 	}
 	said := false
 	for {
@@ -309,16 +376,16 @@ func lockDir(ctx context.Context, dir string, log io.Writer) (*os.File, error) {
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) {
 			_ = f.Close() // a lock file, never written
-			return nil, fmt.Errorf("node: lock %s: %w", dir, err)
+			return nil, fmt.Errorf("%s: lock %s: %w", what, dir, err)
 		}
 		if !said {
-			fmt.Fprintf(log, "node: another e2e node runs in %s; waiting for it to stop\n", dir)
+			fmt.Fprintf(log, "%s: another e2e %s holds %s; waiting for it to stop\n", what, what, dir)
 			said = true
 		}
 		select {
 		case <-ctx.Done():
 			_ = f.Close() // a lock file, never written
-			return nil, fmt.Errorf("node: another e2e node runs in %s (one at a time on a machine): %w", dir, ctx.Err())
+			return nil, fmt.Errorf("%s: another e2e %s holds %s: %w", what, what, dir, ctx.Err())
 		case <-time.After(500 * time.Millisecond): // no notification of another process's unlock to wait on
 		}
 	}
@@ -486,17 +553,33 @@ func (n *Node) startControllers(bins kubebin.Paths) error {
 	return err
 }
 
-// startKubelet starts the kubelet with the node's token, a serving
-// certificate of the cluster's CA, webhook authentication and
-// authorization, and cgroupfs on this cgroup v1 machine. It listens on
-// 127.0.0.1, which it refuses as a node IP: the apiserver reaches it by
-// the node's Hostname address, its name, which must resolve to
-// 127.0.0.1 (/etc/hosts); its InternalIP is the address of the host's
-// default route.
+// startKubelet starts the kubelet with the node's token (an isolated
+// node's client certificate), a serving certificate of the cluster's CA,
+// webhook authentication and authorization, and cgroupfs on this cgroup
+// v1 machine. Without the cluster's network it listens on 127.0.0.1,
+// which it refuses as a node IP: the apiserver reaches it by the node's
+// Hostname address, its name, which must resolve to 127.0.0.1
+// (/etc/hosts); its InternalIP is the address of the host's default
+// route. On the cluster's network it listens on the node's address, its
+// InternalIP, where the apiserver reaches it.
 func (n *Node) startKubelet(ctx context.Context, path string) error {
-	serving, err := n.cp.ca.issue(pkix.Name{CommonName: n.Name}, "127.0.0.1", n.Name, "localhost")
+	addr, hosts := "127.0.0.1", []string{"127.0.0.1", n.Name, "localhost"}
+	if n.IP.IsValid() {
+		addr = n.IP.String()
+		hosts = append(hosts, addr)
+	}
+	serving, err := n.cp.ca.issue(pkix.Name{CommonName: n.Name}, hosts...)
 	if err != nil {
 		return fmt.Errorf("node: kubelet certificate: %w", err)
+	}
+	kubeconfig := n.cp.NodeKubeconfig
+	if n.Name != n.cp.NodeName {
+		// The token file cannot gain a user once the apiserver runs: a
+		// client certificate of the node's identity.
+		kubeconfig = n.path("kubelet.kubeconfig")
+		if err := n.cp.writeCertKubeconfig(kubeconfig, pkix.Name{CommonName: "system:node:" + n.Name, Organization: []string{"system:nodes"}}); err != nil {
+			return fmt.Errorf("node: %w", err)
+		}
 	}
 	if err := serving.write(n.path("kubelet.crt"), n.path("kubelet.key")); err != nil {
 		return fmt.Errorf("node: %w", err)
@@ -504,7 +587,7 @@ func (n *Node) startKubelet(ctx context.Context, path string) error {
 	config := map[string]any{
 		"apiVersion":         "kubelet.config.k8s.io/v1beta1",
 		"kind":               "KubeletConfiguration",
-		"address":            "127.0.0.1",
+		"address":            addr,
 		"port":               KubeletPort,
 		"readOnlyPort":       0,
 		"healthzPort":        0,
@@ -537,6 +620,7 @@ func (n *Node) startKubelet(ctx context.Context, path string) error {
 			"nodefs.inodesFree": "1%",
 			"imagefs.available": "1%",
 		},
+		"cgroupRoot":                  n.CgroupRoot,
 		"imageGCHighThresholdPercent": 100,
 		"imageGCLowThresholdPercent":  99,
 		"serializeImagePulls":         false,
@@ -552,10 +636,13 @@ func (n *Node) startKubelet(ctx context.Context, path string) error {
 	n.kubelet = path
 	n.kubeletArgs = []string{
 		"--config=" + cfg,
-		"--kubeconfig=" + n.cp.NodeKubeconfig,
+		"--kubeconfig=" + kubeconfig,
 		"--root-dir=" + n.KubeletRootDir,
 		"--hostname-override=" + n.Name,
 		"--v=1",
+	}
+	if n.IP.IsValid() {
+		n.kubeletArgs = append(n.kubeletArgs, "--node-ip="+addr)
 	}
 	_, err = n.start("kubelet", n.kubelet, n.kubeletArgs)
 	return err
@@ -681,8 +768,12 @@ func nodeState(node *corev1.Node) string {
 	return strings.Join(s, ", ")
 }
 
-// start runs a program of the node, registered for Stop.
+// start runs a program of the node, registered for Stop; an isolated
+// node's in its namespaces.
 func (n *Node) start(name, path string, args []string) (*process, error) {
+	if n.ns != nil {
+		path, args = n.ns.wrap(path, args)
+	}
 	p, err := start(name, n.Dir, path, args, nil)
 	if err != nil {
 		return nil, fmt.Errorf("node: %w", err)
@@ -738,6 +829,9 @@ func (n *Node) Stop() error {
 		stop("kube-controller-manager")
 		stop("containerd")
 		errs = append(errs, n.cleanHost(false))
+		if n.ns != nil {
+			n.nw.release(n.IP)
+		}
 		if n.lock != nil {
 			// Closing frees the descriptor, and with it the lock, even
 			// when it reports an error.
