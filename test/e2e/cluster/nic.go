@@ -31,6 +31,10 @@ type NIC struct {
 	Peer    string
 	PeerMAC net.HardwareAddr
 	PeerNS  ns.NetNS
+	// NodeNetns is the bound network namespace file of the isolated node
+	// whose NIC this is (AddNICOn), "" for the first node's, in the
+	// host's namespace.
+	NodeNetns string
 
 	closeOnce sync.Once
 	closeErr  error
@@ -41,30 +45,51 @@ type NIC struct {
 // queues on each side, both up. A link of that name left in the host
 // namespace by a killed run is removed first. Close removes it.
 func AddNIC(name string, queues int) (*NIC, error) {
+	return addNIC("", name, queues)
+}
+
+// AddNICOn creates a NIC (see AddNIC) of node: in an isolated node's
+// network namespace, where its pods see it, in the host's for the first
+// node.
+func AddNICOn(node *Node, name string, queues int) (*NIC, error) {
+	netns := ""
+	if node.ns != nil {
+		netns = node.ns.Netns
+	}
+	return addNIC(netns, name, queues)
+}
+
+func addNIC(netns, name string, queues int) (*NIC, error) {
 	if len(name) == 0 || len(name) > 15 {
 		return nil, fmt.Errorf("nic %q: a link name is 1 to 15 bytes", name)
 	}
-	if old, err := netlink.LinkByName(name); err == nil {
-		if err := netlink.LinkDel(old); err != nil {
-			return nil, fmt.Errorf("nic %s: remove a killed run's: %w", name, err)
+	err := inNetns(netns, func() error {
+		if old, err := netlink.LinkByName(name); err == nil {
+			if err := netlink.LinkDel(old); err != nil {
+				return fmt.Errorf("nic %s: remove a killed run's: %w", name, err)
+			}
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	peerNS, err := testutils.NewNS()
 	if err != nil {
 		return nil, fmt.Errorf("nic %s: traffic namespace: %w", name, err)
 	}
-	n := &NIC{Name: name, Queues: queues, Peer: name + "p", PeerNS: peerNS}
+	n := &NIC{Name: name, Queues: queues, Peer: name + "p", PeerNS: peerNS, NodeNetns: netns}
 	if len(n.Peer) > 15 {
 		n.Peer = "peer"
 	}
-	if err := n.create(); err != nil {
+	if err := inNetns(netns, n.create); err != nil {
 		return nil, errors.Join(fmt.Errorf("nic %s: %w", name, err), n.Close())
 	}
 	return n, nil
 }
 
-// create adds the pair in the host's namespace, moves the peer into
-// PeerNS and sets both up.
+// create adds the pair in the caller's namespace (the host's or the
+// node's), moves the peer into PeerNS and sets both up.
 func (n *NIC) create() error {
 	// A temporary peer name: the host may already have a link of Peer's.
 	tmpPeer := fmt.Sprintf("xdpqtmp%d", os.Getpid()%100000000)
@@ -114,7 +139,23 @@ func (n *NIC) create() error {
 // ends.
 func AddNICForTest(tb testing.TB, name string, queues int) *NIC {
 	tb.Helper()
-	n, err := AddNIC(name, queues)
+	return nicForTest(tb, "", name, queues)
+}
+
+// AddNICOnForTest adds a NIC of node (see AddNICOn) that is removed when
+// the test ends, before the node stops.
+func AddNICOnForTest(tb testing.TB, node *Node, name string, queues int) *NIC {
+	tb.Helper()
+	netns := ""
+	if node.ns != nil {
+		netns = node.ns.Netns
+	}
+	return nicForTest(tb, netns, name, queues)
+}
+
+func nicForTest(tb testing.TB, netns, name string, queues int) *NIC {
+	tb.Helper()
+	n, err := addNIC(netns, name, queues)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -136,10 +177,16 @@ func (n *NIC) Close() error {
 func (n *NIC) remove() error {
 	var errs []error
 	// By index: a later NIC of the same name may have replaced this one.
-	if l, err := netlink.LinkByIndex(n.Index); err == nil && n.Index != 0 && l.Attrs().Name == n.Name {
-		if err := netlink.LinkDel(l); err != nil {
-			errs = append(errs, fmt.Errorf("nic %s: delete: %w", n.Name, err))
-		}
+	// A node's namespace gone took its NIC with it.
+	if _, err := os.Stat(n.NodeNetns); n.NodeNetns == "" || err == nil {
+		errs = append(errs, inNetns(n.NodeNetns, func() error {
+			if l, err := netlink.LinkByIndex(n.Index); err == nil && n.Index != 0 && l.Attrs().Name == n.Name {
+				if err := netlink.LinkDel(l); err != nil {
+					return fmt.Errorf("nic %s: delete: %w", n.Name, err)
+				}
+			}
+			return nil
+		}))
 	}
 	if err := n.PeerNS.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("nic %s: close traffic namespace: %w", n.Name, err))
@@ -148,4 +195,22 @@ func (n *NIC) remove() error {
 		errs = append(errs, fmt.Errorf("nic %s: remove traffic namespace: %w", n.Name, err))
 	}
 	return errors.Join(errs...)
+}
+
+// Do runs f in the NIC's network namespace: its node's, where its
+// pods see it.
+func (n *NIC) Do(f func() error) error { return inNetns(n.NodeNetns, f) }
+
+// inNetns runs f in the network namespace bound at netns, or in the
+// caller's when netns is "".
+func inNetns(netns string, f func() error) error {
+	if netns == "" {
+		return f()
+	}
+	h, err := ns.GetNS(netns)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = h.Close() }() // a namespace's descriptor
+	return h.Do(func(ns.NetNS) error { return f() })
 }

@@ -41,7 +41,6 @@ func TestNIC(t *testing.T) {
 	if a := host.Attrs(); a.NumRxQueues != 4 || a.NumTxQueues != 4 || a.Flags&1 == 0 || a.Index != n.Index {
 		t.Errorf("host side: %d rx, %d tx queues, flags %v, index %d; want 4, 4, up, %d", a.NumRxQueues, a.NumTxQueues, a.Flags, a.Index, n.Index)
 	}
-	var peerIndex int
 	err = n.PeerNS.Do(func(ns.NetNS) error {
 		peer, err := netlink.LinkByName(n.Peer)
 		if err != nil {
@@ -50,17 +49,46 @@ func TestNIC(t *testing.T) {
 		if a := peer.Attrs(); a.NumRxQueues != 4 || a.NumTxQueues != 4 || a.Flags&1 == 0 {
 			t.Errorf("peer: %d rx, %d tx queues, flags %v; want 4, 4, up", a.NumRxQueues, a.NumTxQueues, a.Flags)
 		}
-		peerIndex = peer.Attrs().Index
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	// A frame of a local experimental EtherType from the peer arrives on
-	// the host side.
+	checkFrame(t, n)
+
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var nf netlink.LinkNotFoundError
+	if _, err := netlink.LinkByName(name); !errors.As(err, &nf) {
+		t.Errorf("%s after Close: %v, want not found", name, err)
+	}
+}
+
+// checkFrame sends a frame of a local experimental EtherType from n's
+// peer and checks it arrives on n, in n's namespace.
+func checkFrame(t *testing.T, n *NIC) {
+	t.Helper()
+	var peerIndex int
+	err := n.PeerNS.Do(func(ns.NetNS) error {
+		peer, err := netlink.LinkByName(n.Peer)
+		if err != nil {
+			return err
+		}
+		peerIndex = peer.Attrs().Index
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	const etherType = 0x88b5
-	rx, err := syscall.Socket(syscall.AF_PACKET, syscall.SOCK_RAW|syscall.SOCK_CLOEXEC, int(htons(etherType)))
+	var rx int
+	err = n.Do(func() error { // a socket stays in the namespace it was made in
+		var err error
+		rx, err = syscall.Socket(syscall.AF_PACKET, syscall.SOCK_RAW|syscall.SOCK_CLOEXEC, int(htons(etherType)))
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,18 +119,10 @@ func TestNIC(t *testing.T) {
 	buf := make([]byte, 2048)
 	got, _, err := syscall.Recvfrom(rx, buf, 0)
 	if err != nil {
-		t.Fatalf("receive on %s: %v", name, err)
+		t.Fatalf("receive on %s: %v", n.Name, err)
 	}
 	if !bytes.Equal(buf[:got], frame) {
 		t.Errorf("received %x, sent %x", buf[:got], frame)
-	}
-
-	if err := n.Close(); err != nil {
-		t.Fatal(err)
-	}
-	var nf netlink.LinkNotFoundError
-	if _, err := netlink.LinkByName(name); !errors.As(err, &nf) {
-		t.Errorf("%s after Close: %v, want not found", name, err)
 	}
 }
 

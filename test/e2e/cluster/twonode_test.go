@@ -30,7 +30,8 @@ func workerOptions() NodeOptions {
 // the first node on the host and a second, isolated one in namespaces
 // of its own; each runs a pod, whose log kubectl reads through that
 // node's kubelet at its InternalIP. The second node sees only its own
-// links, bpffs and kubelet directory; its pods' cgroups are under its
+// links (its NIC's among them, which receives), bpffs and kubelet
+// directory; its pods' cgroups are under its
 // own root. Stopping it leaves the first node Ready with its pod
 // running, and nothing of the second behind.
 func TestTwoNodesRunPods(t *testing.T) {
@@ -48,15 +49,21 @@ func TestTwoNodesRunPods(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 
-	// What the second node sees of the machine.
+	// What the second node sees of the machine: its NIC, not the host's
+	// links; a frame from the NIC's peer arrives there.
+	nic := AddNICOnForTest(t, n2, "xdpqe2etest2", 2)
 	out, err := n2.Exec(ctx, "ls", "/sys/class/net")
 	if err != nil {
 		t.Fatal(err)
 	}
 	links := strings.Fields(string(out))
-	if !slices.Contains(links, "eth0") || slices.Contains(links, NetworkBridge) {
-		t.Errorf("links the second node sees: %q, want its own (eth0, no %s)", links, NetworkBridge)
+	if !slices.Contains(links, "eth0") || !slices.Contains(links, nic.Name) || slices.Contains(links, NetworkBridge) {
+		t.Errorf("links the second node sees: %q, want its own (eth0, %s, no %s)", links, nic.Name, NetworkBridge)
 	}
+	if _, err := netlink.LinkByName(nic.Name); err == nil {
+		t.Errorf("the second node's NIC %s shows in the host's namespace", nic.Name)
+	}
+	checkFrame(t, nic)
 	var host syscall.Stat_t
 	if err := syscall.Stat("/sys/fs/bpf", &host); err != nil {
 		t.Fatal(err)
