@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"regexp"
@@ -127,11 +128,16 @@ func (s *peerSender) send(n int, counted bool) error {
 // its queues, counted, every 5 ms (a rate) until the returned stop is
 // called; stop says how many batches were sent, or why sending failed.
 func sendWhile(senders ...*peerSender) (stop func() (int, error)) {
+	return sendWhileEvery(5*time.Millisecond, senders...)
+}
+
+// sendWhileEvery is sendWhile with a batch every interval.
+func sendWhileEvery(interval time.Duration, senders ...*peerSender) (stop func() (int, error)) {
 	done := make(chan struct{})
 	result := make(chan error, 1)
 	var batches int
 	go func() {
-		tick := time.NewTicker(5 * time.Millisecond)
+		tick := time.NewTicker(interval)
 		defer tick.Stop()
 		for {
 			for _, s := range senders {
@@ -185,7 +191,13 @@ func checkTotals(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, na
 // samples of the metric name as label sets with their values.
 func scrape(ctx context.Context, t *testing.T, name string) []sample {
 	t.Helper()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort), nil)
+	return scrapeAt(ctx, t, "127.0.0.1", name)
+}
+
+// scrapeAt is scrape of the daemon of the node at addr.
+func scrapeAt(ctx context.Context, t *testing.T, addr, name string) []sample {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(addr, strconv.Itoa(metricsPort))+"/metrics", nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("scrape the daemon: %v", err)
@@ -244,11 +256,17 @@ func redirected(ctx context.Context, t *testing.T, netdev string) map[int]uint64
 // allocation.
 func waitFreed(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, node string) {
 	t.Helper()
+	waitFreedAt(ctx, t, cp, node, "127.0.0.1")
+}
+
+// waitFreedAt is waitFreed of the node whose daemon is at addr.
+func waitFreedAt(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, node, addr string) {
+	t.Helper()
 	var left string
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		left = ""
 		for _, m := range []string{"xdpq_pool_allocations", "xdpq_pool_leases", "xdpq_pool_allocated_devices", "xdpq_agent_steered_flows"} {
-			for _, sm := range scrape(ctx, t, m) {
+			for _, sm := range scrapeAt(ctx, t, addr, m) {
 				if sm.value != 0 {
 					left += fmt.Sprintf("%s%v %v; ", m, sm.labels, sm.value)
 				}
@@ -285,6 +303,12 @@ func waitCondition(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, 
 // allocation.
 func waitPodRows(ctx context.Context, t *testing.T, k kubectl, node, namespace string, runs ...*perfRun) {
 	t.Helper()
+	waitPodRowsOn(ctx, t, k, node, scenarioNIC, namespace, runs...)
+}
+
+// waitPodRowsOn is waitPodRows of pods on netdev of node.
+func waitPodRowsOn(ctx context.Context, t *testing.T, k kubectl, node, netdev, namespace string, runs ...*perfRun) {
+	t.Helper()
 	var pods string
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		var stderr string
@@ -294,7 +318,7 @@ func waitPodRows(ctx context.Context, t *testing.T, k kubectl, node, namespace s
 			return false, fmt.Errorf("kubectl xdpq pods: %w: %s", err, stderr)
 		}
 		for _, p := range runs {
-			want := fmt.Sprintf(`(?m)^%s\s+%s\s+%s\s+%s\s+%s\s+udp %s:%d\s+connected`, p.name, node, scenarioNIC, scenarioPool,
+			want := fmt.Sprintf(`(?m)^%s\s+%s\s+%s\s+%s\s+%s\s+udp %s:%d\s+connected`, p.name, node, netdev, scenarioPool,
 				queueList(p.queues), regexp.QuoteMeta(p.ip.String()), p.port)
 			if !regexp.MustCompile(want).MatchString(pods) {
 				return false, nil

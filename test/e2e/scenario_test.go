@@ -340,11 +340,19 @@ type scenarioEnv struct {
 	node *cluster.Node
 	nic  *cluster.NIC
 	ref  string // the xdpq image
+	// archive is the xdpq image's docker-archive, for another node.
+	archive string
 }
 
 // newScenarioEnv starts a control plane and a node, adds the NIC and
 // imports the xdpq image; everything goes when the test ends.
 func newScenarioEnv(ctx context.Context, tb testing.TB) *scenarioEnv {
+	tb.Helper()
+	return newScenarioEnvWith(ctx, tb, cluster.Options{})
+}
+
+// newScenarioEnvWith is newScenarioEnv with the control plane's options.
+func newScenarioEnvWith(ctx context.Context, tb testing.TB, opts cluster.Options) *scenarioEnv {
 	tb.Helper()
 	sharedMounts(tb) // undone after the node's teardown
 	if _, err := os.Stat(pinDir); err == nil {
@@ -359,13 +367,14 @@ func newScenarioEnv(ctx context.Context, tb testing.TB) *scenarioEnv {
 		}
 		clearHostState(tb)
 	})
-	e := &scenarioEnv{cp: cluster.StartControlPlaneForTest(tb, cluster.Options{})}
+	e := &scenarioEnv{cp: cluster.StartControlPlaneForTest(tb, opts)}
 	e.node = cluster.StartNodeForTest(tb, e.cp, cluster.NodeOptions{})
 	e.nic = cluster.AddNICForTest(tb, scenarioNIC, nicQueues)
 	archive, ref, err := images.Xdpq(ctx, "0.0.0-e2e", e.node.Dir+"/images")
 	if err != nil {
 		tb.Fatal(err)
 	}
+	e.archive = archive
 	if err := e.node.ImportImage(ctx, archive); err != nil {
 		log, _ := os.ReadFile(filepath.Join(e.node.Dir, "containerd.log"))
 		tb.Fatalf("%v; containerd's log ends:\n%s", err, tail(log, 4000))

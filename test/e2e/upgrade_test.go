@@ -62,19 +62,7 @@ func TestUpgradeRollback(t *testing.T) {
 	testnet.RequireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute) // fresh builds included
 	defer cancel()
-	version, commit, err := release.Previous(repoRoot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	built := time.Now()
-	prev, err := images.BuildRelease(ctx, repoRoot, version, commit, kubebin.CacheDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("previous release %s (%s): image and chart in %s", prev.Version, prev.Commit[:12], time.Since(built).Round(time.Second))
-	if prev.Version == xdpq.Version() {
-		t.Fatalf("the previous release is this tree's %s", prev.Version)
-	}
+	prev := previousRelease(ctx, t)
 	e := newScenarioEnv(ctx, t)
 	cp, node, nic := e.cp, e.node, e.nic
 	if err := node.ImportImage(ctx, prev.Archive); err != nil {
@@ -188,6 +176,26 @@ func TestUpgradeRollback(t *testing.T) {
 	if out, err := cp.Helm(ctx, "uninstall", "xdpq", "-n", "kube-system", "--wait", "--timeout=2m"); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
+}
+
+// previousRelease builds (or finds in kubebin's cache) the previous
+// release's image and chart, PREVIOUS_RELEASE's.
+func previousRelease(ctx context.Context, t *testing.T) images.Release {
+	t.Helper()
+	version, commit, err := release.Previous(repoRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	built := time.Now()
+	prev, err := images.BuildRelease(ctx, repoRoot, version, commit, kubebin.CacheDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("previous release %s (%s): image and chart in %s", prev.Version, prev.Commit[:12], time.Since(built).Round(time.Second))
+	if prev.Version == xdpq.Version() {
+		t.Fatalf("the previous release is this tree's %s", prev.Version)
+	}
+	return prev
 }
 
 // change runs helm with args (an upgrade or a rollback) while the

@@ -652,6 +652,15 @@ func (n *Node) startKubelet(ctx context.Context, path string) error {
 // same configuration, and waits until the Node is Ready. Containers keep
 // running meanwhile, as on a node whose kubelet restarts.
 func (n *Node) RestartKubelet(ctx context.Context) error {
+	if err := n.StopKubelet(); err != nil {
+		return fmt.Errorf("node: restart kubelet: %w", err)
+	}
+	return n.StartKubelet(ctx)
+}
+
+// StopKubelet stops the kubelet (SIGTERM). Containers keep running, the
+// Node turns NotReady once the control plane misses its heartbeats.
+func (n *Node) StopKubelet() error {
 	n.mu.Lock()
 	i := slices.IndexFunc(n.procs, func(p *process) bool { return p.name == "kubelet" })
 	var old *process
@@ -661,11 +670,14 @@ func (n *Node) RestartKubelet(ctx context.Context) error {
 	}
 	n.mu.Unlock()
 	if old == nil {
-		return errors.New("node: restart kubelet: not running")
+		return errors.New("node: stop kubelet: not running")
 	}
-	if err := old.stop(); err != nil {
-		return fmt.Errorf("node: restart kubelet: %w", err)
-	}
+	return old.stop()
+}
+
+// StartKubelet starts the kubelet StopKubelet stopped, with the same
+// configuration, and waits until the Node is Ready.
+func (n *Node) StartKubelet(ctx context.Context) error {
 	if _, err := n.start("kubelet", n.kubelet, n.kubeletArgs); err != nil {
 		return err
 	}

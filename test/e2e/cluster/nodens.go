@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -90,9 +91,30 @@ func newNodeNS(ctx context.Context, dir string, nw *Network, ip netip.Addr, alia
 		"mount -t sysfs sysfs " + shq(sys),
 		"mount --rbind /sys/fs/cgroup " + shq(sys+"/fs/cgroup"),
 		"mount -t bpf bpf " + shq(sys+"/fs/bpf"),
+		// The host's sysfs and what is under it (its bpffs) go, or a
+		// lookup of /sys/fs/bpf would find them below the new ones.
+		"umount -l /sys",
 		"mount --move " + shq(sys) + " /sys",
 		"mount --make-shared /sys/fs/bpf",
 	}
+	// The new mount namespace has a copy of every host mount, the first
+	// node's among them (its pods' volumes, its containers' overlays, its
+	// namespaces' files): those at or under the directories the node gets
+	// its own of, and under the nodes' directories (dir's parent), go
+	// first, deepest first, or a program there would find the first
+	// node's mount at a path below its own (containerd reads the
+	// propagation of /run/netns from the first mount it finds there). A
+	// mount listed twice, or under one detached before it, is gone when
+	// its turn comes: what is left the node's tests look for.
+	own := append(slices.Clone(nodePrivateDirs), alias, filepath.Dir(dir))
+	var pats []string
+	for _, d := range own {
+		if d != "" {
+			pats = append(pats, shq(d), shq(d)+"/*")
+		}
+	}
+	script = append(script, "findmnt -rn -o TARGET | while read -r m; do case \"$m\" in "+strings.Join(pats, "|")+
+		") echo \"$m\";; esac; done | sort -r | while read -r m; do umount -l \"$m\" 2>/dev/null || :; done")
 	for _, d := range nodePrivateDirs {
 		src := filepath.Join(root, strings.ReplaceAll(strings.Trim(d, "/"), "/", "_"))
 		script = append(script, "mkdir -p "+shq(src)+" "+shq(d), "mount --bind "+shq(src)+" "+shq(d))

@@ -45,9 +45,34 @@ func TestTwoNodesRunPods(t *testing.T) {
 		t.Errorf("apiserver at %s, want on the network's host address (%s...)", cp.URL, want)
 	}
 	n1 := StartNodeForTest(t, cp, NodeOptions{})
-	n2 := StartNodeForTest(t, cp, workerOptions())
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
+	hello, err := images.Build(ctx, images.Hello(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n1.ImportImage(ctx, hello); err != nil {
+		t.Fatal(err)
+	}
+	ns := "e2e-two"
+	if err := cp.CreateNamespace(ctx, ns, nil); err != nil {
+		t.Fatal(err)
+	}
+	// A pod that runs on the first node before the second starts (whose
+	// mount namespace must not copy its mounts) and across the second's
+	// stop.
+	waits := helloPod("waits", "-wait")
+	waits.Spec.NodeName = n1.Name
+	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, waits, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.WaitPod(ctx, ns, waits.Name, PodRunning); err != nil {
+		t.Fatal(err)
+	}
+	n2 := StartNodeForTest(t, cp, workerOptions())
+	if err := n2.ImportImage(ctx, hello); err != nil {
+		t.Fatal(err)
+	}
 
 	// What the second node sees of the machine: its NIC, not the host's
 	// links; a frame from the NIC's peer arrives there.
@@ -76,6 +101,25 @@ func TestTwoNodesRunPods(t *testing.T) {
 	if err != nil || strings.TrimSpace(string(out)) == fmt.Sprint(host.Dev) {
 		t.Errorf("the second node's /sys/fs/bpf is device %s (%v), the host's is %d: want one of its own", strings.TrimSpace(string(out)), err, host.Dev)
 	}
+	// One mount at /run/netns and one at /sys/fs/bpf, shared (the chart
+	// mounts both HostToContainer, which containerd refuses for a private
+	// one); no copy of the first node's mounts (its containers' overlays,
+	// its pods' volumes).
+	for _, mp := range []string{"/run/netns", "/sys/fs/bpf"} {
+		out, err := n2.Exec(ctx, "findmnt", "-rn", "-o", "PROPAGATION", mp)
+		if err != nil || strings.TrimSpace(string(out)) != "shared" {
+			t.Errorf("the second node's mounts at %s: %q (%v), want one, shared", mp, out, err)
+		}
+	}
+	out, err = n2.Exec(ctx, "findmnt", "-rn", "-o", "TARGET")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mp := range strings.Fields(string(out)) {
+		if strings.HasPrefix(mp, n1.Dir+"/") || strings.HasPrefix(mp, DefaultKubeletRootDir+"/") {
+			t.Errorf("the second node has a copy of the first node's mount %s", mp)
+		}
+	}
 	if _, err := n2.Exec(ctx, "touch", "/var/lib/kubelet/probe"); err != nil {
 		t.Fatal(err)
 	}
@@ -86,26 +130,6 @@ func TestTwoNodesRunPods(t *testing.T) {
 		t.Errorf("a file the second node writes in its kubelet's directory shows on the host: %v", err)
 	}
 
-	hello, err := images.Build(ctx, images.Hello(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range []*Node{n1, n2} {
-		if err := n.ImportImage(ctx, hello); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ns := "e2e-two"
-	if err := cp.CreateNamespace(ctx, ns, nil); err != nil {
-		t.Fatal(err)
-	}
-	// A pod that stays on the first node across the second's stop, and a
-	// hello on each.
-	waits := helloPod("waits", "-wait")
-	waits.Spec.NodeName = n1.Name
-	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, waits, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	for i, n := range []*Node{n1, n2} {
 		cidr := netip.MustParsePrefix([]string{DefaultPodCIDR, workerOptions().PodCIDR}[i])
 		pod := helloPod(fmt.Sprintf("hello-%d", i+1), "from", n.Name)
