@@ -266,22 +266,31 @@ func TestNodeAfterKill(t *testing.T) {
 }
 
 // nodeKilledChild is TestNodeAfterKill's child (TestMain runs it when
-// killedEnv is set): it starts a node,
-// runs a pod, prints its control plane's directory and waits to be
-// killed.
+// killedEnv is set): it starts a node (and a second, isolated one when
+// killedEnv is "two"), runs a pod on each, prints its control plane's
+// directory and waits to be killed.
 func nodeKilledChild() error {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "xdpq-e2e-")
 	if err != nil {
 		return err
 	}
-	cp, err := StartControlPlane(ctx, dir, Options{})
+	two := os.Getenv(killedEnv) == "two"
+	cp, err := StartControlPlane(ctx, dir, Options{Network: two})
 	if err != nil {
 		return err
 	}
 	n, err := StartNode(ctx, cp, NodeOptions{})
 	if err != nil {
 		return err
+	}
+	nodes := []*Node{n}
+	if two {
+		w, err := StartNode(ctx, cp, workerOptions())
+		if err != nil {
+			return err
+		}
+		nodes = append(nodes, w)
 	}
 	tmp, err := os.MkdirTemp("", "xdpq-e2e-image-")
 	if err != nil {
@@ -291,18 +300,21 @@ func nodeKilledChild() error {
 	if err != nil {
 		return err
 	}
-	if err := n.ImportImage(ctx, hello); err != nil {
-		return err
-	}
 	if err := cp.CreateNamespace(ctx, "e2e-killed", nil); err != nil {
 		return err
 	}
-	pod := helloPod("waits", "-wait")
-	if _, err := cp.Client.CoreV1().Pods("e2e-killed").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		return err
-	}
-	if _, err := cp.WaitPod(ctx, "e2e-killed", pod.Name, PodRunning); err != nil {
-		return err
+	for i, n := range nodes {
+		if err := n.ImportImage(ctx, hello); err != nil {
+			return err
+		}
+		pod := helloPod(fmt.Sprintf("waits-%d", i), "-wait")
+		pod.Spec.NodeName = n.Name
+		if _, err := cp.Client.CoreV1().Pods("e2e-killed").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		if _, err := cp.WaitPod(ctx, "e2e-killed", pod.Name, PodRunning); err != nil {
+			return err
+		}
 	}
 	fmt.Printf("RUNNING %s\n", cp.Dir)
 	select {}

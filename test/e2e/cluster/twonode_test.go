@@ -1,11 +1,15 @@
 package cluster
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -226,4 +230,112 @@ func assertIsolatedNodeGone(t *testing.T, n *Node) {
 	if mps, err := mountsUnder(n.Dir); err != nil || len(mps) > 0 {
 		t.Errorf("host mounts under %s: %q (%v)", n.Dir, mps, err)
 	}
+}
+
+// TestTwoNodesAfterKill kills (SIGKILL: no teardown runs) a child test
+// process whose two nodes run a pod each, then starts both nodes again
+// in the same directories: the second's StartNode removes what the
+// killed one left in its namespaces (its shim and pod still running
+// there, its mounts, cgroups and links) and the new nodes each run a
+// pod; their Stop leaves nothing.
+func TestTwoNodesAfterKill(t *testing.T) {
+	testnet.RequireRoot(t)
+	testnet.RequireTool(t, "util-linux", "unshare")
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.v")
+	cmd.Env = append(os.Environ(), killedEnv+"=two")
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	var cpDir string
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if d, ok := strings.CutPrefix(sc.Text(), "RUNNING "); ok {
+			cpDir = d
+			break
+		}
+	}
+	if cpDir == "" {
+		t.Fatalf("the child did not run its pods (scan: %v)", sc.Err())
+	}
+	t.Cleanup(func() { os.RemoveAll(cpDir) })
+	cmd.Process.Kill()
+	go io.Copy(io.Discard, stdout)
+	cmd.Wait()
+	// What the killed run left: the second node's pod's shim, in its
+	// namespaces.
+	w := workerOptions()
+	socket := filepath.Join(w.Dir, "run", "containerd.sock")
+	left := nsNames(w.Dir, NetworkPrefix.Addr().Next().Next())
+	// Its processes by pid and start time: a namespace's inode, like a
+	// pid, is given again once it is free.
+	leftProcs := map[int]string{}
+	for _, pid := range left.pids() {
+		leftProcs[pid] = procStart(pid)
+	}
+	if len(shimPids(t, socket)) == 0 || len(leftProcs) == 0 {
+		t.Fatal("the killed second node left no shim and no process in its namespaces: the test would prove nothing")
+	}
+
+	cp := StartControlPlaneForTest(t, Options{Network: true})
+	n1 := StartNodeForTest(t, cp, NodeOptions{})
+	n2 := StartNodeForTest(t, cp, w)
+	if shims := shimPids(t, socket); len(shims) != 0 {
+		t.Errorf("shims of the killed second node's containerd after StartNode: %v", shims)
+	}
+	for pid, start := range leftProcs {
+		if procStart(pid) == start {
+			t.Errorf("process %d of the killed second node's namespaces still runs", pid)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	hello, err := images.Build(ctx, images.Hello(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.CreateNamespace(ctx, "e2e-two", nil); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range []*Node{n1, n2} {
+		if err := n.ImportImage(ctx, hello); err != nil {
+			t.Fatal(err)
+		}
+		pod := helloPod(fmt.Sprintf("hello-%d", i), "from", n.Name)
+		pod.Spec.NodeName = n.Name
+		if _, err := cp.Client.CoreV1().Pods("e2e-two").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cp.WaitPod(ctx, "e2e-two", pod.Name, PodSucceeded); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n2.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	assertIsolatedNodeGone(t, n2)
+	if err := n1.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	assertNodeGone(t, n1)
+}
+
+// procStart is the start time of process pid (/proc/<pid>/stat's 22nd
+// field), "" when there is no such process.
+func procStart(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	// The command, field 2, is in parentheses and may hold spaces.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 20 {
+		return ""
+	}
+	return f[19]
 }
