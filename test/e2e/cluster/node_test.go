@@ -216,32 +216,7 @@ func TestNodeAfterKill(t *testing.T) {
 	testnet.RequireRoot(t)
 	testnet.RequireTool(t, "containerd runc", "containerd")
 	sysctls := readSysctls(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.v")
-	cmd.Env = append(os.Environ(), killedEnv+"=1")
-	cmd.Stderr = os.Stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	var cpDir string
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		if d, ok := strings.CutPrefix(sc.Text(), "RUNNING "); ok {
-			cpDir = d
-			break
-		}
-	}
-	if cpDir == "" {
-		t.Fatalf("the child did not run its pod (scan: %v)", sc.Err())
-	}
-	t.Cleanup(func() { os.RemoveAll(cpDir) })
-	cmd.Process.Kill()
-	go io.Copy(io.Discard, stdout)
-	cmd.Wait()
+	killChild(t, "1")
 	// What the killed run left: its pod's shim.
 	ctdSocket := filepath.Join(DefaultNodeDir, "run", "containerd.sock")
 	if shims := shimPids(t, ctdSocket); len(shims) == 0 {
@@ -263,6 +238,40 @@ func TestNodeAfterKill(t *testing.T) {
 	if after := readSysctls(t); !slices.Equal(after, sysctls) {
 		t.Errorf("sysctls after Stop %q, before the killed run %q", after, sysctls)
 	}
+}
+
+// killChild runs the test binary as nodeKilledChild with killedEnv set
+// to mode, waits until it says its pods run, and kills it (SIGKILL: no
+// teardown runs). The killed control plane's directory goes when the
+// test ends.
+func killChild(t *testing.T, mode string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.v")
+	cmd.Env = append(os.Environ(), killedEnv+"="+mode)
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	var cpDir string
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if d, ok := strings.CutPrefix(sc.Text(), "RUNNING "); ok {
+			cpDir = d
+			break
+		}
+	}
+	if cpDir == "" {
+		t.Fatalf("the child did not run its pods (scan: %v)", sc.Err())
+	}
+	t.Cleanup(func() { os.RemoveAll(cpDir) })
+	cmd.Process.Kill()
+	go io.Copy(io.Discard, stdout)
 }
 
 // nodeKilledChild is TestNodeAfterKill's child (TestMain runs it when

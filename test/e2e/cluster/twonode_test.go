@@ -1,15 +1,12 @@
 package cluster
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -241,32 +238,7 @@ func assertIsolatedNodeGone(t *testing.T, n *Node) {
 func TestTwoNodesAfterKill(t *testing.T) {
 	testnet.RequireRoot(t)
 	testnet.RequireTool(t, "util-linux", "unshare")
-	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.v")
-	cmd.Env = append(os.Environ(), killedEnv+"=two")
-	cmd.Stderr = os.Stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	var cpDir string
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		if d, ok := strings.CutPrefix(sc.Text(), "RUNNING "); ok {
-			cpDir = d
-			break
-		}
-	}
-	if cpDir == "" {
-		t.Fatalf("the child did not run its pods (scan: %v)", sc.Err())
-	}
-	t.Cleanup(func() { os.RemoveAll(cpDir) })
-	cmd.Process.Kill()
-	go io.Copy(io.Discard, stdout)
-	cmd.Wait()
+	killChild(t, "two")
 	// What the killed run left: the second node's pod's shim, in its
 	// namespaces.
 	w := workerOptions()
