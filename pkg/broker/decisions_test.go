@@ -1,0 +1,511 @@
+package broker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xdpq/xdpq/internal/testing/testnet"
+	"github.com/xdpq/xdpq/pkg/broker"
+	"github.com/xdpq/xdpq/pkg/wire"
+	"github.com/xdpq/xdpq/pkg/xsk"
+)
+
+// The broker's decisions without root: who is let in, what a handshake
+// refuses, what a lease puts into the XSKMAP and takes out again. The
+// kernel's part is faked: the binder hands out sockets of a socketpair
+// for AF_XDP ones (xsk.Bind needs CAP_NET_RAW), the datapath records
+// what it is asked, and procfs is a directory of the test's that gives
+// the test's process the pod cgroup the case has. Peer credentials,
+// pidfds, fd passing and the memfd's seals are the kernel's own. The
+// tests on veth (lease_test.go, pod_test.go) show the same with real
+// sockets in a real XSKMAP.
+
+// fakeDatapath records the sockets it is given and takes back, as
+// "add xa/q0 <inode>", "remove xa/q0 <inode>"; failAdd fails AddSocket
+// of a queue.
+type fakeDatapath struct {
+	mu      sync.Mutex
+	calls   []string
+	failAdd map[uint32]error
+}
+
+func (d *fakeDatapath) AddSocket(netdev string, q uint32, fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls = append(d.calls, fmt.Sprintf("add %s/q%d %d", netdev, q, st.Ino))
+	return d.failAdd[q]
+}
+
+func (d *fakeDatapath) RemoveSocket(netdev string, q uint32, inode uint64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls = append(d.calls, fmt.Sprintf("remove %s/q%d %d", netdev, q, inode))
+	return nil
+}
+
+func (d *fakeDatapath) took() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c := d.calls
+	d.calls = nil
+	return c
+}
+
+// fakeBinder binds "sockets" that are one end of a socketpair each, or
+// fails with err.
+type fakeBinder struct {
+	mu    sync.Mutex
+	err   error
+	calls []string // "bind xa [0 1] memfd <size>"
+}
+
+func (b *fakeBinder) bind(dev xsk.Netdev, memfd int, queues []uint32, _ xsk.Config) ([]xsk.Bound, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(memfd, &st); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	b.calls = append(b.calls, fmt.Sprintf("bind %s %v memfd %d", dev.Name, queues, st.Size))
+	err := b.err
+	b.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var out []xsk.Bound
+	for _, q := range queues {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			for _, o := range out {
+				unix.Close(o.FD)
+			}
+			return nil, err
+		}
+		unix.Close(fds[1])
+		out = append(out, xsk.Bound{FD: fds[0], Queue: q})
+	}
+	return out, nil
+}
+
+func (b *fakeBinder) took() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c := b.calls
+	b.calls = nil
+	return c
+}
+
+// fakeEnv is a server of allocation alloc-1 (queues 0 and 1 of xa) with
+// a fake kernel.
+type fakeEnv struct {
+	srv     *broker.Server
+	dp      *fakeDatapath
+	b       *fakeBinder
+	alloc   broker.Allocation
+	proc    string // the server's procfs
+	leases  *record[leaseEvent]
+	refused *record[string] // OnRefuse: "<code> <reason>"
+}
+
+type fakeEnvConfig struct {
+	owner    broker.Owner
+	limits   wire.Limits
+	claimPod func(ctx context.Context, alloc string, pod broker.PodIdentity) error
+}
+
+func newFakeEnv(t *testing.T, cfg fakeEnvConfig) *fakeEnv {
+	t.Helper()
+	e := &fakeEnv{dp: &fakeDatapath{}, b: &fakeBinder{}, proc: t.TempDir(), leases: &record[leaseEvent]{}, refused: &record[string]{}}
+	e.inCgroup(t, "0::/user.slice/user-1000.slice/session-1.scope\n")
+	e.srv = broker.NewUnprivilegedServer(broker.Config{ProcRoot: e.proc, StepTimeout: time.Second, ClaimPod: cfg.claimPod,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		OnLease: func(alloc string, socks []broker.LeaseSocket) {
+			e.leases.add(leaseEvent{alloc, socks})
+		},
+		OnRefuse: func(_ string, _ broker.Peer, code, reason string) { e.refused.add(code + " " + reason) },
+	}, e.dp, e.b.bind)
+	t.Cleanup(e.srv.Close)
+	e.alloc = broker.Allocation{ID: "alloc-1", Netdev: xsk.Netdev{Name: "xa", Ifindex: 7}, Queues: []uint32{0, 1}, Owner: cfg.owner,
+		Limits: cfg.limits, Dir: filepath.Join(t.TempDir(), "alloc-1")}
+	if err := e.srv.Add(e.alloc); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// inCgroup has the server find the test's process in cgroup (the
+// content of /proc/<pid>/cgroup).
+func (e *fakeEnv) inCgroup(t *testing.T, cgroup string) {
+	t.Helper()
+	dir := filepath.Join(e.proc, strconv.Itoa(os.Getpid()))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cgroup), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// podCgroup is the cgroup of container cid of pod uid, as kubelet's
+// cgroupfs driver names it.
+func podCgroup(uid, cid string) string { return "0::/kubepods/burstable/pod" + uid + "/" + cid + "\n" }
+
+// The containers of the pods (podA, podB) of the tests.
+const (
+	ctrA = container
+	ctrB = "5b825dc642cb6eb9a060e54bf8d69288fbee4904abcdef0123456789abcdef01"
+)
+
+// exchange sends msg with fds (and closes them: the server has its
+// copies) and returns the answer and the descriptors it carries.
+func exchange(t *testing.T, c *net.UnixConn, msg string, fds ...int) (wire.Message, []int) {
+	t.Helper()
+	if err := xsk.SendFDs(c, []byte(msg), fds); err != nil {
+		t.Fatal(err)
+	}
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+	return receive(t, c)
+}
+
+func receive(t *testing.T, c *net.UnixConn) (wire.Message, []int) {
+	t.Helper()
+	buf := make([]byte, wire.MaxMessage)
+	n, fds, err := xsk.RecvFDs(c, buf, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m wire.Message
+	if err := json.Unmarshal(buf[:n], &m); err != nil {
+		t.Fatalf("%q: %v", buf[:n], err)
+	}
+	return m, fds
+}
+
+// sealedMemfd is a UMEM memfd of size bytes, sealed as the protocol
+// asks, or not.
+func sealedMemfd(t *testing.T, size int64, seal bool) int {
+	t.Helper()
+	if seal {
+		f, err := xsk.NewMemfd("t", size, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		fd, err := unix.Dup(int(f.Fd()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fd
+	}
+	fd, err := unix.MemfdCreate("t", unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Ftruncate(fd, size); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+const (
+	hello = `{"type":"hello","version":1,"client":"t"}`
+	rx64  = `{"fill":64,"completion":64,"rx":64,"tx":0}`
+)
+
+func request(queues, rings string) string {
+	return `{"type":"request","frame_size":2048,"rings":` + rings + `,"queues":` + queues + `}`
+}
+
+func me() broker.Owner { return broker.Owner{UID: uid(uint32(os.Geteuid()))} }
+
+// TestHandshakeRefusedUnprivileged: every bad request is refused with
+// its code and reason, before anything is bound when the request is at
+// fault; a bind the kernel refuses is told apart (a queue still held by
+// its previous holder: busy, try again; multi-buffer the driver lacks:
+// ask without); a socket the XSKMAP does not take undoes the ones it
+// took. No descriptor stays open, no socket stays in the XSKMAP, and the
+// allocation stays free for the next client.
+func TestHandshakeRefusedUnprivileged(t *testing.T) {
+	e := newFakeEnv(t, fakeEnvConfig{owner: me(), limits: wire.Limits{MaxUMEM: 1 << 20, MaxRing: 1024, MaxQueue: 8}})
+	type step struct {
+		msg string
+		fds func() []int
+	}
+	one := func(size int64, seal bool) func() []int {
+		return func() []int { return []int{sealedMemfd(t, size, seal)} }
+	}
+	good := []step{{msg: hello}, {msg: request("[0,1]", rx64), fds: one(1<<20, true)}}
+	for _, c := range []struct {
+		name    string
+		steps   []step
+		bindErr error
+		failAdd map[uint32]error
+		code    string
+		reason  string
+		bound   bool     // the binder was asked
+		dp      []string // the datapath's calls, inodes left out
+	}{
+		{name: "malformed json", steps: []step{{msg: `{"type":"hello",`}}, code: wire.CodeBadMessage, reason: "not a protocol message"},
+		{name: "unknown field", steps: []step{{msg: `{"type":"hello","version":1,"admin":true}`}}, code: wire.CodeBadMessage, reason: "unknown field"},
+		{name: "unknown version", steps: []step{{msg: `{"type":"hello","version":99}`}}, code: wire.CodeVersion, reason: "speaks 1"},
+		{name: "fd on hello", steps: []step{{msg: hello, fds: one(4096, true)}}, code: wire.CodeBadMessage, reason: "no descriptor"},
+		{name: "oversized memfd", steps: []step{{msg: hello}, {msg: request("[0]", rx64), fds: one(2<<20, true)}}, code: wire.CodeLimit, reason: "at most 1048576"},
+		{name: "unsealed memfd", steps: []step{{msg: hello}, {msg: request("[0]", rx64), fds: one(1<<20, false)}}, code: wire.CodeBadRequest, reason: "not sealed"},
+		{name: "queue not given", steps: []step{{msg: hello}, {msg: request("[3]", rx64), fds: one(1<<20, true)}}, code: wire.CodeForbidden, reason: "queue 3 was not given"},
+		{name: "no memfd", steps: []step{{msg: hello}, {msg: request("[0]", rx64)}}, code: wire.CodeBadRequest, reason: "exactly one descriptor"},
+		{name: "unknown type", steps: []step{{msg: hello}, {msg: `{"type":"ready"}`}}, code: wire.CodeBadMessage, reason: `want "request" or "resume"`},
+		{name: "tx not allowed", steps: []step{{msg: hello}, {msg: request("[0]", `{"fill":64,"completion":64,"rx":64,"tx":64}`), fds: one(1<<20, true)}},
+			code: wire.CodeLimit, reason: "receive-only"},
+		{name: "ring too large", steps: []step{{msg: hello}, {msg: request("[0]", `{"fill":2048,"completion":64,"rx":64,"tx":0}`), fds: one(1<<20, true)}},
+			code: wire.CodeLimit, reason: "at most 1024"},
+		{name: "queue held by its previous holder", steps: good, bindErr: fmt.Errorf("bind xa/q0: %w", unix.EBUSY),
+			code: wire.CodeBusy, reason: "try again", bound: true},
+		{name: "no multi-buffer", steps: good, bindErr: fmt.Errorf("xa/q0: %w", xsk.ErrNoMultiBuffer),
+			code: wire.CodeBadRequest, reason: "ask without multi_buffer", bound: true},
+		{name: "bind fails", steps: good, bindErr: errors.New("umem: cannot allocate memory"),
+			code: wire.CodeInternal, reason: "cannot allocate memory", bound: true},
+		{name: "never ready", steps: good, code: wire.CodeTimeout, reason: "no message within", bound: true},
+		{name: "xskmap refuses the second socket", steps: append(slices.Clone(good), step{msg: `{"type":"ready"}`}),
+			failAdd: map[uint32]error{1: errors.New("map full")}, code: wire.CodeInternal, reason: "map full", bound: true,
+			dp: []string{"add xa/q0", "add xa/q1", "remove xa/q0"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e.b.mu.Lock()
+			e.b.err = c.bindErr
+			e.b.mu.Unlock()
+			e.dp.mu.Lock()
+			e.dp.failAdd = c.failAdd
+			e.dp.mu.Unlock()
+			before := testnet.OpenFDs()
+			conn := dialPath(t, e.alloc.SocketPath())
+			defer conn.Close()
+			var got wire.Message
+			for _, s := range c.steps {
+				var fds []int
+				if s.fds != nil {
+					fds = s.fds()
+				}
+				var rfds []int
+				got, rfds = exchange(t, conn, s.msg, fds...)
+				closeAll(rfds)
+				if got.Type == wire.TypeError {
+					break
+				}
+			}
+			if got.Type == wire.TypeSockets { // never ready: wait for the timeout
+				var rfds []int
+				got, rfds = receive(t, conn)
+				closeAll(rfds)
+			}
+			if got.Type != wire.TypeError || got.Code != c.code || !strings.Contains(got.Reason, c.reason) {
+				t.Fatalf("got %+v, want %s %q", got, c.code, c.reason)
+			}
+			buf := make([]byte, 64)
+			if n, _, err := xsk.RecvFDs(conn, buf, 0); n != 0 || (err != nil && !errors.Is(err, io.EOF)) {
+				t.Fatalf("after the refusal: %d bytes, %v; want the connection closed", n, err)
+			}
+			conn.Close()
+			if bound := len(e.b.took()) > 0; bound != c.bound {
+				t.Errorf("bound: %v, want %v", bound, c.bound)
+			}
+			var dp []string
+			for _, call := range e.dp.took() {
+				dp = append(dp, call[:strings.LastIndexByte(call, ' ')])
+			}
+			if !slices.Equal(dp, c.dp) {
+				t.Errorf("the datapath was asked %v, want %v", dp, c.dp)
+			}
+			// The allocation is free again before the client is told.
+			if e.srv.Leased(e.alloc.ID) {
+				t.Error("the allocation is leased after the refusal")
+			}
+			for _, fd := range testnet.FDsLeftOpen(before) {
+				t.Errorf("descriptor %s left open", fd)
+			}
+		})
+	}
+}
+
+func inode(t *testing.T, fd int) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+// TestLeaseLifecycleUnprivileged: a lease's sockets go to the client
+// and, once it is ready, into the XSKMAP at their queues; the lease is
+// reported (queue and inode) before the client hears it is active; a
+// second client is refused as busy while it lasts; when its connection
+// closes its sockets leave the XSKMAP, its end is reported, and the
+// allocation can be leased again.
+func TestLeaseLifecycleUnprivileged(t *testing.T) {
+	e := newFakeEnv(t, fakeEnvConfig{owner: me()})
+	conn := dialPath(t, e.alloc.SocketPath())
+	defer conn.Close()
+	welcome, _ := exchange(t, conn, hello)
+	if welcome.Type != wire.TypeWelcome || welcome.Allocation != "alloc-1" || welcome.Netdev != "xa" ||
+		!slices.Equal(welcome.Queues, []uint32{0, 1}) || welcome.Limits == nil || *welcome.Limits != wire.DefaultLimits {
+		t.Fatalf("welcome %+v", welcome)
+	}
+	socks, fds := exchange(t, conn, request("[0,1]", rx64), sealedMemfd(t, 1<<20, true))
+	defer closeAll(fds)
+	if socks.Type != wire.TypeSockets || !slices.Equal(socks.Queues, []uint32{0, 1}) || len(fds) != 2 {
+		t.Fatalf("sockets %+v with %d descriptors", socks, len(fds))
+	}
+	if got := e.b.took(); !slices.Equal(got, []string{"bind xa [0 1] memfd 1048576"}) {
+		t.Errorf("bound %v", got)
+	}
+	if got := e.dp.took(); len(got) != 0 {
+		t.Errorf("the XSKMAP was given %v before the client was ready", got)
+	}
+	active, _ := exchange(t, conn, `{"type":"ready"}`)
+	if active.Type != wire.TypeActive {
+		t.Fatalf("after ready: %+v", active)
+	}
+	want := []broker.LeaseSocket{{Queue: 0, Inode: inode(t, fds[0])}, {Queue: 1, Inode: inode(t, fds[1])}}
+	// Reported before the client was told: it is there already.
+	if got, ok := lastLease(e.leases.snapshot(), "alloc-1"); !ok || !slices.Equal(got, want) {
+		t.Errorf("the lease reported %v, want %v", got, want)
+	}
+	added := []string{fmt.Sprintf("add xa/q0 %d", want[0].Inode), fmt.Sprintf("add xa/q1 %d", want[1].Inode)}
+	if got := e.dp.took(); !slices.Equal(got, added) {
+		t.Errorf("the XSKMAP was given %v, want %v", got, added)
+	}
+	if !e.srv.Leased("alloc-1") {
+		t.Error("the allocation is not leased")
+	}
+
+	second := dialPath(t, e.alloc.SocketPath())
+	defer second.Close()
+	if m, _ := exchange(t, second, hello); m.Type != wire.TypeError || m.Code != wire.CodeBusy {
+		t.Errorf("a second client while leased: %+v, want busy", m)
+	}
+
+	conn.Close()
+	e.waitEnded(t, "alloc-1")
+	removed := []string{fmt.Sprintf("remove xa/q0 %d", want[0].Inode), fmt.Sprintf("remove xa/q1 %d", want[1].Inode)}
+	if got := e.dp.took(); !slices.Equal(got, removed) {
+		t.Errorf("at the lease's end the XSKMAP was asked %v, want %v", got, removed)
+	}
+	if e.srv.Leased("alloc-1") {
+		t.Error("the allocation is still leased")
+	}
+	again := dialPath(t, e.alloc.SocketPath())
+	defer again.Close()
+	exchange(t, again, hello)
+	m, fds2 := exchange(t, again, request("[1]", rx64), sealedMemfd(t, 1<<20, true))
+	closeAll(fds2)
+	if m.Type != wire.TypeSockets || !slices.Equal(m.Queues, []uint32{1}) {
+		t.Errorf("the next lease: %+v", m)
+	}
+}
+
+func (e *fakeEnv) waitEnded(t *testing.T, alloc string) {
+	t.Helper()
+	e.leases.wait(t, "lease of "+alloc+" ended", func(evs []leaseEvent) bool {
+		socks, ok := lastLease(evs, alloc)
+		return ok && socks == nil
+	})
+}
+
+// TestOwnerUnprivileged: who may use an allocation, by its owner and
+// the peer's credentials and cgroup. A peer that is not the owner is
+// refused as forbidden with the reason, counted and reported; an
+// allocation for any pod asks ClaimPod and then belongs to the first pod
+// it allows.
+func TestOwnerUnprivileged(t *testing.T) {
+	// (An allocation of another uid is left out: its socket is chowned
+	// to that uid, which needs root.)
+	for _, c := range []struct {
+		name   string
+		owner  broker.Owner
+		cgroup string // the client's
+		claim  error  // ClaimPod's answer; nil: it allows
+		reason string // the refusal's; "": welcomed
+		claims int    // ClaimPod calls
+	}{
+		{name: "its uid", owner: me()},
+		{name: "its pod", owner: broker.Owner{PodUID: podA}, cgroup: podCgroup(podA, ctrA)},
+		{name: "another pod", owner: broker.Owner{PodUID: podA}, cgroup: podCgroup(podB, ctrB), reason: "not to pod " + podB},
+		{name: "no pod", owner: broker.Owner{PodUID: podA}, reason: "is in no pod"},
+		{name: "its container", owner: broker.Owner{PodUID: podA, ContainerID: ctrA}, cgroup: podCgroup(podA, ctrA)},
+		{name: "another container", owner: broker.Owner{PodUID: podA, ContainerID: ctrA}, cgroup: podCgroup(podA, ctrB),
+			reason: "belongs to container " + ctrA},
+		{name: "any pod, claimed", owner: broker.Owner{AnyPod: true}, cgroup: podCgroup(podA, ctrA), claims: 1},
+		{name: "any pod, claim refused", owner: broker.Owner{AnyPod: true}, cgroup: podCgroup(podA, ctrA),
+			claim: errors.New("kubelet gave it none of the devices"), reason: "none of the devices", claims: 1},
+		{name: "any pod, no pod", owner: broker.Owner{AnyPod: true}, reason: "is for a pod"},
+		{name: "no owner", owner: broker.Owner{}, reason: "has no owner"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var claims record[string]
+			e := newFakeEnv(t, fakeEnvConfig{owner: c.owner, claimPod: func(_ context.Context, alloc string, pod broker.PodIdentity) error {
+				claims.add(alloc + " " + pod.PodUID)
+				return c.claim
+			}})
+			if c.cgroup != "" {
+				e.inCgroup(t, c.cgroup)
+			}
+			conn := dialPath(t, e.alloc.SocketPath())
+			defer conn.Close()
+			m, _ := exchange(t, conn, hello)
+			if got := len(claims.snapshot()); got != c.claims {
+				t.Errorf("ClaimPod asked %d times, want %d", got, c.claims)
+			}
+			if c.reason == "" {
+				if m.Type != wire.TypeWelcome {
+					t.Fatalf("got %+v, want welcome", m)
+				}
+				if n := e.srv.Refusals()[wire.CodeForbidden]; n != 0 {
+					t.Errorf("%d refusals counted", n)
+				}
+				if c.owner.AnyPod {
+					// Claimed: the allocation is podA's now, no other pod's.
+					conn.Close()
+					e.inCgroup(t, podCgroup(podB, ctrB))
+					second := dialPath(t, e.alloc.SocketPath())
+					defer second.Close()
+					if m, _ := exchange(t, second, hello); m.Type != wire.TypeError || !strings.Contains(m.Reason, "not to pod "+podB) {
+						t.Errorf("another pod after the claim: %+v", m)
+					}
+				}
+				return
+			}
+			if m.Type != wire.TypeError || m.Code != wire.CodeForbidden || !strings.Contains(m.Reason, c.reason) {
+				t.Fatalf("got %+v, want forbidden saying %q", m, c.reason)
+			}
+			if n := e.srv.Refusals()[wire.CodeForbidden]; n != 1 {
+				t.Errorf("%d refusals counted, want 1", n)
+			}
+			e.refused.wait(t, "the refusal reported", func(r []string) bool {
+				return len(r) == 1 && strings.HasPrefix(r[0], wire.CodeForbidden+" ") && strings.Contains(r[0], c.reason)
+			})
+			if got := e.b.took(); len(got) != 0 {
+				t.Errorf("bound for a refused peer: %v", got)
+			}
+		})
+	}
+}
