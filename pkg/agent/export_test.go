@@ -34,3 +34,10 @@ func (h *HardwareSteering) SetRange(r RuleRange) error           { return h.s.se
 func (h *HardwareSteering) Sync(keep map[string][]Flow, keepUnknown bool) (int, error) {
 	return h.s.sync(keep, keepUnknown)
 }
+
+// ReserveRSS keeps RSS off reserved queues of ifname on dev, saving the
+// NIC's own table in stateFile, as an agent does for a policy's
+// Reserved.
+func ReserveRSS(dev NtupleDevice, ifname, stateFile string, reserved []uint32) error {
+	return reserveRSS(dev, ifname, stateFile, reserved)
+}
