@@ -509,3 +509,138 @@ func TestOwnerUnprivileged(t *testing.T) {
 		})
 	}
 }
+
+// ownDatapath is the datapath of a netdev that is the allocation's
+// alone; its XSKMAP is a memfd here.
+type ownDatapath struct {
+	fakeDatapath
+	xskmap int
+}
+
+func (d *ownDatapath) XSKMapFD() (int, error) { return unix.Dup(d.xskmap) }
+
+// dpdkSay sends a command of DPDK's af_xdp handshake and returns the
+// answer and how many descriptors came with it (closed).
+func dpdkSay(t *testing.T, c *net.UnixConn, cmd string, fds ...int) (string, []int) {
+	t.Helper()
+	if err := xsk.SendFDs(c, []byte(cmd), fds); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 256)
+	n, got, err := xsk.RecvFDs(c, buf, 2)
+	if err != nil {
+		t.Fatalf("%s: %v", cmd, err)
+	}
+	return string(buf[:n]), got
+}
+
+// TestDPDKHandshakeUnprivileged: DPDK's af_xdp driver (use_cni) asks
+// the allocation's socket for the netdev's XSKMAP. It is handed out only
+// after /connect, only for a netdev that is the allocation's alone
+// (retargeted into its pod), and only by that netdev's name; a queue
+// pool's map, shared with other allocations, never leaves the daemon.
+// Busy polling is configured only within the pool's setting, on an
+// AF_XDP socket. What the protocol does not know is /nak; a peer that is
+// not the owner hears /host_nak.
+func TestDPDKHandshakeUnprivileged(t *testing.T) {
+	mapFile, err := unix.MemfdCreate("xskmap", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(mapFile) })
+	own := &ownDatapath{xskmap: mapFile}
+	pair := func() int {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		unix.Close(fds[1])
+		return fds[0]
+	}
+	type say struct {
+		cmd    string
+		fd     func() int // a descriptor sent with it
+		answer string
+		mapFD  bool // the answer carries the XSKMAP
+	}
+	for _, c := range []struct {
+		name   string
+		own    bool   // retargeted to a netdev of its own
+		cgroup string // the client's, when not the test's own
+		steps  []say
+	}{
+		{name: "queue pool", steps: []say{
+			{cmd: "/connect,pod-host", answer: "/host_ok"},
+			{cmd: "/version", answer: "0.1"},
+			{cmd: "/xsk_map_fd,xa", answer: "/fd_nak"},
+			{cmd: "/fin", answer: "/fin_ack"},
+		}},
+		{name: "own netdev", own: true, steps: []say{
+			{cmd: "/xsk_map_fd,xa", answer: "/fd_nak"}, // not connected yet
+			{cmd: "/connect,pod-host\x00", answer: "/host_ok"},
+			{cmd: "/xsk_map_fd,eth9", answer: "/fd_nak"},
+			{cmd: "/xsk_map_fd", answer: "/fd_nak"},
+			{cmd: "/xsk_map_fd,xa", answer: "/fd_ack", mapFD: true},
+			{cmd: "/fin", answer: "/fin_ack"},
+		}},
+		{name: "what the protocol does not know", steps: []say{
+			{cmd: "/connect,pod-host", answer: "/host_ok"},
+			{cmd: "/shell,rm -rf /", answer: "/nak"},
+			{cmd: "/version\x01", answer: "/nak"},
+			{cmd: "/version", answer: "0.1"},
+		}},
+		{name: "busy poll the pool does not have", steps: []say{
+			{cmd: "/connect,pod-host", answer: "/host_ok"},
+			{cmd: "/config_busy_poll,20,64", fd: pair, answer: "/config_busy_poll_nak"},
+		}},
+		{name: "not the owner", cgroup: podCgroup(podB, ctrB), steps: []say{
+			{cmd: "/connect,pod-host", answer: "/host_nak"},
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			owner := me()
+			if c.cgroup != "" {
+				owner = broker.Owner{PodUID: podA}
+			}
+			e := newFakeEnv(t, fakeEnvConfig{owner: owner})
+			if c.cgroup != "" {
+				e.inCgroup(t, c.cgroup)
+			}
+			if c.own {
+				if err := e.srv.Retarget(e.alloc.ID, xsk.Netdev{Name: "xa", Ifindex: 3, NetNS: "/proc/self/ns/net"}, own); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := testnet.OpenFDs()
+			conn := dialPath(t, e.alloc.SocketPath())
+			for _, s := range c.steps {
+				var fds []int
+				if s.fd != nil {
+					fds = []int{s.fd()}
+				}
+				got, rfds := dpdkSay(t, conn, s.cmd, fds...)
+				closeAll(fds)
+				if got != s.answer {
+					t.Errorf("%q: %q, want %q", s.cmd, got, s.answer)
+				}
+				if s.mapFD != (len(rfds) == 1) {
+					t.Errorf("%q: %d descriptors", s.cmd, len(rfds))
+				}
+				if s.mapFD && len(rfds) == 1 && inode(t, rfds[0]) != inode(t, mapFile) {
+					t.Errorf("%q: a descriptor that is not the netdev's XSKMAP", s.cmd)
+				}
+				closeAll(rfds)
+			}
+			conn.Close()
+			if got := e.b.took(); len(got) != 0 {
+				t.Errorf("bound %v for a DPDK client", got)
+			}
+			// The server's copies are gone with the connection (the
+			// listener's accept loop holds none).
+			e.srv.Close()
+			for _, fd := range testnet.FDsLeftOpen(before) {
+				t.Errorf("descriptor %s left open", fd)
+			}
+		})
+	}
+}
