@@ -129,6 +129,8 @@ type fakeEnvConfig struct {
 	owner    broker.Owner
 	limits   wire.Limits
 	claimPod func(ctx context.Context, alloc string, pod broker.PodIdentity) error
+	// resumable is the lease a previous daemon recorded.
+	resumable []broker.LeaseSocket
 }
 
 func newFakeEnv(t *testing.T, cfg fakeEnvConfig) *fakeEnv {
@@ -144,7 +146,7 @@ func newFakeEnv(t *testing.T, cfg fakeEnvConfig) *fakeEnv {
 	}, e.dp, e.b.bind)
 	t.Cleanup(e.srv.Close)
 	e.alloc = broker.Allocation{ID: "alloc-1", Netdev: xsk.Netdev{Name: "xa", Ifindex: 7}, Queues: []uint32{0, 1}, Owner: cfg.owner,
-		Limits: cfg.limits, Dir: filepath.Join(t.TempDir(), "alloc-1")}
+		Limits: cfg.limits, Dir: filepath.Join(t.TempDir(), "alloc-1"), Resumable: cfg.resumable}
 	if err := e.srv.Add(e.alloc); err != nil {
 		t.Fatal(err)
 	}
@@ -642,5 +644,96 @@ func TestDPDKHandshakeUnprivileged(t *testing.T) {
 				t.Errorf("descriptor %s left open", fd)
 			}
 		})
+	}
+}
+
+// TestResumeRefusedUnprivileged: a client resumes a lease a previous
+// daemon recorded by sending back its sockets. A resume with no recorded
+// lease, one that is not the whole lease or carries more than queues and
+// sockets, and descriptors that are not AF_XDP sockets are refused
+// before anything reaches the XSKMAP; the recorded lease stays for the
+// client that holds it. A recorded lease that does not fit the
+// allocation is refused when the allocation is added.
+func TestResumeRefusedUnprivileged(t *testing.T) {
+	recorded := []broker.LeaseSocket{{Queue: 0, Inode: 1001}, {Queue: 1, Inode: 1002}}
+	udp := func() int {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fd
+	}
+	memfd := func() int { return sealedMemfd(t, 4096, true) }
+	for _, c := range []struct {
+		name   string
+		none   bool // no lease recorded
+		msg    string
+		fds    []func() int
+		code   string
+		reason string
+	}{
+		{name: "no lease recorded", none: true, msg: `{"type":"resume","queues":[0,1]}`, fds: []func() int{udp, udp},
+			code: wire.CodeForbidden, reason: "no lease to resume"},
+		{name: "fewer sockets than queues", msg: `{"type":"resume","queues":[0,1]}`, fds: []func() int{udp},
+			code: wire.CodeBadRequest, reason: "got 1 sockets for queues [0 1]"},
+		{name: "part of the lease", msg: `{"type":"resume","queues":[0]}`, fds: []func() int{udp},
+			code: wire.CodeBadRequest, reason: "the lease to resume has 2 sockets"},
+		{name: "rings with it", msg: `{"type":"resume","queues":[0,1],"rings":{"fill":64,"completion":64,"rx":64,"tx":0}}`,
+			fds: []func() int{udp, udp}, code: wire.CodeBadRequest, reason: "only queues and their sockets"},
+		{name: "a queue twice", msg: `{"type":"resume","queues":[0,0]}`, fds: []func() int{udp, udp},
+			code: wire.CodeBadRequest, reason: "queue 0 named twice"},
+		{name: "not AF_XDP sockets", msg: `{"type":"resume","queues":[0,1]}`, fds: []func() int{udp, udp},
+			code: wire.CodeBadRequest, reason: "not an AF_XDP socket"},
+		{name: "not sockets", msg: `{"type":"resume","queues":[0,1]}`, fds: []func() int{memfd, memfd},
+			code: wire.CodeBadRequest, reason: "not a socket"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := fakeEnvConfig{owner: me(), resumable: recorded}
+			if c.none {
+				cfg.resumable = nil
+			}
+			e := newFakeEnv(t, cfg)
+			before := testnet.OpenFDs()
+			conn := dialPath(t, e.alloc.SocketPath())
+			defer conn.Close()
+			exchange(t, conn, hello)
+			var fds []int
+			for _, f := range c.fds {
+				fds = append(fds, f())
+			}
+			m, rfds := exchange(t, conn, c.msg, fds...)
+			closeAll(rfds)
+			if m.Type != wire.TypeError || m.Code != c.code || !strings.Contains(m.Reason, c.reason) {
+				t.Fatalf("got %+v, want %s %q", m, c.code, c.reason)
+			}
+			conn.Close()
+			if got := e.dp.took(); len(got) != 0 {
+				t.Errorf("the XSKMAP was asked %v", got)
+			}
+			if got := e.leases.snapshot(); len(got) != 0 {
+				t.Errorf("leases reported %v; want the recorded one kept as it was", got)
+			}
+			e.srv.Close()
+			for _, fd := range testnet.FDsLeftOpen(before) {
+				t.Errorf("descriptor %s left open", fd)
+			}
+		})
+	}
+
+	srv := broker.NewUnprivilegedServer(broker.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, &fakeDatapath{}, (&fakeBinder{}).bind)
+	t.Cleanup(srv.Close)
+	for _, c := range []struct {
+		lease []broker.LeaseSocket
+		says  string
+	}{
+		{[]broker.LeaseSocket{{Queue: 5, Inode: 1}}, "queue 5 is not the allocation's"},
+		{[]broker.LeaseSocket{{Queue: 0, Inode: 1}, {Queue: 0, Inode: 2}}, "queue 0 recorded twice"},
+		{[]broker.LeaseSocket{{Queue: 1}}, "queue 1: no inode"},
+	} {
+		a := broker.Allocation{ID: "alloc-r", Netdev: xsk.Netdev{Name: "xa"}, Queues: []uint32{0, 1}, Owner: me(),
+			Dir: filepath.Join(t.TempDir(), "alloc-r"), Resumable: c.lease}
+		if err := srv.Add(a); err == nil || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("Add with the recorded lease %v: %v; want it refused saying %q", c.lease, err, c.says)
+		}
 	}
 }
