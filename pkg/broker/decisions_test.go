@@ -737,3 +737,106 @@ func TestResumeRefusedUnprivileged(t *testing.T) {
 		}
 	}
 }
+
+// TestSocketFilesUnprivileged: an allocation's socket and its other
+// names (DPDK's afxdp.sock beside it, a path outside its directory).
+// Who may reach them: an owner known by uid has its socket (mode 0600)
+// in a directory others may not list (0711); a pod's (uid unknown) are
+// open to whoever sees them (0755, 0666), the directory being mounted
+// into its container only; sockets are made in a staging directory only
+// the daemon may write (0700). Every name answers, also as a restarted
+// daemon made them anew over symlinks the owner left there, which are
+// replaced, never followed; the names go with the allocation; links
+// that are not other absolute paths are refused. (Root's ownership of
+// the directory is TestSocketModes', as root.)
+func TestSocketFilesUnprivileged(t *testing.T) {
+	for _, c := range []struct {
+		name              string
+		owner             broker.Owner
+		dirMode, sockMode os.FileMode
+	}{
+		{"owned by its uid", me(), 0o711, 0o600},
+		{"owned by a pod", broker.Owner{PodUID: podA}, 0o755, 0o666},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			base := t.TempDir()
+			a := broker.Allocation{ID: "alloc-1", Netdev: xsk.Netdev{Name: "xa"}, Queues: []uint32{0}, Owner: c.owner,
+				Dir: filepath.Join(base, "alloc-1")}
+			a.Links = []string{filepath.Join(a.Dir, "afxdp.sock"), filepath.Join(t.TempDir(), "alloc-1.sock")}
+			names := append([]string{a.SocketPath()}, a.Links...)
+			victim := filepath.Join(t.TempDir(), "shadow")
+			if err := os.WriteFile(victim, []byte("secret"), 0o640); err != nil {
+				t.Fatal(err)
+			}
+			log := slog.New(slog.NewTextHandler(io.Discard, nil))
+			for run := range 2 {
+				if run == 1 {
+					// What the owner left while no daemon ran: symlinks
+					// to a file of the node at every name.
+					for _, p := range names {
+						os.Remove(p)
+						if err := os.Symlink(victim, p); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				srv := broker.NewUnprivilegedServer(broker.Config{ProcRoot: t.TempDir(), Logger: log}, &fakeDatapath{}, (&fakeBinder{}).bind)
+				if err := srv.Add(a); err != nil {
+					t.Fatal(err)
+				}
+				for path, mode := range map[string]os.FileMode{a.Dir: c.dirMode, names[0]: c.sockMode, names[1]: c.sockMode,
+					names[2]: c.sockMode, filepath.Join(base, broker.StagingDir): 0o700} {
+					fi, err := os.Lstat(path)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if fi.Mode().Perm() != mode {
+						t.Errorf("run %d: %s has mode %v, want %v", run, path, fi.Mode().Perm(), mode)
+					}
+				}
+				for _, p := range names {
+					if fi, err := os.Lstat(p); err != nil || fi.Mode().Type() != os.ModeSocket {
+						t.Fatalf("run %d: %s is %v (%v), want the socket", run, p, fi, err)
+					}
+				}
+				srv.Close() // the names stay for the next daemon
+			}
+			if fi, err := os.Stat(victim); err != nil || fi.Mode().Perm() != 0o640 {
+				t.Errorf("the file the symlinks named: %v %v, want mode 0640 untouched", fi, err)
+			}
+
+			// Every name reaches the allocation; Remove takes them all.
+			srv := broker.NewUnprivilegedServer(broker.Config{Logger: log}, &fakeDatapath{}, (&fakeBinder{}).bind)
+			t.Cleanup(srv.Close)
+			if err := srv.Add(a); err != nil {
+				t.Fatal(err)
+			}
+			if c.owner.UID != nil {
+				// DPDK's /connect: it takes no lease, so the next name's
+				// connection need not wait for this one's end.
+				for _, p := range names {
+					conn := dialPath(t, p)
+					if got, _ := dpdkSay(t, conn, "/connect,pod-host"); got != "/host_ok" {
+						t.Errorf("through %s: %q", p, got)
+					}
+					conn.Close()
+				}
+			}
+			if err := srv.Remove(a.ID); err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range names {
+				if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("%s after Remove: %v", p, err)
+				}
+			}
+			for _, bad := range []string{"", "relative.sock", a.SocketPath(), "/a/../b", "/"} {
+				b := a
+				b.ID, b.Links = "alloc-bad", []string{bad}
+				if err := srv.Add(b); err == nil || !strings.Contains(err.Error(), "is not another absolute path for its socket") {
+					t.Errorf("link %q: %v; want it refused as no other absolute path", bad, err)
+				}
+			}
+		})
+	}
+}
