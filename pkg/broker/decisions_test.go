@@ -130,7 +130,8 @@ type fakeEnvConfig struct {
 	limits   wire.Limits
 	claimPod func(ctx context.Context, alloc string, pod broker.PodIdentity) error
 	// resumable is the lease a previous daemon recorded.
-	resumable []broker.LeaseSocket
+	resumable               []broker.LeaseSocket
+	maxConns, maxHandshakes int
 }
 
 func newFakeEnv(t *testing.T, cfg fakeEnvConfig) *fakeEnv {
@@ -138,6 +139,7 @@ func newFakeEnv(t *testing.T, cfg fakeEnvConfig) *fakeEnv {
 	e := &fakeEnv{dp: &fakeDatapath{}, b: &fakeBinder{}, proc: t.TempDir(), leases: &record[leaseEvent]{}, refused: &record[string]{}}
 	e.inCgroup(t, "0::/user.slice/user-1000.slice/session-1.scope\n")
 	e.srv = broker.NewUnprivilegedServer(broker.Config{ProcRoot: e.proc, StepTimeout: time.Second, ClaimPod: cfg.claimPod,
+		MaxConnections: cfg.maxConns, MaxHandshakes: cfg.maxHandshakes,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		OnLease: func(alloc string, socks []broker.LeaseSocket) {
 			e.leases.add(leaseEvent{alloc, socks})
@@ -839,4 +841,77 @@ func TestSocketFilesUnprivileged(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestConnectionBoundsUnprivileged: the connections in a handshake are
+// bounded across all allocations together (MaxConnections) and per
+// allocation (MaxHandshakes); a device plugin connection counts for as
+// long as it is open. One over a bound is closed unanswered; a slot
+// given back (a handshake refused, a connection closed) is the next
+// one's.
+func TestConnectionBoundsUnprivileged(t *testing.T) {
+	closedUnanswered := func(t *testing.T, c *net.UnixConn, what string) {
+		t.Helper()
+		if n, err := c.Read(make([]byte, 64)); n != 0 || !errors.Is(err, io.EOF) {
+			t.Fatalf("%s: read %d, %v; want it closed unanswered", what, n, err)
+		}
+	}
+	welcomed := func(t *testing.T, path string) *net.UnixConn {
+		t.Helper()
+		c := dialPath(t, path)
+		if m, _ := exchange(t, c, hello); m.Type != wire.TypeWelcome {
+			t.Fatalf("hello: %+v", m)
+		}
+		return c
+	}
+
+	t.Run("across allocations", func(t *testing.T) {
+		e := newFakeEnv(t, fakeEnvConfig{owner: me(), maxConns: 3})
+		a2 := e.alloc
+		a2.ID, a2.Dir, a2.Queues = "alloc-2", filepath.Join(filepath.Dir(e.alloc.Dir), "alloc-2"), []uint32{2}
+		if err := e.srv.Add(a2); err != nil {
+			t.Fatal(err)
+		}
+		first := welcomed(t, e.alloc.SocketPath())
+		defer first.Close()
+		second := welcomed(t, a2.SocketPath())
+		defer second.Close()
+		dp := dialPath(t, e.alloc.SocketPath())
+		defer dp.Close()
+		if got, _ := dpdkSay(t, dp, "/connect,h"); got != "/host_ok" {
+			t.Fatalf("/connect: %q", got)
+		}
+		over := dialPath(t, a2.SocketPath())
+		defer over.Close()
+		closedUnanswered(t, over, "a fourth connection")
+		// A request without its memfd is refused: its slot is the next one's.
+		if m, _ := exchange(t, first, request("[0]", rx64)); m.Type != wire.TypeError {
+			t.Fatalf("request without a memfd: %+v", m)
+		}
+		next := dialPath(t, a2.SocketPath())
+		defer next.Close()
+		if got, _ := dpdkSay(t, next, "/version"); got != "0.1" {
+			t.Errorf("a connection once a slot is free: %q", got)
+		}
+	})
+
+	t.Run("per allocation", func(t *testing.T) {
+		e := newFakeEnv(t, fakeEnvConfig{owner: me(), maxHandshakes: 2})
+		first := welcomed(t, e.alloc.SocketPath())
+		defer first.Close()
+		dp := dialPath(t, e.alloc.SocketPath())
+		defer dp.Close()
+		if got, _ := dpdkSay(t, dp, "/connect,h"); got != "/host_ok" {
+			t.Fatalf("/connect: %q", got)
+		}
+		over := dialPath(t, e.alloc.SocketPath())
+		defer over.Close()
+		closedUnanswered(t, over, "a third handshake")
+		// The refusal of the first's request is sent once its slot is
+		// free again: the next connection has it.
+		if m, _ := exchange(t, first, request("[0]", rx64)); m.Type != wire.TypeError {
+			t.Fatalf("request without a memfd: %+v", m)
+		}
+		welcomed(t, e.alloc.SocketPath()).Close()
+	})
 }
