@@ -915,3 +915,87 @@ func TestConnectionBoundsUnprivileged(t *testing.T) {
 		welcomed(t, e.alloc.SocketPath()).Close()
 	})
 }
+
+// TestSetLimitsUnprivileged: a change of the pool's limits and busy
+// polling (SetLimits) holds from the next handshake on: its welcome
+// tells the client, and its request is checked against them; busy
+// polling the protocol cannot give is refused, and so is an allocation
+// the server does not serve.
+func TestSetLimitsUnprivileged(t *testing.T) {
+	e := newFakeEnv(t, fakeEnvConfig{owner: me()})
+	rings := func(size uint32, tx bool) string {
+		var t uint32
+		if tx {
+			t = size
+		}
+		return fmt.Sprintf(`{"fill":%d,"completion":%d,"rx":%d,"tx":%d}`, size, size, size, t)
+	}
+	// lease runs a handshake to its end: the welcome, and the request's
+	// refusal (nil: a lease, ended again).
+	lease := func(ringSize uint32, tx bool) (wire.Message, *wire.Message) {
+		t.Helper()
+		conn := dialPath(t, e.alloc.SocketPath())
+		defer conn.Close()
+		welcome, _ := exchange(t, conn, hello)
+		m, fds := exchange(t, conn, request("[0]", rings(ringSize, tx)), sealedMemfd(t, 1<<20, true))
+		closeAll(fds)
+		if m.Type == wire.TypeError {
+			return welcome, &m
+		}
+		if active, _ := exchange(t, conn, `{"type":"ready"}`); active.Type != wire.TypeActive {
+			t.Fatalf("after ready: %+v", active)
+		}
+		conn.Close()
+		e.waitEnded(t, e.alloc.ID)
+		return welcome, nil
+	}
+	welcome, refused := lease(64, true)
+	if *welcome.Limits != wire.DefaultLimits || welcome.BusyPoll != nil || refused == nil || refused.Code != wire.CodeLimit {
+		t.Fatalf("under the default limits: welcome %+v, a TX ring %+v; want it refused", welcome, refused)
+	}
+	allowTX := wire.Limits{MaxUMEM: 1 << 20, MaxRing: 1024, AllowTX: true, MaxQueue: 2}
+	bp := &wire.BusyPoll{TimeoutMicros: 50, Budget: 16}
+	if err := e.srv.SetLimits(e.alloc.ID, allowTX, bp); err != nil {
+		t.Fatal(err)
+	}
+	bp.Budget = 1 // the server keeps its own copy
+	welcome = exchangeWelcome(t, e)
+	if *welcome.Limits != allowTX || welcome.BusyPoll == nil || *welcome.BusyPoll != (wire.BusyPoll{TimeoutMicros: 50, Budget: 16}) {
+		t.Errorf("the welcome after SetLimits: limits %+v busy poll %+v", welcome.Limits, welcome.BusyPoll)
+	}
+	small := allowTX
+	small.MaxRing, small.AllowTX = 512, false
+	if err := e.srv.SetLimits(e.alloc.ID, small, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, refused := lease(1024, false); refused == nil || refused.Code != wire.CodeLimit || !strings.Contains(refused.Reason, "at most 512") {
+		t.Errorf("a ring beyond the new limit: %+v", refused)
+	}
+	if _, refused := lease(512, true); refused == nil || refused.Code != wire.CodeLimit {
+		t.Errorf("a TX ring once the pool forbids it again: %+v", refused)
+	}
+	if welcome, refused := lease(512, false); refused != nil || welcome.BusyPoll != nil {
+		t.Errorf("within the new limits: %+v, busy polling %+v", refused, welcome.BusyPoll)
+	}
+	for _, bad := range []*wire.BusyPoll{{TimeoutMicros: 0, Budget: 8}, {TimeoutMicros: 50, Budget: 70000}, {TimeoutMicros: 2_000_000, Budget: 8}} {
+		if err := e.srv.SetLimits(e.alloc.ID, allowTX, bad); err == nil {
+			t.Errorf("busy polling %+v accepted", *bad)
+		}
+	}
+	if err := e.srv.SetLimits("alloc-9", allowTX, nil); err == nil {
+		t.Error("limits of an allocation not served set")
+	}
+}
+
+// exchangeWelcome says hello and returns the welcome, then sends a bad
+// request: the allocation is free again once the refusal comes.
+func exchangeWelcome(t *testing.T, e *fakeEnv) wire.Message {
+	t.Helper()
+	conn := dialPath(t, e.alloc.SocketPath())
+	defer conn.Close()
+	welcome, _ := exchange(t, conn, hello)
+	if m, _ := exchange(t, conn, `{"type":"request"}`); m.Type != wire.TypeError {
+		t.Fatalf("a request without rings: %+v", m)
+	}
+	return welcome
+}
