@@ -41,3 +41,23 @@ func (h *HardwareSteering) Sync(keep map[string][]Flow, keepUnknown bool) (int, 
 func ReserveRSS(dev NtupleDevice, ifname, stateFile string, reserved []uint32) error {
 	return reserveRSS(dev, ifname, stateFile, reserved)
 }
+
+// NormalizePolicy checks p and fills in its defaults as an agent whose
+// Config.Linger is linger does before any kernel work.
+func NormalizePolicy(p Policy, linger time.Duration) (Policy, error) {
+	return (&Agent{cfg: Config{Linger: linger}}).normalize(p)
+}
+
+// SteeringChoice is what an agent on dev decides of a netdev's steering:
+// auto resolved by probing the NIC's ntuple filters, and what hardware
+// steering lacks there, given the queues reserved off RSS (asked) and
+// those the NIC's table keeps off (inForce).
+func SteeringChoice(dev NtupleDevice, name string, s Steering, asked, inForce []uint32) (Steering, string, error) {
+	a := &Agent{nic: dev}
+	mode, err := a.resolveSteering(name, s)
+	if err != nil {
+		return "", "", err
+	}
+	d := &netdev{name: name, steer: &steering{mode: mode}, policy: Policy{Reserved: inForce}}
+	return mode, a.hardwareGaps(d, asked), nil
+}
