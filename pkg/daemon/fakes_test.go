@@ -242,6 +242,8 @@ type fakeBroker struct {
 	mu     sync.Mutex
 	served map[string]broker.Allocation
 	owner  map[string]broker.Owner
+	// failOwner, if set, fails SetOwner.
+	failOwner error
 }
 
 func newFakeBroker() *fakeBroker {
@@ -278,6 +280,9 @@ func (f *fakeBroker) Retarget(id string, dev xsk.Netdev, own broker.PodDatapath)
 func (f *fakeBroker) SetOwner(id string, o broker.Owner) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.failOwner != nil {
+		return f.failOwner
+	}
 	f.owner[id] = o
 	return nil
 }
