@@ -132,13 +132,17 @@ type fakeEnvConfig struct {
 	// resumable is the lease a previous daemon recorded.
 	resumable               []broker.LeaseSocket
 	maxConns, maxHandshakes int
+	stepTimeout             time.Duration // 1s if zero
 }
 
 func newFakeEnv(t *testing.T, cfg fakeEnvConfig) *fakeEnv {
 	t.Helper()
 	e := &fakeEnv{dp: &fakeDatapath{}, b: &fakeBinder{}, proc: t.TempDir(), leases: &record[leaseEvent]{}, refused: &record[string]{}}
 	e.inCgroup(t, "0::/user.slice/user-1000.slice/session-1.scope\n")
-	e.srv = broker.NewUnprivilegedServer(broker.Config{ProcRoot: e.proc, StepTimeout: time.Second, ClaimPod: cfg.claimPod,
+	if cfg.stepTimeout == 0 {
+		cfg.stepTimeout = time.Second
+	}
+	e.srv = broker.NewUnprivilegedServer(broker.Config{ProcRoot: e.proc, StepTimeout: cfg.stepTimeout, ClaimPod: cfg.claimPod,
 		MaxConnections: cfg.maxConns, MaxHandshakes: cfg.maxHandshakes,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		OnLease: func(alloc string, socks []broker.LeaseSocket) {
@@ -998,4 +1002,110 @@ func exchangeWelcome(t *testing.T, e *fakeEnv) wire.Message {
 		t.Fatalf("a request without rings: %+v", m)
 	}
 	return welcome
+}
+
+// activeLease makes a lease of queues 0 and 1 on e's allocation and
+// returns its connection and the sockets it reported.
+func activeLease(t *testing.T, e *fakeEnv) (*net.UnixConn, []broker.LeaseSocket) {
+	t.Helper()
+	conn := dialPath(t, e.alloc.SocketPath())
+	t.Cleanup(func() { conn.Close() })
+	exchange(t, conn, hello)
+	_, fds := exchange(t, conn, request("[0,1]", rx64), sealedMemfd(t, 1<<20, true))
+	closeAll(fds)
+	if m, _ := exchange(t, conn, `{"type":"ready"}`); m.Type != wire.TypeActive {
+		t.Fatalf("after ready: %+v", m)
+	}
+	socks, _ := lastLease(e.leases.snapshot(), e.alloc.ID)
+	e.dp.took()
+	return conn, socks
+}
+
+// TestLeaseEndsUnprivileged: how a lease ends when the daemon, not the
+// client, acts. Remove (the allocation freed) closes the client's
+// connection, takes the sockets out of the XSKMAP, reports the end and
+// removes the socket. Close (the daemon stopping) closes the connection
+// and leaves the lease as it is in the kernel, reporting nothing: the
+// next daemon resumes it. Retarget (the netdev moved into the pod)
+// closes the connection, its sockets bound where the netdev no longer
+// is, and forgets a recorded lease not resumed.
+func TestLeaseEndsUnprivileged(t *testing.T) {
+	closed := func(t *testing.T, c *net.UnixConn) {
+		t.Helper()
+		if n, err := c.Read(make([]byte, 64)); n != 0 || !errors.Is(err, io.EOF) {
+			t.Errorf("the client's connection: read %d, %v; want it closed", n, err)
+		}
+	}
+	t.Run("remove", func(t *testing.T) {
+		e := newFakeEnv(t, fakeEnvConfig{owner: me()})
+		conn, socks := activeLease(t, e)
+		if err := e.srv.Remove(e.alloc.ID); err != nil {
+			t.Fatal(err)
+		}
+		closed(t, conn)
+		e.waitEnded(t, e.alloc.ID)
+		want := []string{fmt.Sprintf("remove xa/q0 %d", socks[0].Inode), fmt.Sprintf("remove xa/q1 %d", socks[1].Inode)}
+		if got := e.dp.took(); !slices.Equal(got, want) {
+			t.Errorf("the XSKMAP was asked %v, want %v", got, want)
+		}
+		if _, err := os.Lstat(e.alloc.SocketPath()); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the socket after Remove: %v", err)
+		}
+		if err := e.srv.Remove(e.alloc.ID); err == nil {
+			t.Error("an allocation removed twice")
+		}
+	})
+	t.Run("close", func(t *testing.T) {
+		e := newFakeEnv(t, fakeEnvConfig{owner: me()})
+		conn, _ := activeLease(t, e)
+		before := len(e.leases.snapshot())
+		e.srv.Close()
+		closed(t, conn)
+		if got := e.dp.took(); len(got) != 0 {
+			t.Errorf("the XSKMAP was asked %v by a daemon stopping; want the lease left in the kernel", got)
+		}
+		if got := e.leases.snapshot(); len(got) != before {
+			t.Errorf("OnLease told %v by a daemon stopping; want nothing", got[before:])
+		}
+		if err := e.srv.Add(e.alloc); err == nil {
+			t.Error("an allocation added to a closed server")
+		}
+	})
+	t.Run("retarget", func(t *testing.T) {
+		recorded := []broker.LeaseSocket{{Queue: 0, Inode: 1001}, {Queue: 1, Inode: 1002}}
+		// Connections wait for the client's next message longer than the
+		// test: only Retarget closes them.
+		e := newFakeEnv(t, fakeEnvConfig{owner: me(), resumable: recorded, stepTimeout: time.Minute})
+		// A device plugin connection: open, and no native lease under way.
+		conn := dialPath(t, e.alloc.SocketPath())
+		defer conn.Close()
+		if got, _ := dpdkSay(t, conn, "/version"); got != "0.1" {
+			t.Fatalf("/version: %q", got)
+		}
+		// To where it is: the recorded lease stays.
+		if err := e.srv.Retarget(e.alloc.ID, e.alloc.Netdev, nil); err != nil {
+			t.Fatal(err)
+		}
+		closed(t, conn)
+		// The recorded lease is still there to resume (a resume of part
+		// of it is refused as such, not as no lease at all).
+		c := dialPath(t, e.alloc.SocketPath())
+		defer c.Close()
+		exchange(t, c, hello)
+		udp, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m, _ := exchange(t, c, `{"type":"resume","queues":[0]}`, udp); !strings.Contains(m.Reason, "the lease to resume has 2 sockets") {
+			t.Errorf("a resume after a retarget to where it was: %+v; want the recorded lease kept", m)
+		}
+		pod := xsk.Netdev{Name: "xa", Ifindex: 9, NetNS: "/proc/self/ns/net"}
+		if err := e.srv.Retarget(e.alloc.ID, pod, &ownDatapath{xskmap: -1}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitEnded(t, e.alloc.ID)
+		if err := e.srv.Retarget("alloc-9", pod, nil); err == nil {
+			t.Error("an allocation not served retargeted")
+		}
+	})
 }
