@@ -43,6 +43,7 @@ type fakeDaemon struct {
 	checkErr error               // CHECK's answer, if not the attachment
 	delErr   error
 	att      *api.Attachment // what ADD made; CHECK reports it
+	mode     string          // the pool's; "" a queue pool
 }
 
 func startFakeDaemon(t *testing.T) *fakeDaemon {
@@ -105,6 +106,9 @@ func (f *fakeDaemon) CNIAdd(_ context.Context, req api.CNIAddRequest) (*api.Atta
 		return nil, f.addErr
 	}
 	f.att = &api.Attachment{CNIAddRequest: req, AllocationID: "demo-1", Netdev: "xa", Queues: []uint32{0, 1}, Mode: api.ModeQueue}
+	if f.mode == api.ModeNetdev {
+		f.att.Mode, f.att.Mac = api.ModeNetdev, "02:00:00:00:00:09"
+	}
 	return f.att, nil
 }
 
@@ -550,4 +554,33 @@ func mustIPNet(t *testing.T, cidr string) *net.IPNet {
 	}
 	n.IP = ip
 	return n
+}
+
+// TestNetdevAddUndone: in a netdev-mode pool the daemon moves the netdev
+// into the pod and the plugin puts IPAM's addresses on it there. When
+// that fails (here the interface is not in the namespace: unprivileged,
+// entering it fails already), the ADD is undone whole: the daemon is
+// told DEL (the netdev back to the node), host-local's lease is
+// released, no cache stays, and the error says what failed.
+func TestNetdevAddUndone(t *testing.T) {
+	f := startFakeDaemon(t)
+	f.mode = api.ModeNetdev
+	data := hostLocal(t)
+	p := Plugin{CacheDir: filepath.Join(t.TempDir(), "cache")}
+	args := &skel.CmdArgs{ContainerID: "c1", Netns: podNetns, IfName: "xdpqtest0", Args: "XDPQ_ALLOCATION=vf-1",
+		StdinData: ipamConf(f.socket, data)}
+	_, _, err := testutils.CmdAddWithArgs(args, func() error { return p.Add(args) })
+	var ce *types.Error
+	if !errors.As(err, &ce) || ce.Code != ErrIPAM || ce.Msg != "configure xdpqtest0" {
+		t.Fatalf("ADD: %v; want the configuration's failure (code %d)", err, ErrIPAM)
+	}
+	if got := f.took(); !slices.Equal(got, []string{"add c1/xdpqtest0", "del c1/xdpqtest0"}) {
+		t.Errorf("the daemon was asked %v; want the ADD undone", got)
+	}
+	if l := ipamLeases(t, data); len(l) != 0 {
+		t.Errorf("leases %v after the undone ADD", l)
+	}
+	if _, err := os.Stat(p.cachePath(args)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the undone ADD left its cache: %v", err)
+	}
 }
