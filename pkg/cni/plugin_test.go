@@ -584,3 +584,47 @@ func TestNetdevAddUndone(t *testing.T) {
 		t.Errorf("the undone ADD left its cache: %v", err)
 	}
 }
+
+// TestCheckNetdevInterface: CHECK of a netdev-mode pool's attachment
+// looks at the netdev in the pod only once prevResult agrees with the
+// daemon: it must name the interface in a sandbox, with the MAC the
+// daemon moved in; else CHECK fails saying which, without entering the
+// pod's namespace.
+func TestCheckNetdevInterface(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		iface *current.Interface // prevResult's
+		fails string
+	}{
+		{name: "no interface in prevResult", fails: "prevResult has no interface net1 in a sandbox"},
+		{name: "not in a sandbox", iface: &current.Interface{Name: "net1", Mac: "02:00:00:00:00:09"},
+			fails: "prevResult has no interface net1 in a sandbox"},
+		{name: "another MAC", iface: &current.Interface{Name: "net1", Mac: "02:00:00:00:00:01", Sandbox: podNetns},
+			fails: "prevResult gives MAC 02:00:00:00:00:01, the netdev has 02:00:00:00:00:09"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := startFakeDaemon(t)
+			p := Plugin{CacheDir: filepath.Join(t.TempDir(), "cache")}
+			ip := netip.MustParseAddr("10.77.0.2")
+			f.att = &api.Attachment{CNIAddRequest: api.CNIAddRequest{ContainerID: "c1", IfName: "net1",
+				Flows: []api.CNIFlow{{Protocol: "udp", Dst: netip.PrefixFrom(ip, 32), DstPort: 2152}}}, Mode: api.ModeNetdev, Mac: "02:00:00:00:00:09"}
+			prev := &current.Result{CNIVersion: "1.1.0", IPs: []*current.IPConfig{{Address: *mustIPNet(t, "10.77.0.2/24")}}}
+			if c.iface != nil {
+				prev.Interfaces = []*current.Interface{c.iface}
+				prev.IPs[0].Interface = current.Int(0)
+			}
+			b, err := json.Marshal(prev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			args := &skel.CmdArgs{ContainerID: "c1", Netns: podNetns, IfName: "net1", StdinData: fmt.Appendf(nil,
+				`{"cniVersion":"1.1.0","name":"upf","type":"xdpq","daemonSocket":%q,"flows":[{"protocol":"udp","destinationPort":"2152"}],"prevResult":%s}`,
+				f.socket, b)}
+			err = testutils.CmdCheckWithArgs(args, func() error { return p.Check(args) })
+			var ce *types.Error
+			if !errors.As(err, &ce) || ce.Code != ErrDaemon || !strings.Contains(ce.Details, c.fails) {
+				t.Fatalf("CHECK: %v; want it to fail saying %q", err, c.fails)
+			}
+		})
+	}
+}
