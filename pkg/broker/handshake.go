@@ -182,7 +182,7 @@ func (s *Server) request(c *net.UnixConn, al *allocation, peer Peer, p policy, r
 		return nil, err
 	}
 	cfg.Mode = al.mode
-	bound, err := xsk.Bind(p.dev, memfd, req.Queues, cfg)
+	bound, err := s.bind(p.dev, memfd, req.Queues, cfg)
 	closeFDs([]int{memfd}) // the bound sockets' UMEM holds the pages
 	if errors.Is(err, unix.EBUSY) {
 		// A socket of the queue's previous holder is still bound: its

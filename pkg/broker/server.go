@@ -143,6 +143,11 @@ type Server struct {
 	cfg Config
 	dp  Datapath
 	log *slog.Logger
+	// bind binds a lease's sockets (xsk.Bind), and dirUID owns the
+	// allocations' directories (root, 0): what needs privileges, which
+	// the tests of the broker's decisions without root fake.
+	bind   binder
+	dirUID int
 
 	mu     sync.Mutex // guards allocs, adding, closed, open and refusals
 	allocs map[string]*allocation
@@ -163,6 +168,10 @@ const (
 	maxRefusals       = 4
 	defaultHandshakes = 16
 )
+
+// binder binds AF_XDP sockets to queues with memfd as their UMEM, as
+// xsk.Bind does.
+type binder func(dev xsk.Netdev, memfd int, queues []uint32, cfg xsk.Config) ([]xsk.Bound, error)
 
 // DefaultMaxConnections is Config.MaxConnections when it is zero.
 const DefaultMaxConnections = 4096
@@ -242,7 +251,8 @@ func NewServer(cfg Config, dp Datapath) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Server{cfg: cfg, dp: dp, log: cfg.Logger, allocs: map[string]*allocation{}, adding: map[string]bool{}, refusals: map[string]uint64{}}
+	return &Server{cfg: cfg, dp: dp, log: cfg.Logger, bind: xsk.Bind, allocs: map[string]*allocation{}, adding: map[string]bool{},
+		refusals: map[string]uint64{}}
 }
 
 // Add starts serving an allocation at its socket path.
@@ -318,7 +328,7 @@ func (s *Server) listen(a Allocation) (*allocation, error) {
 		return fail(err)
 	}
 	// The directory's parent is the daemon's: its own path is safe to use.
-	if err := restrictDir(a.Dir, a.Owner); err != nil {
+	if err := restrictDir(a.Dir, a.Owner, s.dirUID); err != nil {
 		return fail(err)
 	}
 	staging := filepath.Join(filepath.Dir(a.Dir), StagingDir)
@@ -415,8 +425,9 @@ func owned(o Owner) bool { return o.UID != nil && o.PodUID == "" && !o.AnyPod }
 // directory. An owner known by its pod (Kubernetes) runs as a uid the
 // daemon does not know: the directory is mounted into the pod's container
 // only, and it and the socket are open to whoever sees them (0755, 0666);
-// the broker decides by the peer's credentials, at once.
-func restrictDir(dir string, o Owner) error {
+// the broker decides by the peer's credentials, at once. root is root's
+// uid: 0, but for the tests without root their own.
+func restrictDir(dir string, o Owner, root int) error {
 	mode := os.FileMode(0o755)
 	if owned(o) {
 		mode = 0o711
@@ -424,7 +435,7 @@ func restrictDir(dir string, o Owner) error {
 	// Root first (a directory of an older daemon was its owner's), then
 	// the mode: the mode of a directory root does not own would need
 	// CAP_FOWNER.
-	if err := os.Lchown(dir, 0, -1); err != nil {
+	if err := os.Lchown(dir, root, -1); err != nil {
 		return err
 	}
 	return os.Chmod(dir, mode)

@@ -67,6 +67,7 @@ type fakeAgent struct {
 	policy map[string]agent.Policy
 	flows  map[string]map[string][]agent.Flow // netdev, owner
 	down   map[string]bool                    // netdevs whose link is down
+	state  map[string]agent.Status            // State and Reason a netdev reports, if not None
 	listen chan struct{}
 }
 
@@ -119,8 +120,12 @@ func (f *fakeAgent) Status() []agent.Status {
 	defer f.mu.Unlock()
 	var out []agent.Status
 	for _, n := range slices.Sorted(maps.Keys(f.policy)) {
-		out = append(out, agent.Status{Netdev: n, State: agent.StateNone, Policy: f.policy[n], LinkUp: !f.down[n], RXQueues: 4,
-			Flows: len(f.flows[n])})
+		st := agent.Status{Netdev: n, State: agent.StateNone, Policy: f.policy[n], LinkUp: !f.down[n], RXQueues: 4,
+			Flows: len(f.flows[n])}
+		if s, ok := f.state[n]; ok {
+			st.State, st.Reason = s.State, s.Reason
+		}
+		out = append(out, st)
 	}
 	return out
 }
@@ -237,6 +242,8 @@ type fakeBroker struct {
 	mu     sync.Mutex
 	served map[string]broker.Allocation
 	owner  map[string]broker.Owner
+	// failOwner, if set, fails SetOwner.
+	failOwner error
 }
 
 func newFakeBroker() *fakeBroker {
@@ -273,6 +280,9 @@ func (f *fakeBroker) Retarget(id string, dev xsk.Netdev, own broker.PodDatapath)
 func (f *fakeBroker) SetOwner(id string, o broker.Owner) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.failOwner != nil {
+		return f.failOwner
+	}
 	f.owner[id] = o
 	return nil
 }

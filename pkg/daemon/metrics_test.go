@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -181,16 +180,10 @@ func TestMetrics(t *testing.T) {
 }
 
 // TestProbes: /readyz says the daemon is starting until it is ready, and
-// stopping once it stops; /healthz says which part failed.
+// stopping once it stops; /healthz says which part failed. Decisions of
+// the daemon's probes, on a fake node: no kernel is asked.
 func TestProbes(t *testing.T) {
-	pair := testnet.NewPair(t, 2)
-	o := standaloneOpts(t, pair, t.TempDir(), testPins(t), "pools: []\n")
-	o.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
-	d, err := New(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.close()
+	d, _ := newFakeNode(t).daemon("pools: []\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	srv := httptest.NewServer(d.metricsHandler(ctx))

@@ -36,3 +36,13 @@ func LoadDirectV0(queues int, xsks *ebpf.Map) (*ebpf.Program, error) {
 	defer coll.Close()
 	return coll.DetachProgram(DirectName), nil
 }
+
+// FlowKey is f as the filter program's flow map key has it (family, the
+// address's 16 bytes), and the flow read back from that key.
+func FlowKey(f Flow) (family uint8, addr [16]byte, back Flow, err error) {
+	k, err := f.key()
+	if err != nil {
+		return 0, addr, Flow{}, err
+	}
+	return k.Family, k.Addr, flowOfKey(k), nil
+}

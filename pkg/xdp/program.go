@@ -366,6 +366,17 @@ func (f Flow) key() (bpf.FilterXdpqFlow, error) {
 	return k, nil
 }
 
+// flowOfKey is the flow of a flow map key, as key made it.
+func flowOfKey(k bpf.FilterXdpqFlow) Flow {
+	f := Flow{Queue: k.Queue, VLAN: k.Vlan, Protocol: Protocol(k.Proto), Port: k.Port}
+	if k.Family == 4 {
+		f.Dst = netip.AddrFrom4([4]byte(k.Addr[:4]))
+	} else {
+		f.Dst = netip.AddrFrom16(k.Addr)
+	}
+	return f
+}
+
 // AddFlow steers f to its queue's socket. cookie is stored with the flow
 // for its owner's bookkeeping.
 func (p *Program) AddFlow(f Flow, cookie uint32) error {
@@ -565,13 +576,7 @@ func (p *Program) Flows() (map[Flow]uint32, error) {
 	var cookie uint32
 	it := p.flows.Iterate()
 	for it.Next(&k, &cookie) {
-		f := Flow{Queue: k.Queue, VLAN: k.Vlan, Protocol: Protocol(k.Proto), Port: k.Port}
-		if k.Family == 4 {
-			f.Dst = netip.AddrFrom4([4]byte(k.Addr[:4]))
-		} else {
-			f.Dst = netip.AddrFrom16(k.Addr)
-		}
-		out[f] = cookie
+		out[flowOfKey(k)] = cookie
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("list flows: %w", err)
