@@ -26,11 +26,8 @@ import (
 // namespaces, as root.
 func TestCollectGoneDecisions(t *testing.T) {
 	n := newFakeNode(t, fakeNetdev("xa", 4))
-	d, _ := n.daemon("pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-3']}}]\n")
+	d := n.started("pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-3']}}]\n")
 	ctx := context.Background()
-	if err := d.core.start(ctx); err != nil {
-		t.Fatal(err)
-	}
 	a, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 2, UID: 1000})
 	if err != nil {
 		t.Fatal(err)

@@ -161,11 +161,8 @@ func TestReloadDecisions(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			n := newFakeNode(t, fakeNetdev("xa", 4), fakeNetdev("xb", 4))
-			d, _ := n.daemon(c.before)
+			d := n.started(c.before)
 			ctx := context.Background()
-			if err := d.core.start(ctx); err != nil {
-				t.Fatal(err)
-			}
 			for pool, count := range c.allocs {
 				if _, err := d.local.Alloc(ctx, api.AllocRequest{Pool: pool, Count: count, UID: 1000}); err != nil {
 					t.Fatal(err)

@@ -62,11 +62,8 @@ func TestDPDKAllocateDecisions(t *testing.T) {
 			if c.dpdk != "" {
 				cfg += ", dpdk: " + c.dpdk
 			}
-			d, _ := n.daemon(cfg + "}]\n")
+			d := n.started(cfg + "}]\n")
 			ctx := context.Background()
-			if err := d.core.start(ctx); err != nil {
-				t.Fatal(err)
-			}
 			resp, err := d.plugins.Allocate(ctx, "vf", []string{"xa"})
 			if err != nil {
 				t.Fatal(err)

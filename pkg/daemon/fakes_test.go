@@ -381,6 +381,19 @@ func (n *fakeNode) writeConfig(yaml string) string {
 	return path
 }
 
+// started is daemon with its core started (recovery and the first
+// reconcile done), failing the test if it cannot; the daemon stops when
+// the test ends.
+func (n *fakeNode) started(yaml string) *Daemon {
+	t := n.t
+	t.Helper()
+	d, _ := n.daemon(yaml)
+	if err := d.core.start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 // daemon is a daemon on the node, standalone unless kubelet is set, with
 // the config yaml; its reconciler runs until the test ends (or stop).
 // It has not started: start is the test's to call.

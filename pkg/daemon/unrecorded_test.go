@@ -19,11 +19,8 @@ import (
 // a real file system.
 func TestAllocNotRecordedDecisions(t *testing.T) {
 	n := newFakeNode(t, fakeNetdev("xa", 4))
-	d, _ := n.daemon("pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n")
+	d := n.started("pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n")
 	ctx := context.Background()
-	if err := d.core.start(ctx); err != nil {
-		t.Fatal(err)
-	}
 	records := filepath.Join(n.dir, "state", "allocations")
 	if err := os.RemoveAll(records); err != nil {
 		t.Fatal(err)

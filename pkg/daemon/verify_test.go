@@ -41,11 +41,8 @@ func TestVerifyDecisions(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			n := newFakeNode(t, fakeNetdev("xa", 4))
-			d, _ := n.daemon("pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n")
+			d := n.started("pools: [{name: upf, steering: software, devices: {netdevs: ['xa#0-1']}}]\n")
 			ctx := context.Background()
-			if err := d.core.start(ctx); err != nil {
-				t.Fatal(err)
-			}
 			a, err := d.local.Alloc(ctx, api.AllocRequest{Pool: "upf", Count: 1, UID: 1000})
 			if err != nil {
 				t.Fatal(err)

@@ -272,13 +272,14 @@ func checkOwn(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, x *xn
 	if err != nil || strings.TrimSpace(string(out)) != x.nic.Name {
 		t.Errorf("XdpqNode %s shows netdevs %q (%v), want only %s", name, out, err, x.nic.Name)
 	}
-	for _, sm := range scrapeAt(ctx, t, x.addr(), "xdpq_queue_info") {
+	held := scrapeAt(ctx, t, x.addr(), "xdpq_queue_info")
+	for _, sm := range held {
 		if sm.labels["netdev"] != x.nic.Name {
 			t.Errorf("node %s's daemon reports a queue of %s, want only %s's", name, sm.labels["netdev"], x.nic.Name)
 		}
 	}
-	if len(scrapeAt(ctx, t, x.addr(), "xdpq_queue_info")) != len(x.pod.queues) {
-		t.Errorf("node %s's daemon reports %d queues held, want %s's %d", name, len(scrapeAt(ctx, t, x.addr(), "xdpq_queue_info")), x.pod.name, len(x.pod.queues))
+	if len(held) != len(x.pod.queues) {
+		t.Errorf("node %s's daemon reports %d queues held, want %s's %d", name, len(held), x.pod.name, len(x.pod.queues))
 	}
 }
 
@@ -292,8 +293,7 @@ func nodeSlices(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, nod
 	return l.Items
 }
 
-// sliceDevices is the node's slices' devices with their netdev and
-// queue, sorted: what must come back after its kubelet restarts (the
+// sliceDevices is the node's slices' devices as pool/device, sorted: what must come back after its kubelet restarts (the
 // kubelet deletes its node's slices at start, the driver makes them
 // again, as new objects).
 func sliceDevices(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, node string) string {
@@ -352,14 +352,15 @@ func checkKeptOn(ctx context.Context, t *testing.T, cp *cluster.ControlPlane, ns
 	waitClaimsReadyOf(ctx, t, cp, ns, "True", x.pod.name)
 }
 
-// daemonPods returns the DaemonSet's pods by node: name, whether it is
-// being deleted, whether it is Ready.
+// daemonState is a pod of the DaemonSet: its name, whether it is being
+// deleted, whether it is Ready.
 type daemonState struct {
 	name     string
 	deleting bool
 	ready    bool
 }
 
+// daemonPodsByNode returns the DaemonSet's pods by node.
 func daemonPodsByNode(ctx context.Context, cp *cluster.ControlPlane) (map[string][]daemonState, error) {
 	pods, err := cp.Client.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=xdpq"})
 	if err != nil {

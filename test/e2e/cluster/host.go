@@ -146,11 +146,8 @@ func waitGone(pids []int) error {
 // alone: the node has private ones or shares the machine's.
 func (n *Node) cleanIsolated() error {
 	var errs []error
-	pids := n.ns.pids()
-	for _, pid := range pids {
-		_ = syscall.Kill(pid, syscall.SIGKILL) // gone already is fine; waitGone checks
-	}
-	if err := waitGone(pids); err != nil {
+	// Processes first: a cgroup with one cannot be removed.
+	if err := n.ns.kill(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := killShims(n.ContainerdSocket); err != nil {

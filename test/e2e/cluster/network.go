@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 
@@ -88,11 +89,7 @@ func (nw *Network) take() (netip.Addr, error) {
 	nw.mu.Lock()
 	defer nw.mu.Unlock()
 	for a := nw.Host.Next(); nw.Prefix.Contains(a); a = a.Next() {
-		used := false
-		for _, u := range nw.used {
-			used = used || u == a
-		}
-		if !used {
+		if !slices.Contains(nw.used, a) {
 			nw.used = append(nw.used, a)
 			return a, nil
 		}
@@ -104,11 +101,8 @@ func (nw *Network) take() (netip.Addr, error) {
 func (nw *Network) release(a netip.Addr) {
 	nw.mu.Lock()
 	defer nw.mu.Unlock()
-	for i, u := range nw.used {
-		if u == a && i > 0 {
-			nw.used = append(nw.used[:i], nw.used[i+1:]...)
-			return
-		}
+	if i := slices.Index(nw.used, a); i > 0 { // the host's stays
+		nw.used = slices.Delete(nw.used, i, i+1)
 	}
 }
 

@@ -172,17 +172,8 @@ func BenchmarkPodStartup(b *testing.B) {
 	cp := StartControlPlaneForTest(b, Options{})
 	n := StartNodeForTest(b, cp, NodeOptions{})
 	ctx := context.Background()
-	hello, err := images.Build(ctx, images.Hello(), b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := n.ImportImage(ctx, hello); err != nil {
-		b.Fatal(err)
-	}
 	ns := "e2e-bench"
-	if err := cp.CreateNamespace(ctx, ns, nil); err != nil {
-		b.Fatal(err)
-	}
+	helloOn(ctx, b, cp, ns, n)
 	var took []time.Duration
 	b.ResetTimer()
 	for i := range b.N {
@@ -347,17 +338,8 @@ func shimPids(t *testing.T, socket string) []string {
 // its log with kubectl.
 func runHello(ctx context.Context, t *testing.T, cp *ControlPlane, n *Node) {
 	t.Helper()
-	hello, err := images.Build(ctx, images.Hello(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := n.ImportImage(ctx, hello); err != nil {
-		t.Fatal(err)
-	}
 	ns := "e2e-node"
-	if err := cp.CreateNamespace(ctx, ns, nil); err != nil {
-		t.Fatal(err)
-	}
+	helloOn(ctx, t, cp, ns, n)
 	pod := helloPod("hello", "from", "e2e")
 	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -376,4 +358,24 @@ func runHello(ctx context.Context, t *testing.T, cp *ControlPlane, n *Node) {
 	if string(out) != "hello from e2e\n" {
 		t.Errorf("kubectl logs: %q, want %q", out, "hello from e2e\n")
 	}
+}
+
+// helloOn builds the hello image, imports it into each of nodes and
+// creates the namespace ns; it returns the image's archive, for a node
+// that starts later.
+func helloOn(ctx context.Context, tb testing.TB, cp *ControlPlane, ns string, nodes ...*Node) string {
+	tb.Helper()
+	hello, err := images.Build(ctx, images.Hello(), tb.TempDir())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, n := range nodes {
+		if err := n.ImportImage(ctx, hello); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if err := cp.CreateNamespace(ctx, ns, nil); err != nil {
+		tb.Fatal(err)
+	}
+	return hello
 }

@@ -213,7 +213,7 @@ func (s *nodeNS) pids() []int {
 			if syscall.Stat(filepath.Join("/proc", e.Name(), "ns", kind), &st) != nil {
 				continue
 			}
-			if containsIno(inos, st.Ino) {
+			if slices.Contains(inos, st.Ino) {
 				pids = append(pids, pid)
 				break
 			}
@@ -222,13 +222,16 @@ func (s *nodeNS) pids() []int {
 	return pids
 }
 
-func containsIno(inos []uint64, ino uint64) bool {
-	for _, i := range inos {
-		if i == ino {
-			return true
-		}
+// kill kills what runs in the namespaces and waits until it is gone.
+func (s *nodeNS) kill() error {
+	pids := s.pids()
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL) // gone already is fine; waitGone checks
 	}
-	return false
+	if err := waitGone(pids); err != nil {
+		return fmt.Errorf("node namespaces: %w", err)
+	}
+	return nil
 }
 
 // destroy kills what runs in the namespaces and removes them: the mount
@@ -236,13 +239,9 @@ func containsIno(inos []uint64, ino uint64) bool {
 // directories, containers' overlays) with it, the network namespace its
 // links. What a killed run left is removed the same way.
 func (s *nodeNS) destroy() error {
-	pids := s.pids()
-	for _, pid := range pids {
-		_ = syscall.Kill(pid, syscall.SIGKILL) // gone already is fine; waitGone checks
-	}
 	var errs []error
-	if err := waitGone(pids); err != nil {
-		errs = append(errs, fmt.Errorf("node namespaces: %w", err))
+	if err := s.kill(); err != nil {
+		errs = append(errs, err)
 	}
 	// The host's end first: a network namespace is freed after its last
 	// user, and its links with it, a moment later.

@@ -19,7 +19,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/xdpq/xdpq/internal/testing/testnet"
-	"github.com/xdpq/xdpq/test/e2e/images"
 )
 
 // workerOptions are a second, isolated node's.
@@ -48,17 +47,8 @@ func TestTwoNodesRunPods(t *testing.T) {
 	n1 := StartNodeForTest(t, cp, NodeOptions{})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	hello, err := images.Build(ctx, images.Hello(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := n1.ImportImage(ctx, hello); err != nil {
-		t.Fatal(err)
-	}
 	ns := "e2e-two"
-	if err := cp.CreateNamespace(ctx, ns, nil); err != nil {
-		t.Fatal(err)
-	}
+	hello := helloOn(ctx, t, cp, ns, n1)
 	// A pod that runs on the first node before the second starts (whose
 	// mount namespace must not copy its mounts) and across the second's
 	// stop.
@@ -267,17 +257,8 @@ func TestTwoNodesAfterKill(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	hello, err := images.Build(ctx, images.Hello(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cp.CreateNamespace(ctx, "e2e-two", nil); err != nil {
-		t.Fatal(err)
-	}
+	helloOn(ctx, t, cp, "e2e-two", n1, n2)
 	for i, n := range []*Node{n1, n2} {
-		if err := n.ImportImage(ctx, hello); err != nil {
-			t.Fatal(err)
-		}
 		pod := helloPod(fmt.Sprintf("hello-%d", i), "from", n.Name)
 		pod.Spec.NodeName = n.Name
 		if _, err := cp.Client.CoreV1().Pods("e2e-two").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
